@@ -1,0 +1,222 @@
+"""The command line: parse options, call the library, render or write the result.
+
+This is the only module that prints or exits. Every :class:`~planner.errors.PlannerError`
+is reported once, as plain text on stderr, with its exit code (see :mod:`planner.errors`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import click
+
+from . import __version__
+from .errors import EXIT_INPUT, PlannerError, UsageError
+
+FORMATS = ("table", "json", "yaml")
+EXIT_INTERNAL = 3
+
+
+class Reported(click.ClickException):
+    """A planner error on its way out: printed as is, with its own exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file: Any = None) -> None:
+        """Print the message to stderr without click's 'Error:' prefix."""
+        click.echo(self.message, err=True)
+
+
+class PlannerGroup(click.Group):
+    """A click group that turns planner errors into messages and exit codes."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; report errors without tracebacks unless --debug."""
+        try:
+            return super().invoke(ctx)
+        except PlannerError as exc:
+            if _debug(ctx):
+                raise
+            raise Reported(str(exc), exc.exit_code) from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            raise click.Abort() from None
+        except BrokenPipeError:
+            _quiet_broken_pipe()
+        except RecursionError:
+            if _debug(ctx):
+                raise
+            raise Reported("planner: error: the input is nested too deeply to process",
+                           EXIT_INPUT) from None
+        except MemoryError:
+            if _debug(ctx):
+                raise
+            raise Reported("planner: error: out of memory; the input is too large",
+                           EXIT_INPUT) from None
+        except Exception as exc:
+            if _debug(ctx):
+                raise
+            raise Reported(
+                f"planner: internal error: {type(exc).__name__}: {exc}\n"
+                "This is a bug in planner. Run again with --debug for the traceback and "
+                "report it.", EXIT_INTERNAL) from None
+
+
+def _debug(ctx: click.Context) -> bool:
+    root = ctx.find_root()
+    return bool(root.params.get("debug")) or os.environ.get("PLANNER_DEBUG") == "1"
+
+
+def _quiet_broken_pipe() -> NoReturn:
+    # Python flushes stdout at exit; point it at devnull so that raises nothing more.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise click.exceptions.Exit(1)
+
+
+def fail(message: str) -> NoReturn:
+    """Abort with a usage problem (exit 2)."""
+    raise UsageError(f"planner: error: {message}")
+
+
+def emit(text: str, output: str | None, protect: tuple[str, ...] = ()) -> None:
+    """Write the product: to stdout, or atomically to ``output`` (``-`` is stdout)."""
+    if output is None or output == "-":
+        click.echo(text, nl=False)
+        return
+    from .output import write_atomic
+
+    write_atomic(output, text, protect)
+    click.echo(f"wrote {output}", err=True)
+
+
+def console(stderr: bool = False) -> Any:
+    """A rich console; width from $COLUMNS or the terminal, no colour when piped."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None
+    if "COLUMNS" not in os.environ and not stream.isatty():
+        width = 120  # piped or captured: do not squeeze tables into 80 columns
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+def render_data(data: Any, fmt: str, output: str | None, table: Callable[[], Any] | None,
+                protect: tuple[str, ...] = ()) -> None:
+    """Emit ``data`` as JSON or YAML, or print the rich ``table`` for a person."""
+    from .output import to_json, to_yaml
+
+    if fmt == "json":
+        emit(to_json(data), output, protect)
+    elif fmt == "yaml":
+        emit(to_yaml(data), output, protect)
+    else:
+        assert table is not None
+        if output not in (None, "-"):
+            import io
+
+            from rich.console import Console
+
+            sink = io.StringIO()
+            Console(file=sink, width=140, color_system=None, highlight=False).print(table())
+            emit(sink.getvalue(), output, protect)
+        else:
+            console().print(table())
+
+
+format_option = click.option(
+    "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+    help="table for a person; json or yaml for programs.")
+output_option = click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+    help="Write to this file (atomically) instead of stdout.")
+
+
+@click.group(cls=PlannerGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                                 "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="planner")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of short messages.")
+def cli(debug: bool) -> None:
+    """Plan how to parallelise the training of a deep network over many GPUs.
+
+    Inputs are a network file and a cluster file (YAML); see `planner show --help` and
+    the README. Exit codes: 0 success, 1 a valid question whose answer is "no" (does not
+    fit, too slow, no feasible plan), 2 invalid input or usage.
+    """
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing for valid files.")
+def validate(files: tuple[str, ...], quiet: bool) -> None:
+    """Check network, cluster and training files; report every problem.
+
+    Each file says what it is with a top-level `kind: network | cluster | training`, or
+    is recognised by its keys. Exit 0 when every file is valid, 2 otherwise.
+    """
+    from .errors import InputError
+    from .inputs import validate_file
+
+    problems: list[str] = []
+    for path in files:
+        try:
+            kind, obj = validate_file(path)
+        except InputError as exc:
+            problems.append(exc.render())
+            continue
+        if not quiet:
+            click.echo(f"{path}: ok ({kind} {_describe(kind, obj)})")
+    if problems:
+        raise UsageError("\n".join(problems))
+
+
+def _describe(kind: str, obj: Any) -> str:
+    if kind == "network":
+        return f"'{obj.name}', {len(obj.layers)} layers, {obj.params:,} parameters"
+    if kind == "cluster":
+        nodes = f"{obj.nodes} nodes × " if obj.nodes else ""
+        return f"'{obj.name}', {nodes}{obj.devices_per_node} {obj.device.name} per node"
+    return f"'{getattr(obj, 'name', '')}'"
+
+
+@cli.command()
+@click.argument("network", type=click.Path(dir_okay=True))
+@click.option("--batch", "-b", type=click.IntRange(1, 2**40), default=1, show_default=True,
+              help="Batch size for the product shapes (counts stay per sample).")
+@format_option
+@output_option
+def show(network: str, batch: int, fmt: str, output: str | None) -> None:
+    """Show a network layer by layer: shapes, parameters, forward FLOPs.
+
+    FLOPs count 2 per multiply-accumulate plus elementwise arithmetic; MACs count the
+    matrix products alone. The JSON and YAML forms add what each layer keeps for
+    backward, its training products (GEMM / convolution shapes) and halo rows.
+    """
+    from .inputs import load_network
+    from .report import network_table, show_data
+
+    net = load_network(network)
+    data = show_data(net, batch)
+    render_data(data, fmt, output, lambda: network_table(net, data), (network,))
+
+
+@cli.command()
+@format_option
+def devices(fmt: str) -> None:
+    """List the device catalog (names and aliases usable in cluster files)."""
+    from .cluster import catalog, device_record
+    from .report import devices_table
+
+    data = {"devices": [device_record(d) for d in catalog().values()]}
+    render_data(data, fmt, None, lambda: devices_table(list(catalog().values())))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``planner`` console script."""
+    cli.main(args=argv, prog_name="planner")

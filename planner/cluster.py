@@ -1,0 +1,364 @@
+"""Cluster descriptions and the device catalog.
+
+A cluster file::
+
+    kind: cluster
+    name: dgx-h100
+    nodes: 128                   # optional: without it, as many nodes as --gpus needs
+    devices_per_node: 8
+    device: H100-SXM             # a catalog name, or a mapping of specs (see below)
+    network:
+      intra_node: {latency: "3.4 us", bandwidth: "450 GB/s"}    # per device, one way
+      inter_node: {latency: "9.6 us", bandwidth: "400 Gbit/s"}  # per device (its NIC)
+    collectives: {algorithm: auto}     # auto | ring | tree | recursive | hierarchical
+    reserved_memory: "1 GiB"           # per device, not available to the model
+
+An inline device is a mapping with ``peak_flops`` (per dtype), ``memory``,
+``memory_bandwidth``, ``sm_count`` and ``l2_cache``; with ``base: NAME`` it starts from
+a catalog entry and overrides what it gives.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.resources
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .errors import Issue, ModelDataError
+from .fields import Fields, Invalid, choice, integer, number, quantity, string
+from .loading import child_path, parse_text
+
+PEAK_KEYS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+ALGORITHMS = ("auto", "ring", "tree", "recursive", "hierarchical")
+MAX_NODES = 10_000_000
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator (or CPU node) with the specs the cost models use, in SI units."""
+
+    name: str
+    peak_flops: Mapping[str, float]  #: FLOP/s by dtype key (fp32, bf16, ...)
+    memory_bytes: float
+    memory_bandwidth: float  #: bytes/s
+    sm_count: int
+    l2_bytes: float
+    kind: str = "gpu"
+    fp32_cores_per_sm: int | None = None
+    clock_hz: float | None = None
+    compute_efficiency: float = 0.8  #: fraction of peak a large kernel reaches
+    memory_efficiency: float = 0.85  #: fraction of memory bandwidth a stream reaches
+    vendor: str = ""
+    architecture: str = ""
+    aliases: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    def peak(self, key: str) -> float:
+        """Peak FLOP/s for a dtype key, falling back to the nearest rate the device has
+        (bf16 → fp16 → fp32; tf32 → fp32; fp8 → bf16 → fp16 → fp32)."""
+        order = {
+            "fp64": ("fp64", "fp32"),
+            "fp32": ("fp32",),
+            "tf32": ("tf32", "fp32"),
+            "bf16": ("bf16", "fp16", "fp32"),
+            "fp16": ("fp16", "bf16", "fp32"),
+            "fp8": ("fp8", "bf16", "fp16", "fp32"),
+            "int8": ("int8", "fp8", "fp16", "fp32"),
+        }.get(key, (key, "fp32"))
+        for k in order:
+            if k in self.peak_flops:
+                return self.peak_flops[k]
+        return max(self.peak_flops.values())
+
+
+@dataclass(frozen=True)
+class Link:
+    """One tier of the network, as seen by one device: latency α and bandwidth 1/β.
+
+    ``nvls_*`` describe an in-switch reduction (NVIDIA NVLink SHARP) that NCCL uses for
+    all-reduce from ``nvls_min_bytes`` on, where the switch does the arithmetic.
+    """
+
+    latency_s: float
+    bandwidth: float  #: bytes/s per device, one direction
+    name: str = ""
+    nvls_bandwidth: float | None = None  #: bus bandwidth of NVLS all-reduce (bytes/s)
+    nvls_latency_s: float | None = None
+    nvls_min_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A homogeneous cluster: nodes of identical devices on a two-tier network."""
+
+    name: str
+    devices_per_node: int
+    device: Device
+    intra: Link
+    inter: Link
+    nodes: int | None = None
+    algorithm: str = "auto"
+    reserved_memory: float = 0.0
+    source: str = ""
+
+    @property
+    def capacity_bytes(self) -> float:
+        """Memory a device offers to the model (capacity minus the reserve)."""
+        return max(0.0, self.device.memory_bytes - self.reserved_memory)
+
+    def max_devices(self) -> int | None:
+        """The number of devices, when the node count is given."""
+        return None if self.nodes is None else self.nodes * self.devices_per_node
+
+    def with_algorithm(self, algorithm: str) -> Cluster:
+        """The same cluster with another collective-algorithm preference."""
+        return replace(self, algorithm=algorithm)
+
+
+# ---------------------------------------------------------------------------------------
+# The catalog
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_\-()]+", "", name).lower()
+
+
+@functools.lru_cache(maxsize=1)
+def catalog() -> dict[str, Device]:
+    """The shipped device catalog, by canonical name (loaded once, validated)."""
+    text = importlib.resources.files("planner").joinpath("data/devices.yaml").read_text(
+        encoding="utf-8")
+    doc = parse_text(text, "planner/data/devices.yaml")
+    issues: list[Issue] = []
+    f = Fields(doc.data, "$", issues, "the device catalog")
+    f.opt("kind", string, "device-catalog")
+    entries = f.raw("devices")
+    f.finish()
+    devices: dict[str, Device] = {}
+    if not isinstance(entries, list):
+        issues.append(Issue("$.devices", "expected a list of devices"))
+        entries = []
+    for i, entry in enumerate(entries):
+        dev = device_from_data(entry, child_path("$.devices", i), issues, catalog_entry=True)
+        if dev is not None:
+            devices[dev.name] = dev
+    if issues:
+        raise ModelDataError("the shipped device catalog is invalid (reinstall planner):\n"
+                             + doc.error(issues).render(snippet=False))
+    return devices
+
+
+@functools.lru_cache(maxsize=1)
+def _alias_index() -> dict[str, str]:
+    index: dict[str, str] = {}
+    for dev in catalog().values():
+        for n in (dev.name, *dev.aliases):
+            index[_norm(n)] = dev.name
+    return index
+
+
+def lookup_device(name: str) -> Device | None:
+    """A catalog device by name or alias (case, spaces, dashes and parentheses ignored)."""
+    canonical = _alias_index().get(_norm(name))
+    return catalog()[canonical] if canonical else None
+
+
+def suggest_device(name: str) -> str | None:
+    """The closest catalog name or alias, as a canonical name, for a did-you-mean hint."""
+    index = _alias_index()
+    close = difflib.get_close_matches(_norm(name), list(index), n=1, cutoff=0.5)
+    return index[close[0]] if close else None
+
+
+def _device_name(value: object) -> Device:
+    if not isinstance(value, str):
+        raise Invalid(f"expected a device name or a mapping of specs, got {value!r}")
+    dev = lookup_device(value)
+    if dev is None:
+        hint = suggest_device(value)
+        extra = f"; did you mean '{hint}'?" if hint else ""
+        raise Invalid(f"unknown device '{value}'{extra} (`planner devices` lists the "
+                      "catalog; or give the specs inline)")
+    return dev
+
+
+def device_from_data(data: object, path: str, issues: list[Issue], *,
+                     catalog_entry: bool = False) -> Device | None:
+    """Validate a device mapping (catalog entry or inline spec); None on problems."""
+    if isinstance(data, str) and not catalog_entry:
+        try:
+            return _device_name(data)
+        except Invalid as exc:
+            issues.append(Issue(path, str(exc)))
+            return None
+    f = Fields(data, path, issues, "a device")
+    if not f.ok:
+        return None
+    n_before = len(issues)
+    base: Device | None = None
+    if not catalog_entry and f.has("base"):
+        try:
+            base = _device_name(f.raw("base"))
+        except Invalid as exc:
+            issues.append(Issue(f.at("base"), str(exc)))
+            return None
+    need = f.opt_none if base is not None else f.req
+    name = f.opt("name", string, base.name if base else "custom") if base or not \
+        catalog_entry else f.req("name", string)
+    peaks: dict[str, float] = dict(base.peak_flops) if base else {}
+    if f.has("peak_flops"):
+        pf = Fields(f.raw("peak_flops"), f.at("peak_flops"), issues, "peak_flops")
+        for key in PEAK_KEYS:
+            v = pf.opt_none(key, quantity("flop_rate"))
+            if v is not None:
+                peaks[key] = v
+        pf.finish()
+        if pf.ok and not peaks:
+            f.error("peak_flops", "give at least one rate, e.g. fp32: '19.5 TFLOPS'")
+    elif base is None:
+        f.error(None, "missing required key 'peak_flops' in a device (e.g. {fp32: '19.5 "
+                      "TFLOPS', bf16: '312 TFLOPS'})")
+    memory = need("memory", quantity("bytes"))
+    bandwidth = need("memory_bandwidth", quantity("bandwidth"))
+    sm_count = need("sm_count", integer(1, 1_000_000))
+    l2 = need("l2_cache", quantity("bytes"))
+    cores = f.opt_none("fp32_cores_per_sm", integer(1, 100_000))
+    clock = f.opt_none("boost_clock", quantity("frequency"))
+    kind = f.opt("kind", choice(("gpu", "cpu")), base.kind if base else "gpu")
+    eff_c, eff_m = (base.compute_efficiency, base.memory_efficiency) if base else (0.8, 0.85)
+    if f.has("achievable"):
+        af = Fields(f.raw("achievable"), f.at("achievable"), issues, "achievable")
+        eff_c = af.opt("compute", number(0.0, 1.0, exclusive_min=True), eff_c)
+        eff_m = af.opt("memory", number(0.0, 1.0, exclusive_min=True), eff_m)
+        af.finish()
+    vendor = f.opt("vendor", string, base.vendor if base else "")
+    arch = f.opt("architecture", string, base.architecture if base else "")
+    aliases: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    if catalog_entry:
+        aliases = tuple(str(a) for a in (f.raw("aliases") or []))
+        sources = tuple(str(s) for s in (f.raw("sources") or []))
+    f.finish()
+    if len(issues) > n_before or name is None:
+        return None
+    return Device(
+        name=name,
+        peak_flops=peaks,
+        memory_bytes=memory if memory is not None else (base.memory_bytes if base else 0.0),
+        memory_bandwidth=bandwidth if bandwidth is not None else (
+            base.memory_bandwidth if base else 0.0),
+        sm_count=sm_count if sm_count is not None else (base.sm_count if base else 1),
+        l2_bytes=l2 if l2 is not None else (base.l2_bytes if base else 0.0),
+        kind=kind,
+        fp32_cores_per_sm=cores if cores is not None else (
+            base.fp32_cores_per_sm if base else None),
+        clock_hz=clock if clock is not None else (base.clock_hz if base else None),
+        compute_efficiency=eff_c,
+        memory_efficiency=eff_m,
+        vendor=vendor,
+        architecture=arch,
+        aliases=aliases,
+        sources=sources if catalog_entry else (base.sources if base else ()),
+    )
+
+
+def _link(data: object, path: str, issues: list[Issue], what: str) -> Link | None:
+    f = Fields(data, path, issues, what)
+    if not f.ok:
+        return None
+    latency = f.req("latency", quantity("time", positive=False))
+    bandwidth = f.req("bandwidth", quantity("bandwidth"))
+    name = f.opt("name", string, "")
+    nvls_bw = nvls_lat = nvls_min = None
+    if f.has("nvls") and f.raw("nvls") is not None:
+        nf = Fields(f.raw("nvls"), f.at("nvls"), issues, "nvls")
+        nvls_bw = nf.req("bandwidth", quantity("bandwidth"))
+        nvls_lat = nf.opt_none("latency", quantity("time", positive=False))
+        nvls_min = nf.opt("min_bytes", quantity("bytes", positive=False), 0.0)
+        nf.finish()
+    f.finish()
+    if latency is None or bandwidth is None:
+        return None
+    return Link(latency, bandwidth, name, nvls_bw, nvls_lat, nvls_min)
+
+
+def cluster_from_data(data: object, issues: list[Issue]) -> Cluster | None:
+    """Validate plain data as a cluster; problems go to ``issues`` (None if any)."""
+    f = Fields(data, "$", issues, "a cluster")
+    if not f.ok:
+        return None
+    kind = f.opt("kind", string, "cluster")
+    if kind != "cluster":
+        f.error("kind", f"expected 'kind: cluster', got {kind!r}")
+    name = f.opt("name", string, "cluster")
+    f.opt_none("description", string)
+    nodes = f.opt_none("nodes", integer(1, MAX_NODES))
+    per_node = f.req("devices_per_node", integer(1, 1_000_000))
+    device: Device | None = None
+    if f.has("device"):
+        device = device_from_data(f.raw("device"), f.at("device"), issues)
+    else:
+        f.error(None, "missing required key 'device' in a cluster (a catalog name such as "
+                      "'H100-SXM', or a mapping of specs)")
+    intra = inter = None
+    if f.has("network"):
+        nf = Fields(f.raw("network"), f.at("network"), issues, "the network")
+        if nf.has("intra_node"):
+            intra = _link(nf.raw("intra_node"), nf.at("intra_node"), issues, "intra_node")
+        elif per_node is not None and per_node > 1:
+            nf.error(None, "missing required key 'intra_node' (latency and bandwidth between "
+                           "devices of one node)")
+        if nf.has("inter_node"):
+            inter = _link(nf.raw("inter_node"), nf.at("inter_node"), issues, "inter_node")
+        elif nodes != 1:
+            nf.error(None, "missing required key 'inter_node' (latency and per-device "
+                           "bandwidth between nodes); a single-node cluster says 'nodes: 1'")
+        nf.finish()
+    else:
+        f.error(None, "missing required key 'network' with intra_node and inter_node tiers")
+    algorithm = "auto"
+    if f.has("collectives"):
+        cf = Fields(f.raw("collectives"), f.at("collectives"), issues, "collectives")
+        algorithm = cf.opt("algorithm", choice(ALGORITHMS), "auto")
+        cf.finish()
+    reserved = f.opt("reserved_memory", quantity("bytes", positive=False), 0.0)
+    f.finish()
+    if issues or per_node is None or device is None:
+        return None
+    if intra is None and inter is None:
+        return None
+    if intra is None:
+        assert inter is not None
+        intra = inter
+    if inter is None:
+        inter = intra  # a single node: the inter-node tier is never used
+    if device.memory_bytes <= reserved:
+        issues.append(Issue("$.reserved_memory", "reserved_memory is at least the device "
+                                                 "memory: nothing is left for the model"))
+        return None
+    return Cluster(name=name, devices_per_node=per_node, device=device, intra=intra,
+                   inter=inter, nodes=nodes, algorithm=algorithm, reserved_memory=reserved)
+
+
+def device_record(dev: Device) -> dict[str, Any]:
+    """Plain data for ``planner devices`` (SI units)."""
+    return {
+        "name": dev.name,
+        "aliases": list(dev.aliases),
+        "kind": dev.kind,
+        "architecture": dev.architecture,
+        "peak_flops": dict(dev.peak_flops),
+        "memory_bytes": dev.memory_bytes,
+        "memory_bandwidth": dev.memory_bandwidth,
+        "sm_count": dev.sm_count,
+        "l2_bytes": dev.l2_bytes,
+        "achievable": {"compute": dev.compute_efficiency, "memory": dev.memory_efficiency},
+        "sources": list(dev.sources),
+    }
+
+
+__all__ = ["Cluster", "Device", "Link", "catalog", "cluster_from_data", "lookup_device"]

@@ -1,0 +1,122 @@
+"""Errors and exit codes, kept in one place.
+
+Exit codes follow the convention of linters that CI jobs rely on:
+
+====  ==========================================================================
+code  meaning
+====  ==========================================================================
+0     success: the files are valid, the plan was found, every check passed
+1     the question was valid but the answer is "no": a configuration that does
+      not fit in memory, a strategy slower than allowed, no feasible plan
+2     the input or the usage is wrong: invalid YAML, unknown keys, bad values,
+      unreadable files, bad command-line options (click's usage errors are 2 too)
+====  ==========================================================================
+
+The core raises these exceptions and never prints; ``cli.py`` formats them once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_INPUT = 2
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One problem found in an input document, located by a JSON-path-like string.
+
+    ``path`` is ``$`` for the document root, ``$.layers[3].kernel`` for a nested value.
+    ``at_key`` points the location at the mapping key instead of its value (used for
+    unknown and duplicate keys).
+    """
+
+    path: str
+    message: str
+    at_key: bool = False
+
+
+@dataclass(frozen=True)
+class Located:
+    """An issue resolved to a position in a file (1-based line and column)."""
+
+    file: str
+    line: int
+    column: int
+    message: str
+    path: str
+    source_line: str | None = None
+
+    def render(self, snippet: bool = True) -> str:
+        """Compiler-style text: ``FILE:LINE:COL: error: MESSAGE (at $.path)`` and a caret."""
+        head = f"{self.file}:{self.line}:{self.column}: error: {self.message} (at {self.path})"
+        if not snippet or self.source_line is None:
+            return head
+        line = self.source_line.rstrip("\r\n").expandtabs(1)
+        if len(line) > 160:
+            start = max(0, self.column - 80)
+            line = line[start : start + 160]
+            caret_at = self.column - 1 - start
+        else:
+            caret_at = self.column - 1
+        caret_at = max(0, min(caret_at, len(line)))
+        return f"{head}\n    {line}\n    {' ' * caret_at}^"
+
+
+class PlannerError(Exception):
+    """Base class of every error the planner reports to the user."""
+
+    exit_code: int = EXIT_INPUT
+
+
+class InputError(PlannerError):
+    """One or more problems in input files, each with file, line, column and path."""
+
+    exit_code = EXIT_INPUT
+
+    def __init__(self, problems: list[Located]) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.file, p.line, p.column, p.message))
+        super().__init__(self.render())
+
+    def render(self, snippet: bool = True) -> str:
+        """All problems, one block each, sorted by file and position."""
+        return "\n".join(p.render(snippet) for p in self.problems)
+
+
+class UsageError(PlannerError):
+    """A command-line option that is wrong on its own or together with the inputs."""
+
+    exit_code = EXIT_INPUT
+
+
+class ModelDataError(PlannerError):
+    """A shipped or user-given model/catalog file is missing, corrupt or inconsistent."""
+
+    exit_code = EXIT_INPUT
+
+
+@dataclass
+class Shortfall:
+    """How far the best layout misses the memory capacity, and what would help."""
+
+    needed_bytes: float
+    capacity_bytes: float
+    suggestions: list[str] = field(default_factory=list)
+
+
+class NoFeasiblePlan(PlannerError):
+    """A valid question with no answer: nothing fits in device memory."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+    def __init__(self, message: str, shortfall: Shortfall | None = None) -> None:
+        self.shortfall = shortfall
+        super().__init__(message)
+
+
+class CheckFailed(PlannerError):
+    """``planner check`` found a configuration that fails a check."""
+
+    exit_code = EXIT_CHECK_FAILED

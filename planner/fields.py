@@ -1,0 +1,242 @@
+"""Small validators that turn plain YAML data into typed values and gather every problem.
+
+A :class:`Fields` reads the keys of one mapping. Each getter converts a value with a
+converter (a function that raises :class:`Invalid` with a message the user can act on);
+problems are appended to a shared list of :class:`~planner.errors.Issue` instead of
+being raised, so one run reports everything wrong with a file. :meth:`Fields.finish`
+reports keys nobody asked for, with a "did you mean" hint.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from .errors import Issue
+from .loading import child_path
+from .units import Kind, UnitError, parse_quantity
+
+T = TypeVar("T")
+
+# Absurd sizes are input errors, not arithmetic to attempt (a 10^15-channel layer).
+MAX_DIM = 2**40
+
+
+class Invalid(ValueError):
+    """A value that a converter rejects; the message says what was expected."""
+
+
+def type_name(value: object) -> str:
+    """The YAML-ish name of a Python value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def show(value: object) -> str:
+    """A short rendering of a value for messages."""
+    if isinstance(value, (dict, list)):
+        return type_name(value)
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def integer(minimum: int = 1, maximum: int = MAX_DIM) -> Callable[[object], int]:
+    """Converter: an integer in ``[minimum, maximum]`` (``4.0`` is accepted as 4)."""
+
+    def convert(value: object) -> int:
+        if isinstance(value, bool):
+            raise Invalid(f"expected an integer, got {show(value)}")
+        if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+            value = int(value)
+        if not isinstance(value, int):
+            if isinstance(value, float):
+                raise Invalid(f"expected an integer, got {show(value)}")
+            raise Invalid(f"expected an integer, got {type_name(value)} {show(value)}")
+        if value < minimum:
+            what = "a positive integer" if minimum == 1 else (
+                "a non-negative integer" if minimum == 0 else f"an integer ≥ {minimum}")
+            raise Invalid(f"expected {what}, got {value}")
+        if value > maximum:
+            raise Invalid(f"{value} is too large (at most {maximum:,})")
+        return value
+
+    return convert
+
+
+def number(minimum: float = 0.0, maximum: float = math.inf, *, exclusive_min: bool = False,
+           ) -> Callable[[object], float]:
+    """Converter: a finite real number in a range."""
+
+    def convert(value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise Invalid(f"expected a number, got {type_name(value)} {show(value)}")
+        x = float(value)
+        if not math.isfinite(x):
+            raise Invalid(f"expected a finite number, got {show(value)}")
+        if x < minimum or (exclusive_min and x == minimum):
+            op = ">" if exclusive_min else "≥"
+            raise Invalid(f"expected a number {op} {minimum:g}, got {show(value)}")
+        if x > maximum:
+            raise Invalid(f"expected a number ≤ {maximum:g}, got {show(value)}")
+        return x
+
+    return convert
+
+
+def quantity(kind: Kind, *, positive: bool = True) -> Callable[[object], float]:
+    """Converter: a unit string or SI number (see :mod:`planner.units`)."""
+
+    def convert(value: object) -> float:
+        try:
+            return parse_quantity(value, kind, positive=positive)
+        except UnitError as exc:
+            raise Invalid(str(exc)) from None
+
+    return convert
+
+
+def string(value: object) -> str:
+    """Converter: a non-empty string."""
+    if not isinstance(value, str):
+        raise Invalid(f"expected a string, got {type_name(value)} {show(value)}")
+    if not value.strip():
+        raise Invalid("expected a non-empty string")
+    return value
+
+
+def boolean(value: object) -> bool:
+    """Converter: ``true`` or ``false``."""
+    if not isinstance(value, bool):
+        raise Invalid(f"expected true or false, got {type_name(value)} {show(value)}")
+    return value
+
+
+def choice(options: Iterable[str]) -> Callable[[object], str]:
+    """Converter: one of a closed set of strings, with a did-you-mean hint."""
+    opts = list(options)
+
+    def convert(value: object) -> str:
+        if not isinstance(value, str) or value not in opts:
+            hint = ""
+            if isinstance(value, str):
+                close = difflib.get_close_matches(value, opts, n=1, cutoff=0.6)
+                if close:
+                    hint = f"; did you mean '{close[0]}'?"
+            listing = ", ".join(opts)
+            raise Invalid(f"expected one of {listing}, got {show(value)}{hint}")
+        return value
+
+    return convert
+
+
+def pair(conv: Callable[[object], int], what: str) -> Callable[[object], tuple[int, int]]:
+    """Converter: an integer or a list of two integers (height, width)."""
+
+    def convert(value: object) -> tuple[int, int]:
+        if isinstance(value, list):
+            if len(value) != 2:
+                raise Invalid(f"expected {what} as one integer or [height, width], "
+                              f"got a list of {len(value)}")
+            return conv(value[0]), conv(value[1])
+        v = conv(value)
+        return v, v
+
+    return convert
+
+
+class Fields:
+    """Reads the keys of one mapping; problems go to ``issues``.
+
+    If ``data`` is not a mapping, an issue is recorded and every getter returns its
+    default, so callers can keep going and report more.
+    """
+
+    def __init__(self, data: object, path: str, issues: list[Issue], what: str) -> None:
+        self.path = path
+        self.issues = issues
+        self.what = what
+        self.ok = isinstance(data, dict)
+        self.data: dict[str, Any] = data if isinstance(data, dict) else {}
+        self.seen: set[str] = set()
+        if not self.ok:
+            issues.append(Issue(path, f"expected {what} as a mapping of keys, "
+                                      f"got {type_name(data)} {show(data)}"))
+
+    def at(self, key: str) -> str:
+        """The path of ``key`` in this mapping."""
+        return child_path(self.path, key)
+
+    def has(self, key: str) -> bool:
+        """Whether the key is present (it then counts as known)."""
+        if key in self.data:
+            self.seen.add(key)
+            return True
+        return False
+
+    def raw(self, key: str) -> Any:
+        """The raw value of a key (None if absent); the key counts as known."""
+        self.seen.add(key)
+        return self.data.get(key)
+
+    def req(self, key: str, conv: Callable[[object], T]) -> T | None:
+        """A required key: missing → issue at the mapping; invalid → issue at the value."""
+        self.seen.add(key)
+        if key not in self.data:
+            if self.ok:
+                self.issues.append(Issue(self.path, f"missing required key '{key}' in "
+                                                    f"{self.what}"))
+            return None
+        return self._convert(key, conv)
+
+    def opt(self, key: str, conv: Callable[[object], T], default: T) -> T:
+        """An optional key with a default (also used when the value is invalid)."""
+        self.seen.add(key)
+        if key not in self.data or self.data[key] is None:
+            return default
+        value = self._convert(key, conv)
+        return default if value is None else value
+
+    def opt_none(self, key: str, conv: Callable[[object], T]) -> T | None:
+        """An optional key without a default."""
+        self.seen.add(key)
+        if key not in self.data or self.data[key] is None:
+            return None
+        return self._convert(key, conv)
+
+    def _convert(self, key: str, conv: Callable[[object], T]) -> T | None:
+        try:
+            return conv(self.data[key])
+        except Invalid as exc:
+            self.issues.append(Issue(self.at(key), str(exc)))
+            return None
+
+    def error(self, key: str | None, message: str) -> None:
+        """Record a problem at ``key`` (or at the mapping when None)."""
+        self.issues.append(Issue(self.at(key) if key else self.path, message))
+
+    def finish(self, allowed_extra: Iterable[str] = ()) -> None:
+        """Report every key that no getter asked for."""
+        known = self.seen | set(allowed_extra)
+        for key in self.data:
+            if key in known:
+                continue
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else (
+                f"; expected one of: {', '.join(sorted(known))}" if known else "")
+            self.issues.append(Issue(self.at(key), f"unknown key '{key}' in {self.what}{hint}",
+                                     at_key=True))

@@ -1,0 +1,108 @@
+"""Loading input files: YAML → validated objects, or an :class:`InputError` that names
+every problem with its file, line and column."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .cluster import Cluster, cluster_from_data
+from .errors import InputError, Issue
+from .loading import Document, load_file, parse_text
+from .network import Network, network_from_data
+
+KINDS = ("network", "cluster", "training")
+
+
+def detect_kind(data: Any) -> str | None:
+    """What a document is: its ``kind`` key, or a guess from its keys."""
+    if not isinstance(data, dict):
+        return None
+    kind = data.get("kind")
+    if isinstance(kind, str):
+        return kind
+    if "layers" in data:
+        return "network"
+    if "devices_per_node" in data or "device" in data:
+        return "cluster"
+    if "network" in data and "cluster" in data:
+        return "training"
+    return None
+
+
+def _kind_issue(doc: Document, expected: str | None) -> Issue:
+    data = doc.data
+    if data is None:
+        return Issue("$", "the file is empty: expected a YAML mapping with 'kind: network' "
+                          "or 'kind: cluster'")
+    if not isinstance(data, dict):
+        return Issue("$", "expected a YAML mapping at the top level (with 'kind: network' "
+                          "or 'kind: cluster')")
+    kind = data.get("kind")
+    if kind is not None and kind not in KINDS:
+        return Issue("$.kind", f"unknown kind {kind!r}; expected one of "
+                               f"{', '.join(KINDS)}")
+    want = expected or "network' or 'kind: cluster"
+    return Issue("$", f"cannot tell what this file is; add 'kind: {want}' at the top")
+
+
+def network_from_document(doc: Document) -> Network:
+    """A validated network from a parsed document, or an InputError."""
+    issues: list[Issue] = []
+    kind = detect_kind(doc.data)
+    if kind is None:
+        raise doc.error([_kind_issue(doc, "network")])
+    if kind != "network":
+        raise doc.error([Issue("$.kind", f"expected a network file, got 'kind: {kind}'")])
+    net = network_from_data(doc.data, issues)
+    if issues or net is None:
+        raise doc.error(issues or [Issue("$", "invalid network")])
+    return net
+
+
+def cluster_from_document(doc: Document) -> Cluster:
+    """A validated cluster from a parsed document, or an InputError."""
+    issues: list[Issue] = []
+    kind = detect_kind(doc.data)
+    if kind is None:
+        raise doc.error([_kind_issue(doc, "cluster")])
+    if kind != "cluster":
+        raise doc.error([Issue("$.kind", f"expected a cluster file, got 'kind: {kind}'")])
+    cl = cluster_from_data(doc.data, issues)
+    if issues or cl is None:
+        raise doc.error(issues or [Issue("$", "invalid cluster")])
+    return cl
+
+
+def load_network(path: str | os.PathLike[str]) -> Network:
+    """Load and validate a network file."""
+    return network_from_document(load_file(path))
+
+
+def load_cluster(path: str | os.PathLike[str]) -> Cluster:
+    """Load and validate a cluster file."""
+    return cluster_from_document(load_file(path))
+
+
+def load_network_text(text: str, name: str = "<network>") -> Network:
+    """Validate network YAML given as text (for tests and the API)."""
+    return network_from_document(parse_text(text, name))
+
+
+def load_cluster_text(text: str, name: str = "<cluster>") -> Cluster:
+    """Validate cluster YAML given as text (for tests and the API)."""
+    return cluster_from_document(parse_text(text, name))
+
+
+def validate_file(path: str | os.PathLike[str]) -> tuple[str, Any]:
+    """Load any planner file; returns (kind, object). Raises InputError."""
+    doc = load_file(path)
+    kind = detect_kind(doc.data)
+    if kind == "network":
+        return kind, network_from_document(doc)
+    if kind == "cluster":
+        return kind, cluster_from_document(doc)
+    raise doc.error([_kind_issue(doc, None)])
+
+
+__all__ = ["InputError", "detect_kind", "load_cluster", "load_network", "validate_file"]

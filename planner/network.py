@@ -1,0 +1,1052 @@
+"""Network descriptions: the YAML schema, expansion of ``repeat`` groups and residual
+blocks, and shape inference.
+
+A network file looks like this (see ``examples/networks/`` for complete ones)::
+
+    kind: network
+    name: tiny-cnn
+    input: [3, 32, 32]        # per sample: [C, H, W] image, [seq] tokens, [seq, dim], [features]
+    dtype: float32
+    layers:
+      - {name: conv1, type: conv2d, out_channels: 16, kernel: 3, padding: 1}
+      - {type: relu}
+      - type: residual        # output = body(x) + shortcut(x); shortcut defaults to identity
+        name: block1
+        body:
+          - {type: conv2d, out_channels: 16, kernel: 3, padding: 1}
+        activation: relu      # applied after the add
+      - repeat: 2             # copies named group.0, group.1, ...
+        name: group
+        layers:
+          - {type: conv2d, out_channels: 16, kernel: 3, padding: 1}
+      - {type: global_avgpool}
+      - {type: flatten}
+      - {name: fc, type: linear, out_features: 10}
+
+Shape inference gives, for every layer, its input and output shape, parameter count,
+forward multiply-accumulates and FLOPs (2 per multiply-accumulate, plus the elementwise
+arithmetic of activations, norms and pooling), what it keeps for backward, the shapes of
+its training products, and for convolutions and pooling the halo rows a height split
+needs. Every problem is reported with its YAML path; nothing here knows about files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import Issue
+from .fields import MAX_DIM, Fields, Invalid, boolean, choice, integer, number, pair, string
+from .loading import child_path
+from .ops import Conv, Elementwise, Gemm, Kernel
+
+Shape = tuple[int, ...]
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
+                                 "fp64": "float64", "half": "float16", "float": "float32"}
+#: The catalog's peak-FLOP/s key for each network dtype.
+DTYPE_PEAK_KEY: dict[str, str] = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
+                                  "float64": "fp64"}
+
+# Elementwise arithmetic per element, forward (a convention, documented in the README).
+_ELEMENTWISE_FLOPS: dict[str, int] = {
+    "relu": 1, "gelu": 8, "silu": 4, "tanh": 4, "sigmoid": 4, "identity": 0, "dropout": 1,
+    "softmax": 5, "batchnorm": 2, "layernorm": 5, "add": 1, "lrn": 6, "flatten": 0,
+    "positional_embedding": 1,
+}
+
+ACTIVATIONS = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity")
+LAYER_TYPES = (
+    "conv2d", "linear", "maxpool", "avgpool", "global_avgpool", "adaptive_avgpool",
+    *ACTIVATIONS, "softmax", "dropout", "batchnorm", "layernorm", "lrn", "flatten",
+    "embedding", "positional_embedding", "attention",
+)
+_TYPE_ALIASES = {
+    "conv": "conv2d", "fc": "linear", "dense": "linear", "max_pool": "maxpool",
+    "avg_pool": "avgpool", "global_avg_pool": "global_avgpool", "gap": "global_avgpool",
+    "adaptive_avg_pool": "adaptive_avgpool", "bn": "batchnorm", "batch_norm": "batchnorm",
+    "ln": "layernorm", "layer_norm": "layernorm", "mha": "attention",
+    "self_attention": "attention", "multihead_attention": "attention",
+    "pos_embedding": "positional_embedding",
+}
+#: Layers that own weights (their layout is a free choice of the search).
+WEIGHTED_TYPES = ("conv2d", "linear", "attention", "embedding")
+
+
+# ---------------------------------------------------------------------------------------
+# Layer geometry
+
+
+@dataclass(frozen=True)
+class ConvGeom:
+    """Geometry of a 2-D convolution (per sample)."""
+
+    in_channels: int
+    out_channels: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    bias: bool
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+
+    def problem(self, batch: int, phase: str = "fwd", *, out_channels: int | None = None,
+                in_height: int | None = None, groups: int | None = None,
+                in_channels: int | None = None) -> Conv:
+        """The cuDNN problem for ``batch`` samples, optionally sharded."""
+        return Conv(
+            n=batch, c=in_channels or self.in_channels, h=in_height or self.in_hw[0],
+            w=self.in_hw[1], k=out_channels or self.out_channels, r=self.kernel[0],
+            s=self.kernel[1], stride_h=self.stride[0], stride_w=self.stride[1],
+            pad_h=self.padding[0], pad_w=self.padding[1], dil_h=self.dilation[0],
+            dil_w=self.dilation[1], groups=groups or self.groups,
+            phase=phase,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class PoolGeom:
+    """Geometry of a pooling window (per sample)."""
+
+    kind: str
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    channels: int
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class LinearGeom:
+    """A linear layer applied to ``tokens`` vectors per sample."""
+
+    in_features: int
+    out_features: int
+    tokens: int
+    bias: bool
+    tied_to: str | None
+
+
+@dataclass(frozen=True)
+class AttentionGeom:
+    """Multi-head self-attention over ``seq`` tokens of width ``dim``."""
+
+    seq: int
+    dim: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    bias: bool
+    causal: bool
+    flash: bool
+
+
+@dataclass(frozen=True)
+class EmbeddingGeom:
+    """A token embedding table."""
+
+    vocab: int
+    dim: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer after expansion and shape inference. Counts are per sample."""
+
+    index: int
+    name: str
+    type: str
+    path: str  #: YAML path where the layer is defined
+    input_shape: Shape
+    output_shape: Shape
+    params: int  #: trainable parameters this layer owns
+    weight_elems: int  #: weight elements it computes with (= params unless tied)
+    macs: int  #: forward multiply-accumulates of matrix products
+    flops: int  #: forward FLOPs: 2 per multiply-accumulate + elementwise arithmetic
+    inputs: tuple[int, ...]  #: producer layer indices (-1: the network input)
+    saves_input: bool = False  #: keeps its input for backward
+    saves_output: bool = False  #: keeps its output for backward
+    saved_internal: int = 0  #: other elements kept for backward (attention Q, K, V, ...)
+    saved_bytes_extra: int = 0  #: masks and indices kept for backward, in bytes
+    conv: ConvGeom | None = None
+    pool: PoolGeom | None = None
+    linear: LinearGeom | None = None
+    attention: AttentionGeom | None = None
+    embedding: EmbeddingGeom | None = None
+    block: str | None = None  #: the residual block this layer belongs to
+    role: str | None = None  #: 'body', 'shortcut' or 'add' inside a residual block
+    tied_to: str | None = None
+
+    @property
+    def has_weights(self) -> bool:
+        """Whether the layer computes with weights of its own shape (conv2d, linear,
+        attention, embedding): its layout is searched. Norms and positional embeddings
+        own parameters too but follow their neighbours' layout."""
+        return self.type in WEIGHTED_TYPES
+
+    @property
+    def in_elems(self) -> int:
+        """Input elements per sample."""
+        return math.prod(self.input_shape)
+
+    @property
+    def out_elems(self) -> int:
+        """Output elements per sample."""
+        return math.prod(self.output_shape)
+
+    @property
+    def is_spatial(self) -> bool:
+        """Whether input and output are images ``[C, H, W]`` (domain splits apply)."""
+        return len(self.input_shape) == 3 and len(self.output_shape) == 3
+
+    @property
+    def model_split_limit(self) -> int:
+        """The most ways this layer's weights can be split (output channels, features,
+        heads); 1 when a model split does not apply."""
+        if self.conv is not None:
+            return self.conv.out_channels
+        if self.linear is not None:
+            return self.linear.out_features
+        if self.attention is not None:
+            return self.attention.heads
+        if self.embedding is not None:
+            return self.embedding.dim
+        return 1
+
+    @property
+    def out_height(self) -> int:
+        """Output height of a spatial layer (0 if not spatial)."""
+        return self.output_shape[1] if len(self.output_shape) == 3 else 0
+
+    @property
+    def halo_forward(self) -> tuple[int, int]:
+        """Input rows a height split needs from the neighbours above and below.
+
+        Output row ``o`` of a window ``k_eff = d(k−1)+1`` with stride ``s`` and padding
+        ``p`` reads input rows ``[o·s − p, o·s − p + k_eff − 1]``; a block of output
+        rows owns the aligned input rows ``[o0·s, o1·s)`` and so needs ``p`` rows above
+        and ``k_eff − s − p`` below (none for a 1×1 convolution).
+        """
+        k, s, p = self._window_h()
+        if k <= 1 and p == 0:
+            return (0, 0)
+        return (max(0, min(p, k - 1)), max(0, k - s - p))
+
+    @property
+    def halo_backward(self) -> tuple[int, int]:
+        """Output-gradient rows a height split needs from the neighbours (Eq. 7's
+        backward halo, exact for stride and padding)."""
+        k, s, p = self._window_h()
+        if k <= 1 and p == 0:
+            return (0, 0)
+        return (max(0, (k - 1 - p) // s), max(0, (s - 1 + p) // s))
+
+    def _window_h(self) -> tuple[int, int, int]:
+        if self.conv is not None:
+            c = self.conv
+            return c.dilation[0] * (c.kernel[0] - 1) + 1, c.stride[0], c.padding[0]
+        if self.pool is not None and self.pool.kind in ("max", "avg"):
+            return self.pool.kernel[0], self.pool.stride[0], self.pool.padding[0]
+        return 1, 1, 0
+
+    def products(self, batch: int) -> dict[str, list[Kernel]]:
+        """The kernels of one training step for ``batch`` samples on one device, by
+        phase: ``forward``, ``backward_data``, ``backward_weight`` (empty when the layer
+        has no such product)."""
+        return layer_kernels(self, batch, elem_bytes=4)
+
+
+def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int = 1,
+                  height_split: int = 1) -> dict[str, list[Kernel]]:
+    """The kernels of ``layer`` on one device's shard.
+
+    ``batch`` is the local batch; ``model_split`` divides output channels, features or
+    heads (rounded up: the busiest device); ``height_split`` divides the image height,
+    the input shard including the forward halo rows.
+    """
+    out: dict[str, list[Kernel]] = {"forward": [], "backward_data": [], "backward_weight": []}
+    ms = max(1, model_split)
+    if layer.conv is not None:
+        c = layer.conv
+        k_local = -(-c.out_channels // ms)
+        g = c.groups
+        if ms > 1 and g > 1:
+            # each device holds k_local output channels: whole groups when ms < g
+            g_local = max(1, g // ms) if g % ms == 0 else 1
+            c_local = (c.in_channels // g) * g_local
+        else:
+            g_local, c_local = g, c.in_channels
+        # a height split: each device owns ceil(H / split) input rows; halo rows are
+        # treated like padding, so the local problem keeps the layer's padding
+        h_in = -(-c.in_hw[0] // max(1, height_split))
+        for phase, key in (("fwd", "forward"), ("bwd_data", "backward_data"),
+                           ("bwd_filter", "backward_weight")):
+            if phase == "bwd_data" and layer.inputs == (-1,):
+                continue  # the network input needs no gradient
+            out[key].append(c.problem(batch, phase, out_channels=k_local, in_height=h_in,
+                                      groups=g_local, in_channels=c_local))
+        return out
+    if layer.linear is not None:
+        lin = layer.linear
+        t = batch * lin.tokens
+        n_local = -(-lin.out_features // ms)
+        out["forward"].append(Gemm(t, n_local, lin.in_features))
+        if layer.inputs != (-1,):
+            out["backward_data"].append(Gemm(t, lin.in_features, n_local))
+        out["backward_weight"].append(Gemm(n_local, lin.in_features, t))
+        return out
+    if layer.attention is not None:
+        a = layer.attention
+        t = batch * a.seq
+        h_local = -(-a.heads // ms)
+        kv_local = max(1, -(-a.kv_heads // ms))
+        qkv = (h_local + 2 * kv_local) * a.head_dim
+        proj_in = h_local * a.head_dim
+        bh = batch * h_local
+        out["forward"] += [Gemm(t, qkv, a.dim), Gemm(a.seq, a.seq, a.head_dim, bh),
+                           Gemm(a.seq, a.head_dim, a.seq, bh), Gemm(t, a.dim, proj_in)]
+        # backward through P·V (dP, dV), Q·Kᵀ (dQ, dK), then the two projections
+        out["backward_data"] += [Gemm(a.seq, a.seq, a.head_dim, bh),
+                                 Gemm(a.seq, a.head_dim, a.seq, bh),
+                                 Gemm(a.seq, a.head_dim, a.seq, bh),
+                                 Gemm(a.seq, a.head_dim, a.seq, bh),
+                                 Gemm(t, proj_in, a.dim), Gemm(t, a.dim, qkv)]
+        out["backward_weight"] += [Gemm(a.dim, proj_in, t), Gemm(qkv, a.dim, t)]
+        return out
+    if layer.embedding is not None:
+        e = layer.embedding
+        d_local = -(-e.dim // ms)
+        t = batch * e.seq
+        out["forward"].append(Elementwise(float(t * d_local * elem_bytes * 2), 0.0, "gather"))
+        out["backward_weight"].append(Elementwise(float(t * d_local * elem_bytes * 3), float(
+            t * d_local), "scatter-add"))
+        return out
+    # elementwise, normalisation, pooling: memory-bound passes
+    elems_in = layer.in_elems * batch / (height_split if layer.is_spatial else 1)
+    elems_out = layer.out_elems * batch / (height_split if layer.is_spatial else 1)
+    if layer.type in ("flatten", "identity"):
+        return out
+    per = _ELEMENTWISE_FLOPS.get(layer.type, 1)
+    if layer.pool is not None:
+        per_out = layer.pool.kernel[0] * layer.pool.kernel[1]
+        fwd_flops = elems_out * per_out
+    else:
+        fwd_flops = elems_out * per
+    passes_in = 2.0 if layer.type in ("batchnorm", "layernorm") else 1.0  # stats + normalise
+    fwd_bytes = (elems_in * passes_in + elems_out) * elem_bytes
+    out["forward"].append(Elementwise(fwd_bytes, fwd_flops, layer.type))
+    bwd_bytes = (elems_in + 2 * elems_out) * elem_bytes if layer.type != "add" else (
+        3 * elems_out * elem_bytes)
+    out["backward_data"].append(Elementwise(bwd_bytes, fwd_flops * 2, layer.type))
+    return out
+
+
+@dataclass(frozen=True)
+class Block:
+    """A residual block: ``add(body(x), shortcut(x))``."""
+
+    name: str
+    input: int  #: the producer of the block input (-1: network input)
+    body: tuple[int, ...]
+    shortcut: tuple[int, ...]  #: empty for an identity shortcut
+    add: int
+
+
+@dataclass(frozen=True)
+class Network:
+    """A network after expansion and shape inference."""
+
+    name: str
+    dtype: str
+    input_shape: Shape
+    layers: tuple[Layer, ...]
+    blocks: tuple[Block, ...] = ()
+    input_kind: str = "image"  #: image, tokens, sequence or features
+
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes per element of the network dtype."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def params(self) -> int:
+        """Trainable parameters."""
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def macs(self) -> int:
+        """Forward multiply-accumulates per sample."""
+        return sum(layer.macs for layer in self.layers)
+
+    @property
+    def flops(self) -> int:
+        """Forward FLOPs per sample."""
+        return sum(layer.flops for layer in self.layers)
+
+    def by_name(self, name: str) -> Layer | None:
+        """The layer called ``name``, if any."""
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        return None
+
+    def match(self, pattern: str) -> list[Layer]:
+        """Layers whose name matches a shell-style glob (``conv*``, ``layer1.*``)."""
+        return [layer for layer in self.layers if fnmatch.fnmatchcase(layer.name, pattern)]
+
+    def saved_tensors(self) -> dict[int, int]:
+        """Activation tensors kept for backward: producer index → elements per sample.
+
+        A tensor that several layers keep (a ReLU output that the next convolution also
+        keeps as its input) counts once; -1 is the network input.
+        """
+        kept: dict[int, int] = {}
+        for layer in self.layers:
+            if layer.saves_input:
+                for src in layer.inputs:
+                    size = self.layers[src].out_elems if src >= 0 else math.prod(
+                        self.input_shape)
+                    kept[src] = size
+            if layer.saves_output:
+                kept[layer.index] = layer.out_elems
+        return kept
+
+    def activation_bytes(self, layer: Layer) -> int:
+        """Bytes per sample kept for backward attributed to ``layer``: its output if
+        anyone keeps it, its internal tensors, its masks and indices."""
+        kept = self.saved_tensors()
+        return (kept.get(layer.index, 0) + layer.saved_internal) * self.elem_bytes + \
+            layer.saved_bytes_extra
+
+
+# ---------------------------------------------------------------------------------------
+# Parsing: YAML data → specs
+
+
+@dataclass
+class _Spec:
+    kind: str  # a layer type, 'repeat' or 'residual'
+    name: str | None
+    path: str
+    params: dict[str, Any] = field(default_factory=dict)
+    children: list[_Spec] = field(default_factory=list)
+    shortcut: list[_Spec] | None = None
+    count: int = 1
+    start: int = 0
+    activation: str | None = None
+
+
+def _canonical_type(value: object) -> str:
+    if not isinstance(value, str):
+        raise Invalid(f"expected a layer type name, got {value!r}")
+    t = value.strip().lower()
+    t = _TYPE_ALIASES.get(t, t)
+    if t in LAYER_TYPES or t in ("residual", "repeat"):
+        return t
+    close = difflib.get_close_matches(t, [*LAYER_TYPES, "residual", "repeat"], n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else (
+        f"; known types: {', '.join(LAYER_TYPES)}, residual, repeat")
+    raise Invalid(f"unknown layer type '{value}'{hint}")
+
+
+def _padding(value: object) -> tuple[int, int] | str:
+    if value == "same":
+        return "same"
+    return pair(integer(0), "padding")(value)
+
+
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.[]:/")
+
+
+def _layer_name(value: object) -> str:
+    s = string(value)
+    bad = sorted(set(s) - _NAME_CHARS)
+    if bad:
+        raise Invalid(f"layer names use letters, digits and _ - . : / only; found "
+                      f"{''.join(bad)!r} in {s!r}")
+    if len(s) > 200:
+        raise Invalid("layer names are at most 200 characters")
+    return s
+
+
+def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
+    p: dict[str, Any] = {}
+    if kind == "conv2d":
+        p["out_channels"] = f.req("out_channels", integer(1))
+        p["kernel"] = f.req("kernel", pair(integer(1), "kernel"))
+        p["stride"] = f.opt("stride", pair(integer(1), "stride"), (1, 1))
+        p["padding"] = f.opt_none("padding", _padding) or (0, 0)
+        p["dilation"] = f.opt("dilation", pair(integer(1), "dilation"), (1, 1))
+        p["groups"] = f.opt("groups", integer(1), 1)
+        p["bias"] = f.opt("bias", boolean, True)
+    elif kind == "linear":
+        p["out_features"] = f.req("out_features", integer(1))
+        p["bias"] = f.opt("bias", boolean, True)
+        p["tie"] = f.opt_none("tie", string)
+    elif kind in ("maxpool", "avgpool"):
+        p["kernel"] = f.req("kernel", pair(integer(1), "kernel"))
+        p["stride"] = f.opt_none("stride", pair(integer(1), "stride"))
+        p["padding"] = f.opt("padding", pair(integer(0), "padding"), (0, 0))
+        p["ceil_mode"] = f.opt("ceil_mode", boolean, False)
+    elif kind == "adaptive_avgpool":
+        p["output_size"] = f.req("output_size", pair(integer(1), "output_size"))
+    elif kind == "dropout":
+        p["p"] = f.opt("p", number(0.0, 1.0), 0.5)
+    elif kind == "batchnorm":
+        p["affine"] = f.opt("affine", boolean, True)
+        f.opt("eps", number(0.0), 1e-5)
+        f.opt("momentum", number(0.0, 1.0), 0.1)
+    elif kind == "layernorm":
+        p["affine"] = f.opt("affine", boolean, True)
+        p["bias"] = f.opt("bias", boolean, True)
+        f.opt("eps", number(0.0), 1e-5)
+    elif kind == "lrn":
+        p["size"] = f.opt("size", integer(1), 5)
+        f.opt("alpha", number(0.0), 1e-4)
+        f.opt("beta", number(0.0), 0.75)
+        f.opt("k", number(0.0), 1.0)
+    elif kind == "embedding":
+        p["vocab"] = f.req("vocab", integer(1))
+        p["dim"] = f.req("dim", integer(1))
+    elif kind == "positional_embedding":
+        p["positions"] = f.req("positions", integer(1))
+    elif kind == "attention":
+        p["heads"] = f.req("heads", integer(1))
+        p["head_dim"] = f.opt_none("head_dim", integer(1))
+        p["kv_heads"] = f.opt_none("kv_heads", integer(1))
+        p["bias"] = f.opt("bias", boolean, True)
+        p["causal"] = f.opt("causal", boolean, False)
+        p["flash"] = f.opt("flash", boolean, False)
+        p["dropout"] = f.opt("dropout", number(0.0, 1.0), 0.0)
+    elif kind == "softmax":
+        pass
+    return p
+
+
+def _parse_entries(data: object, path: str, issues: list[Issue], depth: int) -> list[_Spec]:
+    if not isinstance(data, list):
+        issues.append(Issue(path, f"expected a list of layers, got {_tn(data)}"))
+        return []
+    if not data:
+        issues.append(Issue(path, "expected at least one layer, got an empty list"))
+        return []
+    return [s for i, item in enumerate(data)
+            if (s := _parse_entry(item, child_path(path, i), issues, depth)) is not None]
+
+
+def _tn(value: object) -> str:
+    from .fields import type_name
+
+    return type_name(value)
+
+
+def _parse_entry(item: object, path: str, issues: list[Issue], depth: int) -> _Spec | None:
+    if depth > 8:
+        issues.append(Issue(path, "layer groups are nested more than 8 deep"))
+        return None
+    f = Fields(item, path, issues, "a layer")
+    if not f.ok:
+        return None
+    name = f.opt_none("name", _layer_name)
+    if f.has("repeat"):
+        count = f.req("repeat", integer(1, 100_000))
+        start = f.opt("start", integer(0, 1_000_000), 0)
+        if f.has("type"):
+            t = f.raw("type")
+            if t != "repeat":
+                f.error("type", "a 'repeat' group has no 'type' (or 'type: repeat')")
+        children = _parse_entries(f.raw("layers"), f.at("layers"), issues, depth + 1) if \
+            f.has("layers") else []
+        if not f.has("layers"):
+            f.error(None, "missing required key 'layers' in a repeat group")
+        f.finish()
+        return _Spec("repeat", name, path, children=children, count=count or 1, start=start)
+    kind = f.req("type", _canonical_type)
+    if kind is None:
+        f.finish(allowed_extra=f.data.keys())
+        return None
+    if kind == "repeat":
+        f.error("type", "a repeat group needs 'repeat: N' (the number of copies)")
+        f.finish(allowed_extra=f.data.keys())
+        return None
+    if kind == "residual":
+        body = _parse_entries(f.raw("body"), f.at("body"), issues, depth + 1) if f.has(
+            "body") else []
+        if not f.has("body"):
+            f.error(None, "missing required key 'body' in a residual block")
+        shortcut = None
+        if f.has("shortcut") and f.raw("shortcut") is not None:
+            raw = f.raw("shortcut")
+            if raw == "identity":
+                shortcut = None
+            else:
+                shortcut = _parse_entries(raw, f.at("shortcut"), issues, depth + 1)
+        activation = f.opt_none("activation", choice(ACTIVATIONS))
+        f.finish()
+        return _Spec("residual", name, path, children=body, shortcut=shortcut,
+                     activation=activation)
+    params = _read_layer_params(kind, f)
+    f.finish()
+    return _Spec(kind, name, path, params=params)
+
+
+# ---------------------------------------------------------------------------------------
+# Expansion and shape inference
+
+
+class _ShapeError(Exception):
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+@dataclass
+class _Builder:
+    issues: list[Issue]
+    layers: list[Layer] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)  # name → path of first definition
+    counters: dict[str, int] = field(default_factory=dict)
+    failed: bool = False
+    input_kind: str = "image"
+
+    def auto_name(self, prefix: str, kind: str) -> str:
+        key = f"{prefix}|{kind}"
+        self.counters[key] = self.counters.get(key, 0) + 1
+        base = f"{kind}{self.counters[key]}"
+        return f"{prefix}.{base}" if prefix else base
+
+
+def _expand(specs: list[_Spec], prefix: str) -> Iterator[tuple[_Spec, str]]:
+    """Flatten repeat groups, yielding (spec, full name prefix for it)."""
+    for spec in specs:
+        if spec.kind == "repeat":
+            group = spec.name or "repeat"
+            base = f"{prefix}.{group}" if prefix else group
+            single = len(spec.children) == 1 and spec.children[0].name is None
+            for i in range(spec.start, spec.start + spec.count):
+                copy_prefix = f"{base}.{i}"
+                if single:
+                    child = spec.children[0]
+                    if child.kind == "repeat":
+                        yield from _expand([child], copy_prefix)
+                    else:
+                        yield child, copy_prefix + "\0"  # the copy itself is named copy_prefix
+                else:
+                    yield from _expand(spec.children, copy_prefix)
+        else:
+            yield spec, prefix
+
+
+def _full_name(b: _Builder, spec: _Spec, prefix: str) -> str:
+    if prefix.endswith("\0"):
+        return prefix[:-1]
+    if spec.name is not None:
+        return f"{prefix}.{spec.name}" if prefix else spec.name
+    return b.auto_name(prefix, spec.kind if spec.kind != "residual" else "block")
+
+
+def _build_seq(b: _Builder, specs: list[_Spec], prefix: str, shape: Shape | None, src: int,
+               block: str | None, role: str | None) -> tuple[Shape | None, int]:
+    for spec, pre in _expand(specs, prefix):
+        name = _full_name(b, spec, pre)
+        if spec.kind == "residual":
+            if block is not None:
+                b.issues.append(Issue(spec.path, "residual blocks cannot be nested inside "
+                                                 "another residual block"))
+                b.failed = True
+                return None, src
+            shape, src = _build_residual(b, spec, name, shape, src)
+            continue
+        shape, src = _add_layer(b, spec, name, shape, src, block, role)
+    return shape, src
+
+
+def _register(b: _Builder, name: str, path: str) -> None:
+    if name in b.names:
+        b.issues.append(Issue(path, f"duplicate layer name '{name}' (first defined at "
+                                    f"{b.names[name]}); layer names must be unique"))
+    else:
+        b.names[name] = path
+
+
+def _build_residual(b: _Builder, spec: _Spec, name: str, shape: Shape | None,
+                    src: int) -> tuple[Shape | None, int]:
+    block_in, in_shape = src, shape
+    out: Shape | None
+    body_start = len(b.layers)
+    body_shape, body_out = _build_seq(b, spec.children, name, shape, src, name, "body")
+    body = tuple(range(body_start, len(b.layers)))
+    sc_start = len(b.layers)
+    if spec.shortcut:
+        sc_shape, sc_out = _build_seq(b, spec.shortcut, f"{name}.shortcut", in_shape,
+                                      block_in, name, "shortcut")
+    else:
+        sc_shape, sc_out = in_shape, block_in
+    shortcut = tuple(range(sc_start, len(b.layers)))
+    if b.failed or body_shape is None or sc_shape is None:
+        b.failed = True
+        return None, src
+    if body_shape != sc_shape:
+        where = "the block input" if not spec.shortcut else "the shortcut output"
+        b.issues.append(Issue(spec.path, f"residual block '{name}': the body outputs "
+                                         f"{list(body_shape)} but {where} is "
+                                         f"{list(sc_shape)}; add a projection shortcut or "
+                                         "fix the shapes"))
+        b.failed = True
+        return None, src
+    add_name = f"{name}.add"
+    _register(b, add_name, spec.path)
+    n = math.prod(body_shape)
+    add = Layer(index=len(b.layers), name=add_name, type="add", path=spec.path,
+                input_shape=body_shape, output_shape=body_shape, params=0, weight_elems=0,
+                macs=0, flops=n, inputs=(body_out, sc_out), block=name, role="add")
+    b.layers.append(add)
+    b.blocks.append(Block(name, block_in, body, shortcut, add.index))
+    out, last = body_shape, add.index
+    if spec.activation is not None:
+        act = _Spec(spec.activation, None, spec.path)
+        out, last = _add_layer(b, act, f"{name}.{spec.activation}", out, last, None, None)
+    return out, last
+
+
+def _add_layer(b: _Builder, spec: _Spec, name: str, shape: Shape | None, src: int,
+               block: str | None, role: str | None) -> tuple[Shape | None, int]:
+    _register(b, name, spec.path)
+    if b.failed or shape is None:
+        return None, src
+    try:
+        layer = _infer(b, spec, name, shape, src)
+    except _ShapeError as exc:
+        b.issues.append(Issue(exc.path, exc.message))
+        b.failed = True
+        return None, src
+    layer = dataclasses.replace(layer, block=block, role=role)
+    b.layers.append(layer)
+    return layer.output_shape, layer.index
+
+
+def _conv_out(size: int, k: int, s: int, p: int, d: int, ceil: bool = False) -> int:
+    span = size + 2 * p - d * (k - 1) - 1
+    if ceil:
+        out = -(-span // s) + 1
+        if (out - 1) * s >= size + p:  # PyTorch: the last window must start inside
+            out -= 1
+        return out
+    return span // s + 1
+
+
+def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer:
+    """Shape inference for one layer; raises _ShapeError with an actionable message."""
+    kind, p, path = spec.kind, spec.params, spec.path
+    idx = len(b.layers)
+    base: dict[str, Any] = {"index": idx, "name": name, "type": kind, "path": path,
+                            "input_shape": shape, "inputs": (src,)}
+    n_in = math.prod(shape)
+
+    def need(dims: tuple[int, ...], what: str) -> None:
+        if len(shape) not in dims:
+            expect = {3: "an image [C, H, W]", 2: "a sequence [seq, dim]",
+                      1: "a vector [features]"}
+            wanted = " or ".join(expect[d] for d in dims)
+            raise _ShapeError(path, f"layer '{name}' ({what}) needs {wanted} as input, got "
+                                    f"{list(shape)}" + (
+                                        "; add a flatten layer first" if 1 in dims else ""))
+
+    def mk(out: Shape, **kw: Any) -> Layer:
+        if any(d > MAX_DIM for d in out):
+            raise _ShapeError(path, f"layer '{name}' output {list(out)} is absurdly large")
+        args = {"params": 0, "weight_elems": 0, "macs": 0, "flops": 0, **base,
+                "output_shape": out, **kw}
+        return Layer(**args)
+
+    if kind == "conv2d":
+        need((3,), "conv2d")
+        c, h, w = shape
+        kh, kw = p["kernel"]
+        sh, sw = p["stride"]
+        dh, dw = p["dilation"]
+        g, k = p["groups"], p["out_channels"]
+        pad = p["padding"]
+        if pad == "same":
+            if (sh, sw) != (1, 1):
+                raise _ShapeError(child_path(path, "padding"),
+                                  "padding: same needs stride 1 (give the padding in rows)")
+            if (dh * (kh - 1)) % 2 or (dw * (kw - 1)) % 2:
+                raise _ShapeError(child_path(path, "padding"),
+                                  "padding: same needs an odd effective kernel size")
+            pad = (dh * (kh - 1) // 2, dw * (kw - 1) // 2)
+        ph, pw = pad
+        if c % g:
+            raise _ShapeError(child_path(path, "groups"),
+                              f"layer '{name}': {c} input channels are not divisible by "
+                              f"groups={g}")
+        if k % g:
+            raise _ShapeError(child_path(path, "groups"),
+                              f"layer '{name}': out_channels={k} is not divisible by "
+                              f"groups={g}")
+        eff_h, eff_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+        if eff_h > h + 2 * ph or eff_w > w + 2 * pw:
+            raise _ShapeError(child_path(path, "kernel"),
+                              f"layer '{name}': kernel {kh}×{kw} (dilation {dh}×{dw}) is "
+                              f"larger than its padded input {h + 2 * ph}×{w + 2 * pw}")
+        oh, ow = _conv_out(h, kh, sh, ph, dh), _conv_out(w, kw, sw, pw, dw)
+        wts = k * (c // g) * kh * kw
+        bias = k if p["bias"] else 0
+        macs = oh * ow * k * (c // g) * kh * kw
+        geom = ConvGeom(c, k, (kh, kw), (sh, sw), (ph, pw), (dh, dw), g, p["bias"], (h, w),
+                        (oh, ow))
+        return mk((k, oh, ow), params=wts + bias, weight_elems=wts + bias, macs=macs,
+                  flops=2 * macs + (oh * ow * k if bias else 0), conv=geom, saves_input=True)
+    if kind in ("maxpool", "avgpool"):
+        need((3,), kind)
+        c, h, w = shape
+        kh, kw = p["kernel"]
+        sh, sw = p["stride"] or (kh, kw)
+        ph, pw = p["padding"]
+        if ph * 2 > kh or pw * 2 > kw:
+            raise _ShapeError(child_path(path, "padding"),
+                              f"layer '{name}': padding must be at most half the kernel")
+        if kh > h + 2 * ph or kw > w + 2 * pw:
+            raise _ShapeError(child_path(path, "kernel"),
+                              f"layer '{name}': pooling window {kh}×{kw} is larger than its "
+                              f"input {h}×{w}")
+        oh = _conv_out(h, kh, sh, ph, 1, p["ceil_mode"])
+        ow = _conv_out(w, kw, sw, pw, 1, p["ceil_mode"])
+        pgeom = PoolGeom(kind[:3], (kh, kw), (sh, sw), (ph, pw), c, (h, w), (oh, ow))
+        out_n = c * oh * ow
+        extra = out_n * 8 if kind == "maxpool" else 0  # int64 argmax indices
+        return mk((c, oh, ow), flops=out_n * kh * kw, pool=pgeom,
+                  saves_input=kind == "maxpool", saved_bytes_extra=extra)
+    if kind in ("global_avgpool", "adaptive_avgpool"):
+        need((3,), kind)
+        c, h, w = shape
+        oh, ow = (1, 1) if kind == "global_avgpool" else p["output_size"]
+        if oh > h or ow > w:
+            raise _ShapeError(child_path(path, "output_size"),
+                              f"layer '{name}': output size {oh}×{ow} is larger than its "
+                              f"input {h}×{w}")
+        return mk((c, oh, ow), flops=c * h * w,
+                  pool=PoolGeom("global" if kind == "global_avgpool" else "adaptive",
+                                (-(-h // oh), -(-w // ow)), (h // oh, w // ow), (0, 0), c,
+                                (h, w), (oh, ow)))
+    if kind in ACTIVATIONS or kind in ("dropout", "softmax"):
+        fl = _ELEMENTWISE_FLOPS[kind] * n_in
+        if kind == "dropout":
+            return mk(shape, flops=fl, saved_bytes_extra=n_in if p["p"] > 0 else 0)
+        saves_out = kind in ("relu", "tanh", "sigmoid", "softmax")
+        saves_in = kind in ("gelu", "silu")
+        return mk(shape, flops=fl, saves_output=saves_out, saves_input=saves_in)
+    if kind == "batchnorm":
+        ch = shape[0] if len(shape) == 3 else shape[-1]
+        prm = 2 * ch if p["affine"] else 0
+        return mk(shape, params=prm, flops=2 * n_in, saves_input=True,
+                  saved_bytes_extra=2 * ch * 4)
+    if kind == "layernorm":
+        d = shape[-1]
+        prm = (d + (d if p["bias"] else 0)) if p["affine"] else 0
+        rows = n_in // d
+        return mk(shape, params=prm, flops=5 * n_in, saves_input=True,
+                  saved_bytes_extra=2 * rows * 4)
+    if kind == "lrn":
+        need((3,), "lrn")
+        return mk(shape, flops=(2 * p["size"] + 4) * n_in, saves_input=True,
+                  saves_output=True)
+    if kind == "flatten":
+        return mk((n_in,))
+    if kind == "linear":
+        need((1, 2), "linear")
+        fin = shape[-1]
+        tokens = shape[0] if len(shape) == 2 else 1
+        fout = p["out_features"]
+        wts = fin * fout + (fout if p["bias"] else 0)
+        macs = tokens * fin * fout
+        tied = p["tie"]
+        params = wts
+        if tied is not None:
+            target = next((lay for lay in b.layers if lay.name == tied), None)
+            if target is None or target.embedding is None:
+                raise _ShapeError(child_path(path, "tie"),
+                                  f"layer '{name}': 'tie: {tied}' must name an embedding "
+                                  "layer defined earlier")
+            if (target.embedding.vocab, target.embedding.dim) != (fout, fin):
+                raise _ShapeError(child_path(path, "tie"),
+                                  f"layer '{name}' ({fin}→{fout}) cannot share weights with "
+                                  f"'{tied}' (vocab {target.embedding.vocab}, dim "
+                                  f"{target.embedding.dim})")
+            params = fout if p["bias"] else 0
+        out = (tokens, fout) if len(shape) == 2 else (fout,)
+        return mk(out, params=params, weight_elems=wts, macs=macs,
+                  flops=2 * macs + (tokens * fout if p["bias"] else 0),
+                  linear=LinearGeom(fin, fout, tokens, p["bias"], tied), saves_input=True,
+                  tied_to=tied)
+    if kind == "embedding":
+        if len(shape) != 1:
+            raise _ShapeError(path, f"layer '{name}' (embedding) needs token ids [seq] as "
+                                    f"input, got {list(shape)}")
+        if b.layers:
+            raise _ShapeError(path, f"layer '{name}': an embedding must be the first layer "
+                                    "(it reads token ids)")
+        b.input_kind = "tokens"
+        seq = shape[0]
+        v, d = p["vocab"], p["dim"]
+        return mk((seq, d), params=v * d, weight_elems=v * d, flops=0,
+                  embedding=EmbeddingGeom(v, d, seq), saved_bytes_extra=seq * 8)
+    if kind == "positional_embedding":
+        need((2,), "positional_embedding")
+        seq, d = shape
+        if seq > p["positions"]:
+            raise _ShapeError(child_path(path, "positions"),
+                              f"layer '{name}': the sequence has {seq} tokens but only "
+                              f"{p['positions']} positions are learned")
+        return mk(shape, params=p["positions"] * d, weight_elems=0, flops=n_in)
+    if kind == "attention":
+        need((2,), "attention")
+        seq, d = shape
+        h = p["heads"]
+        hd = p["head_dim"]
+        if hd is None:
+            if d % h:
+                raise _ShapeError(child_path(path, "heads"),
+                                  f"layer '{name}': width {d} is not divisible by heads={h}; "
+                                  "give head_dim")
+            hd = d // h
+        kv = p["kv_heads"] or h
+        if kv > h or h % kv:
+            raise _ShapeError(child_path(path, "kv_heads"),
+                              f"layer '{name}': kv_heads={kv} must divide heads={h}")
+        bias = p["bias"]
+        q_out, kv_out = h * hd, kv * hd
+        wts = d * (q_out + 2 * kv_out) + q_out * d
+        if bias:
+            wts += q_out + 2 * kv_out + d
+        proj_macs = seq * d * (q_out + 2 * kv_out) + seq * q_out * d
+        attn_macs = 2 * h * seq * seq * hd
+        if p["causal"]:
+            attn_macs //= 2  # a causal kernel skips the masked half (FlashAttention)
+        sm = 5 * h * seq * seq
+        internal = seq * (q_out + 2 * kv_out) + seq * q_out  # Q, K, V and the context
+        extra = 0
+        if p["flash"]:
+            extra += h * seq * 4  # log-sum-exp per row, fp32
+        else:
+            internal += h * seq * seq  # the attention probabilities
+            if p["dropout"] > 0:
+                extra += h * seq * seq
+        macs = proj_macs + attn_macs
+        return mk(shape, params=wts, weight_elems=wts, macs=macs, flops=2 * macs + sm,
+                  attention=AttentionGeom(seq, d, h, kv, hd, bias, p["causal"], p["flash"]),
+                  saves_input=True, saved_internal=internal, saved_bytes_extra=extra)
+    raise _ShapeError(path, f"layer type '{kind}' is not supported here")  # pragma: no cover
+
+
+def _input_shape(value: object) -> Shape:
+    if not isinstance(value, list) or not value:
+        raise Invalid("expected the per-sample input shape as a list: [C, H, W] for images, "
+                      f"[seq] for tokens, [seq, dim] or [features]; got {_tn(value)}")
+    if len(value) > 3:
+        raise Invalid(f"expected at most 3 dimensions ([C, H, W]), got {len(value)}; the "
+                      "batch dimension is not part of the input shape")
+    conv = integer(1)
+    return tuple(conv(v) for v in value)
+
+
+def network_from_data(data: object, issues: list[Issue]) -> Network | None:
+    """Validate plain data as a network; problems go to ``issues`` (None if any)."""
+    f = Fields(data, "$", issues, "a network")
+    if not f.ok:
+        return None
+    kind = f.opt("kind", string, "network")
+    if kind != "network":
+        f.error("kind", f"expected 'kind: network', got {kind!r}")
+    name = f.opt("name", string, "network")
+    f.opt_none("description", string)
+    shape = f.req("input", _input_shape)
+    dtype_raw = f.opt("dtype", string, "float32")
+    dtype = DTYPE_ALIASES.get(dtype_raw, dtype_raw)
+    if dtype not in DTYPE_BYTES:
+        close = difflib.get_close_matches(dtype, list(DTYPE_BYTES), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        f.error("dtype", f"unknown dtype {dtype_raw!r}; expected one of "
+                         f"{', '.join(DTYPE_BYTES)}{hint}")
+        dtype = "float32"
+    specs = _parse_entries(f.raw("layers"), f.at("layers"), issues, 0) if f.has(
+        "layers") else []
+    if not f.has("layers"):
+        f.error(None, "missing required key 'layers' in a network")
+    f.finish()
+    if issues or shape is None:
+        return None
+    b = _Builder(issues)
+    b.input_kind = {3: "image", 2: "sequence", 1: "features"}[len(shape)]
+    _build_seq(b, specs, "", shape, -1, None, None)
+    if issues:
+        return None
+    if not any(layer.has_weights for layer in b.layers):
+        issues.append(Issue("$.layers", "the network has no layer with weights (conv2d, "
+                                        "linear, attention or embedding): nothing to plan"))
+        return None
+    return Network(name=name, dtype=dtype, input_shape=shape, layers=tuple(b.layers),
+                   blocks=tuple(b.blocks), input_kind=b.input_kind)
+
+
+def layer_summary(layer: Layer, network: Network, batch: int) -> dict[str, Any]:
+    """The per-layer record of ``planner show`` (plain data, stable key order)."""
+    rec: dict[str, Any] = {
+        "name": layer.name,
+        "type": layer.type,
+        "input_shape": list(layer.input_shape),
+        "output_shape": list(layer.output_shape),
+        "params": layer.params,
+        "macs_forward": layer.macs,
+        "flops_forward": layer.flops,
+        "activation_bytes": network.activation_bytes(layer),
+    }
+    if layer.block is not None:
+        rec["block"] = layer.block
+        rec["role"] = layer.role
+    if layer.tied_to is not None:
+        rec["tied_to"] = layer.tied_to
+    prods = layer_kernels(layer, batch, network.elem_bytes)
+    shapes: dict[str, list[dict[str, Any]]] = {}
+    for phase, kernels in prods.items():
+        items = [_kernel_record(k) for k in kernels if not isinstance(k, Elementwise)]
+        if items:
+            shapes[phase] = items
+    if shapes:
+        rec["products"] = shapes
+    if layer.conv is not None or (layer.pool is not None and layer.pool.kind in ("max", "avg")):
+        rec["halo_rows"] = {"forward": list(layer.halo_forward),
+                            "backward": list(layer.halo_backward)}
+    return rec
+
+
+def _kernel_record(k: Kernel) -> dict[str, Any]:
+    if isinstance(k, Gemm):
+        rec: dict[str, Any] = {"op": k.op, "m": k.m, "n": k.n, "k": k.k}
+        if k.batch > 1:
+            rec["batch"] = k.batch
+        return rec
+    assert isinstance(k, Conv)
+    g = k.implicit_gemm()
+    return {"op": k.op, "n": k.n, "c": k.c, "h": k.h, "w": k.w, "k": k.k, "r": k.r, "s": k.s,
+            "implicit_gemm": {"m": g.m, "n": g.n, "k": g.k, "groups": g.batch}}
+
+
+def iter_weighted(network: Network) -> Iterator[Layer]:
+    """Layers whose layout the search chooses."""
+    return (layer for layer in network.layers if layer.has_weights)
+
+
+Converter = Callable[[object], Any]

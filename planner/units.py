@@ -1,0 +1,161 @@
+"""Quantities with units, parsed at the edge; inside the planner everything is SI.
+
+Accepted forms, for each kind of quantity (a plain YAML number is taken as SI already):
+
+=============  ===========================================================  ==========
+kind           examples                                                     SI unit
+=============  ===========================================================  ==========
+time           ``"2 us"``, ``"2 µs"``, ``"1.5 ms"``, ``"800 ns"``, ``"1 s"``  seconds
+bytes          ``"80 GiB"``, ``"80 GB"``, ``"40 MiB"``, ``"512 KiB"``        bytes
+bandwidth      ``"6 GB/s"``, ``"400 Gbit/s"``, ``"400 Gbps"``, ``"900 GiB/s"``  bytes/s
+flop_rate      ``"989 TFLOPS"``, ``"67 TFLOP/s"``, ``"19.5 TF/s"``           FLOP/s
+frequency      ``"1980 MHz"``, ``"1.4 GHz"``                                 Hz
+=============  ===========================================================  ==========
+
+Decimal prefixes (k, M, G, T, P) are powers of 1000 and binary ones (Ki, Mi, Gi, Ti)
+powers of 1024. A lowercase ``b`` or ``bit`` means bits, an uppercase ``B`` bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+Kind = Literal["time", "bytes", "bandwidth", "flop_rate", "frequency", "number"]
+
+_DEC = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+_BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+
+_EXAMPLE = {
+    "time": "'2 us'",
+    "bytes": "'80 GiB'",
+    "bandwidth": "'6 GB/s' or '400 Gbit/s'",
+    "flop_rate": "'989 TFLOPS'",
+    "frequency": "'1980 MHz'",
+    "number": "42",
+}
+
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_QUANTITY = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-zµμ/]*)\s*$")
+
+
+def _build_units() -> dict[Kind, dict[str, float]]:
+    units: dict[Kind, dict[str, float]] = {
+        "time": {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9},
+        "bytes": {},
+        "bandwidth": {},
+        "flop_rate": {},
+        "frequency": {},
+        "number": {"": 1.0},
+    }
+    for p, f in _DEC.items():
+        units["bytes"][f"{p}B"] = f
+        units["bandwidth"][f"{p}B/s"] = f
+        units["bandwidth"][f"{p}Bps"] = f
+        units["bandwidth"][f"{p}bit/s"] = f / 8
+        units["bandwidth"][f"{p}b/s"] = f / 8
+        units["bandwidth"][f"{p}bps"] = f / 8
+        for spelling in ("FLOPS", "FLOP/s", "flops", "flop/s", "F/s"):
+            units["flop_rate"][f"{p}{spelling}"] = f
+        units["frequency"][f"{p}Hz"] = f
+    for p, f in _BIN.items():
+        units["bytes"][f"{p}B"] = f
+        units["bandwidth"][f"{p}B/s"] = f
+        units["bandwidth"][f"{p}bit/s"] = f / 8
+    # "kB" and "KB" both mean 1000 bytes here; say KiB for 1024.
+    return units
+
+
+_UNITS = _build_units()
+
+
+class UnitError(ValueError):
+    """A quantity that could not be parsed; the message says what was expected."""
+
+
+def describe(kind: Kind) -> str:
+    """A short human description of a kind of quantity with an example."""
+    names = {
+        "time": "a time",
+        "bytes": "a size in bytes",
+        "bandwidth": "a bandwidth",
+        "flop_rate": "a FLOP rate",
+        "frequency": "a frequency",
+        "number": "a number",
+    }
+    return f"{names[kind]} like {_EXAMPLE[kind]}"
+
+
+def parse_quantity(value: object, kind: Kind, *, positive: bool = True) -> float:
+    """Parse a number or a unit string into SI units.
+
+    Raises :class:`UnitError` with a message naming the expected form. Booleans,
+    NaN, infinities and (with ``positive``) zero or negative values are rejected.
+    """
+    if isinstance(value, bool) or value is None:
+        raise UnitError(f"expected {describe(kind)}, got {value!r}")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        m = _QUANTITY.match(value)
+        if m is None:
+            raise UnitError(f"expected {describe(kind)}, got {value!r}")
+        unit = m.group(2)
+        table = _UNITS[kind]
+        if unit not in table:
+            known = _closest_unit(unit, kind)
+            extra = f"; did you mean '{known}'?" if known else ""
+            raise UnitError(
+                f"unknown unit {unit!r} for {describe(kind)}{extra}"
+                if unit
+                else f"expected {describe(kind)}, got {value!r} (a unit is needed)"
+            )
+        number = float(m.group(1)) * table[unit]
+    else:
+        raise UnitError(f"expected {describe(kind)}, got {type(value).__name__}")
+    if not math.isfinite(number):
+        raise UnitError(f"expected a finite value for {describe(kind)}, got {value!r}")
+    if positive and number <= 0:
+        raise UnitError(f"expected a positive value for {describe(kind)}, got {value!r}")
+    if not positive and number < 0:
+        raise UnitError(f"expected a non-negative value for {describe(kind)}, got {value!r}")
+    return number
+
+
+def _closest_unit(unit: str, kind: Kind) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(unit, list(_UNITS[kind]), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def format_si(value: float, unit: str, digits: int = 4) -> str:
+    """Format a SI value with a decimal prefix, e.g. ``format_si(6e9, 'B/s') == '6 GB/s'``."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g} {unit}"
+    prefixes = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")]
+    small = [(1e-3, "m"), (1e-6, "µ"), (1e-9, "n")]
+    mag = abs(value)
+    for scale, p in prefixes:
+        if mag >= scale:
+            return f"{value / scale:.{digits}g} {p}{unit}"
+    for scale, p in small:
+        if mag >= scale:
+            return f"{value / scale:.{digits}g} {p}{unit}"
+    return f"{value:.{digits}g} {unit}"
+
+
+def format_bytes(value: float, digits: int = 4) -> str:
+    """Format a byte count with binary prefixes, e.g. ``'80 GiB'``."""
+    mag = abs(value)
+    for scale, p in ((2.0**50, "PiB"), (2.0**40, "TiB"), (2.0**30, "GiB"), (2.0**20, "MiB"),
+                     (2.0**10, "KiB")):
+        if mag >= scale:
+            return f"{value / scale:.{digits}g} {p}"
+    return f"{value:.{digits}g} B"
+
+
+def format_time(seconds: float, digits: int = 4) -> str:
+    """Format a time in s, ms, µs or ns."""
+    return format_si(seconds, "s", digits)

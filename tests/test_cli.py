@@ -1,0 +1,108 @@
+"""The command line: every command, exit codes, formats."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from planner import __version__
+
+from .conftest import CLUSTERS, NETWORKS, invoke
+
+
+def test_version(runner):
+    result = invoke(runner, "--version")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"planner, version {__version__}"
+
+
+@pytest.mark.parametrize("cmd", [[], ["validate"], ["show"], ["devices"]])
+def test_help_everywhere(runner, cmd):
+    result = invoke(runner, *cmd, "--help")
+    assert result.exit_code == 0
+    assert "Usage: " in result.stdout
+
+
+def test_validate_examples(runner):
+    files = sorted(NETWORKS.glob("*.yaml")) + sorted(CLUSTERS.glob("*.yaml"))
+    result = invoke(runner, "validate", *files)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count(": ok (") == len(files)
+
+
+def test_validate_mixed_reports_all_and_fails(runner, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: network\ninput: [3, 8, 8]\nlayers:\n  - {type: nope}\n")
+    result = invoke(runner, "validate", NETWORKS / "alexnet.yaml", bad)
+    assert result.exit_code == 2
+    assert "alexnet.yaml: ok" in result.stdout
+    assert f"{bad}:4:12: error: unknown layer type 'nope'" in result.stderr
+
+
+def test_validate_missing_file(runner, tmp_path):
+    result = invoke(runner, "validate", tmp_path / "missing.yaml")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"{tmp_path / 'missing.yaml'}:1:1: error: no such file")
+
+
+def test_show_json(runner):
+    result = invoke(runner, "show", NETWORKS / "resnet50.yaml", "--format", "json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["totals"]["params"] == 25_557_032
+    assert data["totals"]["flops_forward"] >= 2 * data["totals"]["macs_forward"]
+    for rec in data["layers"]:
+        assert {"name", "type", "output_shape", "params", "flops_forward"} <= set(rec)
+    assert sum(r["params"] for r in data["layers"]) == data["totals"]["params"]
+
+
+def test_show_yaml_with_batch(runner):
+    result = invoke(runner, "show", NETWORKS / "alexnet.yaml", "--format", "yaml", "-b", "16")
+    assert result.exit_code == 0
+    data = yaml.safe_load(result.stdout)
+    fc6 = next(r for r in data["layers"] if r["name"] == "fc6")
+    assert fc6["products"]["forward"] == [{"op": "gemm", "m": 16, "n": 4096, "k": 9216}]
+    assert data["batch"] == 16
+
+
+def test_show_table(runner):
+    result = invoke(runner, "show", NETWORKS / "alexnet.yaml")
+    assert result.exit_code == 0
+    out = result.stdout
+    assert "conv1" in out and "fc8" in out and "60,965,224" in out
+
+
+def test_show_to_file_and_refuse_overwriting_input(runner, tmp_path):
+    out = tmp_path / "show.json"
+    result = invoke(runner, "show", NETWORKS / "alexnet.yaml", "--format", "json", "-o", out)
+    assert result.exit_code == 0
+    assert json.loads(out.read_text())["network"] == "alexnet"
+    net_copy = tmp_path / "net.yaml"
+    net_copy.write_text((NETWORKS / "alexnet.yaml").read_text())
+    before = net_copy.read_text()
+    result = invoke(runner, "show", net_copy, "--format", "json", "-o", net_copy)
+    assert result.exit_code == 2
+    assert "it is one of this command's inputs" in result.stderr
+    assert net_copy.read_text() == before
+
+
+def test_show_bad_batch(runner):
+    result = invoke(runner, "show", NETWORKS / "alexnet.yaml", "--batch", "0")
+    assert result.exit_code == 2
+
+
+def test_show_cluster_file_is_wrong_kind(runner):
+    result = invoke(runner, "show", CLUSTERS / "dgx-h100.yaml")
+    assert result.exit_code == 2
+    assert "expected a network file, got 'kind: cluster'" in result.stderr
+
+
+def test_devices(runner):
+    result = invoke(runner, "devices", "--format", "json")
+    assert result.exit_code == 0
+    names = [d["name"] for d in json.loads(result.stdout)["devices"]]
+    assert "H100-SXM" in names and "cori-knl" in names
+    table = invoke(runner, "devices")
+    assert table.exit_code == 0 and "H100-SXM" in table.stdout

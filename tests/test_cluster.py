@@ -1,0 +1,97 @@
+"""Clusters and the device catalog."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from planner.cluster import catalog, lookup_device
+from planner.errors import InputError
+from planner.inputs import load_cluster, load_cluster_text
+
+from .conftest import CLUSTERS, ROOT
+
+REQUIRED = ["H100-SXM", "H100-PCIe", "H200", "A100-SXM-40GB", "A100-SXM-80GB",
+            "A100-PCIe-40GB", "A100-PCIe-80GB", "V100-SXM2", "V100-PCIe", "P100-PCIe", "T4",
+            "L4", "P4", "cori-knl"]
+
+
+def test_catalog_has_required_devices_with_sources():
+    cat = catalog()
+    for name in REQUIRED:
+        dev = cat[name]
+        assert dev.sources, name
+        assert dev.peak("fp32") > 0 and dev.memory_bytes > 0 and dev.memory_bandwidth > 0
+
+
+def test_neusight_names_reachable():
+    """Every GPU of NeuSight's device_configs is reachable under its exact name."""
+    path = ROOT / "models" / "data" / "neusight" / "neusight_device_configs.csv"
+    with path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 9
+    for row in rows:
+        dev = lookup_device(row["device"])
+        assert dev is not None, row["device"]
+        # the catalog agrees with NeuSight's spec on memory bandwidth within 15%
+        assert dev.memory_bandwidth == pytest.approx(float(row["mem_bw_GBps"]) * 1e9, rel=0.15)
+
+
+def test_peak_fallbacks():
+    v100 = catalog()["V100-SXM2"]
+    assert v100.peak("bf16") == v100.peak("fp16") == 125e12
+    assert catalog()["P4"].peak("bf16") == 5.5e12
+
+
+def test_example_clusters():
+    dgx = load_cluster(CLUSTERS / "dgx-h100.yaml")
+    assert dgx.devices_per_node == 8
+    assert dgx.inter.bandwidth == pytest.approx(50e9)
+    assert dgx.intra.bandwidth == pytest.approx(450e9)
+    knl = load_cluster(CLUSTERS / "cori-knl.yaml")
+    assert knl.inter.latency_s == pytest.approx(2e-6)
+    assert knl.inter.bandwidth == pytest.approx(6e9)
+    pcie = load_cluster(CLUSTERS / "pcie-8gpu.yaml")
+    assert pcie.nodes == 1
+
+
+def test_inline_device_with_base():
+    cl = load_cluster_text("""
+kind: cluster
+devices_per_node: 4
+device: {base: A100-SXM-80GB, memory: 40 GiB, name: a100-half}
+network:
+  intra_node: {latency: 2 us, bandwidth: 300 GB/s}
+  inter_node: {latency: 5 us, bandwidth: 25 GB/s}
+""")
+    assert cl.device.name == "a100-half"
+    assert cl.device.memory_bytes == 40 * 2**30
+    assert cl.device.peak("bf16") == 312e12
+
+
+def test_inline_device_full_spec_and_missing_keys():
+    with pytest.raises(InputError) as exc:
+        load_cluster_text("""
+kind: cluster
+devices_per_node: 4
+device: {peak_flops: {fp32: 10 TFLOPS}, memory: 16 GiB}
+network:
+  intra_node: {latency: 2 us, bandwidth: 300 GB/s}
+  inter_node: {latency: 5 us, bandwidth: 25 GB/s}
+""")
+    text = str(exc.value)
+    assert "missing required key 'memory_bandwidth'" in text
+    assert "missing required key 'sm_count'" in text
+
+
+def test_single_node_needs_no_inter_tier():
+    cl = load_cluster_text("""
+kind: cluster
+nodes: 1
+devices_per_node: 8
+device: H100-SXM
+network:
+  intra_node: {latency: 2 us, bandwidth: 450 GB/s}
+""")
+    assert cl.inter == cl.intra

@@ -1,0 +1,70 @@
+"""Unit strings → SI values (planner.units)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.units import UnitError, format_bytes, format_si, parse_quantity
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "expected"),
+    [
+        ("2 us", "time", 2e-6),
+        ("2 µs", "time", 2e-6),
+        ("1.5ms", "time", 1.5e-3),
+        ("800 ns", "time", 800e-9),
+        ("6 GB/s", "bandwidth", 6e9),
+        ("400 Gbit/s", "bandwidth", 50e9),
+        ("400 Gbps", "bandwidth", 50e9),
+        ("900 GiB/s", "bandwidth", 900 * 2**30),
+        ("80 GiB", "bytes", 80 * 2**30),
+        ("80 GB", "bytes", 80e9),
+        ("512 KiB", "bytes", 512 * 1024),
+        ("989 TFLOPS", "flop_rate", 989e12),
+        ("67 TFLOP/s", "flop_rate", 67e12),
+        ("1980 MHz", "frequency", 1.98e9),
+        ("1e9 B/s", "bandwidth", 1e9),
+        (6e9, "bandwidth", 6e9),
+        (2, "time", 2.0),
+    ],
+)
+def test_parse(text, kind, expected):
+    assert parse_quantity(text, kind) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "fragment"),
+    [
+        ("6 GB", "bandwidth", "unknown unit 'GB' for a bandwidth"),
+        ("fast", "bandwidth", "expected a bandwidth like '6 GB/s' or '400 Gbit/s', got 'fast'"),
+        ("450 GB/h", "bandwidth", "did you mean 'GB/s'?"),
+        (True, "time", "expected a time like '2 us', got True"),
+        (None, "bytes", "got None"),
+        (-1, "bytes", "expected a positive value"),
+        (0, "time", "expected a positive value"),
+        (math.nan, "time", "expected a finite value"),
+        (math.inf, "bandwidth", "expected a finite value"),
+        ("1e999 GB/s", "bandwidth", "expected a finite value"),
+        ([1], "time", "got list"),
+    ],
+)
+def test_parse_errors(value, kind, fragment):
+    with pytest.raises(UnitError) as exc:
+        parse_quantity(value, kind)
+    assert fragment in str(exc.value)
+
+
+def test_zero_allowed_when_not_positive():
+    assert parse_quantity("0 us", "time", positive=False) == 0.0
+    with pytest.raises(UnitError):
+        parse_quantity("-1 us", "time", positive=False)
+
+
+def test_format():
+    assert format_si(6e9, "B/s") == "6 GB/s"
+    assert format_si(2e-6, "s") == "2 µs"
+    assert format_bytes(80 * 2**30) == "80 GiB"
+    assert format_bytes(12) == "12 B"
