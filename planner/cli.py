@@ -217,6 +217,17 @@ def devices(fmt: str) -> None:
     render_data(data, fmt, None, lambda: devices_table(list(catalog().values())))
 
 
+def _attach_command_groups() -> None:
+    """Commands that live in their own modules (imported when the CLI loads)."""
+    from .cli_kernels import comm, kernels
+
+    cli.add_command(kernels)
+    cli.add_command(comm)
+
+
+_attach_command_groups()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``planner`` console script."""
     cli.main(args=argv, prog_name="planner")

@@ -1,0 +1,292 @@
+"""Collective communication on a two-tier network (α–β models).
+
+Every function takes the message size in **bytes** and returns **seconds**. ``nbytes`` may
+be a float or a numpy array (the search prices many layouts at once).
+
+Notation: ``p`` ranks in the group, ``n`` bytes, ``α`` latency, ``β = 1/bandwidth``
+(seconds per byte, per device and direction). ``n`` is the size of the full result:
+the all-gathered output, the all-reduced vector, the reduce-scatter input, the broadcast
+message; for all-to-all, the bytes each rank sends in total.
+
+Algorithms and their costs (Thakur, Rabenseifner & Gropp, "Optimization of collective
+communication operations in MPICH", IJHPCA 2005; Chan et al., "Collective communication:
+theory, practice, and experience", CCPE 2007; REFERENCES §1, §3):
+
+=================  ===============================  ======================================
+collective         algorithm                        time
+=================  ===============================  ======================================
+all-gather         ring                             (p−1)α + (p−1)/p·nβ
+                   recursive (doubling / Bruck)     ⌈log p⌉α + (p−1)/p·nβ
+reduce-scatter     ring                             (p−1)α + (p−1)/p·nβ
+                   recursive (halving)              ⌈log p⌉α + (p−1)/p·nβ
+all-reduce         ring                             2(p−1)α + 2(p−1)/p·nβ
+                   recursive (Rabenseifner)         2⌈log p⌉α + 2(p−1)/p·nβ
+                   tree (pipelined double binary)   2⌈log p⌉α + 2nβ
+broadcast          ring (pipelined chain)           (p−1)α + nβ
+                   tree (binomial)                  ⌈log p⌉(α + nβ)
+                   recursive (scatter+all-gather)   (⌈log p⌉ + p − 1)α + 2(p−1)/p·nβ
+all-to-all         ring (pairwise exchange)         (p−1)α + (p−1)/p·nβ
+                   recursive (Bruck)                ⌈log p⌉α + ⌈log p⌉/2·nβ
+point-to-point     —                                α + nβ
+=================  ===============================  ======================================
+
+Rabenseifner's all-reduce has exactly the cost the paper charges to its "ring" all-reduce
+(``2α⌈log p⌉ + 2β(p−1)/p·n``), and recursive doubling/Bruck the cost of its all-gather.
+
+**Two tiers.** A group lies either inside one node (intra-node tier) or spans nodes. A
+flat algorithm over a spanning group runs at the slower tier: its steps pay the
+inter-node latency and the smaller of the two bandwidths. The **hierarchical** algorithm
+splits the work (REFERENCES §3): for all-reduce, a reduce-scatter inside each node over its
+``q`` group members, an all-reduce across the ``m`` nodes on ``n/q`` bytes (the ``q``
+local ranks each drive their own NIC in parallel), and an all-gather inside the node.
+All-gather and reduce-scatter go the same way in one direction; broadcast is an
+inter-node broadcast followed by an intra-node one.
+
+**NVLS.** On NVSwitch systems NCCL reduces inside the switch from a message size on
+(REFERENCES §3); a tier with ``nvls`` settings prices a one-node all-reduce of at least
+``nvls_min_bytes`` as ``α_nvls + 2(p−1)/p·n / busbw_nvls`` when that is faster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeVar, overload
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..cluster import Cluster, Link
+
+Collective = Literal["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all",
+                     "p2p"]
+COLLECTIVES: tuple[Collective, ...] = ("all_gather", "reduce_scatter", "all_reduce",
+                                       "broadcast", "all_to_all", "p2p")
+FLAT_ALGORITHMS = ("ring", "tree", "recursive")
+ALGORITHMS = (*FLAT_ALGORITHMS, "hierarchical")
+#: The flat algorithms that apply to each collective (a tree all-gather is not a thing).
+APPLICABLE: dict[str, tuple[str, ...]] = {
+    "all_gather": ("ring", "recursive"),
+    "reduce_scatter": ("ring", "recursive"),
+    "all_reduce": ("ring", "recursive", "tree"),
+    "broadcast": ("ring", "tree", "recursive"),
+    "all_to_all": ("ring", "recursive"),
+}
+
+Bytes = TypeVar("Bytes", float, NDArray[np.float64])
+
+
+def clog2(p: int) -> int:
+    """⌈log2 p⌉ (0 for p ≤ 1)."""
+    return 0 if p <= 1 else (p - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class Group:
+    """A communicator: ``size`` ranks, ``per_node`` of them in each node it touches."""
+
+    size: int
+    per_node: int
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or self.per_node < 1 or self.per_node > self.size:
+            raise ValueError(f"invalid group {self.size}/{self.per_node}")
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the group spans."""
+        return -(-self.size // self.per_node)
+
+    @property
+    def spans_nodes(self) -> bool:
+        """Whether the group crosses the inter-node tier."""
+        return self.nodes > 1
+
+
+def flat_time(op: Collective, algorithm: str, nbytes: Bytes, p: int, alpha: float,
+              beta: float) -> Bytes:
+    """Time of a flat algorithm on one tier (see the module table)."""
+    if p <= 1:
+        return nbytes * 0.0
+    lg = clog2(p)
+    frac = (p - 1) / p
+    if op == "p2p":
+        return alpha + nbytes * beta
+    if op in ("all_gather", "reduce_scatter"):
+        if algorithm == "ring":
+            return (p - 1) * alpha + frac * nbytes * beta
+        if algorithm == "recursive":
+            return lg * alpha + frac * nbytes * beta
+    elif op == "all_reduce":
+        if algorithm == "ring":
+            return 2 * (p - 1) * alpha + 2 * frac * nbytes * beta
+        if algorithm == "recursive":
+            return 2 * lg * alpha + 2 * frac * nbytes * beta
+        if algorithm == "tree":
+            return 2 * lg * alpha + 2 * nbytes * beta
+    elif op == "broadcast":
+        if algorithm == "ring":
+            return (p - 1) * alpha + nbytes * beta
+        if algorithm == "tree":
+            return lg * (alpha + nbytes * beta)
+        if algorithm == "recursive":
+            return (lg + p - 1) * alpha + 2 * frac * nbytes * beta
+    elif op == "all_to_all":
+        if algorithm == "ring":
+            return (p - 1) * alpha + frac * nbytes * beta
+        if algorithm == "recursive":
+            return lg * alpha + lg / 2 * nbytes * beta
+    raise ValueError(f"no algorithm {algorithm!r} for {op}")
+
+
+def _tier(cluster: Cluster, group: Group) -> tuple[float, float]:
+    """(α, β) a flat algorithm over ``group`` sees: the slower tier when it spans nodes."""
+    if not group.spans_nodes:
+        return cluster.intra.latency_s, 1.0 / cluster.intra.bandwidth
+    bw = min(cluster.intra.bandwidth, cluster.inter.bandwidth) if group.per_node > 1 else \
+        cluster.inter.bandwidth
+    return max(cluster.intra.latency_s, cluster.inter.latency_s), 1.0 / bw
+
+
+def _nvls(link: Link, op: Collective, nbytes: Bytes, p: int) -> Bytes | None:
+    if op != "all_reduce" or link.nvls_bandwidth is None or p <= 1:
+        return None
+    lat = link.nvls_latency_s if link.nvls_latency_s is not None else link.latency_s
+    t = lat + 2 * (p - 1) / p * nbytes / link.nvls_bandwidth
+    small = np.asarray(nbytes) < (link.nvls_min_bytes or 0.0)
+    if np.ndim(small) == 0:
+        return None if bool(small) else t
+    return np.where(small, np.inf, t)  # type: ignore[return-value]
+
+
+def hierarchical_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
+                      inner: str = "auto") -> Bytes:
+    """Two-level algorithm: inside each node over ``per_node`` ranks, across nodes over
+    ``nodes`` ranks on ``1/per_node`` of the data (each local rank on its own NIC)."""
+    q, m = group.per_node, group.nodes
+    if m <= 1:
+        return _best_flat(op, nbytes, Group(q, q), cluster, inner)[0]
+    intra = Group(q, q)
+    inter_g = Group(m, 1)
+    if op == "all_reduce":
+        return (_best_flat("reduce_scatter", nbytes, intra, cluster, inner)[0]
+                + _best_flat("all_reduce", nbytes / q, inter_g, cluster, inner)[0]
+                + _best_flat("all_gather", nbytes, intra, cluster, inner)[0])
+    if op in ("all_gather", "reduce_scatter"):
+        # all-gather: across nodes on each rail (n/q of the result per rail), then inside
+        # the node on the full result; reduce-scatter is the mirror image
+        return (_best_flat(op, nbytes / q, inter_g, cluster, inner)[0]
+                + _best_flat(op, nbytes, intra, cluster, inner)[0])
+    if op == "broadcast":
+        return (_best_flat(op, nbytes, inter_g, cluster, inner)[0]
+                + _best_flat(op, nbytes, intra, cluster, inner)[0])
+    if op == "all_to_all":
+        # the inter-node part dominates: (m−1)/m of each rank's data crosses nodes
+        return (_best_flat(op, nbytes * (m - 1) / m, inter_g, cluster, inner)[0]
+                + _best_flat(op, nbytes / m, intra, cluster, inner)[0])
+    return _best_flat(op, nbytes, group, cluster, inner)[0]
+
+
+def _best_flat(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
+               algorithm: str) -> tuple[Bytes, str]:
+    p = group.size
+    if p <= 1:
+        return nbytes * 0.0, "none"
+    alpha, beta = _tier(cluster, group)
+    if op == "p2p":
+        return flat_time(op, "ring", nbytes, p, alpha, beta), "p2p"
+    names = APPLICABLE[op]
+    if algorithm in names:
+        names = (algorithm,)
+    best: Bytes | None = None
+    best_name = names[0]
+    for name in names:
+        t = flat_time(op, name, nbytes, p, alpha, beta)
+        if best is None:
+            best, best_name = t, name
+        elif np.ndim(t) == 0:
+            if float(t) < float(best):  # type: ignore[arg-type]
+                best, best_name = t, name
+        else:
+            best = np.minimum(best, t)  # type: ignore[assignment]
+    if not group.spans_nodes:
+        nv = _nvls(cluster.intra, op, nbytes, p)
+        if nv is not None:
+            if np.ndim(nv) == 0:
+                if float(nv) < float(best):  # type: ignore[arg-type]
+                    best, best_name = nv, "nvls"
+            else:
+                best = np.minimum(best, nv)  # type: ignore[assignment]
+    assert best is not None
+    return best, best_name
+
+
+@overload
+def collective_time(op: Collective, nbytes: float, group: Group, cluster: Cluster,
+                    algorithm: str | None = None) -> tuple[float, str]: ...
+@overload
+def collective_time(op: Collective, nbytes: NDArray[np.float64], group: Group,
+                    cluster: Cluster, algorithm: str | None = None,
+                    ) -> tuple[NDArray[np.float64], str]: ...
+
+
+def collective_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
+                    algorithm: str | None = None) -> tuple[Bytes, str]:
+    """Seconds for collective ``op`` of ``nbytes`` over ``group``, and the algorithm used.
+
+    ``algorithm`` (default: the cluster's preference) is ``ring``, ``tree``,
+    ``recursive``, ``hierarchical`` or ``auto`` (the fastest; for arrays the
+    fastest per element, reported as ``auto``). A group of one costs nothing.
+    """
+    alg = algorithm or cluster.algorithm
+    if group.size <= 1:
+        return nbytes * 0.0, "none"
+    if op == "p2p":
+        alpha, beta = _tier(cluster, group)
+        return flat_time(op, "ring", nbytes, 2, alpha, beta), "p2p"
+    if alg == "hierarchical":
+        if group.spans_nodes and group.per_node > 1:
+            return hierarchical_time(op, nbytes, group, cluster), "hierarchical"
+        return _best_flat(op, nbytes, group, cluster, "auto")
+    flat, name = _best_flat(op, nbytes, group, cluster, alg)
+    if alg != "auto" or not group.spans_nodes or group.per_node <= 1:
+        return flat, name
+    hier = hierarchical_time(op, nbytes, group, cluster)
+    if np.ndim(flat) == 0:
+        return (hier, "hierarchical") if float(hier) < float(flat) else (flat, name)  # type: ignore[arg-type]
+    return np.minimum(flat, hier), "auto"  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------
+# The paper's accounting (Gholami et al., SPAA 2018, REFERENCES §1)
+
+
+def paper_all_gather(words: Bytes, p: int, alpha: float, beta_word: float) -> Bytes:
+    """Bruck all-gather as the paper charges it: ``α⌈log p⌉ + β (p−1)/p · n`` (n words)."""
+    if p <= 1:
+        return words * 0.0
+    return alpha * clog2(p) + beta_word * (p - 1) / p * words
+
+
+def paper_all_reduce(words: Bytes, p: int, alpha: float, beta_word: float) -> Bytes:
+    """All-reduce as the paper charges it: ``2α⌈log p⌉ + 2β (p−1)/p · n`` (n words)."""
+    if p <= 1:
+        return words * 0.0
+    return 2 * alpha * clog2(p) + 2 * beta_word * (p - 1) / p * words
+
+
+def paper_halo(words: Bytes, alpha: float, beta_word: float) -> Bytes:
+    """Pairwise halo exchange as the paper charges it: ``α + β · n`` (n words)."""
+    return alpha + beta_word * words
+
+
+def bus_bandwidth_factor(op: Collective, p: int) -> float:
+    """nccl-tests' ``busbw = algbw · factor`` (REFERENCES §3)."""
+    if op == "all_reduce":
+        return 2 * (p - 1) / p
+    if op in ("all_gather", "reduce_scatter"):
+        return (p - 1) / p
+    return 1.0
+
+
+__all__ = ["ALGORITHMS", "COLLECTIVES", "Group", "collective_time", "flat_time",
+           "hierarchical_time", "paper_all_gather", "paper_all_reduce", "paper_halo"]
