@@ -1,0 +1,377 @@
+"""The cost of one layer under one layout: its collectives, its kernels, its shard.
+
+Two accountings:
+
+* ``exact`` (default): what the integrated algorithm really moves. For a layer with
+  weights in layout ``model P_r × P_c`` (``b = B/P_c`` samples per batch block, ``e`` bytes
+  per element): the forward all-gather of ``Y`` over the row group (``b·d_i·e`` bytes);
+  the backward-data all-reduce of ``ΔX`` over the row group (``b·d_{i−1}·e``: the paper
+  charges ``d_i``, REFERENCES §1); the weight-gradient all-reduce of the ``1/P_r`` shard
+  over the column group (``|W|/P_r·e``). Attention in model mode splits heads
+  Megatron-style (Shoeybi et al. 2019): an all-reduce of the output forward and of the
+  input gradient backward. ``domain``: halo rows exchanged with the neighbours forward
+  (input rows, exact for stride and padding) and backward (output-gradient rows), the
+  weight gradient all-reduced over all ``P``. ``data``: the weight gradient over all ``P``.
+  Collectives use the cluster's algorithm on the tier their group crosses.
+* ``gholami2018``: the paper's Eq. 3/4/6/7/8/9 as printed: ``d_i`` for the
+  backward-data term, ``⌈log2 p⌉`` latencies, words of the network dtype, halos of
+  ``⌊k/2⌋`` rows, the redistribution of Eq. 6 charged once, forward only.
+
+Layers without weights follow the distribution they receive and pay only what it needs
+(:func:`follower_terms`): halo rows for pooling over a split height, a statistics
+all-reduce for batch norm, an all-reduce for a global pool; anything that cannot work on
+a split height (layer norm, softmax, a pool with fewer output rows than the split)
+gathers first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..cluster import Cluster
+from ..layout import Dist, Layout, redistribution
+from ..network import Layer, Network, layer_kernels
+from ..ops import Kernel
+from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, \
+    paper_halo
+from .compute import Estimator
+
+ELEMENTWISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout", "add", "lrn",
+               "flatten")
+COST_MODELS = ("exact", "gholami2018")
+
+
+@dataclass(frozen=True)
+class CommTerm:
+    """One collective of a layer: phase, collective, group, bytes and seconds."""
+
+    phase: str  #: forward | backward_data | weight_grad | redistribute
+    collective: str
+    group: Group
+    bytes: float
+    seconds: float
+    algorithm: str
+    note: str = ""
+
+    @property
+    def when(self) -> str:
+        """Where it sits in the timeline: ``forward``, ``backward`` (on the critical path)
+        or ``gradient`` (a weight-gradient reduction that may overlap)."""
+        if self.phase == "weight_grad":
+            return "gradient"
+        if self.phase == "forward" or self.note.endswith("(forward)"):
+            return "forward"
+        return "backward"
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a layer's cost depends on besides the layer and its layout."""
+
+    network: Network
+    cluster: Cluster
+    gpus: int
+    batch: int
+    estimator: Estimator
+    cost_model: str = "exact"
+    algorithm: str | None = None
+
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes per activation / weight element."""
+        return self.network.elem_bytes
+
+    @property
+    def per_node(self) -> int:
+        """Devices per node."""
+        return self.cluster.devices_per_node
+
+    @property
+    def paper(self) -> bool:
+        """Whether the gholami2018 accounting is in force."""
+        return self.cost_model == "gholami2018"
+
+
+@dataclass
+class LayerCost:
+    """The cost of one layer as evaluated: compute, communication terms, shard."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    estimator: str = ""
+    terms: list[CommTerm] = field(default_factory=list)
+    params_local: float = 0.0  #: parameter elements this device holds for the layer
+
+    def comm(self, phase: str) -> float:
+        """Seconds of the terms of one phase."""
+        return sum(t.seconds for t in self.terms if t.phase == phase)
+
+    @property
+    def comm_s(self) -> float:
+        """All communication seconds."""
+        return sum(t.seconds for t in self.terms)
+
+    @property
+    def compute_s(self) -> float:
+        """Forward plus backward compute seconds."""
+        return self.forward_s + self.backward_s
+
+
+def _alpha_beta(ctx: Context, group: Group) -> tuple[float, float]:
+    """The paper's single (α, β) for a group: the tier it crosses."""
+    link = ctx.cluster.inter if group.spans_nodes else ctx.cluster.intra
+    return link.latency_s, 1.0 / link.bandwidth
+
+
+def term(ctx: Context, phase: str, op: Collective, group: Group, nbytes: float,
+         note: str = "") -> CommTerm | None:
+    """A collective priced with the context's accounting; None when it moves nothing."""
+    if group.size <= 1 or nbytes <= 0:
+        return None
+    if ctx.paper:
+        alpha, beta = _alpha_beta(ctx, group)
+        words = nbytes / ctx.elem_bytes
+        beta_w = beta * ctx.elem_bytes
+        if op == "all_gather":
+            secs = float(paper_all_gather(words, group.size, alpha, beta_w))
+        elif op == "all_reduce":
+            secs = float(paper_all_reduce(words, group.size, alpha, beta_w))
+        else:
+            secs = float(paper_halo(words, alpha, beta_w))
+        return CommTerm(phase, op, group, nbytes, secs, "paper", note)
+    secs, alg = collective_time(op, float(nbytes), group, ctx.cluster, ctx.algorithm)
+    return CommTerm(phase, op, group, nbytes, float(secs), alg, note)
+
+
+def _halo_group(layout_row: Group) -> Group:
+    """Neighbours of a split height: in one node unless the row group spans nodes."""
+    return Group(2, 1 if layout_row.spans_nodes else 2)
+
+
+def _add(terms: list[CommTerm], t: CommTerm | None) -> None:
+    if t is not None:
+        terms.append(t)
+
+
+def _needs_input_grad(layer: Layer) -> bool:
+    return layer.inputs != (-1,) and layer.embedding is None
+
+
+def weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
+    """Forward, backward-data and weight-gradient collectives of a layer with weights."""
+    g = ctx.per_node
+    e = ctx.elem_bytes
+    b = ctx.batch / layout.pc
+    row, col, allg = layout.row_group(g), layout.col_group(g), layout.all_group(g)
+    terms: list[CommTerm] = []
+    own = layer.params  # a tied head's shared weight is reduced once, by its embedding
+    if layout.mode == "data":
+        _add(terms, term(ctx, "weight_grad", "all_reduce", allg, own * e))
+        return terms
+    if layout.mode == "model":
+        if ctx.paper:
+            d_i = layer.out_elems * b * e
+            _add(terms, term(ctx, "forward", "all_gather", row, d_i))
+            _add(terms, term(ctx, "backward_data", "all_reduce", row, d_i))
+            _add(terms, term(ctx, "weight_grad", "all_reduce", col,
+                             layer.weight_elems / layout.pr * e))
+            return terms
+        fwd_op: Collective = "all_reduce" if layer.attention is not None else "all_gather"
+        _add(terms, term(ctx, "forward", fwd_op, row, b * layer.out_elems * e))
+        if _needs_input_grad(layer):
+            _add(terms, term(ctx, "backward_data", "all_reduce", row, b * layer.in_elems * e))
+        _add(terms, term(ctx, "weight_grad", "all_reduce", col, own / layout.pr * e))
+        return terms
+    # domain: halo rows, weights replicated on all P
+    terms += halo_terms(layer, layout, ctx, b)
+    wg = layer.weight_elems if ctx.paper else own
+    _add(terms, term(ctx, "weight_grad", "all_reduce", allg, wg * e))
+    return terms
+
+
+def halo_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[CommTerm]:
+    """Halo exchanges of a windowed layer (convolution, pooling) over a split height."""
+    terms: list[CommTerm] = []
+    c_in, _, w_in = layer.input_shape
+    c_out, _, w_out = layer.output_shape
+    group = _halo_group(layout.row_group(ctx.per_node))
+    e = ctx.elem_bytes
+    if ctx.paper:
+        if layer.conv is None:
+            return terms
+        kh, kw = layer.conv.kernel
+        if kh // 2:
+            _add(terms, term(ctx, "forward", "p2p", group, b * w_in * c_in * (kh // 2) * e,
+                             "halo"))
+        if kw // 2:
+            _add(terms, term(ctx, "backward_data", "p2p", group,
+                             b * w_out * c_out * (kw // 2) * e, "halo"))
+        return terms
+    top, bottom = layer.halo_forward
+    _add(terms, term(ctx, "forward", "p2p", group, b * (top + bottom) * w_in * c_in * e, "halo"))
+    if _needs_input_grad(layer):
+        top_b, bottom_b = layer.halo_backward
+        _add(terms, term(ctx, "backward_data", "p2p", group,
+                         b * (top_b + bottom_b) * w_out * c_out * e, "halo"))
+    return terms
+
+
+def input_dist(layout: Layout) -> Dist:
+    """The distribution a layer with weights needs its input in."""
+    return layout.output_dist()
+
+
+def redistribute_terms(src: Dist, dst: Dist, elems_per_sample: int, ctx: Context,
+                       note: str) -> list[CommTerm]:
+    """Moving an activation of ``elems_per_sample`` from ``src`` to ``dst`` forward, and
+    its gradient back from ``dst`` to ``src`` (the paper: forward only, Eq. 6)."""
+    if src == dst:
+        return []
+    total = ctx.batch * elems_per_sample * ctx.elem_bytes
+    terms: list[CommTerm] = []
+    for direction, a, z in (("forward", src, dst), ("backward", dst, src)):
+        if ctx.paper and direction == "backward":
+            break
+        r = redistribution(a, z, ctx.per_node)
+        if r.kind == "none" or r.received <= 0 or r.group is None:
+            continue
+        if ctx.paper:
+            # Eq. 6: one all-gather of the target block over the gathering group
+            _add(terms, term(ctx, "redistribute", "all_gather", r.group, r.need * total,
+                             f"{note} ({direction})"))
+        elif r.kind == "gather":
+            _add(terms, term(ctx, "redistribute", "all_gather", r.group, r.need * total,
+                             f"{note} ({direction})"))
+        else:
+            link = ctx.cluster.inter if r.group.spans_nodes else ctx.cluster.intra
+            nbytes = r.received * total
+            secs = r.sources * link.latency_s + nbytes / link.bandwidth
+            terms.append(CommTerm("redistribute", "exchange", r.group, nbytes, secs, "p2p",
+                                  f"{note} ({direction})"))
+    return terms
+
+
+def follower_terms(layer: Layer, dist: Dist, ctx: Context) -> tuple[list[CommTerm], Dist, Dist]:
+    """A layer without weights on the distribution it receives.
+
+    Returns its collectives, the distribution it computes on (after any gather, which is
+    among the terms) and the distribution of its output.
+    """
+    terms: list[CommTerm] = []
+    g = ctx.per_node
+    e = ctx.elem_bytes
+    b = ctx.batch / dist.batch[1]
+    if ctx.paper:
+        return terms, dist, dist
+    work = dist
+    h = dist.height
+    if h is not None and h[1] > 1:
+        n_h = h[1]
+        row = Group(n_h, min(n_h, _digit_per_node(h, g)))
+        spatial_in = layer.is_spatial and layer.input_shape[1] >= n_h
+        if layer.type in ("global_avgpool", "adaptive_avgpool") and layer.is_spatial:
+            # partial sums of each device's rows, all-reduced over the height split
+            _add(terms, term(ctx, "forward", "all_reduce", row, b * layer.out_elems * e,
+                             "pool"))
+            out = Dist(dist.p, dist.batch, None)
+            _add(terms, _params_term(layer, dist, ctx))
+            return terms, work, out
+        if spatial_in and layer.out_height >= n_h and layer.type in ("maxpool", "avgpool"):
+            layout_row = row
+            c, _, w_in = layer.input_shape
+            _, _, w_out = layer.output_shape
+            top, bottom = layer.halo_forward
+            top_b, bottom_b = layer.halo_backward
+            grp = _halo_group(layout_row)
+            _add(terms, term(ctx, "forward", "p2p", grp, b * (top + bottom) * w_in * c * e,
+                             "halo"))
+            _add(terms, term(ctx, "backward_data", "p2p", grp,
+                             b * (top_b + bottom_b) * w_out * c * e, "halo"))
+            return terms, work, dist
+        if spatial_in and layer.type == "batchnorm":
+            stats = 2 * layer.input_shape[0] * 4
+            _add(terms, term(ctx, "forward", "all_reduce", row, stats, "statistics"))
+            _add(terms, term(ctx, "backward_data", "all_reduce", row, stats, "statistics"))
+            _add(terms, _params_term(layer, dist, ctx))
+            return terms, work, dist
+        if layer.type in ELEMENTWISE and (spatial_in or not layer.is_spatial):
+            return terms, work, dist
+        # cannot compute on a split height: gather the height first
+        work = Dist(dist.p, dist.batch, None)
+        terms += redistribute_terms(dist, work, layer.in_elems, ctx, "gather height")
+    _add(terms, _params_term(layer, work, ctx))
+    return terms, work, work
+
+
+def _digit_per_node(digit: tuple[int, int], per_node_devices: int) -> int:
+    stride, count = digit
+    if stride >= per_node_devices:
+        return 1
+    return min(count, max(1, per_node_devices // stride))
+
+
+def _params_term(layer: Layer, dist: Dist, ctx: Context) -> CommTerm | None:
+    """Weight-gradient all-reduce of a follower's own parameters (norm scales, learned
+    positions) over the devices that hold different samples or rows of them."""
+    if layer.params <= 0:
+        return None
+    n_b = dist.batch[1]
+    n_h = dist.height[1] if dist.height else 1
+    size = n_b * n_h
+    if size <= 1:
+        return None
+    grp = Group(size, min(size, _reduce_per_node(dist, ctx.per_node)))
+    return term(ctx, "weight_grad", "all_reduce", grp, layer.params * ctx.elem_bytes)
+
+
+def _reduce_per_node(dist: Dist, per_node_devices: int) -> int:
+    digits = [dist.batch] + ([dist.height] if dist.height else [])
+    inside = 1
+    for d in digits:
+        inside *= _digit_per_node(d, per_node_devices)
+    return max(1, inside)
+
+
+# ---------------------------------------------------------------------------------------
+# Compute
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, list[Kernel]]:
+    """Kernels of a layer with weights on the busiest device of ``layout``."""
+    b = _ceil_div(ctx.batch, layout.pc)
+    if layout.mode == "model":
+        return layer_kernels(layer, b, ctx.elem_bytes, model_split=layout.pr)
+    if layout.mode == "domain":
+        return layer_kernels(layer, b, ctx.elem_bytes, height_split=layout.pr)
+    return layer_kernels(layer, b, ctx.elem_bytes)
+
+
+def follower_kernels(layer: Layer, dist: Dist, ctx: Context) -> dict[str, list[Kernel]]:
+    """Kernels of a layer without weights on the distribution it computes on."""
+    b = _ceil_div(ctx.batch, dist.batch[1])
+    n_h = dist.height[1] if dist.height else 1
+    return layer_kernels(layer, b, ctx.elem_bytes, height_split=n_h)
+
+
+def time_kernels(kernels: dict[str, list[Kernel]], ctx: Context) -> tuple[float, float, str]:
+    """(forward seconds, backward seconds, estimator labels) of a layer's kernels."""
+    flat = kernels["forward"] + kernels["backward_data"] + kernels["backward_weight"]
+    if not flat:
+        return 0.0, 0.0, ""
+    times = ctx.estimator.estimate(flat, ctx.cluster.device, ctx.network.dtype)
+    n_f = len(kernels["forward"])
+    fwd = float(times.seconds[:n_f].sum())
+    bwd = float(times.seconds[n_f:].sum())
+    labels = sorted(set(times.source))
+    return fwd, bwd, ", ".join(labels)
+
+
+def local_params(layer: Layer, layout: Layout | None) -> float:
+    """Parameter elements one device holds for the layer (model mode: its 1/P_r shard)."""
+    if layout is not None and layout.mode == "model" and layer.has_weights:
+        return layer.params / layout.pr
+    return float(layer.params)

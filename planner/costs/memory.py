@@ -1,0 +1,104 @@
+"""Memory per device: parameters, gradients, optimizer state, activations kept for
+backward, communication buffers and the working set of the busiest layer.
+
+Bytes per parameter (``e`` = bytes of the network dtype):
+
+==========================  ========  =========  =================================
+setting                     weights   gradients  optimizer state
+==========================  ========  =========  =================================
+sgd                         e         e          0
+momentum (SGD)              e         e          e            (one buffer)
+adam                        e         e          2e           (first and second moments)
+… with master weights       e         e          4 + n·4      (fp32 copy + fp32 states)
+==========================  ========  =========  =================================
+
+So fp32 Adam is 16 bytes per parameter and bf16 Adam with fp32 master weights is
+2 + 2 + 12 = 16 (Rajbhandari et al., ZeRO, SC'20, §3.1). Master weights are the default
+for 16-bit dtypes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+_STATES = {"sgd": 0, "momentum": 1, "adam": 2}
+
+
+@dataclass(frozen=True)
+class ParamBytes:
+    """Bytes per parameter element for weights, gradients and optimizer state."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        """All bytes per parameter."""
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def update_traffic(self) -> float:
+        """Bytes the optimizer step moves per parameter: read and write the weights and
+        states, read the gradient."""
+        return 2 * self.weights + self.gradients + 2 * self.optimizer
+
+
+def param_bytes(optimizer: str, elem_bytes: int, master_weights: bool | None = None
+                ) -> ParamBytes:
+    """Bytes per parameter for an optimizer and dtype (see the module table)."""
+    if optimizer not in _STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}")
+    master = uses_master_weights(elem_bytes, master_weights)
+    n = _STATES[optimizer]
+    if master:
+        state = 4.0 + 4.0 * n
+    else:
+        state = float(elem_bytes * n)
+    return ParamBytes(float(elem_bytes), float(elem_bytes), state)
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Peak memory of the busiest device, by part, against its capacity."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    comm_buffers: float
+    workspace: float
+    capacity: float
+
+    @property
+    def peak(self) -> float:
+        """The sum of the parts: everything is live at the start of the backward pass."""
+        return (self.weights + self.gradients + self.optimizer + self.activations
+                + self.comm_buffers + self.workspace)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the peak fits in the capacity."""
+        return self.peak <= self.capacity
+
+    def to_data(self) -> dict[str, object]:
+        """Plain data for the plan document."""
+        return {
+            "peak_bytes": self.peak,
+            "capacity_bytes": self.capacity,
+            "fits": self.fits,
+            "breakdown": {
+                "weights": self.weights,
+                "gradients": self.gradients,
+                "optimizer": self.optimizer,
+                "activations": self.activations,
+                "comm_buffers": self.comm_buffers,
+                "workspace": self.workspace,
+            },
+        }
+
+
+def uses_master_weights(elem_bytes: int, master_weights: bool | None) -> bool:
+    """Whether fp32 master weights are kept (default: for 16-bit dtypes)."""
+    return (elem_bytes < 4) if master_weights is None else master_weights

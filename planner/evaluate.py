@@ -1,0 +1,330 @@
+"""Evaluating a complete assignment of layouts: per-layer costs, redistribution between
+layouts, memory per device and the iteration timeline.
+
+:func:`evaluate` is what ``planner cost`` prints and what every plan and baseline is
+scored with, so the search's answer and ``cost`` of the same layout agree by
+construction.
+
+The timeline (Lee et al., MLHPC 2018, REFERENCES §2): the forward pass runs every layer's
+compute and its activation traffic in order; the backward pass walks the layers back, each
+layer's backward compute and activation traffic (backward-data all-reduces, halos,
+gradient redistribution) on the critical path. With ``overlap: gradients`` each layer's
+weight gradient joins a bucket (consecutive layers reducing over the same group, up to
+``bucket_bytes``); a bucket's all-reduce starts when its last gradient is ready and the
+previous all-reduce has finished (one communication channel). The iteration ends at
+``max(end of backward compute, end of the last all-reduce)`` plus the optimizer step.
+With ``overlap: none`` every all-reduce waits for the end of the backward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .cluster import Cluster
+from .costs.comm import Group, collective_time, paper_all_reduce
+from .costs.compute import Estimator, Roofline
+from .costs.layer import (
+    CommTerm,
+    Context,
+    LayerCost,
+    follower_kernels,
+    follower_terms,
+    input_dist,
+    local_params,
+    redistribute_terms,
+    time_kernels,
+    weighted_kernels,
+    weighted_terms,
+)
+from .costs.memory import MemoryReport, param_bytes
+from .errors import UsageError
+from .layout import Dist, Layout
+from .network import Layer, Network
+from .ops import Elementwise
+
+OVERLAPS = ("none", "gradients")
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb = 25
+
+
+@dataclass(frozen=True)
+class Options:
+    """The question besides the network and cluster."""
+
+    gpus: int
+    batch: int
+    cost_model: str = "exact"
+    overlap: str = "gradients"
+    bucket_bytes: float = DEFAULT_BUCKET_BYTES
+    optimizer: str = "momentum"
+    master_weights: bool | None = None
+    algorithm: str | None = None
+
+
+@dataclass
+class LayerResult:
+    """One layer as evaluated."""
+
+    layer: Layer
+    layout: Layout  #: its own layout, or the one it follows
+    follows: str | None  #: the layer whose layout a weightless layer follows
+    cost: LayerCost
+    activation_bytes: float = 0.0
+    dist_in: Dist | None = None
+    dist_out: Dist | None = None
+
+
+@dataclass
+class Evaluation:
+    """A whole assignment evaluated."""
+
+    layers: list[LayerResult]
+    time_s: float
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    weight_grad_s: float
+    memory: MemoryReport
+    buckets: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def activation_comm_s(self) -> float:
+        """Communication on the critical path (everything but weight gradients)."""
+        return self.comm_s - self.weight_grad_s
+
+
+def make_context(network: Network, cluster: Cluster, options: Options,
+                 estimator: Estimator | None = None) -> Context:
+    """The cost context of a question."""
+    return Context(network=network, cluster=cluster, gpus=options.gpus, batch=options.batch,
+                   estimator=estimator or Roofline(), cost_model=options.cost_model,
+                   algorithm=options.algorithm)
+
+
+def check_question(network: Network, cluster: Cluster, options: Options) -> None:
+    """Usage problems of the question itself (exit 2)."""
+    if options.gpus < 1:
+        raise UsageError("planner: error: --gpus must be at least 1")
+    limit = cluster.max_devices()
+    if limit is not None and options.gpus > limit:
+        raise UsageError(f"planner: error: --gpus {options.gpus} is more than the cluster has "
+                         f"({cluster.nodes} nodes × {cluster.devices_per_node} = {limit}); "
+                         "raise 'nodes' in the cluster file or remove it")
+
+
+def evaluate(ctx: Context, options: Options, assignment: dict[int, Layout]) -> Evaluation:
+    """Evaluate layouts for every layer with weights (``assignment``: layer index →
+    layout); layers without weights follow the distribution they receive."""
+    net = ctx.network
+    results: list[LayerResult] = []
+    out_dist: dict[int, Dist | None] = {-1: None}
+    weighted = [layer for layer in net.layers if layer.has_weights]
+    if not weighted:
+        raise UsageError("planner: error: the network has no layer with weights")
+    first_layout = assignment[weighted[0].index]
+    current: tuple[Layout, str] = (first_layout, weighted[0].name)
+    default_in = input_dist(first_layout)
+    for layer in net.layers:
+        src = out_dist.get(layer.inputs[0]) if layer.inputs else None
+        if layer.has_weights:
+            layout = assignment[layer.index]
+            current = (layout, layer.name)
+            dst = input_dist(layout)
+            cost = LayerCost()
+            if src is not None:
+                cost.terms += redistribute_terms(src, dst, layer.in_elems, ctx, "input")
+            cost.terms += weighted_terms(layer, layout, ctx)
+            cost.forward_s, cost.backward_s, cost.estimator = time_kernels(
+                weighted_kernels(layer, layout, ctx), ctx)
+            cost.params_local = local_params(layer, layout)
+            out = layout.output_dist()
+            results.append(LayerResult(layer, layout, None, cost, dist_in=dst, dist_out=out))
+            out_dist[layer.index] = out
+            continue
+        if layer.type == "add":
+            body_d = out_dist.get(layer.inputs[0]) or default_in
+            sc_d = out_dist.get(layer.inputs[1])
+            cost = LayerCost()
+            if sc_d is not None:
+                cost.terms += redistribute_terms(sc_d, body_d, layer.in_elems, ctx, "shortcut")
+            cost.forward_s, cost.backward_s, cost.estimator = time_kernels(
+                follower_kernels(layer, body_d, ctx), ctx)
+            results.append(LayerResult(layer, current[0], current[1], cost, dist_in=body_d,
+                                       dist_out=body_d))
+            out_dist[layer.index] = body_d
+            continue
+        d_in = src or default_in
+        terms, work, out = follower_terms(layer, d_in, ctx)
+        cost = LayerCost(terms=terms)
+        cost.forward_s, cost.backward_s, cost.estimator = time_kernels(
+            follower_kernels(layer, work, ctx), ctx)
+        cost.params_local = float(layer.params)
+        results.append(LayerResult(layer, current[0], current[1], cost, dist_in=work,
+                                   dist_out=out))
+        out_dist[layer.index] = out
+    memory = memory_report(ctx, options, results)
+    return _timeline(ctx, options, results, memory)
+
+
+def _local_elems(elems: int, dist: Dist | None, batch: int) -> float:
+    if dist is None:
+        return float(elems * batch)
+    b = -(-batch // dist.batch[1])
+    h = dist.height[1] if dist.height else 1
+    return elems * b / h
+
+
+def memory_report(ctx: Context, options: Options, results: list[LayerResult]) -> MemoryReport:
+    """Peak memory of the busiest device for an evaluated assignment."""
+    e = ctx.elem_bytes
+    pb = param_bytes(options.optimizer, e, options.master_weights)
+    params = sum(r.cost.params_local for r in results)
+    kept: dict[tuple[int, Dist | None], float] = {}
+    per_layer: dict[int, float] = {}
+    batch = ctx.batch
+    net = ctx.network
+    for r in results:
+        layer = r.layer
+        if layer.saves_input:
+            src = layer.inputs[0]
+            elems = net.layers[src].out_elems if src >= 0 else layer.in_elems
+            key = (src, r.dist_in)
+            if key not in kept:
+                size = _local_elems(elems, r.dist_in, batch) * e
+                if r.layout.mode == "domain" and layer.conv is not None and r.dist_in and \
+                        r.dist_in.height:
+                    rows = layer.input_shape[1] / r.dist_in.height[1]
+                    halo = sum(layer.halo_forward)
+                    size *= (rows + halo) / rows
+                kept[key] = size
+        if layer.saves_output:
+            key = (layer.index, r.dist_out)
+            kept.setdefault(key, _local_elems(layer.out_elems, r.dist_out, batch) * e)
+        extra = _local_elems(layer.saved_internal, r.dist_in, batch) * e
+        if layer.has_weights and r.layout.mode == "model":
+            extra /= r.layout.pr  # attention's Q, K, V and scores are split by heads
+        extra += _local_elems(1, r.dist_in, batch) * layer.saved_bytes_extra
+        per_layer[layer.index] = extra
+    for (src, _), size in kept.items():
+        if src in per_layer:
+            per_layer[src] += size
+        else:
+            per_layer[src] = size
+    activations = sum(per_layer.values())
+    for r in results:
+        r.activation_bytes = per_layer.get(r.layer.index, 0.0)
+    # the busiest layer's gradients in flight: its output gradient and input gradient
+    workspace = max((_local_elems(r.layer.out_elems, r.dist_out, batch)
+                     + _local_elems(r.layer.in_elems, r.dist_in, batch)) * e for r in results)
+    largest = max((t.bytes for r in results for t in r.cost.terms), default=0.0)
+    grads = params * pb.gradients
+    buckets = min(grads, 2 * options.bucket_bytes) if options.overlap == "gradients" else 0.0
+    return MemoryReport(
+        weights=params * pb.weights,
+        gradients=grads,
+        optimizer=params * pb.optimizer,
+        activations=activations,
+        comm_buffers=largest + buckets,
+        workspace=workspace,
+        capacity=ctx.cluster.capacity_bytes,
+    )
+
+
+def _bucket_time(ctx: Context, nbytes: float, group: Group) -> float:
+    if ctx.paper:
+        link = ctx.cluster.inter if group.spans_nodes else ctx.cluster.intra
+        e = ctx.elem_bytes
+        return float(paper_all_reduce(nbytes / e, group.size, link.latency_s,
+                                      e / link.bandwidth))
+    return float(collective_time("all_reduce", nbytes, group, ctx.cluster, ctx.algorithm)[0])
+
+
+def _timeline(ctx: Context, options: Options, results: list[LayerResult],
+              memory: MemoryReport) -> Evaluation:
+    fwd_compute = sum(r.cost.forward_s for r in results)
+    bwd_compute = sum(r.cost.backward_s for r in results)
+    fwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "forward")
+    bwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "backward")
+    pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
+    params = sum(r.cost.params_local for r in results)
+    opt = ctx.estimator.estimate([Elementwise(params * pb.update_traffic, params * 4.0,
+                                              "optimizer")],
+                                 ctx.cluster.device, ctx.network.dtype).seconds
+    optimizer_s = float(opt.sum())
+    forward = fwd_compute + fwd_comm
+    clock = forward
+    # (ready time, layer position, term position) of every weight-gradient term
+    grad_terms: list[tuple[float, int, int]] = []
+    for pos in range(len(results) - 1, -1, -1):
+        r = results[pos]
+        clock += r.cost.backward_s + sum(t.seconds for t in r.cost.terms if t.when == "backward")
+        for j, t in enumerate(r.cost.terms):
+            if t.when == "gradient":
+                grad_terms.append((clock, pos, j))
+    end_backward = clock
+    buckets: list[dict[str, Any]] = []
+
+    def grad(item: tuple[float, int, int]) -> CommTerm:
+        return results[item[1]].cost.terms[item[2]]
+
+    if options.overlap == "none":
+        weight_grad_s = sum(grad(x).seconds for x in grad_terms)
+        finish = end_backward + weight_grad_s
+    else:
+        weight_grad_s = 0.0
+        channel = 0.0
+        pending: list[tuple[float, int, int]] = []
+        attributed: dict[tuple[int, int], float] = {}
+
+        def flush() -> None:
+            nonlocal channel, weight_grad_s
+            if not pending:
+                return
+            ready = pending[-1][0]
+            group = grad(pending[0]).group
+            nbytes = sum(grad(x).bytes for x in pending)
+            secs = _bucket_time(ctx, nbytes, group) if len(pending) > 1 else \
+                grad(pending[0]).seconds
+            start = max(ready, channel)
+            channel = start + secs
+            weight_grad_s += secs
+            for x in pending:
+                attributed[(x[1], x[2])] = secs * grad(x).bytes / nbytes if nbytes else 0.0
+            buckets.append({"index": len(buckets), "layers": len(pending), "bytes": nbytes,
+                            "group": group.size, "ready_s": ready, "start_s": start,
+                            "end_s": channel})
+            pending.clear()
+
+        for item in grad_terms:
+            if pending and (grad(item).group != grad(pending[0]).group or
+                            sum(grad(x).bytes for x in pending) >= options.bucket_bytes):
+                flush()
+            pending.append(item)
+            if sum(grad(x).bytes for x in pending) >= options.bucket_bytes:
+                flush()
+        flush()
+        finish = max(end_backward, channel)
+        # each layer carries its share of its bucket's all-reduce (by bytes)
+        for (pos, j), secs in attributed.items():
+            terms = results[pos].cost.terms
+            terms[j] = replace(terms[j], seconds=secs, note=(terms[j].note + " bucketed")
+                               .strip())
+    time_s = finish + optimizer_s
+    compute_s = fwd_compute + bwd_compute + optimizer_s
+    comm_s = fwd_comm + bwd_comm + weight_grad_s
+    return Evaluation(
+        layers=results,
+        time_s=time_s,
+        forward_s=forward,
+        backward_s=end_backward - forward,
+        optimizer_s=optimizer_s,
+        compute_s=compute_s,
+        comm_s=comm_s,
+        exposed_comm_s=max(0.0, time_s - compute_s),
+        weight_grad_s=weight_grad_s,
+        memory=memory,
+        buckets=buckets,
+    )

@@ -1,0 +1,334 @@
+"""Layouts of a layer on a ``P_r × P_c`` grid, where their data lives, and what it takes
+to move activations from one layout to another.
+
+A **layout** is ``(mode, P_r, P_c, placement)`` with ``P_r · P_c = P`` (Gholami et al.,
+SPAA 2018, REFERENCES §1):
+
+* ``data``: ``P_r = 1``, the batch split over all ``P`` devices;
+* ``model``: the layer's output features / channels / heads split over ``P_r``, the batch
+  over ``P_c`` (Eq. 8; ``P_c = 1`` is pure model parallelism, Eq. 3);
+* ``domain``: the image height split over ``P_r``, the batch over ``P_c`` (Eq. 7, 9).
+
+**Placement** maps grid coordinates to devices ``k = 0 … P−1`` (device ``k`` is local GPU
+``k mod g`` of node ``k div g``): with ``rows`` the row groups (the ``P_r`` devices that
+share a batch block: model-parallel all-gathers, halo exchanges) are consecutive devices,
+``r = k mod P_r``, ``c = k div P_r``; with ``cols`` the column groups (the ``P_c``
+devices that share a weight shard: gradient all-reduces) are consecutive,
+``c = k mod P_c``, ``r = k div P_c``.
+
+An activation **distribution** follows from a layout: batch block ``c`` of ``P_c`` on
+every device (model and data layouts all-gather their output, so it is replicated across
+the row group), plus height block ``r`` of ``P_r`` for domain layouts. Each block index is
+a digit ``(k div stride) mod count`` of the device number, and **redistribution** between
+two distributions is the real data movement: every device receives the part of its new
+block that it does not already hold.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from .costs.comm import Group
+from .errors import UsageError
+
+Mode = Literal["data", "model", "domain"]
+MODES: tuple[str, ...] = ("data", "model", "domain")
+PLACEMENTS: tuple[str, ...] = ("rows", "cols")
+BRUTE_FORCE_MAX_P = 65536
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """A layer's parallel layout; construct with :func:`make_layout` to canonicalise."""
+
+    mode: str
+    pr: int
+    pc: int
+    placement: str = "rows"
+
+    @property
+    def p(self) -> int:
+        """Devices."""
+        return self.pr * self.pc
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """``(P_r, P_c)``."""
+        return (self.pr, self.pc)
+
+    def label(self) -> str:
+        """``model 32x16`` / ``data 1x512`` / ``domain 16x32 (cols)``."""
+        extra = " (cols)" if self.placement == "cols" else ""
+        return f"{self.mode} {self.pr}x{self.pc}{extra}"
+
+    # Grid digits of device k: (stride, count) with index = (k div stride) mod count.
+    @property
+    def r_digit(self) -> tuple[int, int]:
+        """The row index digit."""
+        return (1, self.pr) if self.placement == "rows" else (self.pc, self.pr)
+
+    @property
+    def c_digit(self) -> tuple[int, int]:
+        """The column (batch block) digit."""
+        return (self.pr, self.pc) if self.placement == "rows" else (1, self.pc)
+
+    def row_group(self, per_node_devices: int) -> Group:
+        """The ``P_r`` devices that share a batch block."""
+        return digit_group(self.r_digit, per_node_devices)
+
+    def col_group(self, per_node_devices: int) -> Group:
+        """The ``P_c`` devices that share a weight shard (or a height block)."""
+        return digit_group(self.c_digit, per_node_devices)
+
+    def all_group(self, per_node_devices: int) -> Group:
+        """All ``P`` devices."""
+        return Group(self.p, min(self.p, per_node_devices))
+
+    def output_dist(self) -> Dist:
+        """Where the layer's output lives (model/data: replicated over the row group)."""
+        if self.mode == "domain":
+            return Dist(self.p, self.c_digit, self.r_digit)
+        return Dist(self.p, self.c_digit, None)
+
+
+def make_layout(mode: str, pr: int, pc: int, placement: str = "rows") -> Layout:
+    """A canonical layout: ``P_r = 1`` is ``data``; a one-dimensional grid has no
+    placement choice (``rows``)."""
+    if pr == 1:
+        mode = "data"
+    if pr == 1 or pc == 1:
+        placement = "rows"
+    return Layout(mode, pr, pc, placement)
+
+
+def digit_group(digit: tuple[int, int], per_node_devices: int) -> Group:
+    """The group of devices that differ only in ``digit``: ``count`` members ``stride``
+    apart; how many of them share a node of ``per_node_devices`` devices."""
+    stride, count = digit
+    if count <= 1:
+        return Group(1, 1)
+    if stride >= per_node_devices:
+        per_node = 1
+    else:
+        per_node = min(count, max(1, per_node_devices // stride))
+    return Group(count, per_node)
+
+
+@dataclass(frozen=True)
+class Dist:
+    """An activation distribution over ``p`` devices: batch digit and optional height
+    digit (``(stride, count)``); replicated over the remaining digits."""
+
+    p: int
+    batch: tuple[int, int]
+    height: tuple[int, int] | None
+
+    @property
+    def fraction(self) -> float:
+        """The fraction of the whole activation (batch × features) one device holds."""
+        return 1.0 / (self.batch[1] * (self.height[1] if self.height else 1))
+
+
+@dataclass(frozen=True)
+class Redistribution:
+    """What moving from one distribution to another costs one device, at worst.
+
+    ``received`` is the fraction of the whole activation (``B × d``) the busiest device
+    receives; ``kind`` is ``none``, ``gather`` (an all-gather over ``group``: the new block
+    is a union of old blocks held by ``group``) or ``exchange`` (misaligned blocks: a
+    personalised exchange with ``sources`` peers over ``group``).
+    """
+
+    kind: str
+    received: float
+    need: float
+    group: Group | None = None
+    sources: int = 0
+
+
+def _nested(src: tuple[int, int], dst: tuple[int, int]) -> bool:
+    """Whether the dst block of every device lies inside its src block."""
+    (s1, n1), (s2, n2) = src, dst
+    if n1 == 1:
+        return True
+    return n2 % n1 == 0 and s1 == s2 * (n2 // n1)
+
+
+def _axis_overlap(k: np.ndarray, src: tuple[int, int] | None, dst: tuple[int, int] | None,
+                  ) -> np.ndarray:
+    """Per device: |dst block ∩ src block| as a fraction of the axis."""
+    if dst is None:
+        n2, lo2 = 1, np.zeros_like(k, dtype=np.float64)
+    else:
+        n2 = dst[1]
+        lo2 = ((k // dst[0]) % dst[1]) / dst[1]
+    if src is None:
+        return np.full(k.shape, 1.0 / n2)
+    n1 = src[1]
+    lo1 = ((k // src[0]) % src[1]) / src[1]
+    hi = np.minimum(lo1 + 1.0 / n1, lo2 + 1.0 / n2)
+    lo = np.maximum(lo1, lo2)
+    return np.maximum(0.0, hi - lo)
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def _axis_min_overlap_pow2(src: tuple[int, int] | None, dst: tuple[int, int] | None) -> float:
+    """Minimum over devices of the axis overlap when every stride and count is a power of
+    two: block indices are bit fields of the device number, and two blocks overlap iff
+    the bits of the coarser index appear at the same positions in both."""
+    n2 = 1 if dst is None else dst[1]
+    if src is None or src[1] == 1:
+        return 1.0 / n2
+    if dst is None or n2 == 1:
+        return 1.0 / src[1]
+    (s1, n1), (s2, n2) = src, dst
+    t = min(n1, n2).bit_length() - 1
+    top1 = (s1.bit_length() - 1) + (n1.bit_length() - 1)
+    top2 = (s2.bit_length() - 1) + (n2.bit_length() - 1)
+    if t == 0 or top1 == top2:
+        return 1.0 / max(n1, n2)
+    return 0.0
+
+
+def _axis(src: tuple[int, int] | None, dst: tuple[int, int] | None,
+          ) -> tuple[float, tuple[int, int] | None] | None:
+    """One axis of a redistribution: (the overlap every device has, the gather digit or
+    None), or None when the blocks are misaligned."""
+    n_dst = 1 if dst is None else dst[1]
+    if src is None or src[1] == 1:
+        return 1.0 / n_dst, None  # the device holds the whole axis
+    if dst is None or dst[1] == 1:
+        return 1.0 / src[1], src  # gather every block of the axis
+    if _nested(src, dst):
+        return 1.0 / dst[1], None  # the new block lies inside the old one
+    if _nested(dst, src):
+        return 1.0 / src[1], (src[0], src[1] // dst[1])  # gather the old blocks
+    return None
+
+
+@functools.lru_cache(maxsize=65536)
+def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistribution:
+    """The worst device's data movement from ``src`` to ``dst`` (see :class:`Dist`)."""
+    need = dst.fraction
+    if src == dst:
+        return Redistribution("none", 0.0, need)
+    axes = (_axis(src.batch, dst.batch), _axis(src.height, dst.height))
+    if axes[0] is not None and axes[1] is not None:
+        overlap = axes[0][0] * axes[1][0]
+        strides = tuple(a[1] for a in axes if a[1] is not None)
+        if not strides:
+            return Redistribution("none", 0.0, need)
+        size = math.prod(c for _, c in strides)
+        per_node = _members_in_node(strides, per_node_devices)
+        return Redistribution("gather", max(0.0, need - overlap), need,
+                              Group(size, min(size, per_node)))
+    # Misaligned blocks: the worst device's overlap, exactly where we can.
+    p = src.p
+    if all(_pow2(x) for d in (src.batch, dst.batch, src.height or (1, 1),
+                              dst.height or (1, 1)) for x in d):
+        ov = _axis_min_overlap_pow2(src.batch, dst.batch) * _axis_min_overlap_pow2(
+            src.height, dst.height)
+    elif p <= BRUTE_FORCE_MAX_P:
+        k = np.arange(p)
+        ov = float(np.min(_axis_overlap(k, src.batch, dst.batch) *
+                          _axis_overlap(k, src.height, dst.height)))
+    else:
+        ov = 0.0  # conservative: the whole new block may have to arrive
+    sources = -(-src.batch[1] // dst.batch[1]) + 1
+    if src.height is not None:
+        sources *= -(-src.height[1] // (dst.height[1] if dst.height else 1)) + 1
+    sources = max(1, min(sources, p - 1))
+    return Redistribution("exchange", max(0.0, need - ov), need,
+                          Group(p, min(p, per_node_devices)), sources)
+
+
+def _members_in_node(strides: tuple[tuple[int, int], ...], per_node_devices: int) -> int:
+    """How many members of the group {Σ j_i · stride_i} fall in the first node."""
+    offsets = [0]
+    for stride, count in strides:
+        offsets = [o + j * stride for o in offsets for j in range(count)]
+        if len(offsets) > 1 << 20:
+            break
+    return max(1, sum(1 for o in offsets if o < per_node_devices))
+
+
+# ---------------------------------------------------------------------------------------
+# Parsing layouts from the command line
+
+
+_GRID = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
+
+
+def parse_grid(text: str, gpus: int) -> tuple[int, int]:
+    """``'32x16'`` → ``(32, 16)``, checked against the device count."""
+    m = _GRID.match(text)
+    if m is None:
+        raise UsageError(f"planner: error: invalid grid {text!r}: expected PRxPC, e.g. 32x16")
+    pr, pc = int(m.group(1)), int(m.group(2))
+    if pr < 1 or pc < 1:
+        raise UsageError(f"planner: error: invalid grid {text!r}: both sides must be ≥ 1")
+    if pr * pc != gpus:
+        raise UsageError(f"planner: error: grid {pr}x{pc} has {pr * pc} devices but --gpus "
+                         f"is {gpus}; P_r × P_c must equal the device count")
+    return pr, pc
+
+
+@dataclass(frozen=True)
+class Pin:
+    """``GLOB=MODE[:PRxPC]`` from ``--pin``."""
+
+    pattern: str
+    mode: str
+    grid: tuple[int, int] | None
+    text: str
+
+
+def parse_pin(text: str, gpus: int) -> Pin:
+    """Parse one ``--pin`` value."""
+    if "=" not in text:
+        raise UsageError(f"planner: error: invalid --pin {text!r}: expected GLOB=MODE[:PRxPC], "
+                         "e.g. 'conv*=data' or 'fc*=model:32x16'")
+    pattern, _, rhs = text.partition("=")
+    pattern = pattern.strip()
+    mode, _, grid_text = rhs.partition(":")
+    mode = mode.strip()
+    if not pattern:
+        raise UsageError(f"planner: error: invalid --pin {text!r}: the layer pattern is empty")
+    if mode not in MODES:
+        raise UsageError(f"planner: error: invalid --pin {text!r}: mode must be one of "
+                         f"{', '.join(MODES)}")
+    grid = parse_grid(grid_text, gpus) if grid_text.strip() else None
+    if mode == "data" and grid is not None and grid[0] != 1:
+        raise UsageError(f"planner: error: invalid --pin {text!r}: data parallelism is the "
+                         f"grid 1x{gpus}")
+    return Pin(pattern, mode, grid, text)
+
+
+def pin_layout(pin: Pin, gpus: int, placement: str = "rows") -> Layout:
+    """The layout a pin asks for (model/domain without a grid: all devices on P_r)."""
+    if pin.mode == "data":
+        return make_layout("data", 1, gpus)
+    pr, pc = pin.grid if pin.grid is not None else (gpus, 1)
+    return make_layout(pin.mode, pr, pc, placement)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order."""
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]

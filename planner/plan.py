@@ -1,0 +1,209 @@
+"""The plan document: what ``planner cost`` and ``planner plan`` write, as plain data
+(for YAML/JSON) and as a rich table for a person.
+
+Schema (every time in seconds, every size in bytes; floats rounded to 4 significant
+digits, so the same inputs give byte-identical files)::
+
+    planner: VERSION
+    command: cost | plan
+    inputs:
+      network: {file, name, sha256}
+      cluster: {file, name, sha256}
+    problem: {gpus, batch, dtype, cost_model, overlap, bucket_bytes, optimizer,
+              master_weights, estimator, algorithm, nodes}
+    iteration: {time_s, compute_s, comm_s, exposed_comm_s, forward_s, backward_s,
+                optimizer_s, weight_grad_s, activation_comm_s, samples_per_s}
+    memory: {peak_bytes, capacity_bytes, fits, breakdown: {weights, gradients, optimizer,
+             activations, comm_buffers, workspace}}
+    layers:                       # every layer, in execution order
+      - name, type, mode (data|model|domain), grid: [P_r, P_c], placement (rows|cols),
+        follows (for layers without weights: whose layout they follow),
+        compute_s, compute: {forward_s, backward_s, estimator},
+        comm: {forward_s, backward_data_s, weight_grad_s, redistribute_s,
+               terms: [{phase, collective, group, per_node, bytes, seconds, algorithm, note}]},
+        memory: {params_bytes, activation_bytes}
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Group as RichGroup
+from rich.table import Table
+from rich.text import Text
+
+from . import __version__
+from .costs.layer import CommTerm
+from .costs.memory import param_bytes, uses_master_weights
+from .evaluate import Evaluation, LayerResult, Options
+from .network import Network
+from .output import rounded
+from .units import format_bytes, format_time
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes (plans record what they were made from)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _term(t: CommTerm) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "phase": t.phase,
+        "collective": t.collective,
+        "group": t.group.size,
+        "per_node": t.group.per_node,
+        "bytes": t.bytes,
+        "seconds": t.seconds,
+        "algorithm": t.algorithm,
+    }
+    if t.note:
+        rec["note"] = t.note
+    return rec
+
+
+def layer_record(r: LayerResult, elem_bytes: int, optimizer: str,
+                 master: bool | None) -> dict[str, Any]:
+    """One layer of the plan document."""
+    c = r.cost
+    pb = param_bytes(optimizer, elem_bytes, master)
+    rec: dict[str, Any] = {
+        "name": r.layer.name,
+        "type": r.layer.type,
+        "mode": r.layout.mode,
+        "grid": [r.layout.pr, r.layout.pc],
+        "placement": r.layout.placement,
+    }
+    if r.follows is not None:
+        rec["follows"] = r.follows
+    rec["compute_s"] = c.compute_s
+    rec["compute"] = {"forward_s": c.forward_s, "backward_s": c.backward_s,
+                      "estimator": c.estimator or "none"}
+    rec["comm"] = {
+        "forward_s": c.comm("forward"),
+        "backward_data_s": c.comm("backward_data"),
+        "weight_grad_s": c.comm("weight_grad"),
+        "redistribute_s": c.comm("redistribute"),
+        "terms": [_term(t) for t in c.terms],
+    }
+    rec["memory"] = {"params_bytes": c.params_local * pb.total,
+                     "activation_bytes": r.activation_bytes}
+    return rec
+
+
+def iteration_record(ev: Evaluation, batch: int) -> dict[str, Any]:
+    """The iteration summary."""
+    return {
+        "time_s": ev.time_s,
+        "compute_s": ev.compute_s,
+        "comm_s": ev.comm_s,
+        "exposed_comm_s": ev.exposed_comm_s,
+        "forward_s": ev.forward_s,
+        "backward_s": ev.backward_s,
+        "optimizer_s": ev.optimizer_s,
+        "weight_grad_s": ev.weight_grad_s,
+        "activation_comm_s": ev.activation_comm_s,
+        "samples_per_s": batch / ev.time_s if ev.time_s > 0 else 0.0,
+    }
+
+
+def plan_document(command: str, network: Network, network_file: str, cluster_name: str,
+                  cluster_file: str, options: Options, ev: Evaluation, estimator: str,
+                  nodes: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The full plan document, rounded for stable output."""
+    doc: dict[str, Any] = {
+        "planner": __version__,
+        "command": command,
+        "inputs": {
+            "network": {"file": network_file, "name": network.name,
+                        "sha256": file_digest(network_file)},
+            "cluster": {"file": cluster_file, "name": cluster_name,
+                        "sha256": file_digest(cluster_file)},
+        },
+        "problem": {
+            "gpus": options.gpus,
+            "batch": options.batch,
+            "dtype": network.dtype,
+            "cost_model": options.cost_model,
+            "overlap": options.overlap,
+            "bucket_bytes": options.bucket_bytes,
+            "optimizer": options.optimizer,
+            "master_weights": uses_master_weights(network.elem_bytes, options.master_weights),
+            "estimator": estimator,
+            "algorithm": options.algorithm or "cluster default",
+            "nodes": nodes,
+        },
+        "iteration": iteration_record(ev, options.batch),
+        "memory": ev.memory.to_data(),
+    }
+    if extra:
+        doc.update(extra)
+    doc["layers"] = [layer_record(r, network.elem_bytes, options.optimizer,
+                                  options.master_weights) for r in ev.layers]
+    return rounded(doc, 4)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------------
+# The table
+
+
+def _ms(x: float) -> str:
+    return "" if x == 0 else format_time(x, 3)
+
+
+def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
+    """A person's view of a plan document: summary, per-layer breakdown, memory."""
+    it = doc["iteration"]
+    mem = doc["memory"]
+    prob = doc["problem"]
+    head = Text()
+    head.append(f"{doc['inputs']['network']['name']} on {doc['inputs']['cluster']['name']}: ",
+                style="bold")
+    head.append(f"{prob['gpus']} devices, batch {prob['batch']}, {prob['dtype']}, "
+                f"cost model {prob['cost_model']}, overlap {prob['overlap']}\n")
+    head.append("iteration ", style="bold")
+    head.append(f"{format_time(it['time_s'])}  (compute {format_time(it['compute_s'])}, "
+                f"communication {format_time(it['comm_s'])}, exposed "
+                f"{format_time(it['exposed_comm_s'])}; {it['samples_per_s']:.4g} samples/s)\n")
+    fits = "fits" if mem["fits"] else "DOES NOT FIT"
+    head.append("memory ", style="bold")
+    head.append(f"{format_bytes(mem['peak_bytes'])} of {format_bytes(mem['capacity_bytes'])} "
+                f"per device: ")
+    head.append(fits, style="green" if mem["fits"] else "bold red")
+    b = mem["breakdown"]
+    head.append(f"  (weights {format_bytes(b['weights'])}, gradients "
+                f"{format_bytes(b['gradients'])}, optimizer {format_bytes(b['optimizer'])}, "
+                f"activations {format_bytes(b['activations'])}, buffers "
+                f"{format_bytes(b['comm_buffers'] + b['workspace'])})")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    t.add_column("layer", overflow="fold", min_width=10)
+    for col in ("type", "layout", "compute", "forward", "bwd data", "weight grad",
+                "redistrib.", "total"):
+        t.add_column(col, justify="left" if col in ("type", "layout") else "right",
+                     no_wrap=True)
+    hidden = [0, 0.0]
+    for rec in doc["layers"]:
+        c = rec["comm"]
+        total = rec["compute_s"] + c["forward_s"] + c["backward_data_s"] + c["weight_grad_s"] \
+            + c["redistribute_s"]
+        comm_any = c["forward_s"] + c["backward_data_s"] + c["weight_grad_s"] + \
+            c["redistribute_s"]
+        if not all_layers and "follows" in rec and comm_any == 0:
+            hidden[0] += 1
+            hidden[1] += total
+            continue
+        layout = f"{rec['mode']} {rec['grid'][0]}x{rec['grid'][1]}"
+        if rec["placement"] == "cols":
+            layout += " c"
+        if "follows" in rec:
+            layout = Text(layout, style="dim")  # type: ignore[assignment]
+        t.add_row(rec["name"], rec["type"], layout, _ms(rec["compute_s"]),
+                  _ms(c["forward_s"]), _ms(c["backward_data_s"]), _ms(c["weight_grad_s"]),
+                  _ms(c["redistribute_s"]), _ms(total))
+    if hidden[0]:
+        t.add_row(Text(f"({int(hidden[0])} more layers without communication)", style="dim"),
+                  "", "", _ms(hidden[1]), "", "", "", "", _ms(hidden[1]))
+    parts: list[Any] = [head, t]
+    return RichGroup(*parts)
