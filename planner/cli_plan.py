@@ -167,7 +167,7 @@ def _matches(name: str, pattern: str) -> bool:
 
 def nodes_used(q: Question) -> int:
     """Nodes the devices occupy."""
-    return -(-q.options.gpus // q.cluster.devices_per_node)
+    return int(-(-q.options.gpus // q.cluster.devices_per_node))
 
 
 gpus_option = click.option("--gpus", "-p", type=click.IntRange(1, 2**30), required=True,
@@ -215,14 +215,10 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     if not ev.memory.fits:
         from .units import format_bytes
 
-        raise click.exceptions.Exit(_not_fitting(ev.memory.peak, ev.memory.capacity,
-                                                 format_bytes))
-
-
-def _not_fitting(peak: float, capacity: float, fmt: Callable[[float], str]) -> int:
-    click.echo(f"planner: the layout does not fit: {fmt(peak)} needed per device, "
-               f"{fmt(capacity)} available", err=True)
-    return 1
+        click.echo(f"planner: the layout does not fit: {format_bytes(ev.memory.peak)} "
+                   f"needed per device, {format_bytes(ev.memory.capacity)} available",
+                   err=True)
+        raise click.exceptions.Exit(1)
 
 
 def register(group: click.Group) -> None:

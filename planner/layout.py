@@ -113,10 +113,7 @@ def digit_group(digit: tuple[int, int], per_node_devices: int) -> Group:
     stride, count = digit
     if count <= 1:
         return Group(1, 1)
-    if stride >= per_node_devices:
-        per_node = 1
-    else:
-        per_node = min(count, max(1, per_node_devices // stride))
+    per_node = 1 if stride >= per_node_devices else min(count, max(1, per_node_devices // stride))
     return Group(count, per_node)
 
 
@@ -174,7 +171,8 @@ def _axis_overlap(k: np.ndarray, src: tuple[int, int] | None, dst: tuple[int, in
     lo1 = ((k // src[0]) % src[1]) / src[1]
     hi = np.minimum(lo1 + 1.0 / n1, lo2 + 1.0 / n2)
     lo = np.maximum(lo1, lo2)
-    return np.maximum(0.0, hi - lo)
+    overlap: np.ndarray = np.maximum(0.0, hi - lo)
+    return overlap
 
 
 def _pow2(x: int) -> bool:
@@ -221,10 +219,10 @@ def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistributio
     need = dst.fraction
     if src == dst:
         return Redistribution("none", 0.0, need)
-    axes = (_axis(src.batch, dst.batch), _axis(src.height, dst.height))
-    if axes[0] is not None and axes[1] is not None:
-        overlap = axes[0][0] * axes[1][0]
-        strides = tuple(a[1] for a in axes if a[1] is not None)
+    ax_b, ax_h = _axis(src.batch, dst.batch), _axis(src.height, dst.height)
+    if ax_b is not None and ax_h is not None:
+        overlap = ax_b[0] * ax_h[0]
+        strides = tuple(d for _, d in (ax_b, ax_h) if d is not None)
         if not strides:
             return Redistribution("none", 0.0, need)
         size = math.prod(c for _, c in strides)

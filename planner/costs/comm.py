@@ -147,113 +147,110 @@ def _tier(cluster: Cluster, group: Group) -> tuple[float, float]:
     return max(cluster.intra.latency_s, cluster.inter.latency_s), 1.0 / bw
 
 
-def _nvls(link: Link, op: Collective, nbytes: Bytes, p: int) -> Bytes | None:
+Arr = NDArray[np.float64]
+
+
+def _nvls(link: Link, op: Collective, nbytes: Arr, p: int) -> Arr | None:
+    """NVLS all-reduce time per message (inf below its threshold), or None."""
     if op != "all_reduce" or link.nvls_bandwidth is None or p <= 1:
         return None
     lat = link.nvls_latency_s if link.nvls_latency_s is not None else link.latency_s
     t = lat + 2 * (p - 1) / p * nbytes / link.nvls_bandwidth
-    small = np.asarray(nbytes) < (link.nvls_min_bytes or 0.0)
-    if np.ndim(small) == 0:
-        return None if bool(small) else t
-    return np.where(small, np.inf, t)  # type: ignore[return-value]
+    return np.where(nbytes < (link.nvls_min_bytes or 0.0), np.inf, t)
 
 
-def hierarchical_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
-                      inner: str = "auto") -> Bytes:
+def _pick(candidates: list[tuple[Arr, str]]) -> tuple[Arr, str]:
+    """Elementwise minimum, named after the winner (``auto`` when winners differ)."""
+    times = np.stack([t for t, _ in candidates])
+    which = np.argmin(times, axis=0)
+    names = {candidates[int(i)][1] for i in np.unique(which)}
+    return times.min(axis=0), names.pop() if len(names) == 1 else "auto"
+
+
+def hierarchical_time(op: Collective, nbytes: Arr, group: Group, cluster: Cluster) -> Arr:
     """Two-level algorithm: inside each node over ``per_node`` ranks, across nodes over
     ``nodes`` ranks on ``1/per_node`` of the data (each local rank on its own NIC)."""
     q, m = group.per_node, group.nodes
-    if m <= 1:
-        return _best_flat(op, nbytes, Group(q, q), cluster, inner)[0]
     intra = Group(q, q)
+    if m <= 1:
+        return _best_flat(op, nbytes, intra, cluster, "auto")[0]
     inter_g = Group(m, 1)
     if op == "all_reduce":
-        return (_best_flat("reduce_scatter", nbytes, intra, cluster, inner)[0]
-                + _best_flat("all_reduce", nbytes / q, inter_g, cluster, inner)[0]
-                + _best_flat("all_gather", nbytes, intra, cluster, inner)[0])
+        return (_best_flat("reduce_scatter", nbytes, intra, cluster, "auto")[0]
+                + _best_flat("all_reduce", nbytes / q, inter_g, cluster, "auto")[0]
+                + _best_flat("all_gather", nbytes, intra, cluster, "auto")[0])
     if op in ("all_gather", "reduce_scatter"):
         # all-gather: across nodes on each rail (n/q of the result per rail), then inside
         # the node on the full result; reduce-scatter is the mirror image
-        return (_best_flat(op, nbytes / q, inter_g, cluster, inner)[0]
-                + _best_flat(op, nbytes, intra, cluster, inner)[0])
+        return (_best_flat(op, nbytes / q, inter_g, cluster, "auto")[0]
+                + _best_flat(op, nbytes, intra, cluster, "auto")[0])
     if op == "broadcast":
-        return (_best_flat(op, nbytes, inter_g, cluster, inner)[0]
-                + _best_flat(op, nbytes, intra, cluster, inner)[0])
+        return (_best_flat(op, nbytes, inter_g, cluster, "auto")[0]
+                + _best_flat(op, nbytes, intra, cluster, "auto")[0])
     if op == "all_to_all":
-        # the inter-node part dominates: (m−1)/m of each rank's data crosses nodes
-        return (_best_flat(op, nbytes * (m - 1) / m, inter_g, cluster, inner)[0]
-                + _best_flat(op, nbytes / m, intra, cluster, inner)[0])
-    return _best_flat(op, nbytes, group, cluster, inner)[0]
+        # (m−1)/m of each rank's data crosses nodes, 1/m stays inside
+        return (_best_flat(op, nbytes * (m - 1) / m, inter_g, cluster, "auto")[0]
+                + _best_flat(op, nbytes / m, intra, cluster, "auto")[0])
+    return _best_flat(op, nbytes, group, cluster, "auto")[0]
 
 
-def _best_flat(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
-               algorithm: str) -> tuple[Bytes, str]:
+def _best_flat(op: Collective, nbytes: Arr, group: Group, cluster: Cluster,
+               algorithm: str) -> tuple[Arr, str]:
     p = group.size
     if p <= 1:
         return nbytes * 0.0, "none"
     alpha, beta = _tier(cluster, group)
     if op == "p2p":
-        return flat_time(op, "ring", nbytes, p, alpha, beta), "p2p"
+        return flat_time(op, "ring", nbytes, 2, alpha, beta), "p2p"
     names = APPLICABLE[op]
     if algorithm in names:
         names = (algorithm,)
-    best: Bytes | None = None
-    best_name = names[0]
-    for name in names:
-        t = flat_time(op, name, nbytes, p, alpha, beta)
-        if best is None:
-            best, best_name = t, name
-        elif np.ndim(t) == 0:
-            if float(t) < float(best):  # type: ignore[arg-type]
-                best, best_name = t, name
-        else:
-            best = np.minimum(best, t)  # type: ignore[assignment]
+    candidates = [(flat_time(op, name, nbytes, p, alpha, beta), name) for name in names]
     if not group.spans_nodes:
         nv = _nvls(cluster.intra, op, nbytes, p)
         if nv is not None:
-            if np.ndim(nv) == 0:
-                if float(nv) < float(best):  # type: ignore[arg-type]
-                    best, best_name = nv, "nvls"
-            else:
-                best = np.minimum(best, nv)  # type: ignore[assignment]
-    assert best is not None
-    return best, best_name
+            candidates.append((nv, "nvls"))
+    return _pick(candidates)
 
 
 @overload
 def collective_time(op: Collective, nbytes: float, group: Group, cluster: Cluster,
                     algorithm: str | None = None) -> tuple[float, str]: ...
 @overload
-def collective_time(op: Collective, nbytes: NDArray[np.float64], group: Group,
-                    cluster: Cluster, algorithm: str | None = None,
-                    ) -> tuple[NDArray[np.float64], str]: ...
+def collective_time(op: Collective, nbytes: Arr, group: Group, cluster: Cluster,
+                    algorithm: str | None = None) -> tuple[Arr, str]: ...
 
 
-def collective_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
-                    algorithm: str | None = None) -> tuple[Bytes, str]:
+def collective_time(op: Collective, nbytes: float | Arr, group: Group, cluster: Cluster,
+                    algorithm: str | None = None) -> tuple[float | Arr, str]:
     """Seconds for collective ``op`` of ``nbytes`` over ``group``, and the algorithm used.
 
     ``algorithm`` (default: the cluster's preference) is ``ring``, ``tree``,
-    ``recursive``, ``hierarchical`` or ``auto`` (the fastest; for arrays the
-    fastest per element, reported as ``auto``). A group of one costs nothing.
+    ``recursive``, ``hierarchical`` or ``auto`` (the fastest; for arrays the fastest per
+    element, named ``auto`` when the winners differ). A group of one costs nothing.
     """
-    alg = algorithm or cluster.algorithm
+    scalar = np.ndim(nbytes) == 0
+    x = np.atleast_1d(np.asarray(nbytes, dtype=np.float64))
+    t, name = _collective(op, x, group, cluster, algorithm or cluster.algorithm)
+    return (float(t[0]), name) if scalar else (t, name)
+
+
+def _collective(op: Collective, x: Arr, group: Group, cluster: Cluster,
+                alg: str) -> tuple[Arr, str]:
     if group.size <= 1:
-        return nbytes * 0.0, "none"
+        return x * 0.0, "none"
     if op == "p2p":
         alpha, beta = _tier(cluster, group)
-        return flat_time(op, "ring", nbytes, 2, alpha, beta), "p2p"
+        return flat_time(op, "ring", x, 2, alpha, beta), "p2p"
+    hierarchical = group.spans_nodes and group.per_node > 1
     if alg == "hierarchical":
-        if group.spans_nodes and group.per_node > 1:
-            return hierarchical_time(op, nbytes, group, cluster), "hierarchical"
-        return _best_flat(op, nbytes, group, cluster, "auto")
-    flat, name = _best_flat(op, nbytes, group, cluster, alg)
-    if alg != "auto" or not group.spans_nodes or group.per_node <= 1:
-        return flat, name
-    hier = hierarchical_time(op, nbytes, group, cluster)
-    if np.ndim(flat) == 0:
-        return (hier, "hierarchical") if float(hier) < float(flat) else (flat, name)  # type: ignore[arg-type]
-    return np.minimum(flat, hier), "auto"  # type: ignore[return-value]
+        if hierarchical:
+            return hierarchical_time(op, x, group, cluster), "hierarchical"
+        return _best_flat(op, x, group, cluster, "auto")
+    flat = _best_flat(op, x, group, cluster, alg)
+    if alg != "auto" or not hierarchical:
+        return flat
+    return _pick([flat, (hierarchical_time(op, x, group, cluster), "hierarchical")])
 
 
 # ---------------------------------------------------------------------------------------

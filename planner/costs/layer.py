@@ -32,8 +32,7 @@ from ..cluster import Cluster
 from ..layout import Dist, Layout, redistribution
 from ..network import Layer, Network, layer_kernels
 from ..ops import Kernel
-from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, \
-    paper_halo
+from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
 from .compute import Estimator
 
 ELEMENTWISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout", "add", "lrn",

@@ -52,10 +52,7 @@ def param_bytes(optimizer: str, elem_bytes: int, master_weights: bool | None = N
         raise ValueError(f"unknown optimizer {optimizer!r}")
     master = uses_master_weights(elem_bytes, master_weights)
     n = _STATES[optimizer]
-    if master:
-        state = 4.0 + 4.0 * n
-    else:
-        state = float(elem_bytes * n)
+    state = 4.0 + 4.0 * n if master else float(elem_bytes * n)
     return ParamBytes(float(elem_bytes), float(elem_bytes), state)
 
 

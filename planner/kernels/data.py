@@ -1,0 +1,485 @@
+"""Measured kernel times: reading the CSV layouts the models are fitted and judged on.
+
+Four layouts are recognised from the header row (column order does not matter, extra
+columns are ignored):
+
+``neusight``
+    NeuSight (Lee et al., ASPLOS'25) ``torch.nn.Linear`` / ``torch.bmm`` sweeps: ``device``,
+    ``B``, ``M``, ``N``, ``K``, ``latency_ms`` and optionally ``split``. A linear row is the
+    GEMM ``(B·M × N)·(N × K)``; a bmm row is ``B`` products ``(M × N)·(N × K)``. The two
+    files share one header, so a row with ``B > 1`` is a bmm unless the file name says
+    ``linear``.
+``neusight-conv``
+    NeuSight ``torch.nn.Conv2d`` forward sweep: ``device``, ``batch``, ``in_channels``,
+    ``out_channels``, ``kernel_size``, ``input_size``, ``stride``, ``padding``,
+    ``latency_ms`` (square images and filters).
+``deepbench-gemm`` / ``deepbench-conv``
+    Baidu DeepBench training results: ``gpu``, ``precision``, ``M``, ``N``, ``K``,
+    ``time_ms``; or ``W``, ``H``, ``C``, ``N``, ``K``, ``filter_w_S``, ``filter_h_R``,
+    ``pad_w``, ``pad_h``, ``stride_w``, ``stride_h`` with ``fwd_ms``, ``bwd_data_ms``,
+    ``bwd_filter_ms`` (each non-empty time is one measurement).
+``profile``
+    What ``planner kernels profile`` writes (:data:`PROFILE_COLUMNS`): one row per
+    kernel with an explicit ``op`` and ``dtype``.
+
+Every row's device must name a catalog GPU (aliases included: NeuSight's and DeepBench's
+exact names are aliases). Problems are reported as ``FILE:LINE:COL: error: ...`` and
+exit with code 2, like every other input error.
+
+**Harness overhead.** NeuSight timed each call with CUDA events around the Python op
+call, so its times include the host's dispatch time (about 55-100 µs: the smallest
+GEMMs of every GPU take that long). DeepBench averaged 400 back-to-back launches and the
+profiler does the same, so there the time is the kernel's. Rows carry their ``harness``
+so that the fit can separate the overhead from the kernel time.
+
+**Held-out rows.** Accuracy is judged on shapes the model was not fitted on. A row is
+held out when its shape's CRC-32 falls in the lowest :data:`HOLDOUT_PERCENT` percent
+(the same shape is held out on every GPU and, for convolutions, in every pass); rows of
+NeuSight's own ``train`` split are never held out, so the held-out linear rows are a
+subset of NeuSight's ``test`` split.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..cluster import Device, lookup_device, suggest_device
+from ..errors import InputError, Located
+from ..loading import decode
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+#: Columns of a GEMM shape: ``C[m, n] = A[m, k] · B[k, n]``, ``batch`` products.
+GEMM_DIMS = ("m", "n", "k", "batch")
+#: Columns of a convolution shape (NCHW input ``n × c × h × w``, ``k`` filters ``r × s``).
+CONV_DIMS = ("n", "c", "h", "w", "k", "r", "s", "stride_h", "stride_w", "pad_h", "pad_w",
+             "dil_h", "dil_w", "groups")
+GEMM_OPS = ("gemm", "bmm")
+CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
+HARNESSES = ("neusight", "deepbench", "profile")
+HOLDOUT_PERCENT = 30
+MAX_CSV_BYTES = 64 * 2**20
+
+#: The layout ``planner kernels profile`` writes.
+PROFILE_COLUMNS = ("device", "dtype", "op", "m", "n", "k", "batch", "conv_n", "conv_c",
+                   "conv_h", "conv_w", "conv_k", "conv_r", "conv_s", "stride_h", "stride_w",
+                   "pad_h", "pad_w", "dil_h", "dil_w", "groups", "time_ms", "repeats",
+                   "harness")
+
+_DEEPBENCH_GEMM = ("gpu", "precision", "M", "N", "K", "time_ms")
+_DEEPBENCH_CONV = ("gpu", "precision", "W", "H", "C", "N", "K", "filter_w_S", "filter_h_R",
+                   "pad_w", "pad_h", "stride_w", "stride_h", "fwd_ms", "bwd_data_ms",
+                   "bwd_filter_ms")
+_NEUSIGHT_CONV = ("device", "batch", "in_channels", "out_channels", "kernel_size",
+                  "input_size", "stride", "padding", "latency_ms")
+_NEUSIGHT = ("device", "B", "M", "N", "K", "latency_ms")
+_PROFILE_REQUIRED = ("device", "dtype", "op", "time_ms")
+LAYOUTS: dict[str, tuple[str, ...]] = {
+    "deepbench-conv": _DEEPBENCH_CONV,
+    "deepbench-gemm": _DEEPBENCH_GEMM,
+    "neusight-conv": _NEUSIGHT_CONV,
+    "neusight": _NEUSIGHT,
+    "profile": _PROFILE_REQUIRED,
+}
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float16": "float16",
+               "fp16": "float16", "half": "float16", "bfloat16": "bfloat16",
+               "bf16": "bfloat16", "float64": "float64", "fp64": "float64"}
+
+
+@dataclass
+class Table:
+    """Measurements of one kernel family (``gemm`` or ``conv``), one row per kernel.
+
+    ``shape`` holds :data:`GEMM_DIMS` or :data:`CONV_DIMS` columns; ``seconds`` is the
+    measured time as the harness reported it (overhead included).
+    """
+
+    family: str
+    op: list[str] = field(default_factory=list)
+    shape: list[tuple[int, ...]] = field(default_factory=list)
+    device: list[str] = field(default_factory=list)  #: catalog names
+    dtype: list[str] = field(default_factory=list)  #: network dtype names
+    seconds: list[float] = field(default_factory=list)
+    harness: list[str] = field(default_factory=list)
+    collection: list[str] = field(default_factory=list)  #: e.g. ``neusight-linear-train``
+    holdout: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.op)
+
+    def add(self, op: str, shape: tuple[int, ...], device: str, dtype: str, seconds: float,
+            harness: str, collection: str, holdout: bool) -> None:
+        """Append one measurement."""
+        self.op.append(op)
+        self.shape.append(shape)
+        self.device.append(device)
+        self.dtype.append(dtype)
+        self.seconds.append(seconds)
+        self.harness.append(harness)
+        self.collection.append(collection)
+        self.holdout.append(holdout)
+
+    def extend(self, other: Table) -> None:
+        """Append every row of ``other`` (same family)."""
+        for name in ("op", "shape", "device", "dtype", "seconds", "harness", "collection",
+                     "holdout"):
+            getattr(self, name).extend(getattr(other, name))
+
+    def select(self, mask: Sequence[bool] | NDArray[np.bool_]) -> Table:
+        """The rows where ``mask`` is true."""
+        keep = [i for i, m in enumerate(mask) if m]
+        out = Table(self.family)
+        for name in ("op", "shape", "device", "dtype", "seconds", "harness", "collection",
+                     "holdout"):
+            col = getattr(self, name)
+            getattr(out, name).extend(col[i] for i in keep)
+        return out
+
+    def shape_array(self) -> IntArray:
+        """``shape`` as an ``(rows, dims)`` integer array."""
+        width = len(GEMM_DIMS) if self.family == "gemm" else len(CONV_DIMS)
+        if not self.shape:
+            return np.zeros((0, width), dtype=np.int64)
+        return np.asarray(self.shape, dtype=np.int64)
+
+
+@dataclass
+class Dataset:
+    """Measurements read from one or more files, by family."""
+
+    gemm: Table = field(default_factory=lambda: Table("gemm"))
+    conv: Table = field(default_factory=lambda: Table("conv"))
+    files: list[str] = field(default_factory=list)
+
+    def tables(self) -> list[Table]:
+        """The non-empty tables."""
+        return [t for t in (self.gemm, self.conv) if len(t)]
+
+    def __len__(self) -> int:
+        return len(self.gemm) + len(self.conv)
+
+
+def shape_holdout(family: str, shape: tuple[int, ...]) -> bool:
+    """Whether a shape is in the held-out part (CRC-32 of its dimensions)."""
+    key = f"{family}:" + ",".join(str(v) for v in shape)
+    return zlib.crc32(key.encode("ascii")) % 100 < HOLDOUT_PERCENT
+
+
+def detect_layout(header: Sequence[str]) -> str | None:
+    """The layout whose required columns the header has (None if none matches)."""
+    cols = set(header)
+    if set(PROFILE_COLUMNS) <= cols:
+        return "profile"
+    for name, required in LAYOUTS.items():
+        if set(required) <= cols:
+            return name
+    return None
+
+
+class _Reader:
+    """One CSV file: typed access to a row's cells with file:line:column errors."""
+
+    def __init__(self, display: str, text: str, header: list[str], layout: str) -> None:
+        self.display = display
+        self.lines = text.splitlines()
+        self.index = {name: i for i, name in enumerate(header)}
+        self.layout = layout
+        self.problems: list[Located] = []
+        self.line = 0
+        self.row: list[str] = []
+        self._devices: dict[str, Device | None] = {}
+
+    def _col(self, name: str) -> int:
+        """1-based column of the cell (characters), for the message."""
+        src = self.lines[self.line - 1] if 0 < self.line <= len(self.lines) else ""
+        pos = 0
+        idx = self.index[name]
+        for _ in range(idx):
+            nxt = src.find(",", pos)
+            if nxt < 0:
+                break
+            pos = nxt + 1
+        return pos + 1
+
+    def error(self, name: str, message: str) -> None:
+        src = self.lines[self.line - 1] if 0 < self.line <= len(self.lines) else None
+        self.problems.append(Located(self.display, self.line, self._col(name), message,
+                                     f"column '{name}'", src))
+
+    def raw(self, name: str) -> str:
+        return self.row[self.index[name]].strip()
+
+    def integer(self, name: str, lo: int = 1) -> int | None:
+        text = self.raw(name)
+        try:
+            value = float(text)
+        except ValueError:
+            self.error(name, f"expected an integer, got {text!r}")
+            return None
+        if not value.is_integer() or value < lo or value > 2**40:
+            self.error(name, f"expected an integer ≥ {lo}, got {text!r}")
+            return None
+        return int(value)
+
+    def time_ms(self, name: str, optional: bool = False) -> float | None:
+        text = self.raw(name)
+        if optional and text == "":
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            self.error(name, f"expected a time in milliseconds, got {text!r}")
+            return None
+        if not np.isfinite(value) or value <= 0:
+            self.error(name, f"expected a positive time in milliseconds, got {text!r}")
+            return None
+        return value * 1e-3
+
+    def device(self, name: str) -> str | None:
+        text = self.raw(name)
+        if text not in self._devices:
+            self._devices[text] = lookup_device(text) if text else None
+        dev = self._devices[text]
+        if dev is None:
+            hint = suggest_device(text) if text else None
+            extra = f"; did you mean '{hint}'?" if hint else ""
+            self.error(name, f"unknown device {text!r}{extra} (`planner devices` lists the "
+                             "catalog and its aliases)")
+            return None
+        return dev.name
+
+    def dtype(self, name: str) -> str | None:
+        text = self.raw(name)
+        if name == "precision":
+            if text.lower() == "fp32":
+                return "float32"
+            if text.startswith("16 bit inputs"):
+                return "float16"
+            self.error(name, f"unknown precision {text!r} (expected 'fp32' or DeepBench's "
+                             "'16 bit inputs, ...')")
+            return None
+        dt = DTYPE_NAMES.get(text.lower())
+        if dt is None:
+            self.error(name, f"unknown dtype {text!r}; expected one of float32, float16, "
+                             "bfloat16, float64")
+        return dt
+
+
+def _open_csv(path: str | Path) -> tuple[str, str]:
+    p = Path(path)
+    display = str(path)
+    try:
+        if p.is_dir():
+            raise InputError([Located(display, 1, 1, "is a directory, expected a CSV file",
+                                      "$")])
+        size = p.stat().st_size
+        if size > MAX_CSV_BYTES:
+            raise InputError([Located(display, 1, 1, f"file is too large ({size:,} bytes); "
+                                      f"CSV files are limited to {MAX_CSV_BYTES // 2**20} "
+                                      "MiB", "$")])
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError([Located(display, 1, 1, "no such file", "$")]) from None
+    except OSError as exc:
+        raise InputError([Located(display, 1, 1, f"cannot read the file: "
+                                  f"{exc.strerror or exc}", "$")]) from None
+    return display, decode(raw, display)
+
+
+def read_csv(path: str | Path) -> Dataset:
+    """Read one measurement CSV in any of the known layouts (see the module docstring)."""
+    display, text = _open_csv(path)
+    return parse_csv(text, display)
+
+
+def parse_csv(text: str, display: str) -> Dataset:
+    """Parse CSV text (``display`` names it in messages)."""
+    rows = csv.reader(io.StringIO(text))
+    try:
+        header = [h.strip() for h in next(rows)]
+    except StopIteration:
+        raise InputError([Located(display, 1, 1, "empty file, expected a CSV header row",
+                                  "$")]) from None
+    except csv.Error as exc:
+        raise InputError([Located(display, 1, 1, f"not valid CSV: {exc}", "$")]) from None
+    layout = detect_layout(header)
+    if layout is None:
+        want = "; ".join(f"{name}: {', '.join(cols)}" for name, cols in LAYOUTS.items())
+        raise InputError([Located(
+            display, 1, 1, f"unrecognised CSV header {','.join(header)[:120]!r}; expected "
+            f"the columns of one layout ({want})", "$", text.splitlines()[0][:160])])
+    reader = _Reader(display, text, header, layout)
+    out = Dataset(files=[display])
+    is_linear = "linear" in Path(display).name.lower()
+    try:
+        for row in rows:
+            reader.line = rows.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                reader.problems.append(Located(
+                    display, reader.line, 1, f"expected {len(header)} fields as in the "
+                    f"header, found {len(row)}", "$", reader.lines[reader.line - 1]
+                    if reader.line <= len(reader.lines) else None))
+                continue
+            reader.row = row
+            _PARSERS[layout](reader, out, is_linear)
+            if len(reader.problems) >= 50:
+                break
+    except csv.Error as exc:
+        reader.problems.append(Located(display, rows.line_num, 1, f"not valid CSV: {exc}",
+                                       "$"))
+    if reader.problems:
+        raise InputError(reader.problems)
+    if not len(out):
+        raise InputError([Located(display, 1, 1, "no measurement rows after the header",
+                                  "$")])
+    return out
+
+
+def _neusight(r: _Reader, out: Dataset, is_linear: bool) -> None:
+    dev = r.device("device")
+    b, m, n, k = (r.integer(c) for c in ("B", "M", "N", "K"))
+    t = r.time_ms("latency_ms")
+    if dev is None or b is None or m is None or n is None or k is None or t is None:
+        return
+    split = r.raw("split").lower() if "split" in r.index else ""
+    if b == 1 or is_linear:
+        shape: tuple[int, ...] = (b * m, k, n, 1)
+        op = "gemm"
+    else:
+        shape = (m, k, n, b)
+        op = "bmm"
+    coll = "neusight-linear-train" if split == "train" and op == "gemm" else ""
+    hold = split != "train" and shape_holdout("gemm", shape)
+    out.gemm.add(op, shape, dev, "float32", t, "neusight", coll, hold)
+
+
+def _neusight_conv(r: _Reader, out: Dataset, is_linear: bool) -> None:
+    dev = r.device("device")
+    vals = [r.integer(c) for c in ("batch", "in_channels", "out_channels", "kernel_size",
+                                   "input_size", "stride")]
+    pad = r.integer("padding", lo=0)
+    t = r.time_ms("latency_ms")
+    if dev is None or t is None or pad is None or any(v is None for v in vals):
+        return
+    n, c, k, ks, size, stride = (int(v) for v in vals)  # type: ignore[arg-type]
+    shape = (n, c, size, size, k, ks, ks, stride, stride, pad, pad, 1, 1, 1)
+    if not _conv_fits(r, shape, "input_size"):
+        return
+    out.conv.add("conv_fwd", shape, dev, "float32", t, "neusight", "",
+                 shape_holdout("conv", shape))
+
+
+def _deepbench_gemm(r: _Reader, out: Dataset, is_linear: bool) -> None:
+    dev = r.device("gpu")
+    dt = r.dtype("precision")
+    m, n, k = (r.integer(c) for c in ("M", "N", "K"))
+    t = r.time_ms("time_ms")
+    if dev is None or dt is None or m is None or n is None or k is None or t is None:
+        return
+    shape = (m, n, k, 1)
+    out.gemm.add("gemm", shape, dev, dt, t, "deepbench", "", shape_holdout("gemm", shape))
+
+
+def _deepbench_conv(r: _Reader, out: Dataset, is_linear: bool) -> None:
+    dev = r.device("gpu")
+    dt = r.dtype("precision")
+    names = ("N", "C", "H", "W", "K", "filter_h_R", "filter_w_S", "stride_h", "stride_w")
+    vals = [r.integer(c) for c in names]
+    pads = [r.integer(c, lo=0) for c in ("pad_h", "pad_w")]
+    times = [r.time_ms(c, optional=True) for c in ("fwd_ms", "bwd_data_ms", "bwd_filter_ms")]
+    if dev is None or dt is None or any(v is None for v in (*vals, *pads)):
+        return
+    n, c, h, w, k, rr, ss, sh, sw = (int(v) for v in vals)  # type: ignore[arg-type]
+    ph, pw = (int(v) for v in pads)  # type: ignore[arg-type]
+    shape = (n, c, h, w, k, rr, ss, sh, sw, ph, pw, 1, 1, 1)
+    if not _conv_fits(r, shape, "W"):
+        return
+    hold = shape_holdout("conv", shape)
+    for op, t in zip(CONV_OPS, times, strict=True):
+        if t is not None:
+            out.conv.add(op, shape, dev, dt, t, "deepbench", "", hold)
+
+
+def _conv_fits(r: _Reader, shape: tuple[int, ...], col: str) -> bool:
+    n, c, h, w, k, rr, ss, sh, sw, ph, pw, dh, dw, g = shape
+    if h + 2 * ph < dh * (rr - 1) + 1 or w + 2 * pw < dw * (ss - 1) + 1:
+        r.error(col, "the filter is larger than the padded input")
+        return False
+    if c % g or k % g:
+        r.error(col, "channels are not divisible by groups")
+        return False
+    return True
+
+
+def _profile(r: _Reader, out: Dataset, is_linear: bool) -> None:
+    dev = r.device("device")
+    dt = r.dtype("dtype")
+    op = r.raw("op")
+    t = r.time_ms("time_ms")
+    harness = r.raw("harness") if "harness" in r.index else "profile"
+    if harness not in HARNESSES:
+        r.error("harness", f"unknown harness {harness!r}; expected one of "
+                           f"{', '.join(HARNESSES)}")
+        return
+    if op in GEMM_OPS:
+        dims = [r.integer(c) for c in GEMM_DIMS]
+        if dev is None or dt is None or t is None or any(v is None for v in dims):
+            return
+        shape = tuple(int(v) for v in dims)  # type: ignore[arg-type]
+        out.gemm.add(op, shape, dev, dt, t, harness, "", shape_holdout("gemm", shape))
+    elif op in CONV_OPS:
+        cols = ("conv_n", "conv_c", "conv_h", "conv_w", "conv_k", "conv_r", "conv_s",
+                "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w", "groups")
+        dims = [r.integer(c, lo=0 if c.startswith("pad") else 1) for c in cols]
+        if dev is None or dt is None or t is None or any(v is None for v in dims):
+            return
+        shape = tuple(int(v) for v in dims)  # type: ignore[arg-type]
+        if not _conv_fits(r, shape, "conv_h"):
+            return
+        out.conv.add(op, shape, dev, dt, t, harness, "", shape_holdout("conv", shape))
+    else:
+        r.error("op", f"unknown op {op!r}; expected one of "
+                      f"{', '.join(GEMM_OPS + CONV_OPS)}")
+
+
+_PARSERS = {
+    "neusight": _neusight,
+    "neusight-conv": _neusight_conv,
+    "deepbench-gemm": _deepbench_gemm,
+    "deepbench-conv": _deepbench_conv,
+    "profile": _profile,
+}
+
+
+def read_files(paths: Iterable[str | Path]) -> Dataset:
+    """Read several CSV files into one dataset; all files' problems are reported at once."""
+    out = Dataset()
+    problems: list[Located] = []
+    for p in paths:
+        try:
+            ds = read_csv(p)
+        except InputError as exc:
+            problems.extend(exc.problems)
+            continue
+        out.gemm.extend(ds.gemm)
+        out.conv.extend(ds.conv)
+        out.files.extend(ds.files)
+    if problems:
+        raise InputError(problems)
+    return out
+
+
+__all__ = ["CONV_DIMS", "CONV_OPS", "GEMM_DIMS", "GEMM_OPS", "HOLDOUT_PERCENT",
+           "PROFILE_COLUMNS", "Dataset", "Table", "detect_layout", "parse_csv", "read_csv",
+           "read_files", "shape_holdout"]

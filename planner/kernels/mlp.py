@@ -1,0 +1,56 @@
+"""A small multilayer perceptron in numpy: the inference half of the learned model.
+
+``z = W_L·tanh(… tanh(W_1·x̂ + b_1) …) + b_L`` with ``x̂ = (x − mean) / std``; the
+kernel's time is ``t_bound · (1 + exp(−z))``, i.e. the achieved fraction of the roofline
+bound is ``sigmoid(z)``, in (0, 1) by construction (NeuSight, ASPLOS'25, bounds its
+utilisation MLP the same way). ``tanh`` saturates, so the prediction stays bounded far
+from the training data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Mlp:
+    """Weights and input normalisation of one fitted network."""
+
+    weights: tuple[FloatArray, ...]  #: W_1, W_2, …, W_L (``in × out``)
+    biases: tuple[FloatArray, ...]
+    mean: FloatArray
+    std: FloatArray
+
+    @property
+    def n_params(self) -> int:
+        """Number of fitted weights and biases."""
+        return int(sum(w.size for w in self.weights) + sum(b.size for b in self.biases))
+
+    def logit(self, x: FloatArray) -> FloatArray:
+        """The network's output ``z`` for raw feature rows ``x`` (``rows × features``)."""
+        h = (x - self.mean) / self.std
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = h @ w + b
+            if i < last:
+                h = np.tanh(h)
+        out: FloatArray = h[:, 0]
+        return out
+
+
+def log_slowdown(z: FloatArray) -> FloatArray:
+    """``log(1 + exp(−z))``: how many e-folds above the bound (≥ 0), computed stably."""
+    return np.logaddexp(0.0, -z)
+
+
+def fraction(z: FloatArray) -> FloatArray:
+    """Achieved fraction of the roofline bound, ``sigmoid(z)``."""
+    return np.exp(-log_slowdown(z))
+
+
+__all__ = ["Mlp", "fraction", "log_slowdown"]

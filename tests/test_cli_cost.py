@@ -1,0 +1,115 @@
+"""``planner cost``: layouts from options, the plan document, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from .conftest import CLUSTERS, NETWORKS, invoke
+
+ALEX = NETWORKS / "alexnet.yaml"
+KNL = CLUSTERS / "cori-knl.yaml"
+DGX = CLUSTERS / "dgx-h100.yaml"
+PAPER = ["--cost-model", "gholami2018", "--overlap", "none", "-p", "512", "-b", "2048",
+         "--estimator", "roofline"]
+
+
+def cost_json(runner, *args):
+    result = invoke(runner, "cost", *args, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_default_is_data_parallel_and_schema(runner):
+    doc = cost_json(runner, ALEX, KNL, *PAPER)
+    assert doc["iteration"]["weight_grad_s"] == pytest.approx(0.0814, rel=0.005)
+    assert set(doc["iteration"]) >= {"time_s", "compute_s", "comm_s", "exposed_comm_s"}
+    assert set(doc["memory"]) >= {"peak_bytes", "capacity_bytes", "fits"}
+    for rec in doc["layers"]:
+        assert set(rec) >= {"name", "type", "mode", "grid", "compute_s", "comm"}
+        assert set(rec["comm"]) >= {"forward_s", "backward_data_s", "weight_grad_s",
+                                    "redistribute_s"}
+        if rec["type"] in ("conv2d", "linear"):
+            assert (rec["mode"], rec["grid"]) == ("data", [1, 512])
+    assert doc["inputs"]["network"]["sha256"]
+
+
+def test_pins_and_grid(runner):
+    doc = cost_json(runner, ALEX, KNL, *PAPER, "--pin", "conv*=data", "--pin",
+                    "fc*=model:32x16")
+    layouts = {r["name"]: (r["mode"], r["grid"]) for r in doc["layers"]}
+    assert layouts["conv3"] == ("data", [1, 512])
+    assert layouts["fc7"] == ("model", [32, 16])
+    assert layouts["relu7"] == ("model", [32, 16])
+    relu7 = next(r for r in doc["layers"] if r["name"] == "relu7")
+    assert relu7["follows"] == "fc7"
+    data_only = cost_json(runner, ALEX, KNL, *PAPER)
+    # the paper's 32×16 FC grid cuts communication almost tenfold (REFERENCES §1: 9.7×)
+    ratio = data_only["iteration"]["comm_s"] / doc["iteration"]["comm_s"]
+    assert 8.5 < ratio < 10.5
+
+
+def test_one_grid_domain(runner):
+    doc = cost_json(runner, ALEX, KNL, *PAPER, "--grid", "16x32", "--mode", "domain")
+    modes = {r["name"]: r["mode"] for r in doc["layers"]}
+    assert modes["conv1"] == "domain" and modes["fc6"] == "model"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--grid", "16x16"], "grid 16x16 has 256 devices but --gpus is 512"),
+    (["--grid", "banana"], "invalid grid 'banana'"),
+    (["--pin", "nothing*=data"], "--pin 'nothing*=data' matches no layer"),
+    (["--pin", "relu*=model"], "matches only layers without weights"),
+    (["--pin", "conv1=model:512x1"], "layer 'conv1' cannot use model 512x1 (--pin "
+     "'conv1=model:512x1'): it has 96 output channels, fewer than P_r=512"),
+    (["--pin", "fc*=sideways"], "mode must be one of data, model, domain"),
+])
+def test_usage_errors(runner, args, message):
+    result = invoke(runner, "cost", ALEX, KNL, *PAPER, *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_exact_domain_needs_rows(runner):
+    result = invoke(runner, "cost", ALEX, KNL, "-p", "512", "-b", "2048", "--grid", "16x32",
+                    "--mode", "domain", "--estimator", "roofline")
+    assert result.exit_code == 2
+    assert "layer 'conv3' cannot use domain 16x32" in result.stderr
+    assert "13 rows" in result.stderr
+
+
+def test_does_not_fit_exits_1(runner, tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("kind: network\nname: big\ninput: [60000]\nlayers:\n"
+                   "  - {type: linear, out_features: 60000}\n"
+                   "  - {type: linear, out_features: 60000}\n")
+    result = invoke(runner, "cost", big, DGX, "-p", "8", "-b", "8", "--estimator", "roofline")
+    assert result.exit_code == 1
+    assert "does not fit" in result.stderr
+    assert "DOES NOT FIT" in result.stdout
+
+
+def test_yaml_output_is_deterministic(runner, tmp_path):
+    out1, out2 = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    for out in (out1, out2):
+        result = invoke(runner, "cost", NETWORKS / "resnet50.yaml", DGX, "-p", "64", "-b",
+                        "1024", "--format", "yaml", "-o", out, "--estimator", "roofline")
+        assert result.exit_code == 0
+    assert out1.read_bytes() == out2.read_bytes()
+    doc = yaml.safe_load(out1.read_text())
+    assert doc["command"] == "cost"
+
+
+def test_more_gpus_than_cluster(runner):
+    result = invoke(runner, "cost", ALEX, CLUSTERS / "pcie-8gpu.yaml", "-p", "16", "-b", "64")
+    assert result.exit_code == 2
+    assert "more than the cluster has (1 nodes × 8 = 8)" in result.stderr
+
+
+def test_table(runner):
+    result = invoke(runner, "cost", ALEX, KNL, *PAPER, "--pin", "fc*=model:32x16")
+    assert result.exit_code == 0
+    assert "model 32x16" in result.stdout and "iteration" in result.stdout

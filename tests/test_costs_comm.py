@@ -1,0 +1,152 @@
+"""Collective cost formulas against values worked out by hand (planner.costs.comm).
+
+Sources of the formulas: Thakur, Rabenseifner & Gropp, IJHPCA 2005; Chan et al., CCPE
+2007; REFERENCES §1 (the paper's all-gather and all-reduce) and §3 (hierarchical)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.costs.comm import (
+    Group,
+    clog2,
+    collective_time,
+    flat_time,
+    paper_all_gather,
+    paper_all_reduce,
+)
+
+from .helpers import cluster
+
+A, BETA, N = 1e-5, 1e-9, 1e6  # 10 µs, 1 GB/s, 1 MB
+
+
+@pytest.mark.parametrize(("op", "alg", "p", "expected"), [
+    # all-reduce
+    ("all_reduce", "ring", 4, 2 * 3 * A + 2 * 3 / 4 * N * BETA),
+    ("all_reduce", "recursive", 8, 2 * 3 * A + 2 * 7 / 8 * N * BETA),
+    ("all_reduce", "recursive", 5, 2 * 3 * A + 2 * 4 / 5 * N * BETA),
+    ("all_reduce", "tree", 8, 2 * 3 * A + 2 * N * BETA),
+    # all-gather / reduce-scatter
+    ("all_gather", "ring", 4, 3 * A + 3 / 4 * N * BETA),
+    ("all_gather", "recursive", 5, 3 * A + 4 / 5 * N * BETA),
+    ("reduce_scatter", "ring", 16, 15 * A + 15 / 16 * N * BETA),
+    ("reduce_scatter", "recursive", 16, 4 * A + 15 / 16 * N * BETA),
+    # broadcast
+    ("broadcast", "ring", 8, 7 * A + N * BETA),
+    ("broadcast", "tree", 8, 3 * (A + N * BETA)),
+    ("broadcast", "recursive", 8, (3 + 7) * A + 2 * 7 / 8 * N * BETA),
+    # all-to-all
+    ("all_to_all", "ring", 8, 7 * A + 7 / 8 * N * BETA),
+    ("all_to_all", "recursive", 8, 3 * A + 3 / 2 * N * BETA),
+    # point-to-point
+    ("p2p", "ring", 2, A + N * BETA),
+])
+def test_flat_formulas(op, alg, p, expected):
+    assert flat_time(op, alg, N, p, A, BETA) == pytest.approx(expected, rel=1e-12)
+
+
+def test_group_of_one_costs_nothing():
+    cl = cluster()
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "p2p"):
+        assert collective_time(op, 1e9, Group(1, 1), cl) == (0.0, "none")
+        assert flat_time(op, "ring", 1e9, 1, A, BETA) == 0.0
+
+
+def test_clog2():
+    assert [clog2(p) for p in (1, 2, 3, 4, 5, 512, 513)] == [0, 1, 2, 2, 3, 9, 10]
+
+
+def test_intra_node_group_uses_intra_tier():
+    cl = cluster(intra=(2e-6, 100e9), inter=(5e-6, 10e9), algorithm="ring")
+    t, alg = collective_time("all_reduce", 8e6, Group(8, 8), cl)
+    assert alg == "ring"
+    assert t == pytest.approx(2 * 7 * 2e-6 + 2 * 7 / 8 * 8e6 / 100e9, rel=1e-12)
+
+
+def test_spanning_group_flat_is_limited_by_inter_tier():
+    cl = cluster(intra=(2e-6, 100e9), inter=(5e-6, 10e9), algorithm="ring")
+    t, _ = collective_time("all_reduce", 8e6, Group(16, 8), cl)
+    assert t == pytest.approx(2 * 15 * 5e-6 + 2 * 15 / 16 * 8e6 / 10e9, rel=1e-12)
+
+
+def test_hierarchical_all_reduce_by_hand():
+    """Reduce-scatter in the node (q=8), all-reduce across m=4 nodes on n/8, all-gather."""
+    cl = cluster(intra=(2e-6, 100e9), inter=(5e-6, 10e9), algorithm="hierarchical")
+    n = 64e6
+    t, alg = collective_time("all_reduce", n, Group(32, 8), cl)
+    assert alg == "hierarchical"
+    rs = min(7 * 2e-6, 3 * 2e-6) + 7 / 8 * n / 100e9   # best of ring / recursive halving
+    ar = min(2 * 3 * 5e-6 + 2 * 3 / 4 * (n / 8) / 10e9,  # ring
+             2 * 2 * 5e-6 + 2 * 3 / 4 * (n / 8) / 10e9,  # Rabenseifner
+             2 * 2 * 5e-6 + 2 * (n / 8) / 10e9)         # tree
+    ag = rs
+    assert t == pytest.approx(rs + ar + ag, rel=1e-12)
+
+
+def test_auto_is_the_minimum():
+    cl = cluster(algorithm="auto")
+    g = Group(32, 8)
+    for n in (1e3, 1e6, 1e9):
+        t, _ = collective_time("all_reduce", n, g, cl)
+        others = [collective_time("all_reduce", n, g, cl, a)[0]
+                  for a in ("ring", "tree", "recursive", "hierarchical")]
+        assert t == pytest.approx(min(others), rel=1e-12)
+
+
+def test_vectorised_matches_scalar():
+    cl = cluster()
+    sizes = np.array([1e2, 1e5, 3e7, 2e9])
+    for op in ("all_reduce", "all_gather", "all_to_all", "broadcast"):
+        for g in (Group(8, 8), Group(64, 8), Group(16, 1)):
+            arr, _ = collective_time(op, sizes, g, cl)
+            for n, t in zip(sizes, arr, strict=True):
+                assert t == pytest.approx(collective_time(op, float(n), g, cl)[0], rel=1e-12)
+
+
+def test_nvls_from_threshold():
+    """In-switch reduction from min_bytes on: α_nvls + 2(p−1)/p·n / busbw_nvls."""
+    cl = cluster(intra=(3e-6, 100e9), nvls_bandwidth=400e9, nvls_latency_s=20e-6,
+                 nvls_min_bytes=2 * 2**20)
+    _, alg_small = collective_time("all_reduce", 1 * 2**20, Group(8, 8), cl)
+    assert alg_small != "nvls"
+    big, alg = collective_time("all_reduce", 256 * 2**20, Group(8, 8), cl)
+    assert alg == "nvls"
+    assert big == pytest.approx(20e-6 + 2 * 7 / 8 * 256 * 2**20 / 400e9, rel=1e-12)
+
+
+def test_paper_formulas_by_hand():
+    # REFERENCES §1: all-gather α⌈log p⌉ + β(p−1)/p·n; all-reduce twice that
+    assert paper_all_gather(1000.0, 512, 2e-6, 4 / 6e9) == pytest.approx(
+        9 * 2e-6 + 511 / 512 * 1000 * 4 / 6e9, rel=1e-12)
+    assert paper_all_reduce(1000.0, 512, 2e-6, 4 / 6e9) == pytest.approx(
+        2 * 9 * 2e-6 + 2 * 511 / 512 * 1000 * 4 / 6e9, rel=1e-12)
+    assert paper_all_reduce(1000.0, 1, 2e-6, 1.0) == 0.0
+
+
+OPS = st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                       "all_to_all", "p2p"])
+ALGS = st.sampled_from(["ring", "tree", "recursive", "hierarchical", "auto"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(op=OPS, alg=ALGS, size=st.integers(2, 4096), per_node=st.sampled_from([1, 2, 4, 8]),
+       n=st.floats(1.0, 1e10), factor=st.floats(1.01, 100.0))
+def test_cost_grows_with_bytes_and_latency(op, alg, size, per_node, n, factor):
+    per_node = min(per_node, size)
+    g = Group(size, per_node)
+    cl = cluster(algorithm=alg)
+    t1, _ = collective_time(op, n, g, cl)
+    t2, _ = collective_time(op, n * factor, g, cl)
+    assert t2 >= t1 > 0
+    slow = cluster(intra=(2e-6 * factor, 100e9), inter=(5e-6 * factor, 10e9), algorithm=alg)
+    t3, _ = collective_time(op, n, g, slow)
+    assert t3 >= t1
+    # never below the latency of one message, never below moving the bytes once
+    assert t1 >= 2e-6 * (1 - 1e-12)
+    assert math.isfinite(t1)

@@ -1,0 +1,94 @@
+"""Memory per device against hand-computed examples (planner.costs.memory)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.costs.memory import param_bytes
+from planner.evaluate import Options, evaluate, make_context
+from planner.inputs import load_cluster, load_network
+from planner.layout import make_layout
+
+from .conftest import CLUSTERS, NETWORKS
+from .helpers import FixedEstimator, cluster, mlp
+
+
+@pytest.mark.parametrize(("optimizer", "elem", "master", "total"), [
+    ("sgd", 4, None, 8), ("momentum", 4, None, 12), ("adam", 4, None, 16),
+    ("adam", 2, None, 16),        # ZeRO §3.1: 2 + 2 + (4 + 4 + 4)
+    ("momentum", 2, None, 12),    # 2 + 2 + (4 + 4)
+    ("adam", 2, False, 8),        # pure bf16: 2 + 2 + 2·2
+    ("sgd", 2, True, 8),          # 2 + 2 + 4 (the master copy)
+])
+def test_bytes_per_parameter(optimizer, elem, master, total):
+    assert param_bytes(optimizer, elem, master).total == total
+
+
+def _eval(net, cl, layouts, p, b, **kw):
+    opts = Options(gpus=p, batch=b, overlap=kw.pop("overlap", "none"), **kw)
+    ctx = make_context(net, cl, opts, FixedEstimator(1e-6))
+    return evaluate(ctx, opts, layouts)
+
+
+def test_mlp_data_parallel_by_hand():
+    net = mlp([1000, 1000, 10])
+    cl = cluster()
+    ev = _eval(net, cl, {lay.index: make_layout("data", 1, 4) for lay in net.layers
+                         if lay.has_weights}, 4, 64)
+    m = ev.memory
+    params = 1000 * 1000 + 1000 + 1000 * 10 + 10
+    assert (m.weights, m.gradients, m.optimizer) == (params * 4, params * 4, params * 4)
+    # fc1 keeps its input, relu1 its output (which fc2 keeps too): 2 tensors of 16×1000
+    assert m.activations == 2 * 16 * 1000 * 4
+    # busiest layer in backward: fc1 or relu1, ΔY and ΔX of 16×1000 each
+    assert m.workspace == 2 * 16 * 1000 * 4
+    # largest message: fc1's gradient all-reduce
+    assert m.comm_buffers == (1000 * 1000 + 1000) * 4
+    assert m.peak == pytest.approx(12 * params + 2 * 64000 + 128000 + 4004000)
+
+
+def test_model_split_shards_parameters():
+    net = mlp([1000, 1000, 10])
+    ev = _eval(net, cluster(), {lay.index: make_layout("model", 2, 2) for lay in net.layers
+                                if lay.has_weights}, 4, 64, optimizer="adam")
+    params_local = (1000 * 1000 + 1000) / 2 + (1000 * 10 + 10) / 2
+    assert ev.memory.weights == params_local * 4
+    assert ev.memory.optimizer == params_local * 8
+
+
+def test_resnet50_data_parallel_parameters_and_activations():
+    net = load_network(NETWORKS / "resnet50.yaml")
+    cl = load_cluster(CLUSTERS / "dgx-h100.yaml")
+    ev = _eval(net, cl, {lay.index: make_layout("data", 1, 8) for lay in net.layers
+                         if lay.has_weights}, 8, 256)
+    m = ev.memory
+    assert m.weights == m.gradients == m.optimizer == 25_557_032 * 4
+    # 32 samples per device; what one sample keeps (see test_network) times 32
+    per_sample = sum(net.saved_tensors().values()) * 4 + sum(
+        lay.saved_bytes_extra for lay in net.layers)
+    assert m.activations == pytest.approx(32 * per_sample, rel=1e-12)
+    assert m.capacity == 81559 * 2**20 - 2**30
+    assert m.fits
+
+
+def test_gpt2_adam_bf16_memory():
+    text = (NETWORKS / "gpt2-small.yaml").read_text().replace("dtype: float32", "dtype: bfloat16")
+    from planner.inputs import load_network_text
+
+    net = load_network_text(text)
+    cl = load_cluster(CLUSTERS / "dgx-h100.yaml")
+    ev = _eval(net, cl, {lay.index: make_layout("data", 1, 8) for lay in net.layers
+                         if lay.has_weights}, 8, 64, optimizer="adam")
+    # 124,439,808 params × 16 bytes (bf16 weights and grads, fp32 master and moments)
+    assert ev.memory.weights + ev.memory.gradients + ev.memory.optimizer == 124_439_808 * 16
+
+
+def test_does_not_fit_is_reported():
+    net = mlp([30000, 30000, 30000])
+    small = cluster(device="T4")
+    ev = _eval(net, small, {lay.index: make_layout("data", 1, 2) for lay in net.layers
+                            if lay.has_weights}, 2, 8)
+    assert not ev.memory.fits  # 1.8G params × 12 B ≫ 15 GiB
+    ev2 = _eval(net, small, {lay.index: make_layout("model", 2, 1) for lay in net.layers
+                             if lay.has_weights}, 2, 8)
+    assert ev2.memory.weights == pytest.approx(ev.memory.weights / 2, rel=1e-4)
