@@ -221,7 +221,325 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
         raise click.exceptions.Exit(1)
 
 
+def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
+    """The layouts each pinned layer may take in the search (a pin without a grid keeps
+    the mode and lets the search choose the grid and placement)."""
+    from .layout import parse_pin
+    from .strategies import candidate_layouts, why_invalid
+
+    p, b = q.options.gpus, q.options.batch
+    paper = q.options.cost_model == "gholami2018"
+    parsed = [parse_pin(text, p) for text in pins]
+    used = [False] * len(parsed)
+    out: dict[int, list[Any]] = {}
+    for layer in q.network.layers:
+        if not layer.has_weights:
+            continue
+        for i, pin in enumerate(parsed):
+            if not _matches(layer.name, pin.pattern):
+                continue
+            used[i] = True
+            allowed = [lay for lay in candidate_layouts(layer, p, b, paper)
+                       if lay.mode == pin.mode and (pin.grid is None or lay.grid == pin.grid)]
+            if not allowed:
+                from .layout import pin_layout
+
+                wanted = pin_layout(pin, p)
+                reason = why_invalid(layer, wanted, b, paper) or "no grid allows it"
+                raise UsageError(f"planner: error: layer '{layer.name}' cannot use "
+                                 f"{wanted.label()} (--pin '{pin.text}'): {reason}")
+            out[layer.index] = allowed
+            break
+    for i, pin in enumerate(parsed):
+        if not used[i]:
+            names = [layer.name for layer in q.network.layers
+                     if _matches(layer.name, pin.pattern)]
+            if names:
+                raise UsageError(f"planner: error: --pin '{pin.text}' matches only layers "
+                                 f"without weights ({', '.join(names[:5])}); they follow "
+                                 "their neighbours' layout")
+            raise UsageError(f"planner: error: --pin '{pin.text}' matches no layer of "
+                             f"'{q.network.name}'")
+    return out
+
+
+def run_search(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
+    """Search a question (raises NoFeasiblePlan)."""
+    from .search import search
+
+    return search(q.ctx, q.options, objective, pin_candidates(q, pins))
+
+
+def plan_doc(q: Question, result: Any, objective: str, expand: bool) -> dict[str, Any]:
+    """The plan document of a search result."""
+    from .output import rounded
+    from .plan import placement_record, plan_document
+
+    ev = result.best.evaluation
+    bases = []
+    for b in result.baselines:
+        rec = b.to_data()
+        if rec["applicable"]:
+            rec["speedup"] = rec["time_s"] / ev.time_s if ev.time_s > 0 else 0.0
+        bases.append(rec)
+    extra = {
+        "objective": objective,
+        "search": {"evaluated": result.explored, "chosen": result.best.name,
+                   "notes": result.notes},
+        "placement": placement_record(ev, q.options.gpus, q.cluster.devices_per_node, expand),
+        "baselines": rounded(bases, 4),
+    }
+    return plan_document("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
+                         q.options, ev, q.estimator_name, nodes_used(q), extra)
+
+
+objective_option = click.option(
+    "--objective", type=click.Choice(("time", "comm")), default="time", show_default=True,
+    help="time: iteration time (with overlap); comm: communication time alone.")
+pin_option = click.option(
+    "--pin", "pins", multiple=True, metavar="'GLOB=MODE[:PRxPC]'",
+    help="Constrain matching layers: a mode (the search picks the grid) or a mode and a "
+         "grid. Repeatable; the first match wins.")
+
+
+@click.command()
+@problem_options
+@gpus_option
+@batch_option
+@objective_option
+@pin_option
+@click.option("--expand-ranks", is_flag=True,
+              help="List every row and column group's ranks (large for big P).")
+@click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
+@format_option
+@output_option
+def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
+         pins: tuple[str, ...], expand_ranks: bool, all_layers: bool, fmt: str,
+         output: str | None, **kw: Any) -> None:
+    """Search the best layout of every layer and place the ranks.
+
+    Writes the plan (YAML/JSON for launch scripts, or a table): each layer's mode and
+    P_r x P_c grid, its compute and communication, memory per device, the rank
+    placement, and the baselines with the plan's speedup over each. Exit 0 with a plan,
+    1 when nothing fits in memory, 2 for invalid input.
+    """
+    from .plan import baselines_table, plan_table
+
+    q = load_question(network, cluster, gpus, batch, **kw)
+    result = run_search(q, objective, pins)
+    doc = plan_doc(q, result, objective, expand_ranks)
+
+    def table() -> Any:
+        from rich.console import Group
+
+        return Group(plan_table(doc, all_layers), baselines_table(doc))
+
+    render_data(doc, fmt, output, table, (network, cluster))
+
+
+@click.command()
+@problem_options
+@gpus_option
+@batch_option
+@objective_option
+@pin_option
+@format_option
+@output_option
+def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
+            pins: tuple[str, ...], fmt: str, output: str | None, **kw: Any) -> None:
+    """The baselines and the searched plan side by side."""
+    from .plan import baselines_table
+
+    q = load_question(network, cluster, gpus, batch, **kw)
+    result = run_search(q, objective, pins)
+    doc = plan_doc(q, result, objective, False)
+    data = {"planner": doc["planner"], "inputs": doc["inputs"], "problem": doc["problem"],
+            "plan": {"iteration": doc["iteration"], "memory": {
+                k: doc["memory"][k] for k in ("peak_bytes", "capacity_bytes", "fits")},
+                "layouts": _layout_summary(doc)},
+            "baselines": doc["baselines"]}
+    render_data(data, fmt, output, lambda: baselines_table(doc), (network, cluster))
+
+
+def _layout_summary(doc: dict[str, Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for rec in doc["layers"]:
+        if "follows" in rec:
+            continue
+        key = f"{rec['mode']} {rec['grid'][0]}x{rec['grid'][1]}" + (
+            " cols" if rec["placement"] == "cols" else "")
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _int_list(value: str) -> list[int]:
+    try:
+        items = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") \
+            from None
+    if not items or any(x < 1 for x in items):
+        raise click.BadParameter(f"expected positive integers, got {value!r}")
+    return sorted(set(items))
+
+
+@click.command()
+@problem_options
+@click.option("--gpus", "-p", "gpus_list", required=True, metavar="P1,P2,...",
+              help="Device counts, e.g. 8,32,128,512.")
+@click.option("--batch", "-b", "batch_list", required=True, metavar="B1,B2,...",
+              help="Batch sizes, e.g. 512,2048.")
+@objective_option
+@pin_option
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Also draw iteration time and speedup against devices (needs matplotlib).")
+@format_option
+@output_option
+def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective: str,
+          pins: tuple[str, ...], plot: str | None, fmt: str, output: str | None,
+          **kw: Any) -> None:
+    """Plan for every combination of device counts and batch sizes."""
+    import time
+
+    from .errors import NoFeasiblePlan, PlannerError
+
+    gpus_values = _int_list(gpus_list)
+    batch_values = _int_list(batch_list)
+    rows: list[dict[str, Any]] = []
+    combos = [(b, p) for b in batch_values for p in gpus_values]
+    start = time.monotonic()
+    progress = None
+    task = None
+    try:
+        for i, (b, p) in enumerate(combos):
+            if progress is None and time.monotonic() - start > 1.0 and i < len(combos):
+                from rich.progress import Progress
+
+                from .cli import console
+
+                progress = Progress(console=console(stderr=True), transient=True)
+                progress.start()
+                task = progress.add_task("planning", total=len(combos), completed=i)
+            try:
+                q = load_question(network, cluster, p, b, **kw)
+                result = run_search(q, objective, pins)
+                ev = result.best.evaluation
+                data_base = next((x for x in result.baselines if x.name == "data"), None)
+                row: dict[str, Any] = {
+                    "gpus": p, "batch": b, "feasible": True, "time_s": ev.time_s,
+                    "samples_per_s": b / ev.time_s if ev.time_s else 0.0,
+                    "comm_s": ev.comm_s, "exposed_comm_s": ev.exposed_comm_s,
+                    "peak_bytes": ev.memory.peak,
+                    "layouts": _layout_summary(plan_doc(q, result, objective, False)),
+                }
+                if data_base is not None and data_base.candidate is not None:
+                    row["speedup_vs_data"] = data_base.candidate.evaluation.time_s / ev.time_s
+                rows.append(row)
+            except NoFeasiblePlan as exc:
+                rows.append({"gpus": p, "batch": b, "feasible": False, "reason": str(exc)})
+            except PlannerError as exc:
+                if "more than the cluster has" in str(exc):
+                    rows.append({"gpus": p, "batch": b, "feasible": False,
+                                 "reason": str(exc)})
+                else:
+                    raise
+            if progress is not None and task is not None:
+                progress.update(task, completed=i + 1)
+    finally:
+        if progress is not None:
+            progress.stop()
+    from .output import rounded
+
+    data = rounded({"network": network, "cluster": cluster, "objective": objective,
+                    "results": rows}, 4)
+    if plot:
+        _plot(data["results"], plot)
+    render_data(data, fmt, output, lambda: _sweep_table(data["results"]), (network, cluster))
+
+
+def _sweep_table(rows: list[dict[str, Any]]) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    from .units import format_bytes, format_time
+
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for col in ("devices", "batch", "iteration", "samples/s", "exposed comm", "memory",
+                "vs data", "layouts"):
+        t.add_column(col, justify="left" if col == "layouts" else "right",
+                     no_wrap=col != "layouts")
+    for r in rows:
+        if not r["feasible"]:
+            t.add_row(str(r["gpus"]), str(r["batch"]), "no plan", "", "", "", "",
+                      r["reason"].split(";")[0].replace("planner: ", ""))
+            continue
+        lay = ", ".join(f"{n}× {k}" for k, n in r["layouts"].items())
+        vs = f"{r['speedup_vs_data']:.3g}x" if "speedup_vs_data" in r else "n/a"
+        t.add_row(str(r["gpus"]), str(r["batch"]), format_time(r["time_s"]),
+                  f"{r['samples_per_s']:.4g}", format_time(r["exposed_comm_s"]),
+                  format_bytes(r["peak_bytes"]), vs, lay)
+    return t
+
+
+def _plot(rows: list[dict[str, Any]], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("planner: error: --plot needs matplotlib: pip install "
+                         "'planner[plot]'") from None
+    import io
+
+    from .output import write_atomic
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for b in sorted({r["batch"] for r in rows}):
+        pts = [r for r in rows if r["batch"] == b and r["feasible"]]
+        if not pts:
+            continue
+        ax1.plot([r["gpus"] for r in pts], [r["time_s"] * 1e3 for r in pts], "o-",
+                 label=f"batch {b}")
+        ax2.plot([r["gpus"] for r in pts], [r.get("speedup_vs_data", float("nan"))
+                                            for r in pts], "o-", label=f"batch {b}")
+    for ax, label in ((ax1, "iteration time (ms)"), (ax2, "speedup over data parallel")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("devices")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, metadata={"Software": None})
+    plt.close(fig)
+    tmp = path + ".tmp-bytes"
+    del tmp
+    _write_bytes_atomic(path, buf.getvalue())
+    click.echo(f"wrote {path}", err=True)
+    _ = write_atomic
+
+
+def _write_bytes_atomic(path: str, data: bytes) -> None:
+    import os
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                               dir=target.parent if str(target.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def register(group: click.Group) -> None:
     """Attach the commands of this module to the CLI."""
-    group.add_command(cost)
+    for command in (cost, plan, compare, sweep):
+        group.add_command(command)
 

@@ -28,6 +28,7 @@ from .costs.layer import (
     CommTerm,
     Context,
     LayerCost,
+    cost_signature,
     follower_kernels,
     follower_terms,
     input_dist,
@@ -115,56 +116,88 @@ def check_question(network: Network, cluster: Cluster, options: Options) -> None
                          "raise 'nodes' in the cluster file or remove it")
 
 
-def evaluate(ctx: Context, options: Options, assignment: dict[int, Layout]) -> Evaluation:
+@dataclass
+class EvalCache:
+    """Per-layer results reused across evaluations of one question (the search scores
+    many assignments that share most layers)."""
+
+    weighted: dict[Any, tuple[tuple[CommTerm, ...], float, float, str]] = field(
+        default_factory=dict)
+    follower: dict[Any, tuple[tuple[CommTerm, ...], Dist, Dist, float, float, str]] = field(
+        default_factory=dict)
+    moves: dict[Any, tuple[CommTerm, ...]] = field(default_factory=dict)
+
+
+def evaluate(ctx: Context, options: Options, assignment: dict[int, Layout],
+             cache: EvalCache | None = None) -> Evaluation:
     """Evaluate layouts for every layer with weights (``assignment``: layer index →
     layout); layers without weights follow the distribution they receive."""
+    cache = cache if cache is not None else EvalCache()
     net = ctx.network
     results: list[LayerResult] = []
-    out_dist: dict[int, Dist | None] = {-1: None}
     weighted = [layer for layer in net.layers if layer.has_weights]
     if not weighted:
         raise UsageError("planner: error: the network has no layer with weights")
     first_layout = assignment[weighted[0].index]
     current: tuple[Layout, str] = (first_layout, weighted[0].name)
+    # The data loader delivers the input in the distribution the first layer with
+    # weights needs, for free; any other consumer of the input pays to move it.
     default_in = input_dist(first_layout)
+    out_dist: dict[int, Dist] = {-1: default_in}
+
+    def moves(src: Dist, dst: Dist, elems: int, note: str) -> list[CommTerm]:
+        key = (src, dst, elems, note)
+        hit = cache.moves.get(key)
+        if hit is None:
+            hit = tuple(redistribute_terms(src, dst, elems, ctx, note))
+            cache.moves[key] = hit
+        return list(hit)
+
     for layer in net.layers:
-        src = out_dist.get(layer.inputs[0]) if layer.inputs else None
+        src = out_dist[layer.inputs[0]]
+        sig = cost_signature(layer)
         if layer.has_weights:
             layout = assignment[layer.index]
             current = (layout, layer.name)
             dst = input_dist(layout)
-            cost = LayerCost()
-            if src is not None:
-                cost.terms += redistribute_terms(src, dst, layer.in_elems, ctx, "input")
-            cost.terms += weighted_terms(layer, layout, ctx)
-            cost.forward_s, cost.backward_s, cost.estimator = time_kernels(
-                weighted_kernels(layer, layout, ctx), ctx)
-            cost.params_local = local_params(layer, layout)
+            key = (sig, layout)
+            hit = cache.weighted.get(key)
+            if hit is None:
+                fwd, bwd, est = time_kernels(weighted_kernels(layer, layout, ctx), ctx)
+                hit = (tuple(weighted_terms(layer, layout, ctx)), fwd, bwd, est)
+                cache.weighted[key] = hit
+            cost = LayerCost(hit[1], hit[2], hit[3], moves(src, dst, layer.in_elems, "input")
+                             + list(hit[0]), local_params(layer, layout))
             out = layout.output_dist()
             results.append(LayerResult(layer, layout, None, cost, dist_in=dst, dist_out=out))
             out_dist[layer.index] = out
             continue
         if layer.type == "add":
-            body_d = out_dist.get(layer.inputs[0]) or default_in
-            sc_d = out_dist.get(layer.inputs[1])
-            cost = LayerCost()
-            if sc_d is not None:
-                cost.terms += redistribute_terms(sc_d, body_d, layer.in_elems, ctx, "shortcut")
-            cost.forward_s, cost.backward_s, cost.estimator = time_kernels(
-                follower_kernels(layer, body_d, ctx), ctx)
+            body_d = out_dist[layer.inputs[0]]
+            sc_d = out_dist[layer.inputs[1]]
+            fkey = (sig, body_d)
+            fhit = cache.follower.get(fkey)
+            if fhit is None:
+                fwd, bwd, est = time_kernels(follower_kernels(layer, body_d, ctx), ctx)
+                fhit = ((), body_d, body_d, fwd, bwd, est)
+                cache.follower[fkey] = fhit
+            cost = LayerCost(fhit[3], fhit[4], fhit[5],
+                             moves(sc_d, body_d, layer.in_elems, "shortcut"))
             results.append(LayerResult(layer, current[0], current[1], cost, dist_in=body_d,
                                        dist_out=body_d))
             out_dist[layer.index] = body_d
             continue
-        d_in = src or default_in
-        terms, work, out = follower_terms(layer, d_in, ctx)
-        cost = LayerCost(terms=terms)
-        cost.forward_s, cost.backward_s, cost.estimator = time_kernels(
-            follower_kernels(layer, work, ctx), ctx)
-        cost.params_local = float(layer.params)
-        results.append(LayerResult(layer, current[0], current[1], cost, dist_in=work,
-                                   dist_out=out))
-        out_dist[layer.index] = out
+        fkey = (sig, src)
+        fhit = cache.follower.get(fkey)
+        if fhit is None:
+            terms, work, out = follower_terms(layer, src, ctx)
+            fwd, bwd, est = time_kernels(follower_kernels(layer, work, ctx), ctx)
+            fhit = (tuple(terms), work, out, fwd, bwd, est)
+            cache.follower[fkey] = fhit
+        cost = LayerCost(fhit[3], fhit[4], fhit[5], list(fhit[0]), float(layer.params))
+        results.append(LayerResult(layer, current[0], current[1], cost, dist_in=fhit[1],
+                                   dist_out=fhit[2]))
+        out_dist[layer.index] = fhit[2]
     memory = memory_report(ctx, options, results)
     return _timeline(ctx, options, results, memory)
 
@@ -277,15 +310,16 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         weight_grad_s = 0.0
         channel = 0.0
         pending: list[tuple[float, int, int]] = []
+        pending_bytes = 0.0
         attributed: dict[tuple[int, int], float] = {}
 
         def flush() -> None:
-            nonlocal channel, weight_grad_s
+            nonlocal channel, weight_grad_s, pending_bytes
             if not pending:
                 return
             ready = pending[-1][0]
             group = grad(pending[0]).group
-            nbytes = sum(grad(x).bytes for x in pending)
+            nbytes = pending_bytes
             secs = _bucket_time(ctx, nbytes, group) if len(pending) > 1 else \
                 grad(pending[0]).seconds
             start = max(ready, channel)
@@ -297,13 +331,16 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
                             "group": group.size, "ready_s": ready, "start_s": start,
                             "end_s": channel})
             pending.clear()
+            pending_bytes = 0.0
 
         for item in grad_terms:
-            if pending and (grad(item).group != grad(pending[0]).group or
-                            sum(grad(x).bytes for x in pending) >= options.bucket_bytes):
+            t = grad(item)
+            if pending and (t.group != grad(pending[0]).group or
+                            pending_bytes >= options.bucket_bytes):
                 flush()
             pending.append(item)
-            if sum(grad(x).bytes for x in pending) >= options.bucket_bytes:
+            pending_bytes += t.bytes
+            if pending_bytes >= options.bucket_bytes:
                 flush()
         flush()
         finish = max(end_backward, channel)

@@ -92,9 +92,14 @@ class Layout:
 
     def output_dist(self) -> Dist:
         """Where the layer's output lives (model/data: replicated over the row group)."""
-        if self.mode == "domain":
-            return Dist(self.p, self.c_digit, self.r_digit)
-        return Dist(self.p, self.c_digit, None)
+        return _output_dist(self)
+
+
+@functools.lru_cache(maxsize=4096)
+def _output_dist(layout: Layout) -> Dist:
+    if layout.mode == "domain":
+        return Dist(layout.p, layout.c_digit, layout.r_digit)
+    return Dist(layout.p, layout.c_digit, None)
 
 
 def make_layout(mode: str, pr: int, pc: int, placement: str = "rows") -> Layout:

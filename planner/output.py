@@ -50,7 +50,10 @@ def _finite(data: Any) -> Any:
     return data
 
 
-class _Dumper(yaml.SafeDumper):
+_BaseDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(_BaseDumper):  # type: ignore[misc]
     """Block style for mappings, flow style for short lists of scalars (shapes, grids)."""
 
 

@@ -30,11 +30,6 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from rich import box
-from rich.console import Group as RichGroup
-from rich.table import Table
-from rich.text import Text
-
 from . import __version__
 from .costs.layer import CommTerm
 from .costs.memory import param_bytes, uses_master_weights
@@ -155,6 +150,11 @@ def _ms(x: float) -> str:
 
 def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     """A person's view of a plan document: summary, per-layer breakdown, memory."""
+    from rich import box
+    from rich.console import Group as RichGroup
+    from rich.table import Table
+    from rich.text import Text
+
     it = doc["iteration"]
     mem = doc["memory"]
     prob = doc["problem"]
@@ -207,3 +207,92 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                   "", "", _ms(hidden[1]), "", "", "", "", _ms(hidden[1]))
     parts: list[Any] = [head, t]
     return RichGroup(*parts)
+
+
+# ---------------------------------------------------------------------------------------
+# Placement
+
+
+def _groups(pr: int, pc: int, placement: str) -> tuple[str, str]:
+    """Compact rules for the row and column groups of a grid under a placement."""
+    if placement == "rows":
+        return (f"row group c (0 <= c < {pc}): ranks c*{pr} + r for r in 0..{pr - 1}",
+                f"column group r (0 <= r < {pr}): ranks c*{pr} + r for c in 0..{pc - 1}")
+    return (f"row group c (0 <= c < {pc}): ranks r*{pc} + c for r in 0..{pr - 1}",
+            f"column group r (0 <= r < {pr}): ranks r*{pc} + c for c in 0..{pc - 1}")
+
+
+def group_ranks(pr: int, pc: int, placement: str) -> tuple[list[list[int]], list[list[int]]]:
+    """Every row group and column group of a grid as rank lists."""
+    if placement == "rows":
+        rows = [[c * pr + r for r in range(pr)] for c in range(pc)]
+        cols = [[c * pr + r for c in range(pc)] for r in range(pr)]
+    else:
+        rows = [[r * pc + c for r in range(pr)] for c in range(pc)]
+        cols = [[r * pc + c for c in range(pc)] for r in range(pr)]
+    return rows, cols
+
+
+def placement_record(ev: Evaluation, gpus: int, per_node: int, expand: bool,
+                     ) -> dict[str, Any]:
+    """Where every rank runs, and each grid's row and column groups."""
+    from .layout import make_layout
+
+    used: dict[tuple[int, int, str], list[str]] = {}
+    for r in ev.layers:
+        if r.follows is None:
+            key = (r.layout.pr, r.layout.pc, r.layout.placement)
+            used.setdefault(key, []).append(r.layer.name)
+    grids = []
+    for (pr, pc, pl), names in sorted(used.items()):
+        lay = make_layout("model" if pr > 1 else "data", pr, pc, pl)
+        row_rule, col_rule = _groups(pr, pc, pl)
+        row_g, col_g = lay.row_group(per_node), lay.col_group(per_node)
+        rec: dict[str, Any] = {
+            "grid": [pr, pc],
+            "placement": pl,
+            "layers": names,
+            "row_groups": {"count": pc, "size": pr, "per_node": row_g.per_node,
+                           "spans_nodes": row_g.spans_nodes, "rule": row_rule},
+            "col_groups": {"count": pr, "size": pc, "per_node": col_g.per_node,
+                           "spans_nodes": col_g.spans_nodes, "rule": col_rule},
+        }
+        if expand:
+            rows, cols = group_ranks(pr, pc, pl)
+            rec["row_groups"]["ranks"] = rows
+            rec["col_groups"]["ranks"] = cols
+        grids.append(rec)
+    return {
+        "devices": gpus,
+        "devices_per_node": per_node,
+        "nodes": -(-gpus // per_node),
+        "rank_to_device": f"rank k runs on node k // {per_node}, local device k % {per_node}",
+        "grids": grids,
+    }
+
+
+def baselines_table(doc: dict[str, Any]) -> Any:
+    """The plan against each baseline."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title="baselines",
+              title_justify="left")
+    for col in ("strategy", "iteration", "communication", "exposed", "memory", "speedup"):
+        t.add_column(col, justify="left" if col == "strategy" else "right",
+                     no_wrap=col != "strategy", overflow="fold")
+    it = doc["iteration"]
+    t.add_row(Text("plan (searched)", style="bold"), format_time(it["time_s"]),
+              format_time(it["comm_s"]), format_time(it["exposed_comm_s"]),
+              format_bytes(doc["memory"]["peak_bytes"]), "")
+    for b in doc.get("baselines", []):
+        if not b["applicable"]:
+            t.add_row(Text(f"{b['name']}: not applicable ({b['reason']})", style="dim"),
+                      "", "", "", "", "")
+            continue
+        mem = format_bytes(b["peak_bytes"]) + ("" if b["fits"] else " (does not fit)")
+        speed = f"{b['speedup']:.3g}x" if b.get("speedup") else ""
+        t.add_row(f"{b['name']}: {b['description']}", format_time(b["time_s"]),
+                  format_time(b["comm_s"]), format_time(b["exposed_comm_s"]), mem, speed)
+    return t

@@ -26,14 +26,17 @@ gathers first.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..cluster import Cluster
 from ..layout import Dist, Layout, redistribution
 from ..network import Layer, Network, layer_kernels
 from ..ops import Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
-from .compute import Estimator
+from .compute import Estimator, FloatArray
 
 ELEMENTWISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout", "add", "lrn",
                "flatten")
@@ -116,10 +119,37 @@ class LayerCost:
         return self.forward_s + self.backward_s
 
 
+def cost_signature(layer: Layer) -> tuple[object, ...]:
+    """What a layer's costs depend on: two layers with the same signature cost the same
+    under the same layout (names and positions do not matter)."""
+    return (layer.type, layer.input_shape, layer.output_shape, layer.params,
+            layer.weight_elems, layer.conv, layer.pool, layer.linear, layer.attention,
+            layer.embedding, layer.inputs == (-1,), layer.saves_input, layer.saves_output,
+            layer.saved_internal, layer.saved_bytes_extra)
+
+
 def _alpha_beta(ctx: Context, group: Group) -> tuple[float, float]:
     """The paper's single (α, β) for a group: the tier it crosses."""
     link = ctx.cluster.inter if group.spans_nodes else ctx.cluster.intra
     return link.latency_s, 1.0 / link.bandwidth
+
+
+def price(ctx: Context, op: Collective, group: Group, nbytes: FloatArray,
+          ) -> tuple[FloatArray, str]:
+    """Seconds of collective ``op`` over ``group`` for each size in ``nbytes`` (an array),
+    with the context's accounting, and the algorithm's name."""
+    if group.size <= 1:
+        return nbytes * 0.0, "none"
+    if ctx.paper:
+        alpha, beta = _alpha_beta(ctx, group)
+        words = nbytes / ctx.elem_bytes
+        beta_w = beta * ctx.elem_bytes
+        if op == "all_gather":
+            return paper_all_gather(words, group.size, alpha, beta_w), "paper"
+        if op == "all_reduce":
+            return paper_all_reduce(words, group.size, alpha, beta_w), "paper"
+        return paper_halo(words, alpha, beta_w), "paper"
+    return collective_time(op, nbytes, group, ctx.cluster, ctx.algorithm)
 
 
 def term(ctx: Context, phase: str, op: Collective, group: Group, nbytes: float,
@@ -127,19 +157,8 @@ def term(ctx: Context, phase: str, op: Collective, group: Group, nbytes: float,
     """A collective priced with the context's accounting; None when it moves nothing."""
     if group.size <= 1 or nbytes <= 0:
         return None
-    if ctx.paper:
-        alpha, beta = _alpha_beta(ctx, group)
-        words = nbytes / ctx.elem_bytes
-        beta_w = beta * ctx.elem_bytes
-        if op == "all_gather":
-            secs = float(paper_all_gather(words, group.size, alpha, beta_w))
-        elif op == "all_reduce":
-            secs = float(paper_all_reduce(words, group.size, alpha, beta_w))
-        else:
-            secs = float(paper_halo(words, alpha, beta_w))
-        return CommTerm(phase, op, group, nbytes, secs, "paper", note)
-    secs, alg = collective_time(op, float(nbytes), group, ctx.cluster, ctx.algorithm)
-    return CommTerm(phase, op, group, nbytes, float(secs), alg, note)
+    secs, alg = price(ctx, op, group, np.array([float(nbytes)]))
+    return CommTerm(phase, op, group, nbytes, float(secs[0]), alg, note)
 
 
 def _halo_group(layout_row: Group) -> Group:
@@ -220,34 +239,73 @@ def input_dist(layout: Layout) -> Dist:
     return layout.output_dist()
 
 
+@dataclass(frozen=True)
+class _Part:
+    direction: str  # forward | backward
+    kind: str  # gather | exchange
+    group: Group
+    share: float  # bytes = share × B × d × e
+    sources: int = 0
+
+
+@functools.lru_cache(maxsize=131072)
+def _parts(src: Dist, dst: Dist, per_node: int, paper: bool) -> tuple[_Part, ...]:
+    """The movements of a redistribution and of its gradient on the way back (the
+    paper's Eq. 6: one all-gather, forward only)."""
+    parts: list[_Part] = []
+    if src == dst:
+        return ()
+    for direction, a, z in (("forward", src, dst), ("backward", dst, src)):
+        if paper and direction == "backward":
+            break
+        r = redistribution(a, z, per_node)
+        if r.kind == "none" or r.received <= 0 or r.group is None:
+            continue
+        if paper or r.kind == "gather":
+            parts.append(_Part(direction, "gather", r.group, r.need))
+        else:
+            parts.append(_Part(direction, "exchange", r.group, r.received, r.sources))
+    return tuple(parts)
+
+
+def _exchange_seconds(ctx: Context, part: _Part, nbytes: FloatArray) -> FloatArray:
+    """A personalised exchange: ``sources`` messages, the bytes through the device's link
+    on the tier the group crosses."""
+    link = ctx.cluster.inter if part.group.spans_nodes else ctx.cluster.intra
+    return part.sources * link.latency_s + nbytes / link.bandwidth
+
+
 def redistribute_terms(src: Dist, dst: Dist, elems_per_sample: int, ctx: Context,
                        note: str) -> list[CommTerm]:
     """Moving an activation of ``elems_per_sample`` from ``src`` to ``dst`` forward, and
     its gradient back from ``dst`` to ``src`` (the paper: forward only, Eq. 6)."""
-    if src == dst:
-        return []
     total = ctx.batch * elems_per_sample * ctx.elem_bytes
     terms: list[CommTerm] = []
-    for direction, a, z in (("forward", src, dst), ("backward", dst, src)):
-        if ctx.paper and direction == "backward":
-            break
-        r = redistribution(a, z, ctx.per_node)
-        if r.kind == "none" or r.received <= 0 or r.group is None:
-            continue
-        if ctx.paper:
-            # Eq. 6: one all-gather of the target block over the gathering group
-            _add(terms, term(ctx, "redistribute", "all_gather", r.group, r.need * total,
-                             f"{note} ({direction})"))
-        elif r.kind == "gather":
-            _add(terms, term(ctx, "redistribute", "all_gather", r.group, r.need * total,
-                             f"{note} ({direction})"))
+    for part in _parts(src, dst, ctx.per_node, ctx.paper):
+        label = f"{note} ({part.direction})"
+        nbytes = part.share * total
+        if part.kind == "gather":
+            _add(terms, term(ctx, "redistribute", "all_gather", part.group, nbytes, label))
         else:
-            link = ctx.cluster.inter if r.group.spans_nodes else ctx.cluster.intra
-            nbytes = r.received * total
-            secs = r.sources * link.latency_s + nbytes / link.bandwidth
-            terms.append(CommTerm("redistribute", "exchange", r.group, nbytes, secs, "p2p",
-                                  f"{note} ({direction})"))
+            secs = float(_exchange_seconds(ctx, part, np.array([nbytes]))[0])
+            terms.append(CommTerm("redistribute", "exchange", part.group, nbytes, secs,
+                                  "p2p", label))
     return terms
+
+
+def redistribute_seconds(src: Dist, dst: Dist, totals: FloatArray, ctx: Context,
+                         ) -> FloatArray:
+    """Seconds of :func:`redistribute_terms` for many activation sizes at once
+    (``totals``: bytes of the whole activation, ``B × d × e``)."""
+    out = np.zeros_like(totals)
+    for part in _parts(src, dst, ctx.per_node, ctx.paper):
+        nbytes = part.share * totals
+        if part.kind == "gather":
+            secs, _ = price(ctx, "all_gather", part.group, nbytes)
+            out += np.where(nbytes > 0, secs, 0.0)
+        else:
+            out += _exchange_seconds(ctx, part, nbytes)
+    return out
 
 
 def follower_terms(layer: Layer, dist: Dist, ctx: Context) -> tuple[list[CommTerm], Dist, Dist]:

@@ -1,0 +1,732 @@
+"""The search: one layout per layer with weights, by dynamic programming over the layer
+sequence, with residual blocks, redistribution on every transition and shortcut, pins,
+baselines and the memory constraint.
+
+**The dynamic program.** A state is the distribution of the current activation (which
+device holds which samples and rows, :class:`~planner.layout.Dist`). A layer with weights
+moves every state to the output distribution of each of its candidate layouts, paying
+the redistribution from the state to the layout's input distribution plus the layout's
+own cost; a layer without weights maps each state to the distribution it leaves behind,
+paying what that distribution needs (halos, a gather). Inside a residual block the state
+is a pair: the distribution at the block's entry travels along with the current one (and
+the body's output along the shortcut), so the add pays the shortcut's real
+redistribution. The optimum over these states is exact for any objective that is a sum
+over layers: iteration time without overlap, or communication time (``--objective
+comm``); the brute-force tests check it against every combination of layouts.
+
+**Overlap and memory.** With ``overlap: gradients`` the iteration time is not a sum over
+layers (gradient all-reduces queue on one channel behind the backward pass). The search
+then solves the additive problem for several weights ``κ`` of the gradient term (1: no
+hiding, 0: perfect hiding), scores each answer with the real timeline
+(:mod:`planner.evaluate`) and keeps the best. Memory per device is a constraint: when
+the optimum does not fit, a Lagrangian weight on each layer's memory is raised (by
+bisection) until the answer fits. The baselines (pure data, pure model, the best single
+grid, Gholami's scheme) are scored the same way, and the plan returned is never slower
+than a baseline that fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .costs.layer import (
+    Context,
+    cost_signature,
+    follower_kernels,
+    follower_terms,
+    input_dist,
+    local_params,
+    redistribute_seconds,
+    weighted_kernels,
+    weighted_terms,
+)
+from .costs.memory import param_bytes
+from .errors import NoFeasiblePlan, Shortfall
+from .evaluate import EvalCache, Evaluation, Options, evaluate
+from .layout import Dist, Layout, divisors, make_layout
+from .network import Layer
+from .ops import Elementwise, Kernel
+from .strategies import candidate_layouts, why_invalid
+from .units import format_bytes
+
+INF = math.inf
+OBJECTIVES = ("time", "comm")
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Weights of the parts of the additive objective the dynamic program minimises."""
+
+    compute: float = 1.0
+    activation: float = 1.0  #: forward, backward-data, halo and redistribution traffic
+    gradient: float = 1.0  #: weight-gradient all-reduces
+    memory: float = 0.0  #: seconds per byte (a Lagrange multiplier)
+
+
+# Columns of a part vector: compute, activation comm, gradient comm, memory bytes
+_C, _A, _G, _M = 0, 1, 2, 3
+
+
+def _score(parts: np.ndarray, w: Weights) -> np.ndarray:
+    score: np.ndarray = (parts[..., _C] * w.compute + parts[..., _A] * w.activation
+                         + parts[..., _G] * w.gradient + parts[..., _M] * w.memory)
+    return score
+
+
+class Space:
+    """Every cost the dynamic program needs, computed once per search."""
+
+    def __init__(self, ctx: Context, options: Options, pins: dict[int, list[Layout]],
+                 objective: str = "time") -> None:
+        self.ctx = ctx
+        self.options = options
+        self.objective = objective
+        self.pinned = set(pins)
+        self.cache = EvalCache()
+        net = ctx.network
+        self.layers = net.layers
+        paper = ctx.paper
+        p, b = options.gpus, options.batch
+        self.candidates: dict[int, list[Layout]] = {}
+        for layer in self.layers:
+            if not layer.has_weights:
+                continue
+            if layer.index in pins:
+                self.candidates[layer.index] = list(pins[layer.index])
+            else:
+                self.candidates[layer.index] = list(candidate_layouts(layer, p, b, paper))
+        empty = [self.layers[i].name for i, c in self.candidates.items() if not c]
+        if empty:
+            raise NoFeasiblePlan(
+                f"no layout applies to layer '{empty[0]}' with {p} devices and batch {b} "
+                "(a batch smaller than the device count leaves only model and domain "
+                "splits, and this layer allows none); use fewer devices or a larger batch",
+                None)
+        # distributions: the layouts' own, and what followers turn them into
+        self.dists: list[Dist] = []
+        self.index: dict[Dist, int] = {}
+        for lays in self.candidates.values():
+            for lay in lays:
+                self._dist(input_dist(lay))
+                self._dist(lay.output_dist())
+        for d in list(self.dists):
+            self._dist(Dist(d.p, d.batch, None))
+        self.pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
+        self._weighted: dict[tuple[Any, ...], np.ndarray] = {}
+        self._follow: dict[tuple[tuple[Any, ...], int], tuple[np.ndarray, int]] = {}
+        self._trans: dict[float, np.ndarray] = {}
+        self._follow_arrays: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
+        self._by_layer: dict[int, np.ndarray] = {}
+        self._io: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._precompute()
+
+    def _dist(self, d: Dist) -> int:
+        if d not in self.index:
+            self.index[d] = len(self.dists)
+            self.dists.append(d)
+        return self.index[d]
+
+    # -- costs ---------------------------------------------------------------------
+
+    def _precompute(self) -> None:
+        """Per weighted layer and layout: compute, activation comm, gradient comm, memory;
+        compute kernels are timed in one batch per search."""
+        ctx = self.ctx
+        todo: list[tuple[tuple[Any, ...], Layer, list[Layout]]] = []
+        for idx, lays in self.candidates.items():
+            layer = self.layers[idx]
+            key = (cost_signature(layer), tuple(lays))
+            if key not in self._weighted:
+                self._weighted[key] = np.zeros((len(lays), 4))
+                todo.append((key, layer, lays))
+        kernels: list[Kernel] = []
+        owners: list[tuple[tuple[Any, ...], int]] = []
+        for key, layer, lays in todo:
+            arr = self._weighted[key]
+            seen: dict[tuple[str, int, int], list[Kernel]] = {}
+            for j, lay in enumerate(lays):
+                comm_a = comm_g = 0.0
+                for t in weighted_terms(layer, lay, ctx):
+                    if t.when == "gradient":
+                        comm_g += t.seconds
+                    else:
+                        comm_a += t.seconds
+                arr[j, _A] = comm_a
+                arr[j, _G] = comm_g
+                params_local = local_params(layer, lay)
+                arr[j, _M] = params_local * self.pb.total + self._saved_bytes(layer, lay)
+                shape_key = (lay.mode, lay.pr, lay.pc)
+                if shape_key not in seen:
+                    prods = weighted_kernels(layer, lay, ctx)
+                    seen[shape_key] = (prods["forward"] + prods["backward_data"]
+                                       + prods["backward_weight"])
+                ks = seen[shape_key]
+                kernels.extend(ks)
+                owners.extend([(key, j)] * len(ks))
+                kernels.append(self._optimizer_kernel(params_local))
+                owners.append((key, j))
+        if kernels:
+            secs = ctx.estimator.estimate(kernels, ctx.cluster.device, ctx.network.dtype).seconds
+            for (key, j), s in zip(owners, secs, strict=True):
+                self._weighted[key][j, _C] += float(s)
+
+    def _optimizer_kernel(self, params_local: float) -> Elementwise:
+        return Elementwise(params_local * self.pb.update_traffic, params_local * 4.0,
+                           "optimizer")
+
+    def _saved_bytes(self, layer: Layer, lay: Layout) -> float:
+        b = -(-self.options.batch // lay.pc)
+        frac = 1.0 / lay.pr if lay.mode == "domain" else 1.0
+        kept = layer.in_elems if layer.saves_input else 0
+        internal = layer.saved_internal / (lay.pr if lay.mode == "model" else 1)
+        return (kept + internal) * b * frac * self.ctx.elem_bytes
+
+    def weighted(self, layer: Layer) -> np.ndarray:
+        """Part vectors ``(n_layouts, 4)`` of a layer with weights."""
+        hit = self._by_layer.get(layer.index)
+        if hit is None:
+            hit = self._weighted[(cost_signature(layer), tuple(self.candidates[layer.index]))]
+            self._by_layer[layer.index] = hit
+        return hit
+
+    def dist_indices(self, layer: Layer) -> tuple[np.ndarray, np.ndarray]:
+        """Input and output distribution indices of each candidate layout."""
+        hit = self._io.get(layer.index)
+        if hit is None:
+            lays = self.candidates[layer.index]
+            hit = (np.array([self.index[input_dist(lay)] for lay in lays]),
+                   np.array([self.index[lay.output_dist()] for lay in lays]))
+            self._io[layer.index] = hit
+        return hit
+
+    def follower(self, layer: Layer, d: int) -> tuple[np.ndarray, int]:
+        """Part vector of a layer without weights on distribution ``d``, and the
+        distribution it leaves."""
+        key = (cost_signature(layer), d)
+        hit = self._follow.get(key)
+        if hit is not None:
+            return hit
+        ctx = self.ctx
+        dist = self.dists[d]
+        parts = np.zeros(4)
+        if layer.type == "add":  # the add itself; the shortcut is priced by the caller
+            terms, work, out = [], dist, dist
+        else:
+            terms, work, out = follower_terms(layer, dist, ctx)
+        for t in terms:
+            parts[_G if t.when == "gradient" else _A] += t.seconds
+        prods = follower_kernels(layer, work, ctx)
+        ks = prods["forward"] + prods["backward_data"] + prods["backward_weight"]
+        if layer.params:
+            ks.append(self._optimizer_kernel(float(layer.params)))
+        if ks:
+            parts[_C] = float(ctx.estimator.estimate(ks, ctx.cluster.device,
+                                                      ctx.network.dtype).seconds.sum())
+        b = -(-self.options.batch // work.batch[1])
+        h = work.height[1] if work.height else 1
+        kept = (layer.out_elems if layer.saves_output else 0) + layer.saved_internal
+        parts[_M] = layer.params * self.pb.total + kept * b / h * ctx.elem_bytes
+        result = (parts, self._dist(out))
+        self._follow[key] = result
+        return result
+
+    def follower_arrays(self, layer: Layer, w: Weights) -> tuple[np.ndarray, np.ndarray]:
+        """For every distribution: where a layer without weights leaves it, and its
+        weighted cost there."""
+        key = (cost_signature(layer), w)
+        hit = self._follow_arrays.get(key)
+        if hit is None:
+            n = len(self.dists)
+            out_map = np.arange(n)
+            own = np.zeros(n)
+            parts = np.zeros((n, 4))
+            for d in range(n):
+                parts[d], out_map[d] = self.follower(layer, d)
+            own = _score(parts, w)
+            hit = (out_map, own)
+            self._follow_arrays[key] = hit
+        return hit
+
+    def transitions(self, elems: int) -> np.ndarray:
+        """Seconds to move an activation of ``elems`` per sample between every pair of
+        distributions: ``T[src, dst]``."""
+        total = float(self.options.batch) * elems * self.ctx.elem_bytes
+        hit = self._trans.get(total)
+        if hit is not None and hit.shape[0] == len(self.dists):
+            return hit
+        n = len(self.dists)
+        t = np.zeros((n, n))
+        arr = np.array([total])
+        for i, a in enumerate(self.dists):
+            for j, z in enumerate(self.dists):
+                if i != j:
+                    t[i, j] = redistribute_seconds(a, z, arr, self.ctx)[0]
+        self._trans[total] = t
+        return t
+
+    def prepare_transitions(self) -> None:
+        """All transition matrices at once, vectorised over activation sizes."""
+        sizes = sorted({float(self.options.batch) * lay.in_elems * self.ctx.elem_bytes
+                        for lay in self.layers if lay.has_weights or lay.type == "add"})
+        n = len(self.dists)
+        arr = np.array(sizes)
+        cube = np.zeros((len(sizes), n, n))
+        for i, a in enumerate(self.dists):
+            for j, z in enumerate(self.dists):
+                if i != j:
+                    cube[:, i, j] = redistribute_seconds(a, z, arr, self.ctx)
+        for k, s in enumerate(sizes):
+            self._trans[s] = cube[k]
+
+
+    def score(self, assignment: dict[int, Layout], w: Weights) -> float:
+        """The dynamic program's objective for one assignment (to rank many quickly)."""
+        first = next(lay for lay in self.layers if lay.has_weights)
+        state: dict[int, int] = {-1: self.index[input_dist(assignment[first.index])]}
+        total = 0.0
+        for layer in self.layers:
+            d = state[layer.inputs[0]]
+            if layer.has_weights:
+                lays = self.candidates[layer.index]
+                lay = assignment[layer.index]
+                j = lays.index(lay)
+                total += float(_score(self.weighted(layer)[j], w))
+                total += self.transitions(layer.in_elems)[d, self.index[input_dist(lay)]] * \
+                    w.activation
+                state[layer.index] = self.index[lay.output_dist()]
+            elif layer.type == "add":
+                sc = state[layer.inputs[1]]
+                total += self.transitions(layer.in_elems)[sc, d] * w.activation
+                total += float(self.follower_arrays(layer, w)[1][d])
+                state[layer.index] = d
+            else:
+                out_map, own = self.follower_arrays(layer, w)
+                total += float(own[d])
+                state[layer.index] = int(out_map[d])
+        return total
+
+
+# ---------------------------------------------------------------------------------------
+# The dynamic program
+
+
+@dataclass
+class _Step:
+    kind: str
+    layer: int = -1
+    prev_carry: np.ndarray | None = None
+    prev_cur: np.ndarray | None = None
+    layout: np.ndarray | None = None
+
+
+def _events(space: Space) -> dict[int, list[tuple[str, Any]]]:
+    """Block structure: what happens before each layer index."""
+    ev: dict[int, list[tuple[str, Any]]] = {}
+    for blk in space.ctx.network.blocks:
+        ev.setdefault(blk.body[0], []).append(("begin", blk))
+        if blk.shortcut:
+            ev.setdefault(blk.shortcut[0], []).append(("swap", blk))
+    return ev
+
+
+def dynamic_program(space: Space, w: Weights, origin: int | None = None,
+                    ) -> tuple[float, dict[int, Layout]]:
+    """Minimise the weighted sum of the parts over the whole network.
+
+    ``origin`` fixes the input distribution (the data loader delivers the input in the
+    first weighted layer's input distribution); None lets the first layer choose.
+    Returns the optimum and the layout of every layer with weights.
+    """
+    n = len(space.dists)
+    cost = np.full((1, n), INF)
+    if origin is None:
+        cost[0, :] = 0.0
+    else:
+        cost[0, origin] = 0.0
+    steps: list[_Step] = []
+    events = _events(space)
+    blocks = {blk.add: blk for blk in space.ctx.network.blocks}
+    first_weighted = next(lay.index for lay in space.layers if lay.has_weights)
+    for layer in space.layers:
+        for kind, _blk in events.get(layer.index, []):
+            if kind == "begin":
+                new = np.full((n, n), INF)
+                idx = np.arange(n)
+                new[idx, idx] = cost[0]
+                steps.append(_Step("begin"))
+                cost = new
+            else:
+                steps.append(_Step("swap"))
+                cost = cost.T.copy()
+        if layer.has_weights:
+            cost = _weighted_step(space, layer, cost, w, steps,
+                                  restrict=origin if layer.index == first_weighted else None)
+        elif layer.type == "add":
+            cost = _add_step(space, layer, cost, w, steps, blocks[layer.index])
+        else:
+            cost = _follower_step(space, layer, cost, w, steps)
+    best = int(np.argmin(cost[0]))
+    value = float(cost[0, best])
+    if not math.isfinite(value):
+        return INF, {}
+    return value, _backtrack(space, steps, best)
+
+
+def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
+                   steps: list[_Step], restrict: int | None) -> np.ndarray:
+    lays = space.candidates[layer.index]
+    parts = space.weighted(layer)
+    own = _score(parts, w)
+    in_idx, out_idx = space.dist_indices(layer)
+    if restrict is not None:
+        own = np.where(in_idx == restrict, own, INF)
+    trans = space.transitions(layer.in_elems)[:, in_idx] * w.activation  # (D, J)
+    k, n = cost.shape
+    total = cost[:, :, None] + trans[None, :, :]  # (K, D, J)
+    prev = np.argmin(total, axis=1)  # (K, J)
+    best = np.take_along_axis(total, prev[:, None, :], axis=1)[:, 0, :] + own[None, :]
+    new = np.full((k, n), INF)
+    bp_cur = np.zeros((k, n), dtype=np.int64)
+    bp_lay = np.full((k, n), -1, dtype=np.int64)
+    for j in range(len(lays)):
+        o = out_idx[j]
+        better = best[:, j] < new[:, o]
+        new[better, o] = best[better, j]
+        bp_cur[better, o] = prev[better, j]
+        bp_lay[better, o] = j
+    steps.append(_Step("weighted", layer.index, None, bp_cur, bp_lay))
+    return new
+
+
+def _follower_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
+                   steps: list[_Step]) -> np.ndarray:
+    k, n = cost.shape
+    out_map, own = space.follower_arrays(layer, w)
+    if len(out_map) != n:
+        raise AssertionError("follower distributions must be registered up front")
+    moved = cost + own[None, :]
+    live = np.flatnonzero(np.isfinite(cost).any(axis=0))
+    if np.array_equal(out_map[live], live):  # the layer keeps every distribution
+        steps.append(_Step("follower", layer.index, None, None, None))
+        return moved
+    new = np.full((k, n), INF)
+    bp_cur = np.zeros((k, n), dtype=np.int64)
+    for d in live:
+        o = out_map[d]
+        better = moved[:, d] < new[:, o]
+        new[better, o] = moved[better, d]
+        bp_cur[better, o] = d
+    steps.append(_Step("follower", layer.index, None, bp_cur, None))
+    return new
+
+
+def _add_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights, steps: list[_Step],
+              blk: Any) -> np.ndarray:
+    """Close a block: ``cost[entry, body]`` (identity shortcut) or ``cost[body, sc]``."""
+    n = cost.shape[1]
+    trans = space.transitions(layer.in_elems) * w.activation  # [src, dst]
+    add_parts = space.follower_arrays(layer, w)[1]
+    if blk.shortcut:
+        total = cost + trans.T  # [body, sc] + T[sc, body]
+        choice = np.argmin(total, axis=1)  # best sc per body
+        best = total[np.arange(n), choice]
+    else:
+        total = cost + trans  # [entry, body] + T[entry, body]
+        choice = np.argmin(total, axis=0)  # best entry per body
+        best = total[choice, np.arange(n)]
+    new = (best + add_parts)[None, :]
+    steps.append(_Step("add", layer.index, choice, None, None))
+    steps[-1].layout = np.array([1 if blk.shortcut else 0])
+    return new
+
+
+def _backtrack(space: Space, steps: list[_Step], final: int) -> dict[int, Layout]:
+    out: dict[int, Layout] = {}
+    carry, cur = 0, final
+    for st in reversed(steps):
+        if st.kind == "weighted":
+            assert st.prev_cur is not None and st.layout is not None
+            j = int(st.layout[carry, cur])
+            out[st.layer] = space.candidates[st.layer][j]
+            cur = int(st.prev_cur[carry, cur])
+        elif st.kind == "follower":
+            if st.prev_cur is not None:  # None: the layer kept every distribution
+                cur = int(st.prev_cur[carry, cur])
+        elif st.kind == "add":
+            assert st.prev_carry is not None and st.layout is not None
+            other = int(st.prev_carry[cur])
+            if int(st.layout[0]):  # projection: state was [body, sc]
+                carry, cur = cur, other
+            else:  # identity: state was [entry, body]
+                carry, cur = other, cur
+        elif st.kind == "swap":
+            carry, cur = cur, carry
+        elif st.kind == "begin":
+            carry = 0
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Baselines, the driver and the result
+
+
+@dataclass
+class Candidate:
+    """A complete assignment with its evaluation."""
+
+    name: str
+    assignment: dict[int, Layout]
+    evaluation: Evaluation
+    description: str = ""
+
+    def score(self, objective: str) -> float:
+        """What the objective minimises."""
+        ev = self.evaluation
+        return ev.comm_s if objective == "comm" else ev.time_s
+
+
+@dataclass
+class Baseline:
+    """A reference strategy, scored like the plan (or why it does not apply)."""
+
+    name: str
+    description: str
+    candidate: Candidate | None = None
+    reason: str = ""
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data for the plan document."""
+        if self.candidate is None:
+            return {"name": self.name, "description": self.description, "applicable": False,
+                    "reason": self.reason}
+        ev = self.candidate.evaluation
+        return {"name": self.name, "description": self.candidate.description or
+                self.description, "applicable": True, "time_s": ev.time_s,
+                "comm_s": ev.comm_s, "exposed_comm_s": ev.exposed_comm_s,
+                "peak_bytes": ev.memory.peak, "fits": ev.memory.fits}
+
+
+@dataclass
+class SearchResult:
+    """The chosen plan and everything it was compared with."""
+
+    best: Candidate
+    baselines: list[Baseline]
+    objective: str
+    explored: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _assign(space: Space, choose: Any) -> dict[int, Layout] | str:
+    """An assignment from a per-layer rule (pins win); a string says why it is invalid."""
+    ctx = space.ctx
+    out: dict[int, Layout] = {}
+    for idx, lays in space.candidates.items():
+        layer = space.layers[idx]
+        lay = choose(layer)
+        if idx in space.pinned and lay not in lays:
+            if len(lays) == 1:
+                out[idx] = lays[0]
+                continue
+            return f"layer '{layer.name}' is pinned to other layouts than {lay.label()}"
+        reason = why_invalid(layer, lay, space.options.batch, ctx.paper)
+        if reason is not None:
+            return f"layer '{layer.name}' cannot use {lay.label()}: {reason}"
+        out[idx] = lay
+    return out
+
+
+def _grids(p: int) -> Iterable[tuple[int, int]]:
+    return ((pr, p // pr) for pr in divisors(p))
+
+
+def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
+    """Pure data, pure model, the best single grid, and Gholami's scheme (each family's
+    options ranked by the additive objective ``weights``; the best few are scored with
+    the full timeline)."""
+    ctx, opts = space.ctx, space.options
+    p = opts.gpus
+    result: list[Baseline] = []
+
+    def run(name: str, assignment: dict[int, Layout], desc: str) -> Candidate:
+        return Candidate(name, assignment, evaluate(ctx, opts, assignment, space.cache), desc)
+
+    def best_of(name: str, desc: str, options: list[tuple[str, dict[int, Layout] | str]],
+                ) -> Baseline:
+        valid = [(label, a) for label, a in options if not isinstance(a, str)]
+        if not valid:
+            reasons = [a for _, a in options if isinstance(a, str)]
+            return Baseline(name, desc, None, reasons[0] if reasons else "no grid applies")
+        # rank by the additive objective, score the most promising with the timeline
+        ranked = sorted(valid, key=lambda x: (space.score(x[1], weights), x[0]))
+        cands: list[Candidate] = []
+        for label, a in ranked:
+            cands.append(run(name, a, label))
+            if len(cands) >= 3 and any(c.evaluation.memory.fits for c in cands):
+                break
+        fitting = [c for c in cands if c.evaluation.memory.fits] or cands
+        return Baseline(name, desc, min(fitting, key=lambda c: (
+            c.score(objective), "(cols)" in c.description, c.description)))
+
+    data = _assign(space, lambda layer: make_layout("data", 1, p))
+    result.append(best_of("data", f"every layer data parallel (1x{p})", [(f"data 1x{p}", data)]))
+    model = _assign(space, lambda layer: make_layout("model", p, 1))
+    result.append(best_of("model", f"every layer model parallel ({p}x1)",
+                          [(f"model {p}x1", model)]))
+    grid_opts: list[tuple[str, dict[int, Layout] | str]] = []
+    for pr, pc in _grids(p):
+        for pl in (("rows", "cols") if pr > 1 and pc > 1 else ("rows",)):
+            lay = make_layout("model", pr, pc, pl)
+            grid_opts.append((f"{lay.label()} for every layer",
+                              _assign(space, lambda layer, lay=lay: lay)))
+            if pr > 1 and any(lay2.conv is not None for lay2 in space.layers):
+                dom = make_layout("domain", pr, pc, pl)
+                grid_opts.append((f"{dom.label()} for convolutions, model elsewhere",
+                                  _assign(space, lambda layer, lay=lay, dom=dom:
+                                          dom if layer.conv is not None else lay)))
+    result.append(best_of("single-grid", "the best single P_r x P_c grid for every layer",
+                          grid_opts))
+    gh_opts: list[tuple[str, dict[int, Layout] | str]] = []
+    for pr, pc in _grids(p):
+        for pl in (("rows", "cols") if pr > 1 and pc > 1 else ("rows",)):
+            lay = make_layout("model", pr, pc, pl)
+            gh_opts.append((f"convolutions data 1x{p}, other layers {lay.label()}",
+                            _assign(space, lambda layer, lay=lay: make_layout("data", 1, p)
+                                    if layer.conv is not None else lay)))
+    result.append(best_of("gholami", "Gholami et al.: convolutions data parallel, the other "
+                                     "layers on the best grid", gh_opts))
+    return result
+
+
+def _origins(space: Space) -> list[int | None]:
+    """Input distributions to try: one run suffices when the first layer has weights and
+    opens no block (then its input distribution is free by construction)."""
+    first = next(lay for lay in space.layers if lay.has_weights)
+    starts_block = any(blk.body[0] <= first.index for blk in space.ctx.network.blocks)
+    if first.index == 0 and not starts_block:
+        return [None]
+    return sorted({space.index[input_dist(lay)] for lay in space.candidates[first.index]})
+
+
+def solve(space: Space, w: Weights) -> tuple[float, dict[int, Layout]]:
+    """The dynamic program over every input distribution that matters."""
+    best: tuple[float, dict[int, Layout]] = (INF, {})
+    for origin in _origins(space):
+        value, assignment = dynamic_program(space, w, origin)
+        if value < best[0]:
+            best = (value, assignment)
+    return best
+
+
+def search(ctx: Context, options: Options, objective: str = "time",
+           pins: dict[int, list[Layout]] | None = None) -> SearchResult:
+    """The best plan for the question, or :class:`NoFeasiblePlan`."""
+    pins = pins or {}
+    space = Space(ctx, options, pins, objective)
+    space.prepare_transitions()
+    if objective == "comm":
+        variants = [Weights(0.0, 1.0, 1.0)]
+    elif options.overlap == "none":
+        variants = [Weights()]
+    else:
+        variants = [Weights(gradient=k) for k in (1.0, 0.5, 0.25, 0.0)]
+    cands: list[Candidate] = []
+    seen: set[tuple[tuple[int, Layout], ...]] = set()
+
+    def consider(name: str, assignment: dict[int, Layout]) -> Candidate | None:
+        key = tuple(sorted(assignment.items()))
+        if not assignment or key in seen:
+            return None
+        seen.add(key)
+        cand = Candidate(name, assignment, evaluate(ctx, options, assignment, space.cache))
+        cands.append(cand)
+        return cand
+
+    for w in variants:
+        consider("search", solve(space, w)[1])
+    bases = baselines(space, objective, variants[0])
+    fitting = [c for c in cands if c.evaluation.memory.fits]
+    notes: list[str] = []
+    if not fitting:
+        fitting = _fit_memory(space, variants[0], consider)
+        if fitting:
+            notes.append("the unconstrained optimum does not fit in memory; the plan trades "
+                         "time for memory (Lagrangian search)")
+    pool = fitting + [b.candidate for b in bases
+                      if b.candidate is not None and b.candidate.evaluation.memory.fits]
+    if not pool:
+        raise _no_plan(space, cands, bases)
+    best = min(pool, key=lambda c: (c.score(objective), c.name != "search", c.name))
+    if best.name != "search":
+        notes.append(f"the {best.name} baseline was best; the plan uses it")
+    return SearchResult(best, bases, objective, len(cands), notes)
+
+
+def _fit_memory(space: Space, base: Weights, consider: Any) -> list[Candidate]:
+    """Raise a Lagrangian weight on memory until the dynamic program's answer fits, then
+    bisect back towards the smallest weight that still fits (less time given up)."""
+    found: list[Candidate] = []
+
+    def attempt(lam: float) -> bool:
+        w = Weights(base.compute, base.activation, base.gradient, lam)
+        assignment = solve(space, w)[1]
+        cand = consider("search", assignment)
+        if cand is None:  # seen before: look it up
+            return False
+        if cand.evaluation.memory.fits:
+            found.append(cand)
+            return True
+        return False
+
+    lo, hi = 0.0, 0.0
+    lam = 1e-15
+    while lam < 1e-2:
+        if attempt(lam):
+            hi = lam
+            break
+        lo = lam
+        lam *= 4
+    if not found:
+        attempt_only = solve(space, Weights(0.0, 0.0, 0.0, 1.0))[1]
+        cand = consider("search", attempt_only)
+        if cand is not None and cand.evaluation.memory.fits:
+            found.append(cand)
+        return found
+    for _ in range(12):
+        mid = math.sqrt(lo * hi) if lo > 0 else hi / 4
+        if attempt(mid):
+            hi = mid
+        else:
+            lo = mid
+        if lo > 0 and hi / lo < 1.1:
+            break
+    return found
+
+
+def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoFeasiblePlan:
+    everything = cands + [b.candidate for b in bases if b.candidate is not None]
+    least = min(everything, key=lambda c: c.evaluation.memory.peak)
+    mem = least.evaluation.memory
+    short = mem.peak - mem.capacity
+    opts = space.options
+    tips: list[str] = []
+    params = mem.weights + mem.gradients + mem.optimizer
+    if mem.activations > params:
+        tips.append(f"a smaller batch (--batch {max(1, opts.batch // 2)}: activations are "
+                    f"{format_bytes(mem.activations)} of the peak)")
+        tips.append(f"more devices (--gpus {opts.gpus * 2})")
+    else:
+        tips.append(f"more devices (--gpus {opts.gpus * 2}): parameters, gradients and "
+                    f"optimizer state take {format_bytes(params)}")
+        if opts.optimizer == "adam":
+            tips.append("a lighter optimizer (--optimizer momentum or sgd)")
+        tips.append(f"a smaller batch (--batch {max(1, opts.batch // 2)})")
+    message = (f"planner: no plan fits in memory: the leanest layout found needs "
+               f"{format_bytes(mem.peak)} per device, {format_bytes(mem.capacity)} is "
+               f"available (short by {format_bytes(short)}); try " + " or ".join(tips))
+    return NoFeasiblePlan(message, Shortfall(mem.peak, mem.capacity, tips))
