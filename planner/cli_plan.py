@@ -513,29 +513,8 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, metadata={"Software": None})
     plt.close(fig)
-    tmp = path + ".tmp-bytes"
-    del tmp
-    _write_bytes_atomic(path, buf.getvalue())
+    write_atomic(path, buf.getvalue())
     click.echo(f"wrote {path}", err=True)
-    _ = write_atomic
-
-
-def _write_bytes_atomic(path: str, data: bytes) -> None:
-    import os
-    import tempfile
-    from pathlib import Path
-
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                               dir=target.parent if str(target.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def register(group: click.Group) -> None:

@@ -282,11 +282,12 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     fwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "forward")
     bwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "backward")
     pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
-    params = sum(r.cost.params_local for r in results)
-    opt = ctx.estimator.estimate([Elementwise(params * pb.update_traffic, params * 4.0,
-                                              "optimizer")],
-                                 ctx.cluster.device, ctx.network.dtype).seconds
-    optimizer_s = float(opt.sum())
+    # the optimizer step: one memory-bound pass over each layer's parameter shard
+    updates = [Elementwise(r.cost.params_local * pb.update_traffic, r.cost.params_local * 4.0,
+                           "optimizer") for r in results if r.cost.params_local > 0]
+    optimizer_s = float(ctx.estimator.estimate(updates, ctx.cluster.device,
+                                               ctx.network.dtype).seconds.sum()) if updates \
+        else 0.0
     forward = fwd_compute + fwd_comm
     clock = forward
     # (ready time, layer position, term position) of every weight-gradient term

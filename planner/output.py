@@ -87,9 +87,9 @@ def to_yaml(data: Any) -> str:
                      default_flow_style=False, width=100)
 
 
-def write_atomic(path: str | os.PathLike[str], text: str,
+def write_atomic(path: str | os.PathLike[str], text: str | bytes,
                  protect: tuple[str | os.PathLike[str], ...] = ()) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file in the same folder, then a
+    """Write ``text`` (or bytes) to ``path`` atomically: a temporary file in the same folder, then a
     rename. An existing file is replaced only when the new one is complete; on any error
     (or an interrupt) the old file is untouched and no partial file is left. Refuses to
     overwrite one of ``protect`` (the command's own inputs)."""
@@ -108,8 +108,9 @@ def write_atomic(path: str | os.PathLike[str], text: str,
         raise UsageError(f"cannot write {target}: folder {folder} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         if target.exists():

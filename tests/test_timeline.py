@@ -27,31 +27,32 @@ def _run(overlap, bucket=0.0, bw=1e9):
 def test_no_overlap_is_serial():
     ev = _run("none")
     w = 1000 * 1000 * 4 / 1e9  # 4 ms per layer
-    # forward 3 kernels, backward 1 + 2 + 2, optimizer 1, then 3 all-reduces
-    assert ev.time_s == pytest.approx(3 * K + 5 * K + 3 * w + K, rel=1e-12)
-    assert ev.compute_s == pytest.approx(9 * K)
+    # forward 3 kernels, backward 1 + 2 + 2, then 3 all-reduces, then the optimizer step:
+    # one update kernel per layer
+    assert ev.time_s == pytest.approx(3 * K + 5 * K + 3 * w + 3 * K, rel=1e-12)
+    assert ev.compute_s == pytest.approx(11 * K)
     assert ev.exposed_comm_s == pytest.approx(3 * w)
 
 
 def test_overlap_queue_on_one_channel():
     ev = _run("gradients")
     # gradients ready at 5 ms (fc3), 7 ms (fc2), 8 ms (fc1); the channel is busy until
-    # 5+4 = 9, then 9+4 = 13, then 13+4 = 17; plus the optimizer step
-    assert ev.time_s == pytest.approx(17e-3 + K, rel=1e-12)
+    # 5+4 = 9, then 9+4 = 13, then 13+4 = 17; plus the optimizer step (3 kernels)
+    assert ev.time_s == pytest.approx(17e-3 + 3 * K, rel=1e-12)
     assert [b["start_s"] for b in ev.buckets] == pytest.approx([5e-3, 9e-3, 13e-3])
     assert ev.exposed_comm_s == pytest.approx(ev.time_s - ev.compute_s)
 
 
 def test_overlap_hides_fast_gradients():
     ev = _run("gradients", bw=1e12)  # 4 µs per all-reduce: hidden except the last
-    assert ev.time_s == pytest.approx(8e-3 + 4e-6 + K, rel=1e-9)
+    assert ev.time_s == pytest.approx(8e-3 + 4e-6 + 3 * K, rel=1e-9)
 
 
 def test_buckets_merge_layers():
     ev = _run("gradients", bucket=100 * 2**20)
     assert len(ev.buckets) == 1 and ev.buckets[0]["layers"] == 3
     # one all-reduce of 12 MB starting when fc1's gradient is ready (8 ms)
-    assert ev.time_s == pytest.approx(8e-3 + 12e-3 + K, rel=1e-12)
+    assert ev.time_s == pytest.approx(8e-3 + 12e-3 + 3 * K, rel=1e-12)
     # each layer carries its share of the bucket: the sum is the bucket's time
     per_layer = sum(r.cost.comm("weight_grad") for r in ev.layers)
     assert per_layer == pytest.approx(ev.weight_grad_s)

@@ -206,8 +206,8 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
     fac_idx = np.array([remap[i] if i >= 0 else -1 for i in fac_idx], dtype=np.int64)
     fac_keys = {k: remap[v] for k, v in fac_keys.items()}
 
-    groups = [(d, h, o) for d, h, o in zip(table.device, table.harness, table.op,
-                                            strict=True)]
+    groups = [(d, h, o, c) for d, h, o, c in zip(table.device, table.harness, table.op,
+                                                  table.collection, strict=True)]
     w = _group_weights(groups, opts.group_power)
     prob = _Problem(xn, bound, y, w, opts.hidden, opts.l2, oh_idx, len(oh_keys), fac_idx,
                     len(fac_keys))

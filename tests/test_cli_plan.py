@@ -1,0 +1,116 @@
+"""``planner plan``, ``compare`` and ``sweep`` from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from .conftest import CLUSTERS, NETWORKS, invoke
+
+ALEX = NETWORKS / "alexnet.yaml"
+KNL = CLUSTERS / "cori-knl.yaml"
+DGX = CLUSTERS / "dgx-h100.yaml"
+PAPER = ["--cost-model", "gholami2018", "--objective", "comm", "--overlap", "none",
+         "-p", "512", "-b", "2048", "--estimator", "roofline"]
+
+
+def test_plan_paper_grids(runner):
+    result = invoke(runner, "plan", ALEX, KNL, *PAPER, "--pin", "conv*=data", "--format",
+                    "json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    grids = {r["name"]: (r["mode"], r["grid"]) for r in doc["layers"] if "follows" not in r}
+    assert grids["conv1"] == ("data", [1, 512])
+    assert grids["fc6"] == grids["fc7"] == grids["fc8"] == ("model", [32, 16])
+    names = [b["name"] for b in doc["baselines"]]
+    assert names == ["data", "model", "single-grid", "gholami"]
+    data = doc["baselines"][0]
+    assert data["speedup"] > 5  # the plan beats data parallelism on communication
+    for b in doc["baselines"]:
+        if b["applicable"] and b["fits"]:
+            assert doc["iteration"]["comm_s"] <= b["comm_s"] * 1.0001
+
+
+def test_plan_document_has_placement_and_is_deterministic(runner, tmp_path):
+    outs = []
+    for name in ("a.yaml", "b.yaml"):
+        out = tmp_path / name
+        result = invoke(runner, "plan", NETWORKS / "resnet50.yaml", DGX, "-p", "64", "-b",
+                        "2048", "-o", out, "--format", "yaml", "--estimator", "roofline")
+        assert result.exit_code == 0, result.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    doc = yaml.safe_load(outs[0])
+    assert doc["command"] == "plan"
+    place = doc["placement"]
+    assert place["devices"] == 64 and place["nodes"] == 8
+    assert place["grids"] and "rule" in place["grids"][0]["row_groups"]
+    assert "ranks" not in place["grids"][0]["row_groups"]
+
+
+def test_expand_ranks(runner):
+    result = invoke(runner, "plan", ALEX, CLUSTERS / "pcie-8gpu.yaml", "-p", "8", "-b", "64",
+                    "--pin", "fc*=model:2x4", "--expand-ranks", "--format", "json",
+                    "--estimator", "roofline")
+    assert result.exit_code == 0, result.stderr
+    grids = json.loads(result.stdout)["placement"]["grids"]
+    fc = next(g for g in grids if g["grid"] == [2, 4])
+    ranks = sorted(r for grp in fc["row_groups"]["ranks"] for r in grp)
+    assert ranks == list(range(8))
+    assert len(fc["col_groups"]["ranks"]) == 2
+
+
+def test_plan_table_shows_speedups(runner):
+    result = invoke(runner, "plan", ALEX, KNL, *PAPER, "--pin", "conv*=data")
+    assert result.exit_code == 0
+    assert "baselines" in result.stdout and "speedup" in result.stdout
+    assert "model 32x16" in result.stdout
+
+
+def test_no_plan_exits_1(runner, tmp_path):
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("kind: network\nname: huge\ninput: [200000]\nlayers:\n"
+                    "  - {type: linear, out_features: 200000}\n")
+    result = invoke(runner, "plan", huge, CLUSTERS / "pcie-8gpu.yaml", "-p", "2", "-b", "4",
+                    "--estimator", "roofline")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("planner: no plan fits in memory")
+    assert "--gpus 4" in result.stderr
+
+
+def test_compare(runner):
+    result = invoke(runner, "compare", ALEX, KNL, *PAPER, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert {"plan", "baselines"} <= set(data)
+    assert data["plan"]["layouts"]
+    table = invoke(runner, "compare", ALEX, KNL, *PAPER)
+    assert "plan (searched)" in table.stdout
+
+
+def test_sweep_table_json_and_plot(runner, tmp_path):
+    png = tmp_path / "sweep.png"
+    result = invoke(runner, "sweep", ALEX, DGX, "--gpus", "8,16,4096", "--batch", "256,1024",
+                    "--format", "json", "--plot", png, "--estimator", "roofline")
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)["results"]
+    assert [(r["gpus"], r["batch"]) for r in rows] == [
+        (8, 256), (16, 256), (4096, 256), (8, 1024), (16, 1024), (4096, 1024)]
+    assert all(r["feasible"] for r in rows if r["gpus"] <= 16)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = invoke(runner, "sweep", ALEX, DGX, "-p", "8,16", "-b", "256",
+                   "--estimator", "roofline")
+    assert table.exit_code == 0 and "samples/s" in table.stdout
+
+
+def test_sweep_bad_list(runner):
+    result = invoke(runner, "sweep", ALEX, DGX, "--gpus", "8,x", "--batch", "256")
+    assert result.exit_code == 2
+    assert "expected comma-separated integers" in result.stderr
+
+
+def test_help_for_every_command(runner):
+    for cmd in ("plan", "compare", "sweep", "cost"):
+        result = invoke(runner, cmd, "--help")
+        assert result.exit_code == 0 and "Usage:" in result.stdout

@@ -1,0 +1,199 @@
+"""The search: the dynamic program against brute force, the paper's grids, baselines,
+memory, placement."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.errors import NoFeasiblePlan
+from planner.evaluate import EvalCache, Options, evaluate, make_context
+from planner.inputs import load_cluster, load_network, load_network_text
+from planner.layout import make_layout
+from planner.plan import group_ranks
+from planner.search import Space, Weights, search, solve
+
+from .conftest import CLUSTERS, NETWORKS
+from .helpers import FixedEstimator, cluster
+
+
+def _net(spec: list[tuple[str, int]], input_shape: list[int]):
+    """Build a small network: ('linear', n) / ('conv', c) / ('res', c) / ('resproj', c)
+    / ('relu', 0) / ('pool', 0) / ('flatten', 0)."""
+    lines = ["kind: network", "name: random", f"input: {input_shape}", "layers:"]
+    for kind, n in spec:
+        if kind == "linear":
+            lines.append(f"  - {{type: linear, out_features: {n}}}")
+        elif kind == "conv":
+            lines.append(f"  - {{type: conv2d, out_channels: {n}, kernel: 3, padding: 1}}")
+        elif kind == "res":
+            lines.append(f"  - {{type: residual, body: [{{type: conv2d, out_channels: {n}, "
+                         "kernel: 3, padding: 1}, {type: relu}], activation: relu}")
+        elif kind == "resproj":
+            lines.append(f"  - {{type: residual, body: [{{type: conv2d, out_channels: {n}, "
+                         "kernel: 3, padding: 1}], shortcut: [{type: conv2d, out_channels: "
+                         f"{n}, kernel: 1}}]}}")
+        elif kind == "pool":
+            lines.append("  - {type: maxpool, kernel: 2}")
+        else:
+            lines.append(f"  - {{type: {kind}}}")
+    return load_network_text("\n".join(lines) + "\n")
+
+
+def _brute_force(ctx, opts, space, objective):
+    weighted = [lay for lay in ctx.network.layers if lay.has_weights]
+    cache = EvalCache()
+    best = None
+    for combo in itertools.product(*(space.candidates[lay.index] for lay in weighted)):
+        assignment = {lay.index: c for lay, c in zip(weighted, combo, strict=True)}
+        ev = evaluate(ctx, opts, assignment, cache)
+        score = ev.comm_s if objective == "comm" else ev.time_s
+        if best is None or score < best[0]:
+            best = (score, assignment)
+    return best
+
+
+CNNS = [
+    [("conv", 4), ("relu", 0), ("conv", 8), ("pool", 0), ("flatten", 0), ("linear", 6)],
+    [("conv", 4), ("res", 4), ("pool", 0), ("flatten", 0), ("linear", 4)],
+    [("conv", 4), ("resproj", 8), ("relu", 0), ("flatten", 0), ("linear", 4)],
+]
+MLPS = [
+    [("linear", 64), ("relu", 0), ("linear", 16), ("linear", 32)],
+    [("linear", 8), ("linear", 128), ("relu", 0), ("linear", 8), ("linear", 64)],
+]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(net_i=st.integers(0, len(CNNS) + len(MLPS) - 1), p=st.sampled_from([2, 4]),
+       batch=st.sampled_from([4, 16, 64]), per_node=st.sampled_from([1, 2, 4]),
+       objective=st.sampled_from(["time", "comm"]),
+       cost_model=st.sampled_from(["exact", "gholami2018"]),
+       bw=st.sampled_from([1e8, 1e10]))
+def test_dynamic_program_equals_brute_force(net_i, p, batch, per_node, objective, cost_model,
+                                            bw):
+    """On small networks the DP's optimum equals the best of every per-layer combination,
+    scored by the same evaluation (overlap none: the objective is a sum over layers)."""
+    spec = (CNNS + MLPS)[net_i]
+    net = _net(spec, [3, 8, 8] if net_i < len(CNNS) else [32])
+    cl = cluster(per_node=per_node, intra=(1e-6, bw * 10), inter=(5e-6, bw))
+    opts = Options(gpus=p, batch=batch, overlap="none", cost_model=cost_model)
+    ctx = make_context(net, cl, opts, FixedEstimator(1e-5) if net_i % 2 else None)
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    w = Weights(0.0, 1.0, 1.0) if objective == "comm" else Weights()
+    value, assignment = solve(space, w)
+    ev = evaluate(ctx, opts, assignment)
+    got = ev.comm_s if objective == "comm" else ev.time_s
+    # the DP's own value is the evaluation of its answer (rel 1e-9: float sums)
+    assert value == pytest.approx(got, rel=1e-9)
+    best, _ = _brute_force(ctx, opts, space, objective)
+    assert got == pytest.approx(best, rel=1e-9)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(net_i=st.integers(0, len(CNNS) + len(MLPS) - 1), p=st.sampled_from([2, 4, 8]),
+       batch=st.sampled_from([8, 32]), overlap=st.sampled_from(["none", "gradients"]),
+       bw=st.sampled_from([1e8, 1e9, 1e11]))
+def test_search_never_slower_than_a_fitting_baseline(net_i, p, batch, overlap, bw):
+    spec = (CNNS + MLPS)[net_i]
+    net = _net(spec, [3, 8, 8] if net_i < len(CNNS) else [32])
+    cl = cluster(per_node=4, intra=(1e-6, bw * 10), inter=(5e-6, bw))
+    opts = Options(gpus=p, batch=batch, overlap=overlap)
+    ctx = make_context(net, cl, opts)
+    result = search(ctx, opts)
+    t = result.best.evaluation.time_s
+    for b in result.baselines:
+        if b.candidate is not None and b.candidate.evaluation.memory.fits:
+            assert t <= b.candidate.evaluation.time_s * (1 + 1e-12)
+
+
+@pytest.fixture(scope="module")
+def paper_setup():
+    net = load_network(NETWORKS / "alexnet.yaml")
+    cl = load_cluster(CLUSTERS / "cori-knl.yaml")
+    opts = Options(gpus=512, batch=2048, cost_model="gholami2018", overlap="none")
+    return net, cl, opts
+
+
+def test_paper_fc_grid_with_conv_data(paper_setup):
+    """REFERENCES §1: conv layers pure batch, FC layers on a P_r x P_c grid: best 32x16."""
+    net, cl, opts = paper_setup
+    ctx = make_context(net, cl, opts)
+    pins = {lay.index: [make_layout("data", 1, 512)] for lay in net.layers
+            if lay.conv is not None}
+    result = search(ctx, opts, "comm", pins)
+    fc = {r.layer.name: r.layout for r in result.best.evaluation.layers
+          if r.layer.linear is not None}
+    assert {lay.grid for lay in fc.values()} == {(32, 16)}
+    assert {lay.mode for lay in fc.values()} == {"model"}
+
+
+def test_paper_single_grid_with_domain(paper_setup):
+    """REFERENCES §1: one grid for all layers, conv layers domain-split: best 16x32."""
+    net, cl, opts = paper_setup
+    ctx = make_context(net, cl, opts)
+    result = search(ctx, opts, "comm")
+    single = next(b for b in result.baselines if b.name == "single-grid")
+    assert single.candidate is not None
+    layouts = {r.layer.name: r.layout for r in single.candidate.evaluation.layers
+               if r.follows is None}
+    assert layouts["conv1"].mode == "domain" and layouts["conv1"].grid == (16, 32)
+    assert layouts["fc6"].mode == "model" and layouts["fc6"].grid == (16, 32)
+    # and the searched plan is at least as good
+    assert result.best.evaluation.comm_s <= single.candidate.evaluation.comm_s
+
+
+def test_no_feasible_plan_reports_shortfall():
+    net = load_network_text("kind: network\nname: huge\ninput: [100000]\nlayers:\n"
+                            "  - {type: linear, out_features: 100000}\n"
+                            "  - {type: linear, out_features: 100000}\n")
+    cl = cluster(per_node=2, device="T4")
+    opts = Options(gpus=2, batch=4)
+    with pytest.raises(NoFeasiblePlan) as exc:
+        search(make_context(net, cl, opts), opts)
+    assert exc.value.shortfall is not None
+    assert exc.value.shortfall.needed_bytes > exc.value.shortfall.capacity_bytes
+    assert "more devices (--gpus 4)" in str(exc.value)
+
+
+def test_memory_constraint_changes_the_plan():
+    """When data parallelism does not fit, the search splits the weights."""
+    net = load_network_text("kind: network\nname: wide\ninput: [20000]\nlayers:\n"
+                            "  - {type: linear, out_features: 20000}\n"
+                            "  - {type: relu}\n"
+                            "  - {type: linear, out_features: 20000}\n"
+                            "  - {type: relu}\n"
+                            "  - {type: linear, out_features: 20000}\n")
+    cl = cluster(per_node=8, device="T4")  # 15 GiB; 1.2G params × 16 B (Adam) = 19.2 GB
+    opts = Options(gpus=8, batch=64, overlap="none", optimizer="adam")
+    ctx = make_context(net, cl, opts)
+    result = search(ctx, opts)
+    assert result.best.evaluation.memory.fits
+    data = next(b for b in result.baselines if b.name == "data")
+    assert not data.candidate.evaluation.memory.fits
+    assert any(r.layout.mode == "model" for r in result.best.evaluation.layers)
+
+
+def test_group_ranks_by_hand():
+    rows, cols = group_ranks(2, 3, "rows")
+    assert rows == [[0, 1], [2, 3], [4, 5]]
+    assert cols == [[0, 2, 4], [1, 3, 5]]
+    rows, cols = group_ranks(2, 3, "cols")
+    assert rows == [[0, 3], [1, 4], [2, 5]]
+    assert cols == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_layout_groups_match_ranks():
+    """The groups the cost model prices are the groups the plan lists."""
+    for placement in ("rows", "cols"):
+        lay = make_layout("model", 4, 8, placement)
+        rows, cols = group_ranks(4, 8, placement)
+        g = 8  # devices per node
+        row_nodes = {len({k // g for k in grp}) for grp in rows}
+        col_nodes = {len({k // g for k in grp}) for grp in cols}
+        assert row_nodes == {lay.row_group(g).nodes}
+        assert col_nodes == {lay.col_group(g).nodes}
