@@ -219,10 +219,11 @@ def devices(fmt: str) -> None:
 
 def _attach_command_groups() -> None:
     """Commands that live in their own modules (imported when the CLI loads)."""
-    from . import cli_plan
+    from . import cli_check, cli_plan
     from .cli_kernels import comm, kernels
 
     cli_plan.register(cli)
+    cli_check.register(cli)
     cli.add_command(kernels)
     cli.add_command(comm)
 

@@ -204,13 +204,14 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     fits in memory, 1 when it does not, 2 for invalid input.
     """
     from .evaluate import evaluate
-    from .plan import plan_document, plan_table
+    from .plan import placement_record, plan_document, plan_table
 
     q = load_question(network, cluster, gpus, batch, **kw)
     assignment = layout_assignment(q, grid, mode, pins, placement)
     ev = evaluate(q.ctx, q.options, assignment)
+    ranks = placement_record(ev, q.options.gpus, q.cluster.devices_per_node, False)
     doc = plan_document("cost", q.network, network, q.cluster.name, cluster, q.options, ev,
-                        q.estimator_name, nodes_used(q))
+                        q.estimator_name, nodes_used(q), {"placement": ranks})
     render_data(doc, fmt, output, lambda: plan_table(doc, all_layers), (network, cluster))
     if not ev.memory.fits:
         from .units import format_bytes

@@ -102,6 +102,10 @@ def validate_file(path: str | os.PathLike[str]) -> tuple[str, Any]:
         return kind, network_from_document(doc)
     if kind == "cluster":
         return kind, cluster_from_document(doc)
+    if kind == "training":
+        from .training import training_from_document
+
+        return kind, training_from_document(doc, str(path))
     raise doc.error([_kind_issue(doc, None)])
 
 

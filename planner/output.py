@@ -77,7 +77,7 @@ def _repr_float(dumper: yaml.SafeDumper, data: float) -> yaml.Node:
 
 
 _Dumper.add_representer(list, _repr_list)
-_Dumper.add_representer(tuple, _repr_list)  # type: ignore[arg-type]
+_Dumper.add_representer(tuple, _repr_list)
 _Dumper.add_representer(float, _repr_float)
 
 

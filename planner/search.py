@@ -16,8 +16,9 @@ comm``); the brute-force tests check it against every combination of layouts.
 
 **Overlap and memory.** With ``overlap: gradients`` the iteration time is not a sum over
 layers (gradient all-reduces queue on one channel behind the backward pass). The search
-then solves the additive problem for several weights ``κ`` of the gradient term (1: no
-hiding, 0: perfect hiding), scores each answer with the real timeline
+then solves the additive problem for weights ``κ`` of the gradient term (1: no hiding,
+0: perfect hiding; and 0.5, 0.25 when those two disagree), scores each answer with the
+real timeline
 (:mod:`planner.evaluate`) and keeps the best. Memory per device is a constraint: when
 the optimum does not fit, a Lagrangian weight on each layer's memory is raised (by
 bisection) until the answer fits. The baselines (pure data, pure model, the best single
@@ -28,13 +29,14 @@ than a baseline that fits.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .costs.layer import (
+    CommTerm,
     Context,
     cost_signature,
     follower_kernels,
@@ -214,6 +216,7 @@ class Space:
         ctx = self.ctx
         dist = self.dists[d]
         parts = np.zeros(4)
+        terms: list[CommTerm]
         if layer.type == "add":  # the add itself; the shortcut is priced by the caller
             terms, work, out = [], dist, dist
         else:
@@ -409,7 +412,7 @@ def _follower_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
     out_map, own = space.follower_arrays(layer, w)
     if len(out_map) != n:
         raise AssertionError("follower distributions must be registered up front")
-    moved = cost + own[None, :]
+    moved: np.ndarray = cost + own[None, :]
     live = np.flatnonzero(np.isfinite(cost).any(axis=0))
     if np.array_equal(out_map[live], live):  # the layer keeps every distribution
         steps.append(_Step("follower", layer.index, None, None, None))
@@ -439,7 +442,7 @@ def _add_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights, steps: l
         total = cost + trans  # [entry, body] + T[entry, body]
         choice = np.argmin(total, axis=0)  # best entry per body
         best = total[choice, np.arange(n)]
-    new = (best + add_parts)[None, :]
+    new: np.ndarray = (best + add_parts)[None, :]
     steps.append(_Step("add", layer.index, choice, None, None))
     steps[-1].layout = np.array([1 if blk.shortcut else 0])
     return new
@@ -603,14 +606,14 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
     return result
 
 
-def _origins(space: Space) -> list[int | None]:
+def _origins(space: Space) -> Sequence[int | None]:
     """Input distributions to try: one run suffices when the first layer has weights and
     opens no block (then its input distribution is free by construction)."""
     first = next(lay for lay in space.layers if lay.has_weights)
     starts_block = any(blk.body[0] <= first.index for blk in space.ctx.network.blocks)
     if first.index == 0 and not starts_block:
         return [None]
-    return sorted({space.index[input_dist(lay)] for lay in space.candidates[first.index]})
+    return [*sorted({space.index[input_dist(lay)] for lay in space.candidates[first.index]})]
 
 
 def solve(space: Space, w: Weights) -> tuple[float, dict[int, Layout]]:
@@ -634,7 +637,7 @@ def search(ctx: Context, options: Options, objective: str = "time",
     elif options.overlap == "none":
         variants = [Weights()]
     else:
-        variants = [Weights(gradient=k) for k in (1.0, 0.5, 0.25, 0.0)]
+        variants = [Weights(gradient=k) for k in (1.0, 0.0)]
     cands: list[Candidate] = []
     seen: set[tuple[tuple[int, Layout], ...]] = set()
 
@@ -647,8 +650,13 @@ def search(ctx: Context, options: Options, objective: str = "time",
         cands.append(cand)
         return cand
 
-    for w in variants:
-        consider("search", solve(space, w)[1])
+    answers = [solve(space, w)[1] for w in variants]
+    for a in answers:
+        consider("search", a)
+    if len(answers) == 2 and answers[0] != answers[1]:
+        # full hiding and no hiding disagree: try the weights in between
+        for k in (0.5, 0.25):
+            consider("search", solve(space, Weights(gradient=k))[1])
     bases = baselines(space, objective, variants[0])
     fitting = [c for c in cands if c.evaluation.memory.fits]
     notes: list[str] = []

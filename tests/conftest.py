@@ -34,3 +34,13 @@ def invoke(runner: CliRunner, *args: str):
     from planner.cli import cli
 
     return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="Rewrite committed golden files (review the diff).")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    return bool(request.config.getoption("--update-golden"))

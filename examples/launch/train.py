@@ -1,0 +1,273 @@
+"""Train a network of linear layers with the integrated P_r x P_c algorithm of a plan.
+
+    planner cost examples/launch/mlp4.yaml examples/clusters/pcie-8gpu.yaml -p 4 -b 32 \\
+        --grid 2x2 --mode model --optimizer sgd --overlap none --format yaml -o plan.yaml
+    torchrun --nproc-per-node 4 examples/launch/train.py --plan plan.yaml --device cpu
+
+Every layer with weights runs on its own grid from the plan (Gholami et al., SPAA 2018):
+the weight rows are split over the row group (P_r devices) and the batch over the column
+groups (P_c). Forward: each device multiplies its batch block by its rows of W and the
+row group all-gathers the output. Backward: the input gradient is all-reduced over the
+row group, the weight gradient over the column group. Between layers of different grids
+the activations move as the plan's redistribution says (a gather inside a group, or a
+slice when the new block lies inside the old one), and their gradients move back.
+
+The meshes come from torch.distributed.device_mesh.init_device_mesh, one per grid, laid
+out as the plan's placement says (rank = c*P_r + r for "rows", r*P_c + c for "cols").
+With --out DIR every rank records each collective it calls (layer, phase, bytes, group
+size) and rank 0 writes the updated weights, so a test can compare them with the plan
+and with single-process training (tests/test_launch_torch.py does).
+
+The program keeps the backward pass explicit (no autograd) so every collective is visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import yaml
+from torch.distributed.device_mesh import init_device_mesh
+
+
+class Recorder:
+    """Every collective this rank calls: layer, phase, collective, bytes, group size."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def add(self, layer: str, phase: str, collective: str, nbytes: int, group: int,
+            note: str = "") -> None:
+        self.calls.append({"layer": layer, "phase": phase, "collective": collective,
+                           "bytes": nbytes, "group": group, "note": note})
+
+
+REC = Recorder()
+
+
+def all_gather_cat(t: torch.Tensor, group: Any, size: int, dim: int, layer: str, phase: str,
+                   note: str = "") -> torch.Tensor:
+    """All-gather ``t`` over ``group`` and concatenate along ``dim`` (rank order)."""
+    if size == 1:
+        return t
+    parts = [torch.empty_like(t) for _ in range(size)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    out = torch.cat(parts, dim=dim)
+    REC.add(layer, phase, "all_gather", out.numel() * out.element_size(), size, note)
+    return out
+
+
+def all_reduce(t: torch.Tensor, group: Any, size: int, layer: str, phase: str) -> torch.Tensor:
+    """Sum ``t`` over ``group`` in place."""
+    if size > 1:
+        dist.all_reduce(t, group=group)
+        REC.add(layer, phase, "all_reduce", t.numel() * t.element_size(), size)
+    return t
+
+
+class Grid:
+    """A P_r x P_c grid laid out as the plan's placement says."""
+
+    def __init__(self, pr: int, pc: int, placement: str, device: str) -> None:
+        self.pr, self.pc, self.placement = pr, pc, placement
+        rank = dist.get_rank()
+        if placement == "rows":  # rank = c * pr + r
+            self.mesh = init_device_mesh(device, (pc, pr), mesh_dim_names=("col", "row"))
+            self.r, self.c = rank % pr, rank // pr
+        else:  # rank = r * pc + c
+            self.mesh = init_device_mesh(device, (pr, pc), mesh_dim_names=("row", "col"))
+            self.r, self.c = rank // pc, rank % pc
+        # the row group: the P_r devices of one batch block; the column group: the P_c
+        # devices of one weight shard
+        self.row = self.mesh.get_group("row")
+        self.col = self.mesh.get_group("col")
+
+    def block(self, k: int) -> int:
+        """The batch block of rank k."""
+        return k // self.pr if self.placement == "rows" else k % self.pc
+
+    def replica(self, k: int) -> int:
+        """Rank k's index among the devices holding the same batch block."""
+        return k % self.pr if self.placement == "rows" else k // self.pc
+
+
+_GROUPS: dict[tuple[int, ...], Any] = {}
+
+
+def gather_groups(src: Grid, dst: Grid, world: int) -> Any:
+    """The groups that gather a coarser batch block from finer ones: the ranks with the
+    same new block and the same replica index of the old layout, one per old block.
+    Every rank creates every group (torch.distributed requires it), in the same order."""
+    groups = set()
+    for k in range(world):
+        members = tuple(sorted(
+            j for j in range(world)
+            if dst.block(j) == dst.block(k) and src.replica(j) == src.replica(k)))
+        groups.add(members)
+    mine = None
+    for members in sorted(groups):
+        if members not in _GROUPS:
+            _GROUPS[members] = dist.new_group(list(members))
+        if dist.get_rank() in members:
+            mine = members
+    assert mine is not None
+    return _GROUPS[mine], mine
+
+
+def move(x: torch.Tensor, src: Grid, dst: Grid, batch: int, layer: str, phase: str,
+         note: str) -> torch.Tensor:
+    """Redistribute a batch-split activation (replicated across row groups) from the
+    batch blocks of ``src`` to those of ``dst``."""
+    k = dist.get_rank()
+    world = dist.get_world_size()
+    b_src, b_dst = batch // src.pc, batch // dst.pc
+    lo_src, lo_dst = src.block(k) * b_src, dst.block(k) * b_dst
+    if lo_src <= lo_dst and lo_dst + b_dst <= lo_src + b_src:  # the new block is inside
+        return x[lo_dst - lo_src: lo_dst - lo_src + b_dst]
+    if src.pc % dst.pc == 0:  # the new block is a union of old blocks: gather them
+        group, members = gather_groups(src, dst, world)
+        out = all_gather_cat(x, group, len(members), 0, layer, phase, note)
+        first = min(src.block(j) for j in members) * b_src
+        assert first == lo_dst, "old blocks do not tile the new block in rank order"
+        return out
+    raise SystemExit(f"{layer}: this example moves activations between aligned grids only "
+                     f"({src.pr}x{src.pc} {src.placement} -> {dst.pr}x{dst.pc} "
+                     f"{dst.placement})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--plan", default=os.environ.get("PLANNER_PLAN"), required=False)
+    ap.add_argument("--network", default=None, help="the network file (default: the plan's)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--backend", default=None, help="default: nccl on cuda, gloo on cpu")
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write collective logs and weights here")
+    args = ap.parse_args()
+    if not args.plan:
+        raise SystemExit("give --plan PLAN (or set PLANNER_PLAN)")
+    plan = yaml.safe_load(Path(args.plan).read_text())
+    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    dist.init_process_group(backend)
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != plan["problem"]["gpus"]:
+        raise SystemExit(f"the plan is for {plan['problem']['gpus']} ranks, not {world}")
+    from planner import load_network
+
+    net = load_network(args.network or plan["inputs"]["network"]["file"])
+    batch = int(plan["problem"]["batch"])
+    layouts = {rec["name"]: rec for rec in plan["layers"]}
+    dev = torch.device(args.device)
+
+    grids: dict[tuple[int, int, str], Grid] = {}
+
+    def grid_of(name: str) -> Grid:
+        rec = layouts[name]
+        key = (int(rec["grid"][0]), int(rec["grid"][1]), str(rec["placement"]))
+        if key not in grids:
+            grids[key] = Grid(*key, device=args.device)
+        return grids[key]
+
+    # every rank draws the same full weights and data, then keeps its shard and block
+    g = torch.Generator().manual_seed(args.seed)
+    linears = [lay for lay in net.layers if lay.type == "linear"]
+    if any(lay.type not in ("linear", "relu") for lay in net.layers):
+        raise SystemExit("this example trains networks of linear and relu layers")
+    full_w = {lay.name: torch.randn(lay.linear.out_features, lay.linear.in_features,
+                                    generator=g) * 0.2 for lay in linears}
+    full_b = {lay.name: torch.randn(lay.linear.out_features, generator=g) * 0.1
+              for lay in linears}
+    x_all = torch.randn(batch, net.input_shape[0], generator=g)
+    t_all = torch.randn(batch, linears[-1].linear.out_features, generator=g)
+    for lay in linears:  # create every mesh up front, in the same order on every rank
+        grid_of(lay.name)
+    shards: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for lay in linears:
+        gr = grid_of(lay.name)
+        rows = lay.linear.out_features // gr.pr
+        sl = slice(gr.r * rows, (gr.r + 1) * rows)
+        shards[lay.name] = (full_w[lay.name][sl].clone().to(dev),
+                            full_b[lay.name][sl].clone().to(dev))
+
+    for _ in range(args.steps):
+        REC.calls.clear()
+        first = grid_of(linears[0].name)
+        b0 = batch // first.pc
+        h = x_all[first.block(rank) * b0:(first.block(rank) + 1) * b0].to(dev)
+        saved: list[tuple[Any, ...]] = []
+        prev: Grid | None = None
+        for lay in net.layers:
+            if lay.type == "relu":
+                saved.append(("relu", h > 0))
+                h = torch.relu(h)
+                continue
+            gr = grid_of(lay.name)
+            if prev is not None:
+                h = move(h, prev, gr, batch, lay.name, "redistribute", "input (forward)")
+            w, b = shards[lay.name]
+            y = h @ w.T + b  # this device's rows of the output
+            y = all_gather_cat(y, gr.row, gr.pr, 1, lay.name, "forward")
+            saved.append(("linear", lay, h, prev))
+            h, prev = y, gr
+        last = grid_of(linears[-1].name)
+        bl = batch // last.pc
+        target = t_all[last.block(rank) * bl:(last.block(rank) + 1) * bl].to(dev)
+        grad = 2.0 * (h - target) / (batch * target.shape[1])  # d(mean squared error)
+        updates: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for item in reversed(saved):
+            if item[0] == "relu":
+                grad = grad * item[1]
+                continue
+            _, lay, x_in, src_grid = item
+            gr = grid_of(lay.name)
+            w, b = shards[lay.name]
+            rows = w.shape[0]
+            g_rows = grad[:, gr.r * rows:(gr.r + 1) * rows]  # this device's output rows
+            dw = g_rows.T @ x_in
+            db = g_rows.sum(0)
+            flat = torch.cat([dw.reshape(-1), db])
+            all_reduce(flat, gr.col, gr.pc, lay.name, "weight_grad")
+            updates[lay.name] = (flat[:dw.numel()].reshape(dw.shape), flat[dw.numel():])
+            if lay.inputs == (-1,):
+                continue  # the network input needs no gradient
+            grad = g_rows @ w
+            grad = all_reduce(grad, gr.row, gr.pr, lay.name, "backward_data")
+            if src_grid is not None:
+                grad = move(grad, gr, src_grid, batch, lay.name, "redistribute",
+                            "input (backward)")
+        for name, (dw, db) in updates.items():
+            w, b = shards[name]
+            w -= args.lr * dw
+            b -= args.lr * db
+
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"rank{rank}.json").write_text(json.dumps(REC.calls))
+        full: dict[str, Any] = {}
+        for lay in linears:  # reassemble each layer's weights on rank 0 (not recorded)
+            gr = grid_of(lay.name)
+            w, b = shards[lay.name]
+            ws = [torch.empty_like(w) for _ in range(gr.pr)]
+            bs = [torch.empty_like(b) for _ in range(gr.pr)]
+            dist.all_gather(ws, w.contiguous(), group=gr.row)
+            dist.all_gather(bs, b.contiguous(), group=gr.row)
+            full[lay.name] = {"weight": torch.cat(ws).cpu().tolist(),
+                              "bias": torch.cat(bs).cpu().tolist()}
+        if rank == 0:
+            (out / "weights.json").write_text(json.dumps(full))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

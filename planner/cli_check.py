@@ -1,0 +1,108 @@
+"""``planner check`` (CI gate for training configurations) and ``planner launch``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .cli import emit, output_option
+from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError
+
+
+@click.command()
+@click.argument("configs", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@click.option("--max-slowdown", type=click.FloatRange(1.0, None), default=None,
+              help="Allowed ratio of the strategy's iteration time to the searched optimum "
+                   "(default: the configuration's max_slowdown, else 1.10).")
+@click.option("--format", "fmt", type=click.Choice(("text", "json", "github")),
+              default="text", show_default=True,
+              help="github: workflow annotations (::error file=...,line=...::) on the "
+                   "configuration's lines.")
+@click.option("--estimator", type=click.Choice(("auto", "roofline", "learned")),
+              default="auto", show_default=True, help="Kernel-time estimator.")
+def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
+          estimator: str) -> None:
+    """Check training configurations for CI.
+
+    Each configuration (kind: training) names a network, a cluster, the question and the
+    chosen strategy (a plan file, a grid, or pins). Checks: the strategy fits in memory;
+    its predicted iteration time is within --max-slowdown of the searched optimum; a plan
+    file still matches the network and cluster it was made from. Exit 0 when every check
+    passes, 1 when one fails, 2 when an input is invalid.
+    """
+    import dataclasses
+
+    from .cli_plan import make_estimator
+    from .output import to_json
+    from .training import check_config, github_lines, load_training, report_data, text_lines
+
+    reports = []
+    errors: list[InputError] = []
+    for path in configs:
+        try:
+            cfg = load_training(path)
+            if max_slowdown is not None:
+                cfg = dataclasses.replace(cfg, max_slowdown=max_slowdown)
+            est = _estimator_for(cfg, estimator, make_estimator)
+            reports.append(check_config(cfg, est))
+        except InputError as exc:
+            errors.append(exc)
+    if fmt == "json":
+        click.echo(to_json(report_data(reports, errors)), nl=False)
+    elif fmt == "github":
+        for line in github_lines(reports, errors):
+            click.echo(line)
+    else:
+        for line in text_lines(reports):
+            click.echo(line)
+        for err in errors:
+            click.echo(err.render(), err=True)
+    if errors:
+        raise click.exceptions.Exit(EXIT_INPUT)
+    if not all(r.ok for r in reports):
+        failed = sum(1 for r in reports if not r.ok)
+        if fmt == "text":
+            click.echo(f"planner check: {failed} of {len(reports)} configuration(s) failed",
+                       err=True)
+        raise click.exceptions.Exit(EXIT_CHECK_FAILED)
+
+
+def _estimator_for(cfg: Any, name: str, make: Any) -> Any:
+    from .inputs import load_cluster
+
+    device = load_cluster(cfg.cluster_path).device
+    return make(name, None, device)
+
+
+@click.command()
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--emit", "kind", type=click.Choice(("torchrun", "slurm", "env")),
+              default="torchrun", show_default=True, help="What to write.")
+@click.option("--script", default="train.py", show_default=True,
+              help="The training program each rank runs (it reads the plan: see "
+                   "examples/launch/).")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=29500,
+              show_default=True, help="Rendezvous port.")
+@output_option
+def launch(plan_file: str, kind: str, script: str, master_port: int,
+           output: str | None) -> None:
+    """What each node needs to start a plan: node count, processes per node, the
+    rank-to-device mapping of the placement, the plan path.
+
+    torchrun: a script to run on every node (NODE_RANK, MASTER_ADDR); slurm: an sbatch
+    script; env: KEY=VALUE lines for your own launcher.
+    """
+    from .launch import emit as render
+    from .launch import launch_spec
+    from .loading import load_file
+
+    doc = load_file(plan_file)
+    spec = launch_spec(doc.data, plan_file)
+    emit(render(kind, spec, plan_file, script, master_port), output, (plan_file,))
+
+
+def register(group: click.Group) -> None:
+    """Attach the commands of this module to the CLI."""
+    group.add_command(check)
+    group.add_command(launch)

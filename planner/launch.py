@@ -1,0 +1,125 @@
+"""What each node needs to start a plan: ``planner launch PLAN --emit torchrun|slurm|env``.
+
+Ranks follow the plan's placement: rank ``k`` runs on node ``k // g``, local device
+``k mod g`` (``g`` devices per node). torchrun numbers ranks the same way
+(``node_rank · nproc_per_node + local_rank``), and so does Slurm with block distribution
+(``SLURM_PROCID``), so the row and column groups the plan lists are the groups the job
+builds.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import UsageError
+
+EMITTERS = ("torchrun", "slurm", "env")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Node count, processes per node and the rank placement of a plan."""
+
+    name: str
+    nodes: int
+    per_node: int
+    world: int
+    grids: list[dict[str, Any]]
+
+    @property
+    def last_node_procs(self) -> int:
+        """Processes on the last node (fewer when P is not a multiple of g)."""
+        return self.world - (self.nodes - 1) * self.per_node
+
+
+def launch_spec(doc: Any, plan_path: str) -> LaunchSpec:
+    """Read the placement of a plan document (from ``planner plan`` or ``planner cost``)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("placement"), dict):
+        raise UsageError(f"planner: error: {plan_path} is not a plan with a placement "
+                         "(make one with `planner plan ... --format yaml -o FILE`)")
+    pl = doc["placement"]
+    try:
+        world, per_node, nodes = int(pl["devices"]), int(pl["devices_per_node"]), int(
+            pl["nodes"])
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"planner: error: {plan_path}: the placement needs devices, "
+                         "devices_per_node and nodes") from None
+    if world < 1 or per_node < 1 or nodes != -(-world // per_node):
+        raise UsageError(f"planner: error: {plan_path}: inconsistent placement ({world} "
+                         f"devices, {per_node} per node, {nodes} nodes)")
+    name = str(((doc.get("inputs") or {}).get("network") or {}).get("name", "plan"))
+    grids = [g for g in pl.get("grids", []) if isinstance(g, dict)]
+    return LaunchSpec(name, nodes, per_node, world, grids)
+
+
+def _grid_lines(spec: LaunchSpec) -> list[str]:
+    out = []
+    for g in spec.grids:
+        out.append(f"#   grid {g['grid'][0]}x{g['grid'][1]} ({g['placement']}): "
+                   f"{g['row_groups']['rule']}; {g['col_groups']['rule']}")
+    return out
+
+
+def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) -> str:
+    """The launch text for one emitter."""
+    q = shlex.quote
+    head = [
+        f"# planner launch: {spec.nodes} node(s) x {spec.per_node} processes "
+        f"({spec.world} ranks) for {plan_path} ({spec.name})",
+        f"# rank k runs on node k // {spec.per_node}, local device k % {spec.per_node}",
+        *_grid_lines(spec),
+    ]
+    if spec.last_node_procs != spec.per_node:
+        head.append(f"# the last node runs {spec.last_node_procs} processes")
+    if kind == "env":
+        lines = [
+            f"PLANNER_PLAN={q(plan_path)}",
+            f"PLANNER_NODES={spec.nodes}",
+            f"PLANNER_PROCS_PER_NODE={spec.per_node}",
+            f"PLANNER_WORLD_SIZE={spec.world}",
+            f"PLANNER_LAST_NODE_PROCS={spec.last_node_procs}",
+            f"PLANNER_RANK_RULE={q(f'node=rank//{spec.per_node},local=rank%{spec.per_node}')}",
+        ]
+        return "\n".join(head + lines) + "\n"
+    if kind == "torchrun":
+        if spec.last_node_procs != spec.per_node:
+            raise UsageError("planner: error: torchrun starts the same number of processes "
+                             "on every node; this plan's device count is not a multiple of "
+                             "the devices per node (use --emit slurm or env)")
+        body = [
+            "#!/usr/bin/env bash",
+            *head,
+            f"# Run on every node with NODE_RANK set (0..{spec.nodes - 1}) and MASTER_ADDR "
+            "set to node 0's address.",
+            "set -euo pipefail",
+            f': "${{NODE_RANK:?set NODE_RANK to this node\'s index, 0..{spec.nodes - 1}}}"',
+            ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"',
+            f"export PLANNER_PLAN={q(plan_path)}",
+            f"exec torchrun --nnodes={spec.nodes} --nproc-per-node={spec.per_node} "
+            '--node-rank="$NODE_RANK" \\',
+            f'  --master-addr="$MASTER_ADDR" --master-port="${{MASTER_PORT:-{port}}}" \\',
+            f"  {q(script)} --plan {q(plan_path)}",
+        ]
+        return "\n".join(body) + "\n"
+    if kind == "slurm":
+        body = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name=planner-{spec.name}",
+            f"#SBATCH --nodes={spec.nodes}",
+            f"#SBATCH --ntasks={spec.world}",
+            f"#SBATCH --ntasks-per-node={spec.per_node}",
+            f"#SBATCH --gpus-per-node={spec.per_node}",
+            "#SBATCH --distribution=block:block",
+            *head,
+            "set -euo pipefail",
+            'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+            f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"',
+            f"export PLANNER_PLAN={q(plan_path)}",
+            "srun --kill-on-bad-exit=1 bash -c "
+            + q(f'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS '
+                f'exec python {q(script)} --plan {q(plan_path)}'),
+        ]
+        return "\n".join(body) + "\n"
+    raise UsageError(f"planner: error: unknown emitter {kind!r}")

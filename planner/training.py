@@ -1,0 +1,435 @@
+"""Training configurations (``kind: training``) and the checks ``planner check`` runs.
+
+A configuration names the network and cluster (paths relative to the configuration
+file), the question (devices, batch, optimizer, precision, overlap) and the strategy the
+team chose: a plan file, one grid for every layer, or pins::
+
+    kind: training
+    name: resnet50-dgx
+    network: ../networks/resnet50.yaml
+    cluster: ../clusters/dgx-h100.yaml
+    gpus: 64
+    batch: 2048
+    optimizer: momentum          # sgd | momentum | adam
+    precision: float32           # the dtype of weights and activations (default: the network's)
+    overlap: gradients           # none | gradients
+    strategy:
+      plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain), or: pins: [...]
+    max_slowdown: 1.10           # allowed ratio to the searched optimum
+
+Checks: the strategy fits in memory on every device; its predicted iteration time is
+within ``max_slowdown`` of the searched optimum; a referenced plan still matches its
+inputs (the digests of the network and cluster files it was made from, and the question)
+and is feasible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cluster import Cluster
+from .errors import InputError, Issue, NoFeasiblePlan, PlannerError
+from .evaluate import DEFAULT_BUCKET_BYTES, OVERLAPS, Evaluation, Options, evaluate, make_context
+from .fields import Fields, Invalid, boolean, choice, integer, number, quantity, string
+from .inputs import cluster_from_document, network_from_document
+from .layout import Layout, make_layout, parse_grid, parse_pin
+from .loading import Document, Mark, load_file
+from .network import DTYPE_ALIASES, DTYPE_BYTES, Network
+from .strategies import why_invalid
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """A validated training configuration."""
+
+    name: str
+    path: str
+    network_path: Path
+    cluster_path: Path
+    gpus: int
+    batch: int
+    optimizer: str
+    precision: str | None
+    master_weights: bool | None
+    overlap: str
+    bucket_bytes: float
+    cost_model: str
+    strategy: dict[str, Any]
+    max_slowdown: float
+    document: Document = field(compare=False, repr=False)
+
+    def mark(self, path: str) -> Mark:
+        """Where a key of the configuration is (its key, for annotations)."""
+        return self.document.find_mark(path, at_key=True)
+
+
+def _pins(value: object) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise Invalid("expected a list of pins like ['conv*=data', 'fc*=model:8x8']")
+    out = []
+    for item in value:
+        if not isinstance(item, str):
+            raise Invalid(f"expected a pin string 'GLOB=MODE[:PRxPC]', got {item!r}")
+        out.append(item)
+    return out
+
+
+def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
+    """Validate a training configuration (paths resolved against its folder)."""
+    issues: list[Issue] = []
+    base = Path(path).resolve().parent
+    f = Fields(doc.data, "$", issues, "a training configuration")
+    if not f.ok:
+        raise doc.error(issues)
+    kind = f.opt("kind", string, "training")
+    if kind != "training":
+        f.error("kind", f"expected 'kind: training', got {kind!r}")
+    name = f.opt("name", string, Path(path).stem)
+    f.opt_none("description", string)
+    paths: dict[str, Path] = {}
+    for key in ("network", "cluster"):
+        rel = f.req(key, string)
+        if rel is not None:
+            p = (base / rel).resolve()
+            if not p.is_file():
+                f.error(key, f"{key} file '{rel}' not found (paths are relative to the "
+                             f"configuration's folder, {base})")
+            paths[key] = p
+    gpus = f.req("gpus", integer(1, 2**30))
+    batch = f.req("batch", integer(1, 2**40))
+    optimizer = f.opt("optimizer", choice(("sgd", "momentum", "adam")), "momentum")
+    precision = f.opt_none("precision", string)
+    if precision is not None:
+        precision = DTYPE_ALIASES.get(precision, precision)
+        if precision not in DTYPE_BYTES:
+            f.error("precision", f"unknown precision {precision!r}; expected one of "
+                                 f"{', '.join(DTYPE_BYTES)}")
+    master = f.opt_none("master_weights", boolean)
+    overlap = f.opt("overlap", choice(OVERLAPS), "gradients")
+    bucket = f.opt("bucket_size", quantity("bytes", positive=False), float(DEFAULT_BUCKET_BYTES))
+    cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
+    slowdown = f.opt("max_slowdown", number(1.0, 1e6), 1.10)
+    strategy: dict[str, Any] = {}
+    if f.has("strategy"):
+        sf = Fields(f.raw("strategy"), f.at("strategy"), issues, "the strategy")
+        given = [k for k in ("plan", "grid", "pins") if sf.has(k)]
+        if sf.ok and len(given) != 1:
+            sf.error(None, "give exactly one of 'plan' (a plan file), 'grid' (e.g. 8x8, "
+                           "with 'mode'), or 'pins' (a list of 'GLOB=MODE[:PRxPC]')")
+        if sf.has("plan"):
+            rel = sf.req("plan", string)
+            if rel is not None:
+                p = (base / rel).resolve()
+                if not p.is_file():
+                    sf.error("plan", f"plan file '{rel}' not found (make it with `planner "
+                                     "plan ... -o FILE`)")
+                strategy["plan"] = p
+        if sf.has("grid"):
+            strategy["grid"] = sf.req("grid", string)
+            if strategy["grid"] is not None and gpus is not None:
+                try:
+                    parse_grid(strategy["grid"], gpus)
+                except PlannerError as exc:
+                    sf.error("grid", str(exc).removeprefix("planner: error: "))
+            strategy["mode"] = sf.opt("mode", choice(("data", "model", "domain")), "model")
+            strategy["placement"] = sf.opt("placement", choice(("rows", "cols")), "rows")
+        elif sf.has("pins"):
+            strategy["pins"] = sf.req("pins", _pins)
+            strategy["placement"] = sf.opt("placement", choice(("rows", "cols")), "rows")
+        sf.finish()
+    else:
+        f.error(None, "missing required key 'strategy' (plan, grid or pins)")
+    f.finish()
+    if issues:
+        raise doc.error(issues)
+    assert gpus is not None and batch is not None
+    return TrainingConfig(name=name, path=str(path), network_path=paths["network"],
+                          cluster_path=paths["cluster"], gpus=gpus, batch=batch,
+                          optimizer=optimizer, precision=precision, master_weights=master,
+                          overlap=overlap, bucket_bytes=bucket, cost_model=cost_model,
+                          strategy=strategy, max_slowdown=slowdown, document=doc)
+
+
+def load_training(path: str | Path) -> TrainingConfig:
+    """Load and validate a training configuration."""
+    return training_from_document(load_file(path), path)
+
+
+# ---------------------------------------------------------------------------------------
+# Checks
+
+
+@dataclass
+class Finding:
+    """One check's outcome."""
+
+    check: str  #: memory | speed | plan
+    ok: bool
+    message: str
+    key: str = "$"  #: where in the configuration the problem lies (its key's line)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckReport:
+    """Everything ``planner check`` found for one configuration."""
+
+    config: TrainingConfig
+    findings: list[Finding]
+    chosen_s: float | None = None
+    optimum_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether every check passed."""
+        return all(x.ok for x in self.findings)
+
+
+def _rel(path: Path, config: TrainingConfig) -> str:
+    """A path as the configuration names it (relative to its folder)."""
+    import os
+
+    return os.path.relpath(path, Path(config.path).resolve().parent)
+
+
+def _network_for(cfg: TrainingConfig) -> tuple[Network, Cluster]:
+    net = network_from_document(load_file(cfg.network_path, _display(cfg.network_path)))
+    if cfg.precision is not None and cfg.precision != net.dtype:
+        net = dataclasses.replace(net, dtype=cfg.precision)
+    cl = cluster_from_document(load_file(cfg.cluster_path, _display(cfg.cluster_path)))
+    return net, cl
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _file_sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _plan_assignment(cfg: TrainingConfig, net: Network, findings: list[Finding],
+                     ) -> dict[int, Layout] | None:
+    """The layouts of a plan file, after checking it still matches its inputs."""
+    path: Path = cfg.strategy["plan"]
+    doc = load_file(path, _display(path))
+    data = doc.data
+    if not isinstance(data, dict) or "layers" not in data or "inputs" not in data:
+        raise doc.error([Issue("$", "not a plan document (make one with `planner plan ... "
+                                    "-o FILE --format yaml`)")])
+    problems = []
+    for key, fpath in (("network", cfg.network_path), ("cluster", cfg.cluster_path)):
+        want = (data.get("inputs") or {}).get(key, {}).get("sha256")
+        if want != _file_sha(fpath):
+            problems.append(f"the {key} file {_rel(fpath, cfg)} changed since the plan was "
+                            "made")
+    prob = data.get("problem") or {}
+    for key, value in (("gpus", cfg.gpus), ("batch", cfg.batch)):
+        if prob.get(key) != value:
+            problems.append(f"the plan is for {key}={prob.get(key)}, the configuration says "
+                            f"{value}")
+    if problems:
+        findings.append(Finding("plan", False, "the plan is stale: " + "; ".join(problems) +
+                                " (re-run `planner plan` and commit the new plan)",
+                                "$.strategy.plan"))
+        return None
+    by_name = {lay.name: lay for lay in net.layers}
+    assignment: dict[int, Layout] = {}
+    for i, rec in enumerate(data["layers"]):
+        if not isinstance(rec, dict) or "follows" in rec:
+            continue
+        layer = by_name.get(str(rec.get("name")))
+        if layer is None or not layer.has_weights:
+            raise doc.error([Issue(f"$.layers[{i}].name", f"layer {rec.get('name')!r} is not a "
+                                                           "layer with weights of the network")])
+        try:
+            pr, pc = (int(x) for x in rec["grid"])
+            lay = make_layout(str(rec["mode"]), pr, pc, str(rec.get("placement", "rows")))
+        except (KeyError, TypeError, ValueError):
+            raise doc.error([Issue(f"$.layers[{i}]", "expected mode, grid: [P_r, P_c] and "
+                                                      "placement")]) from None
+        assignment[layer.index] = lay
+    missing = [lay.name for lay in net.layers if lay.has_weights and
+               lay.index not in assignment]
+    if missing:
+        findings.append(Finding("plan", False, f"the plan has no layout for {missing[0]}"
+                                               f"{' and others' if len(missing) > 1 else ''}",
+                                "$.strategy.plan"))
+        return None
+    findings.append(Finding("plan", True, "the plan matches its network, cluster and question",
+                            "$.strategy.plan"))
+    return assignment
+
+
+def _strategy_assignment(cfg: TrainingConfig, net: Network) -> dict[int, Layout]:
+    """The layouts of a grid or pins strategy (pins: unmatched layers data parallel)."""
+    p, b = cfg.gpus, cfg.batch
+    paper = cfg.cost_model == "gholami2018"
+    placement = cfg.strategy.get("placement", "rows")
+    out: dict[int, Layout] = {}
+    if "grid" in cfg.strategy:
+        try:
+            pr, pc = parse_grid(cfg.strategy["grid"], p)
+        except PlannerError as exc:
+            raise _config_error(cfg, "$.strategy.grid", str(exc).removeprefix(
+                "planner: error: ")) from None
+        mode = cfg.strategy["mode"]
+        for layer in net.layers:
+            if not layer.has_weights:
+                continue
+            if pr == 1 or mode == "data":
+                lay = make_layout("data", 1, p)
+            elif mode == "domain" and layer.conv is not None:
+                lay = make_layout("domain", pr, pc, placement)
+            else:
+                lay = make_layout("model", pr, pc, placement)
+            reason = why_invalid(layer, lay, b, paper)
+            if reason:
+                raise _config_error(cfg, "$.strategy.grid", f"layer '{layer.name}' cannot use "
+                                                            f"{lay.label()}: {reason}")
+            out[layer.index] = lay
+        return out
+    import fnmatch
+
+    pins = []
+    for i, text in enumerate(cfg.strategy["pins"]):
+        try:
+            pins.append(parse_pin(text, p))
+        except PlannerError as exc:
+            raise _config_error(cfg, f"$.strategy.pins[{i}]", str(exc).removeprefix(
+                "planner: error: ")) from None
+    for layer in net.layers:
+        if not layer.has_weights:
+            continue
+        lay = make_layout("data", 1, p)
+        for i, pin in enumerate(pins):
+            if fnmatch.fnmatchcase(layer.name, pin.pattern):
+                if pin.mode == "data":
+                    lay = make_layout("data", 1, p)
+                else:
+                    pr, pc = pin.grid if pin.grid else (p, 1)
+                    lay = make_layout(pin.mode, pr, pc, placement)
+                reason = why_invalid(layer, lay, b, paper)
+                if reason:
+                    raise _config_error(cfg, f"$.strategy.pins[{i}]",
+                                        f"layer '{layer.name}' cannot use {lay.label()}: "
+                                        f"{reason}")
+                break
+        out[layer.index] = lay
+    return out
+
+
+def _config_error(cfg: TrainingConfig, path: str, message: str) -> InputError:
+    return cfg.document.error([Issue(path, message)])
+
+
+def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
+    """Run every check on one configuration (input errors raise InputError)."""
+    from .search import search
+
+    net, cl = _network_for(cfg)
+    options = Options(gpus=cfg.gpus, batch=cfg.batch, cost_model=cfg.cost_model,
+                      overlap=cfg.overlap, bucket_bytes=cfg.bucket_bytes,
+                      optimizer=cfg.optimizer, master_weights=cfg.master_weights)
+    limit = cl.max_devices()
+    if limit is not None and cfg.gpus > limit:
+        raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "
+                                           f"({limit})")
+    ctx = make_context(net, cl, options, estimator)
+    findings: list[Finding] = []
+    if "plan" in cfg.strategy:
+        assignment = _plan_assignment(cfg, net, findings)
+        if assignment is None:
+            return CheckReport(cfg, findings)
+    else:
+        assignment = _strategy_assignment(cfg, net)
+    key = "$.strategy"
+    chosen: Evaluation = evaluate(ctx, options, assignment)
+    mem = chosen.memory
+    from .units import format_bytes, format_time
+
+    findings.append(Finding(
+        "memory", mem.fits,
+        f"the strategy {'fits' if mem.fits else 'does not fit'} in memory: "
+        f"{format_bytes(mem.peak)} per device of {format_bytes(mem.capacity)}",
+        key, {"peak_bytes": mem.peak, "capacity_bytes": mem.capacity}))
+    try:
+        best = search(ctx, options).best.evaluation
+    except NoFeasiblePlan as exc:
+        findings.append(Finding("speed", False, f"no plan fits at all: {exc}", key))
+        return CheckReport(cfg, findings, chosen.time_s, None)
+    ratio = chosen.time_s / best.time_s if best.time_s > 0 else 1.0
+    ok = ratio <= cfg.max_slowdown * (1 + 1e-9)
+    findings.append(Finding(
+        "speed", ok,
+        f"predicted iteration {format_time(chosen.time_s)} is {ratio:.3f}x the searched "
+        f"optimum {format_time(best.time_s)} (allowed: {cfg.max_slowdown:g}x)",
+        key, {"time_s": chosen.time_s, "optimum_s": best.time_s, "ratio": ratio,
+              "max_slowdown": cfg.max_slowdown}))
+    return CheckReport(cfg, findings, chosen.time_s, best.time_s)
+
+
+def report_data(reports: list[CheckReport], errors: list[InputError]) -> dict[str, Any]:
+    """Plain data for ``--format json``."""
+    from .output import rounded
+
+    out: dict[str, Any] = {"ok": all(r.ok for r in reports) and not errors, "configs": []}
+    for r in reports:
+        out["configs"].append({
+            "config": r.config.path, "name": r.config.name, "ok": r.ok,
+            "checks": [{"check": x.check, "ok": x.ok, "message": x.message,
+                        "line": r.config.mark(x.key).line + 1, **x.data}
+                       for x in r.findings]})
+    out["errors"] = [{"file": p.file, "line": p.line, "column": p.column,
+                      "message": p.message, "path": p.path}
+                     for e in errors for p in e.problems]
+    return rounded(out, 4)  # type: ignore[no-any-return]
+
+
+def github_lines(reports: list[CheckReport], errors: list[InputError]) -> list[str]:
+    """GitHub Actions workflow commands: ``::error file=F,line=L::message``."""
+    lines: list[str] = []
+
+    def esc(text: str) -> str:
+        return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+    def prop(text: str) -> str:
+        return esc(text).replace(":", "%3A").replace(",", "%2C")
+
+    for r in reports:
+        for x in r.findings:
+            m = r.config.mark(x.key)
+            level = "error" if not x.ok else "notice"
+            lines.append(f"::{level} file={prop(r.config.path)},line={m.line + 1},"
+                         f"col={m.column + 1},title={prop('planner check: ' + x.check)}::"
+                         f"{esc(x.message)}")
+    for e in errors:
+        for p in e.problems:
+            lines.append(f"::error file={prop(p.file)},line={p.line},col={p.column},"
+                         f"title={prop('planner: invalid input')}::{esc(p.message)}")
+    return lines
+
+
+def text_lines(reports: list[CheckReport]) -> list[str]:
+    """A person's view: one line per check."""
+    lines = []
+    for r in reports:
+        for x in r.findings:
+            m = r.config.mark(x.key)
+            status = "ok" if x.ok else "FAIL"
+            lines.append(f"{r.config.path}:{m.line + 1}:{m.column + 1}: {status}: "
+                         f"[{x.check}] {x.message}")
+    return lines
+
+
+__all__ = ["CheckReport", "TrainingConfig", "check_config", "load_training"]

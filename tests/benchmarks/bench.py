@@ -1,0 +1,86 @@
+"""Speed and memory benchmarks of whole commands (not a test module).
+
+    python tests/benchmarks/bench.py [--repeat 5]
+
+Runs each command in a fresh process (start-up included, as a user would see it),
+``--repeat`` times, and prints the median and worst wall time and the peak resident
+memory of the process (from ``wait4``). The README's speed table comes from this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from generate import mlp, transformer  # noqa: E402
+
+CLUSTER = """kind: cluster
+name: large-h100
+devices_per_node: 8
+device: H100-SXM
+network:
+  intra_node: {latency: 3.4 us, bandwidth: 450 GB/s}
+  inter_node: {latency: 9.6 us, bandwidth: 400 Gbit/s}
+"""
+
+
+def run(cmd: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one run of ``cmd``."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.returncode not in (0,):
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="planner-bench-"))
+    (tmp / "t1000.yaml").write_text(transformer(1000))
+    (tmp / "m1000.yaml").write_text(mlp(1000))
+    (tmp / "cluster.yaml").write_text(CLUSTER)
+    planner = [sys.executable, "-m", "planner"]
+    ex = ROOT / "examples"
+    cases = [
+        ("plan resnet50, dgx-h100, P=1,024, B=32,768",
+         [*planner, "plan", str(ex / "networks/resnet50.yaml"),
+          str(ex / "clusters/dgx-h100.yaml"), "-p", "1024", "-b", "32768", "--format",
+          "yaml"]),
+        ("plan alexnet, cori-knl, P=512, B=2,048 (paper)",
+         [*planner, "plan", str(ex / "networks/alexnet.yaml"),
+          str(ex / "clusters/cori-knl.yaml"), "-p", "512", "-b", "2048", "--cost-model",
+          "gholami2018", "--objective", "comm", "--format", "yaml"]),
+        ("plan 1,000-layer transformer, P=65,536, B=131,072",
+         [*planner, "plan", str(tmp / "t1000.yaml"), str(tmp / "cluster.yaml"), "-p", "65536",
+          "-b", "131072", "--format", "yaml"]),
+        ("plan 1,000-layer MLP (500 distinct shapes), P=65,536, B=131,072",
+         [*planner, "plan", str(tmp / "m1000.yaml"), str(tmp / "cluster.yaml"), "-p", "65536",
+          "-b", "131072", "--format", "yaml"]),
+    ]
+    print("| command | median | worst | peak memory |\n|---|---|---|---|")
+    for label, cmd in cases:
+        results = [run(cmd) for _ in range(args.repeat)]
+        walls = [w for w, _ in results]
+        rss = max(m for _, m in results)
+        print(f"| {label} | {statistics.median(walls):.2f} s | {max(walls):.2f} s "
+              f"| {rss:.0f} MiB |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""``planner check`` on the shipped CI examples, its formats, stale plans; ``launch``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import EXAMPLES, ROOT, invoke
+
+CI = EXAMPLES / "ci"
+
+
+@pytest.mark.parametrize(("config", "code"), [
+    ("resnet50-dgx.yaml", 0),
+    ("gpt2-does-not-fit.yaml", 1),
+    ("alexnet-too-slow.yaml", 1),
+    ("broken.yaml", 2),
+])
+def test_examples_exit_codes(runner, config, code, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = invoke(runner, "check", f"examples/ci/{config}", "--estimator", "roofline")
+    assert result.exit_code == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_text_lines_point_at_the_strategy(runner, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = invoke(runner, "check", "examples/ci/alexnet-too-slow.yaml", "--estimator",
+                    "roofline")
+    lines = result.stdout.splitlines()
+    assert "examples/ci/alexnet-too-slow.yaml:11:1: ok: [memory]" in lines[0]
+    assert lines[1].startswith("examples/ci/alexnet-too-slow.yaml:11:1: FAIL: [speed] "
+                               "predicted iteration")
+    assert "allowed: 1.1x" in lines[1]
+
+
+def test_github_annotations(runner, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = invoke(runner, "check", "--format", "github", "examples/ci/alexnet-too-slow.yaml",
+                    "examples/ci/broken.yaml", "--estimator", "roofline")
+    assert result.exit_code == 2  # an invalid input outranks a failed check
+    lines = result.stdout.splitlines()
+    speed = next(x for x in lines if "speed" in x)
+    assert speed.startswith("::error file=examples/ci/alexnet-too-slow.yaml,line=11,col=1,"
+                            "title=planner check%3A speed::predicted iteration")
+    broken = [x for x in lines if "broken.yaml" in x]
+    assert "::error file=examples/ci/broken.yaml,line=8,col=1,title=planner%3A invalid "\
+           "input::unknown key 'bacth' in a training configuration; did you mean 'batch'?" \
+           in broken
+    assert any("line=10" in x and "grid 16x16 has 256 devices" in x for x in broken)
+
+
+def test_json_format(runner, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = invoke(runner, "check", "--format", "json", "examples/ci/resnet50-dgx.yaml",
+                    "examples/ci/gpt2-does-not-fit.yaml", "--estimator", "roofline")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["ok"] is False
+    by_name = {c["name"]: c for c in data["configs"]}
+    assert by_name["resnet50-dgx"]["ok"] is True
+    assert {c["check"] for c in by_name["resnet50-dgx"]["checks"]} == {"plan", "memory",
+                                                                        "speed"}
+    mem = next(c for c in by_name["gpt2-oom"]["checks"] if c["check"] == "memory")
+    assert mem["ok"] is False and mem["peak_bytes"] > mem["capacity_bytes"]
+
+
+def test_max_slowdown_option(runner, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = invoke(runner, "check", "examples/ci/alexnet-too-slow.yaml", "--max-slowdown",
+                    "100", "--estimator", "roofline")
+    assert result.exit_code == 0
+
+
+def test_stale_plan_fails(runner, tmp_path):
+    for sub in ("networks", "clusters"):
+        shutil.copytree(EXAMPLES / sub, tmp_path / sub)
+    (tmp_path / "ci" / "plans").mkdir(parents=True)
+    shutil.copy(CI / "resnet50-dgx.yaml", tmp_path / "ci")
+    shutil.copy(CI / "plans" / "resnet50-dgx-64.yaml", tmp_path / "ci" / "plans")
+    cfg = tmp_path / "ci" / "resnet50-dgx.yaml"
+    assert invoke(runner, "check", cfg, "--estimator", "roofline").exit_code == 0
+    net = tmp_path / "networks" / "resnet50.yaml"
+    net.write_text(net.read_text() + "\n# edited\n")
+    result = invoke(runner, "check", cfg, "--estimator", "roofline")
+    assert result.exit_code == 1
+    assert "the plan is stale: the network file ../networks/resnet50.yaml changed" in \
+        result.stdout
+
+
+def test_plan_for_another_question_fails(runner, tmp_path):
+    cfg = tmp_path / "ci" / "c.yaml"
+    cfg.parent.mkdir()
+    (tmp_path / "plans").mkdir()
+    shutil.copy(CI / "plans" / "resnet50-dgx-64.yaml", tmp_path / "plans" / "p.yaml")
+    cfg.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
+                   f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 32\nbatch: 2048\n"
+                   "strategy: {plan: ../plans/p.yaml}\n")
+    result = invoke(runner, "check", cfg, "--estimator", "roofline")
+    assert result.exit_code == 1
+    assert "the plan is for gpus=64, the configuration says 32" in result.stdout
+
+
+def test_committed_plan_is_current(tmp_path, update_golden):
+    """The committed example plan is what `planner plan` makes today."""
+    committed = CI / "plans" / "resnet50-dgx-64.yaml"
+    out = tmp_path / "plan.yaml"
+    subprocess.run([sys.executable, "-m", "planner", "plan", "examples/networks/resnet50.yaml",
+                    "examples/clusters/dgx-h100.yaml", "--gpus", "64", "--batch", "2048",
+                    "--format", "yaml", "-o", str(out)], cwd=ROOT, check=True,
+                   capture_output=True)
+    if update_golden:
+        committed.write_bytes(out.read_bytes())
+    assert out.read_bytes() == committed.read_bytes()
+
+
+def test_validate_accepts_training_configs(runner, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = invoke(runner, "validate", "examples/ci/resnet50-dgx.yaml")
+    assert result.exit_code == 0 and "ok (training" in result.stdout
+
+
+@pytest.mark.parametrize("kind", ["torchrun", "slurm", "env"])
+def test_launch(runner, kind, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = invoke(runner, "launch", "examples/ci/plans/resnet50-dgx-64.yaml", "--emit", kind,
+                    "--script", "examples/launch/train.py")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "rank k runs on node k // 8, local device k % 8" in out
+    if kind == "torchrun":
+        assert "torchrun --nnodes=8 --nproc-per-node=8" in out
+        assert "examples/launch/train.py --plan examples/ci/plans/resnet50-dgx-64.yaml" in out
+    elif kind == "slurm":
+        assert "#SBATCH --nodes=8" in out and "#SBATCH --ntasks-per-node=8" in out
+        assert "SLURM_PROCID" in out
+    else:
+        assert "PLANNER_WORLD_SIZE=64" in out and "PLANNER_NODES=8" in out
+
+
+def test_launch_rejects_non_plans(runner, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = invoke(runner, "launch", "examples/networks/alexnet.yaml")
+    assert result.exit_code == 2
+    assert "is not a plan with a placement" in result.stderr
