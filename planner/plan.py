@@ -183,16 +183,16 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 "redistrib.", "total"):
         t.add_column(col, justify="left" if col in ("type", "layout") else "right",
                      no_wrap=True)
-    hidden = [0, 0.0]
+    hidden = [0, 0.0, 0.0]
     for rec in doc["layers"]:
         c = rec["comm"]
-        total = rec["compute_s"] + c["forward_s"] + c["backward_data_s"] + c["weight_grad_s"] \
-            + c["redistribute_s"]
-        comm_any = c["forward_s"] + c["backward_data_s"] + c["weight_grad_s"] + \
-            c["redistribute_s"]
-        if not all_layers and "follows" in rec and comm_any == 0:
+        moves = c["forward_s"] + c["backward_data_s"] + c["redistribute_s"]
+        comm = moves + c["weight_grad_s"]
+        total = rec["compute_s"] + comm
+        if not all_layers and "follows" in rec and moves == 0:
             hidden[0] += 1
-            hidden[1] += total
+            hidden[1] += rec["compute_s"]
+            hidden[2] += comm
             continue
         layout = f"{rec['mode']} {rec['grid'][0]}x{rec['grid'][1]}"
         if rec["placement"] == "cols":
@@ -203,8 +203,9 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                   _ms(c["forward_s"]), _ms(c["backward_data_s"]), _ms(c["weight_grad_s"]),
                   _ms(c["redistribute_s"]), _ms(total))
     if hidden[0]:
-        t.add_row(Text(f"({int(hidden[0])} more layers without communication)", style="dim"),
-                  "", "", _ms(hidden[1]), "", "", "", "", _ms(hidden[1]))
+        t.add_row(Text(f"({int(hidden[0])} layers without weights, not listed: "
+                       "--all-layers)", style="dim"), "", "", _ms(hidden[1]), "", "",
+                  _ms(hidden[2]), "", _ms(hidden[1] + hidden[2]))
     parts: list[Any] = [head, t]
     return RichGroup(*parts)
 
@@ -292,7 +293,9 @@ def baselines_table(doc: dict[str, Any]) -> Any:
                       "", "", "", "", "")
             continue
         mem = format_bytes(b["peak_bytes"]) + ("" if b["fits"] else " (does not fit)")
-        speed = f"{b['speedup']:.3g}x" if b.get("speedup") else ""
+        speed = ""
+        if b.get("speedup"):
+            speed = f"{b['speedup']:.2f}x" if b["speedup"] < 10 else f"{b['speedup']:.3g}x"
         t.add_row(f"{b['name']}: {b['description']}", format_time(b["time_s"]),
                   format_time(b["comm_s"]), format_time(b["exposed_comm_s"]), mem, speed)
     return t

@@ -1,0 +1,49 @@
+"""The README stays true: its commands exist, its test command is what CI runs, its sample
+output is what the planner prints."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from planner.cli import cli
+
+from .conftest import ROOT, invoke
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _block(marker: str) -> str:
+    after = README.split(f"<!-- {marker} -->", 1)[1]
+    m = re.search(r"```[a-z]*\n(.*?)```", after, re.S)
+    assert m is not None
+    return m.group(1)
+
+
+def test_every_command_is_documented():
+    for name, cmd in cli.commands.items():
+        assert f"planner {name}" in README, name
+        for sub in getattr(cmd, "commands", {}):
+            assert sub in README, f"{name} {sub}"
+
+
+def test_ci_runs_the_readme_test_command():
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "quickstart:test" in script
+    awk = re.search(r"cmd=\$\(awk '(.*?)' README.md\)", script).group(1)
+    got = subprocess.run(["awk", awk, "README.md"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert got.strip() == _block("quickstart:test").strip()
+    assert "pytest" in got
+
+
+def test_quickstart_output_is_real(runner, monkeypatch):
+    cmd = _block("quickstart:run").strip().split("&& ", 1)[1].split()
+    assert cmd[0] == "planner"
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("COLUMNS", "120")
+    result = invoke(runner, *cmd[1:])
+    assert result.exit_code == 0, result.stderr
+    real = [line.rstrip() for line in result.stdout.splitlines()]
+    shown = [line.rstrip() for line in _block("quickstart:output").splitlines()]
+    assert shown == real[:len(shown)]
