@@ -222,8 +222,8 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     for r in results:
         layer = r.layer
         if layer.saves_input:
-            src = layer.inputs[0]
-            elems = net.layers[src].out_elems if src >= 0 else layer.in_elems
+            src = net.storage_of(layer.inputs[0])
+            elems = layer.in_elems
             key = (src, r.dist_in)
             if key not in kept:
                 size = _local_elems(elems, r.dist_in, batch) * e
@@ -234,7 +234,7 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
                     size *= (rows + halo) / rows
                 kept[key] = size
         if layer.saves_output:
-            key = (layer.index, r.dist_out)
+            key = (net.storage_of(layer.index), r.dist_out)
             kept.setdefault(key, _local_elems(layer.out_elems, r.dist_out, batch) * e)
         extra = _local_elems(layer.saved_internal, r.dist_in, batch) * e
         if layer.has_weights and r.layout.mode == "model":

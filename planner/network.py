@@ -75,6 +75,8 @@ _TYPE_ALIASES = {
     "self_attention": "attention", "multihead_attention": "attention",
     "pos_embedding": "positional_embedding",
 }
+#: Layers whose output is a view of their input (no new storage).
+VIEW_TYPES = ("flatten", "identity")
 #: Layers that own weights (their layout is a free choice of the search).
 WEIGHTED_TYPES = ("conv2d", "linear", "attention", "embedding")
 
@@ -404,11 +406,18 @@ class Network:
         """Layers whose name matches a shell-style glob (``conv*``, ``layer1.*``)."""
         return [layer for layer in self.layers if fnmatch.fnmatchcase(layer.name, pattern)]
 
+    def storage_of(self, index: int) -> int:
+        """The layer whose output tensor ``index``'s output shares storage with (a
+        flatten or identity is a view of its input); -1 is the network input."""
+        while index >= 0 and self.layers[index].type in VIEW_TYPES:
+            index = self.layers[index].inputs[0]
+        return index
+
     def saved_tensors(self) -> dict[int, int]:
         """Activation tensors kept for backward: producer index → elements per sample.
 
         A tensor that several layers keep (a ReLU output that the next convolution also
-        keeps as its input) counts once; -1 is the network input.
+        keeps as its input, even through a flatten) counts once; -1 is the network input.
         """
         kept: dict[int, int] = {}
         for layer in self.layers:
@@ -416,9 +425,9 @@ class Network:
                 for src in layer.inputs:
                     size = self.layers[src].out_elems if src >= 0 else math.prod(
                         self.input_shape)
-                    kept[src] = size
+                    kept[self.storage_of(src)] = size
             if layer.saves_output:
-                kept[layer.index] = layer.out_elems
+                kept[self.storage_of(layer.index)] = layer.out_elems
         return kept
 
     def activation_bytes(self, layer: Layer) -> int:
@@ -851,8 +860,8 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
     if kind == "batchnorm":
         ch = shape[0] if len(shape) == 3 else shape[-1]
         prm = 2 * ch if p["affine"] else 0
-        return mk(shape, params=prm, flops=2 * n_in, saves_input=True,
-                  saved_bytes_extra=2 * ch * 4)
+        # the saved batch mean and inverse deviation are per channel, not per sample
+        return mk(shape, params=prm, flops=2 * n_in, saves_input=True)
     if kind == "layernorm":
         d = shape[-1]
         prm = (d + (d if p["bias"] else 0)) if p["affine"] else 0
