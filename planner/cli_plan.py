@@ -109,54 +109,21 @@ def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
 def layout_assignment(q: Question, grid: str | None, mode: str | None,
                       pins: tuple[str, ...], placement: str) -> dict[int, Any]:
     """The layout of every layer with weights from --grid/--mode/--pin."""
-    from .layout import make_layout, parse_grid, parse_pin, pin_layout
-    from .strategies import why_invalid
+    from .layout import parse_grid, parse_pin
+    from .strategies import StrategyError, fixed_assignment
 
     p, b = q.options.gpus, q.options.batch
-    paper = q.options.cost_model == "gholami2018"
     parsed = [parse_pin(text, p) for text in pins]
-    used = [False] * len(parsed)
-    if grid is not None:
-        pr, pc = parse_grid(grid, p)
-    elif mode in ("model", "domain"):
-        pr, pc = p, 1
-    else:
-        pr, pc = 1, p
-    assignment: dict[int, Any] = {}
-    for layer in q.network.layers:
-        chosen = None
-        for i, pin in enumerate(parsed):
-            if layer.has_weights and _matches(layer.name, pin.pattern):
-                chosen = pin_layout(pin, p, placement)
-                used[i] = True
-                source = f"--pin '{pin.text}'"
-                break
-        if not layer.has_weights:
-            continue
-        if chosen is None:
-            source = "--grid/--mode"
-            if pr == 1:
-                chosen = make_layout("data", 1, p)
-            elif mode == "domain" and layer.conv is not None:
-                chosen = make_layout("domain", pr, pc, placement)
-            else:
-                chosen = make_layout("model", pr, pc, placement)
-        reason = why_invalid(layer, chosen, b, paper)
-        if reason is not None:
-            raise UsageError(f"planner: error: layer '{layer.name}' cannot use "
-                             f"{chosen.label()} ({source}): {reason}")
-        assignment[layer.index] = chosen
-    for i, pin in enumerate(parsed):
-        if not used[i]:
-            names = [layer.name for layer in q.network.layers if _matches(layer.name,
-                                                                          pin.pattern)]
-            if names:
-                raise UsageError(f"planner: error: --pin '{pin.text}' matches only layers "
-                                 f"without weights ({', '.join(names[:5])}); they follow "
-                                 "their neighbours' layout")
-            raise UsageError(f"planner: error: --pin '{pin.text}' matches no layer of "
-                             f"'{q.network.name}'")
-    return assignment
+    try:
+        return fixed_assignment(q.network, p, b, q.options.cost_model == "gholami2018",
+                                parse_grid(grid, p) if grid is not None else None, mode,
+                                parsed, placement)
+    except StrategyError as exc:
+        if str(exc).startswith("pin "):  # a pin that matched nothing names itself
+            raise UsageError(f"planner: error: --{exc}") from None
+        source = "--grid/--mode" if exc.source == "grid" else \
+            f"--pin '{parsed[int(exc.source)].text}'"
+        raise UsageError(f"planner: error: {exc} ({source})") from None
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -226,7 +193,7 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
     """The layouts each pinned layer may take in the search (a pin without a grid keeps
     the mode and lets the search choose the grid and placement)."""
     from .layout import parse_pin
-    from .strategies import candidate_layouts, why_invalid
+    from .strategies import candidate_layouts, unmatched_pin_message, why_invalid
 
     p, b = q.options.gpus, q.options.batch
     paper = q.options.cost_model == "gholami2018"
@@ -253,14 +220,7 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
             break
     for i, pin in enumerate(parsed):
         if not used[i]:
-            names = [layer.name for layer in q.network.layers
-                     if _matches(layer.name, pin.pattern)]
-            if names:
-                raise UsageError(f"planner: error: --pin '{pin.text}' matches only layers "
-                                 f"without weights ({', '.join(names[:5])}); they follow "
-                                 "their neighbours' layout")
-            raise UsageError(f"planner: error: --pin '{pin.text}' matches no layer of "
-                             f"'{q.network.name}'")
+            raise UsageError(f"planner: error: --{unmatched_pin_message(pin, q.network)}")
     return out
 
 

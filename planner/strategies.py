@@ -15,10 +15,11 @@ node).
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterator
 
-from .layout import Layout, divisors, make_layout
-from .network import Layer
+from .layout import Layout, Pin, divisors, make_layout, pin_layout
+from .network import Layer, Network
 
 
 def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False) -> str | None:
@@ -64,3 +65,68 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
         if layer.conv is not None and (paper or pr <= spatial_rows):
             for pl in placements if both else ("rows",):
                 yield make_layout("domain", pr, pc, pl)
+
+
+class StrategyError(ValueError):
+    """A chosen layout that does not apply; ``source`` is ``grid`` or the pin's index."""
+
+    def __init__(self, message: str, source: str | int) -> None:
+        super().__init__(message)
+        self.source = source
+
+
+def grid_layout(layer: Layer, gpus: int, pr: int, pc: int, mode: str | None,
+                placement: str) -> Layout:
+    """The layout one grid for every layer gives ``layer``: data when ``P_r = 1``; with
+    ``mode: domain``, convolutions split their height and the other layers model."""
+    if pr == 1 or mode == "data":
+        return make_layout("data", 1, gpus)
+    if mode == "domain" and layer.conv is not None:
+        return make_layout("domain", pr, pc, placement)
+    return make_layout("model", pr, pc, placement)
+
+
+def unmatched_pin_message(pin: Pin, network: Network) -> str:
+    """Why a pin matched no layer with weights."""
+    names = [layer.name for layer in network.layers
+             if fnmatch.fnmatchcase(layer.name, pin.pattern)]
+    if names:
+        return (f"pin '{pin.text}' matches only layers without weights "
+                f"({', '.join(names[:5])}); they follow their neighbours' layout")
+    return f"pin '{pin.text}' matches no layer of '{network.name}'"
+
+
+def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
+                     grid: tuple[int, int] | None, mode: str | None, pins: list[Pin],
+                     placement: str) -> dict[int, Layout]:
+    """The layout of every layer with weights from one grid (or mode) and pins: the first
+    matching pin wins, the other layers take the grid (default: data parallel). Raises
+    :class:`StrategyError` naming the offending option."""
+    if grid is not None:
+        pr, pc = grid
+    elif mode in ("model", "domain"):
+        pr, pc = gpus, 1
+    else:
+        pr, pc = 1, gpus
+    used = [False] * len(pins)
+    out: dict[int, Layout] = {}
+    for layer in network.layers:
+        if not layer.has_weights:
+            continue
+        chosen: Layout | None = None
+        source: str | int = "grid"
+        for i, pin in enumerate(pins):
+            if fnmatch.fnmatchcase(layer.name, pin.pattern):
+                chosen, source, used[i] = pin_layout(pin, gpus, placement), i, True
+                break
+        if chosen is None:
+            chosen = grid_layout(layer, gpus, pr, pc, mode, placement)
+        reason = why_invalid(layer, chosen, batch, paper)
+        if reason is not None:
+            raise StrategyError(f"layer '{layer.name}' cannot use {chosen.label()}: {reason}",
+                                source)
+        out[layer.index] = chosen
+    for i, pin in enumerate(pins):
+        if not used[i]:
+            raise StrategyError(unmatched_pin_message(pin, network), i)
+    return out

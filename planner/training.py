@@ -38,7 +38,7 @@ from .inputs import cluster_from_document, network_from_document
 from .layout import Layout, make_layout, parse_grid, parse_pin
 from .loading import Document, Mark, load_file
 from .network import DTYPE_ALIASES, DTYPE_BYTES, Network
-from .strategies import why_invalid
+from .strategies import StrategyError, fixed_assignment
 
 
 @dataclass(frozen=True)
@@ -274,59 +274,25 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, findings: list[Finding],
 def _strategy_assignment(cfg: TrainingConfig, net: Network) -> dict[int, Layout]:
     """The layouts of a grid or pins strategy (pins: unmatched layers data parallel)."""
     p, b = cfg.gpus, cfg.batch
-    paper = cfg.cost_model == "gholami2018"
     placement = cfg.strategy.get("placement", "rows")
-    out: dict[int, Layout] = {}
-    if "grid" in cfg.strategy:
-        try:
-            pr, pc = parse_grid(cfg.strategy["grid"], p)
-        except PlannerError as exc:
-            raise _config_error(cfg, "$.strategy.grid", str(exc).removeprefix(
-                "planner: error: ")) from None
-        mode = cfg.strategy["mode"]
-        for layer in net.layers:
-            if not layer.has_weights:
-                continue
-            if pr == 1 or mode == "data":
-                lay = make_layout("data", 1, p)
-            elif mode == "domain" and layer.conv is not None:
-                lay = make_layout("domain", pr, pc, placement)
-            else:
-                lay = make_layout("model", pr, pc, placement)
-            reason = why_invalid(layer, lay, b, paper)
-            if reason:
-                raise _config_error(cfg, "$.strategy.grid", f"layer '{layer.name}' cannot use "
-                                                            f"{lay.label()}: {reason}")
-            out[layer.index] = lay
-        return out
-    import fnmatch
-
+    grid = mode = None
     pins = []
-    for i, text in enumerate(cfg.strategy["pins"]):
-        try:
-            pins.append(parse_pin(text, p))
-        except PlannerError as exc:
-            raise _config_error(cfg, f"$.strategy.pins[{i}]", str(exc).removeprefix(
-                "planner: error: ")) from None
-    for layer in net.layers:
-        if not layer.has_weights:
-            continue
-        lay = make_layout("data", 1, p)
-        for i, pin in enumerate(pins):
-            if fnmatch.fnmatchcase(layer.name, pin.pattern):
-                if pin.mode == "data":
-                    lay = make_layout("data", 1, p)
-                else:
-                    pr, pc = pin.grid if pin.grid else (p, 1)
-                    lay = make_layout(pin.mode, pr, pc, placement)
-                reason = why_invalid(layer, lay, b, paper)
-                if reason:
-                    raise _config_error(cfg, f"$.strategy.pins[{i}]",
-                                        f"layer '{layer.name}' cannot use {lay.label()}: "
-                                        f"{reason}")
-                break
-        out[layer.index] = lay
-    return out
+    if "grid" in cfg.strategy:
+        grid = parse_grid(cfg.strategy["grid"], p)  # checked when the config was loaded
+        mode = cfg.strategy["mode"]
+    else:
+        for i, text in enumerate(cfg.strategy["pins"]):
+            try:
+                pins.append(parse_pin(text, p))
+            except PlannerError as exc:
+                raise _config_error(cfg, f"$.strategy.pins[{i}]", str(exc).removeprefix(
+                    "planner: error: ")) from None
+    try:
+        return fixed_assignment(net, p, b, cfg.cost_model == "gholami2018", grid, mode, pins,
+                                placement)
+    except StrategyError as exc:
+        key = "$.strategy.grid" if exc.source == "grid" else f"$.strategy.pins[{exc.source}]"
+        raise _config_error(cfg, key, str(exc)) from None
 
 
 def _config_error(cfg: TrainingConfig, path: str, message: str) -> InputError:

@@ -62,8 +62,8 @@ def test_one_grid_domain(runner):
     (["--grid", "banana"], "invalid grid 'banana'"),
     (["--pin", "nothing*=data"], "--pin 'nothing*=data' matches no layer"),
     (["--pin", "relu*=model"], "matches only layers without weights"),
-    (["--pin", "conv1=model:512x1"], "layer 'conv1' cannot use model 512x1 (--pin "
-     "'conv1=model:512x1'): it has 96 output channels, fewer than P_r=512"),
+    (["--pin", "conv1=model:512x1"], "layer 'conv1' cannot use model 512x1: it has 96 "
+     "output channels, fewer than P_r=512 (--pin 'conv1=model:512x1')"),
     (["--pin", "fc*=sideways"], "mode must be one of data, model, domain"),
 ])
 def test_usage_errors(runner, args, message):
