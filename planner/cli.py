@@ -85,6 +85,16 @@ def fail(message: str) -> NoReturn:
     raise UsageError(f"planner: error: {message}")
 
 
+def check_output(output: str | None, protect: tuple[str, ...] = ()) -> None:
+    """Refuse a bad ``-o`` before doing the work (one of the inputs, a directory, a
+    missing folder); :func:`emit` checks again when it writes."""
+    if output is None or output == "-":
+        return
+    from .output import output_target
+
+    output_target(output, protect)
+
+
 def emit(text: str, output: str | None, protect: tuple[str, ...] = ()) -> None:
     """Write the product: to stdout, or atomically to ``output`` (``-`` is stdout)."""
     if output is None or output == "-":
@@ -201,6 +211,7 @@ def show(network: str, batch: int, fmt: str, output: str | None) -> None:
     from .inputs import load_network
     from .report import network_table, show_data
 
+    check_output(output, (network,))
     net = load_network(network)
     data = show_data(net, batch)
     render_data(data, fmt, output, lambda: network_table(net, data), (network,))
@@ -233,4 +244,22 @@ _attach_command_groups()
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``planner`` console script."""
+    _tolerant_streams()
     cli.main(args=argv, prog_name="planner")
+
+
+def _tolerant_streams() -> None:
+    """On a terminal whose encoding cannot show every character (``PYTHONIOENCODING=ascii``,
+    a Latin-1 locale), print what it can and escape the rest instead of failing with
+    UnicodeEncodeError (files written with ``-o`` are always UTF-8)."""
+    import codecs
+    import contextlib
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            utf = codecs.lookup(stream.encoding or "ascii").name.startswith("utf")
+        except (LookupError, AttributeError):
+            utf = False
+        if not utf and hasattr(stream, "reconfigure"):
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")

@@ -24,17 +24,35 @@ import difflib
 import functools
 import importlib.resources
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import Issue, ModelDataError
 from .fields import Fields, Invalid, choice, integer, number, quantity, string
 from .loading import child_path, parse_text
+from .units import Kind
 
 PEAK_KEYS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 ALGORITHMS = ("auto", "ring", "tree", "recursive", "hierarchical")
 MAX_NODES = 10_000_000
+#: Bounds on hardware figures (SI). Far outside today's hardware either way, but they keep
+#: a wrong unit or a hostile file from driving the cost model to infinities (1e-300 B/s)
+#: or to zero cost.
+PLAUSIBLE: dict[str, tuple[Kind, float, float]] = {
+    "latency": ("time", 0.0, 1.0),                   # … 1 s
+    "bandwidth": ("bandwidth", 1e3, 1e16),           # 1 kB/s … 10 PB/s
+    "memory": ("bytes", 2.0**20, 2.0**60),           # 1 MiB … 1 EiB
+    "size": ("bytes", 0.0, 2.0**60),                 # … 1 EiB (caches, reserves)
+    "flop_rate": ("flop_rate", 1e6, 1e18),           # 1 MFLOP/s … 1 EFLOP/s
+    "frequency": ("frequency", 1e6, 1e12),           # 1 MHz … 1 THz
+}
+
+
+def _plausible(what: str, positive: bool = True) -> Callable[[object], float]:
+    """A quantity converter within :data:`PLAUSIBLE` bounds."""
+    kind, low, high = PLAUSIBLE[what]
+    return quantity(kind, positive=positive, minimum=low, maximum=high)
 
 
 @dataclass(frozen=True)
@@ -212,22 +230,23 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
     peaks: dict[str, float] = dict(base.peak_flops) if base else {}
     if f.has("peak_flops"):
         pf = Fields(f.raw("peak_flops"), f.at("peak_flops"), issues, "peak_flops")
+        before = len(issues)
         for key in PEAK_KEYS:
-            v = pf.opt_none(key, quantity("flop_rate"))
+            v = pf.opt_none(key, _plausible("flop_rate"))
             if v is not None:
                 peaks[key] = v
         pf.finish()
-        if pf.ok and not peaks:
+        if pf.ok and not peaks and len(issues) == before:
             f.error("peak_flops", "give at least one rate, e.g. fp32: '19.5 TFLOPS'")
     elif base is None:
         f.error(None, "missing required key 'peak_flops' in a device (e.g. {fp32: '19.5 "
                       "TFLOPS', bf16: '312 TFLOPS'})")
-    memory = need("memory", quantity("bytes"))
-    bandwidth = need("memory_bandwidth", quantity("bandwidth"))
+    memory = need("memory", _plausible("memory"))
+    bandwidth = need("memory_bandwidth", _plausible("bandwidth"))
     sm_count = need("sm_count", integer(1, 1_000_000))
-    l2 = need("l2_cache", quantity("bytes"))
+    l2 = need("l2_cache", _plausible("size"))
     cores = f.opt_none("fp32_cores_per_sm", integer(1, 100_000))
-    clock = f.opt_none("boost_clock", quantity("frequency"))
+    clock = f.opt_none("boost_clock", _plausible("frequency"))
     kind = f.opt("kind", choice(("gpu", "cpu")), base.kind if base else "gpu")
     eff_c, eff_m = (base.compute_efficiency, base.memory_efficiency) if base else (0.8, 0.85)
     if f.has("achievable"):
@@ -270,15 +289,15 @@ def _link(data: object, path: str, issues: list[Issue], what: str) -> Link | Non
     f = Fields(data, path, issues, what)
     if not f.ok:
         return None
-    latency = f.req("latency", quantity("time", positive=False))
-    bandwidth = f.req("bandwidth", quantity("bandwidth"))
+    latency = f.req("latency", _plausible("latency", positive=False))
+    bandwidth = f.req("bandwidth", _plausible("bandwidth"))
     name = f.opt("name", string, "")
     nvls_bw = nvls_lat = nvls_min = None
     if f.has("nvls") and f.raw("nvls") is not None:
         nf = Fields(f.raw("nvls"), f.at("nvls"), issues, "nvls")
-        nvls_bw = nf.req("bandwidth", quantity("bandwidth"))
-        nvls_lat = nf.opt_none("latency", quantity("time", positive=False))
-        nvls_min = nf.opt("min_bytes", quantity("bytes", positive=False), 0.0)
+        nvls_bw = nf.req("bandwidth", _plausible("bandwidth"))
+        nvls_lat = nf.opt_none("latency", _plausible("latency", positive=False))
+        nvls_min = nf.opt("min_bytes", _plausible("size", positive=False), 0.0)
         nf.finish()
     f.finish()
     if latency is None or bandwidth is None:
@@ -325,7 +344,7 @@ def cluster_from_data(data: object, issues: list[Issue]) -> Cluster | None:
         cf = Fields(f.raw("collectives"), f.at("collectives"), issues, "collectives")
         algorithm = cf.opt("algorithm", choice(ALGORITHMS), "auto")
         cf.finish()
-    reserved = f.opt("reserved_memory", quantity("bytes", positive=False), 0.0)
+    reserved = f.opt("reserved_memory", _plausible("size", positive=False), 0.0)
     f.finish()
     if issues or per_node is None or device is None:
         return None

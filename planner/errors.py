@@ -17,6 +17,7 @@ The core raises these exceptions and never prints; ``cli.py`` formats them once.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 EXIT_OK = 0
@@ -50,11 +51,15 @@ class Located:
     source_line: str | None = None
 
     def render(self, snippet: bool = True) -> str:
-        """Compiler-style text: ``FILE:LINE:COL: error: MESSAGE (at $.path)`` and a caret."""
-        head = f"{self.file}:{self.line}:{self.column}: error: {self.message} (at {self.path})"
+        """Compiler-style text: ``FILE:LINE:COL: error: MESSAGE (at $.path)`` and a caret.
+
+        Control characters from the file are shown as U+FFFD: a hostile file must not
+        send escape sequences (or a bell) to the terminal."""
+        head = _printable(f"{self.file}:{self.line}:{self.column}: error: {self.message} "
+                          f"(at {self.path})")
         if not snippet or self.source_line is None:
             return head
-        line = self.source_line.rstrip("\r\n").expandtabs(1)
+        line = _printable(self.source_line.rstrip("\r\n").expandtabs(1))
         if len(line) > 160:
             start = max(0, self.column - 80)
             line = line[start : start + 160]
@@ -65,24 +70,60 @@ class Located:
         return f"{head}\n    {line}\n    {' ' * caret_at}^"
 
 
+_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters replaced by U+FFFD (one for one, so columns hold)."""
+    return _CONTROLS.sub("\ufffd", text)
+
+
 class PlannerError(Exception):
     """Base class of every error the planner reports to the user."""
 
     exit_code: int = EXIT_INPUT
 
 
+#: Problems gathered per file: checking stops at this many. A file with more is usually
+#: not a planner file at all, and listing them all would take long and flood the screen.
+MAX_ISSUES = 100
+
+
+class TooManyIssues(Exception):
+    """Raised by :class:`IssueList` when it is full (validation stops there)."""
+
+
+class IssueList(list[Issue]):
+    """A list of issues that stops validation (raises :class:`TooManyIssues`) once it
+    holds :data:`MAX_ISSUES`."""
+
+    def append(self, issue: Issue) -> None:
+        """Add an issue; raise :class:`TooManyIssues` when the list is full."""
+        super().append(issue)
+        if len(self) >= MAX_ISSUES:
+            raise TooManyIssues()
+
+
 class InputError(PlannerError):
-    """One or more problems in input files, each with file, line, column and path."""
+    """One or more problems in input files, each with file, line, column and path.
+
+    ``truncated``: checking stopped after :data:`MAX_ISSUES` problems (a note says so).
+    """
 
     exit_code = EXIT_INPUT
 
-    def __init__(self, problems: list[Located]) -> None:
+    def __init__(self, problems: list[Located], truncated: bool = False) -> None:
         self.problems = sorted(problems, key=lambda p: (p.file, p.line, p.column, p.message))
+        self.truncated = truncated
         super().__init__(self.render())
 
     def render(self, snippet: bool = True) -> str:
         """All problems, one block each, sorted by file and position."""
-        return "\n".join(p.render(snippet) for p in self.problems)
+        text = "\n".join(p.render(snippet) for p in self.problems)
+        if self.truncated and self.problems:
+            text += (f"\n{self.problems[0].file}: note: stopped after {len(self.problems)} "
+                     "problems; fix these and run again (is this a planner file?)")
+        return text
 
 
 class UsageError(PlannerError):

@@ -18,7 +18,7 @@ With ``overlap: none`` every all-reduce waits for the end of the backward pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .cluster import Cluster
@@ -126,6 +126,23 @@ class EvalCache:
     follower: dict[Any, tuple[tuple[CommTerm, ...], Dist, Dist, float, float, str]] = field(
         default_factory=dict)
     moves: dict[Any, tuple[CommTerm, ...]] = field(default_factory=dict)
+    buckets: dict[tuple[float, Group], float] = field(default_factory=dict)
+    #: a small integer per distinct cost signature of ``network``'s layers (cheap keys)
+    signatures: list[int] = field(default_factory=list)
+    network: Network | None = None
+
+    def signature_ids(self, network: Network) -> list[int]:
+        """The signature id of every layer of ``network`` (computed once per network; a
+        cache serves one question, and meeting another network empties it)."""
+        if self.network is not network:
+            if self.network is not None:
+                self.weighted.clear()
+                self.follower.clear()
+            ids: dict[tuple[object, ...], int] = {}
+            self.signatures = [ids.setdefault(cost_signature(layer), len(ids))
+                               for layer in network.layers]
+            self.network = network
+        return self.signatures
 
 
 def evaluate(ctx: Context, options: Options, assignment: dict[int, Layout],
@@ -135,11 +152,11 @@ def evaluate(ctx: Context, options: Options, assignment: dict[int, Layout],
     cache = cache if cache is not None else EvalCache()
     net = ctx.network
     results: list[LayerResult] = []
-    weighted = [layer for layer in net.layers if layer.has_weights]
-    if not weighted:
+    first = next((layer for layer in net.layers if layer.has_weights), None)
+    if first is None:
         raise UsageError("planner: error: the network has no layer with weights")
-    first_layout = assignment[weighted[0].index]
-    current: tuple[Layout, str] = (first_layout, weighted[0].name)
+    first_layout = assignment[first.index]
+    current: tuple[Layout, str] = (first_layout, first.name)
     # The data loader delivers the input in the distribution the first layer with
     # weights needs, for free; any other consumer of the input pays to move it.
     default_in = input_dist(first_layout)
@@ -153,9 +170,10 @@ def evaluate(ctx: Context, options: Options, assignment: dict[int, Layout],
             cache.moves[key] = hit
         return list(hit)
 
+    signatures = cache.signature_ids(net)
     for layer in net.layers:
         src = out_dist[layer.inputs[0]]
-        sig = cost_signature(layer)
+        sig = signatures[layer.index]
         if layer.has_weights:
             layout = assignment[layer.index]
             current = (layout, layer.name)
@@ -199,7 +217,7 @@ def evaluate(ctx: Context, options: Options, assignment: dict[int, Layout],
                                    dist_out=fhit[2]))
         out_dist[layer.index] = fhit[2]
     memory = memory_report(ctx, options, results)
-    return _timeline(ctx, options, results, memory)
+    return _timeline(ctx, options, results, memory, cache)
 
 
 def _local_elems(elems: int, dist: Dist | None, batch: int) -> float:
@@ -266,7 +284,13 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     )
 
 
-def _bucket_time(ctx: Context, nbytes: float, group: Group) -> float:
+def _bucket_time(ctx: Context, nbytes: float, group: Group,
+                 cache: dict[tuple[float, Group], float] | None = None) -> float:
+    if cache is not None:
+        hit = cache.get((nbytes, group))
+        if hit is None:
+            hit = cache[(nbytes, group)] = _bucket_time(ctx, nbytes, group)
+        return hit
     if ctx.paper:
         link = ctx.cluster.inter if group.spans_nodes else ctx.cluster.intra
         e = ctx.elem_bytes
@@ -276,7 +300,7 @@ def _bucket_time(ctx: Context, nbytes: float, group: Group) -> float:
 
 
 def _timeline(ctx: Context, options: Options, results: list[LayerResult],
-              memory: MemoryReport) -> Evaluation:
+              memory: MemoryReport, cache: EvalCache) -> Evaluation:
     fwd_compute = sum(r.cost.forward_s for r in results)
     bwd_compute = sum(r.cost.backward_s for r in results)
     fwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "forward")
@@ -321,7 +345,7 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
             ready = pending[-1][0]
             group = grad(pending[0]).group
             nbytes = pending_bytes
-            secs = _bucket_time(ctx, nbytes, group) if len(pending) > 1 else \
+            secs = _bucket_time(ctx, nbytes, group, cache.buckets) if len(pending) > 1 else \
                 grad(pending[0]).seconds
             start = max(ready, channel)
             channel = start + secs
@@ -348,8 +372,9 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         # each layer carries its share of its bucket's all-reduce (by bytes)
         for (pos, j), secs in attributed.items():
             terms = results[pos].cost.terms
-            terms[j] = replace(terms[j], seconds=secs, note=(terms[j].note + " bucketed")
-                               .strip())
+            t = terms[j]
+            terms[j] = CommTerm(t.phase, t.collective, t.group, t.bytes, secs, t.algorithm,
+                                (t.note + " bucketed").strip())
     time_s = finish + optimizer_s
     compute_s = fwd_compute + bwd_compute + optimizer_s
     comm_s = fwd_comm + bwd_comm + weight_grad_s

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from .errors import Issue
 from .loading import child_path
-from .units import Kind, UnitError, parse_quantity
+from .units import Kind, UnitError, format_bytes, format_si, parse_quantity
 
 T = TypeVar("T")
 
@@ -48,34 +49,53 @@ def type_name(value: object) -> str:
 
 
 def show(value: object) -> str:
-    """A short rendering of a value for messages."""
+    """A short rendering of a value for messages, spelled as in YAML where that differs
+    from Python (``true``, ``null``)."""
     if isinstance(value, (dict, list)):
         return type_name(value)
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def described(value: object) -> str:
+    """What a message says was found: ``a string 'eight'``, ``an integer 3``, ``a list``,
+    ``null`` (the type, and the value where it adds something)."""
+    if value is None or isinstance(value, (dict, list)):
+        return type_name(value)
+    return f"{type_name(value)} {show(value)}"
 
 
 def integer(minimum: int = 1, maximum: int = MAX_DIM) -> Callable[[object], int]:
     """Converter: an integer in ``[minimum, maximum]`` (``4.0`` is accepted as 4)."""
 
     def convert(value: object) -> int:
+        given = value  # messages quote what the file says (1e300, not its 301 digits)
         if isinstance(value, bool):
             raise Invalid(f"expected an integer, got {show(value)}")
-        if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
         if not isinstance(value, int):
             if isinstance(value, float):
                 raise Invalid(f"expected an integer, got {show(value)}")
-            raise Invalid(f"expected an integer, got {type_name(value)} {show(value)}")
+            raise Invalid(f"expected an integer, got {described(value)}")
         if value < minimum:
             what = "a positive integer" if minimum == 1 else (
                 "a non-negative integer" if minimum == 0 else f"an integer ≥ {minimum}")
-            raise Invalid(f"expected {what}, got {value}")
+            raise Invalid(f"expected {what}, got {_number_text(given)}")
         if value > maximum:
-            raise Invalid(f"{value} is too large (at most {maximum:,})")
+            raise Invalid(f"{_number_text(given)} is too large (at most {maximum:,})")
         return value
 
     return convert
+
+
+def _number_text(value: object) -> str:
+    """A number as a message quotes it: integers in full up to 30 digits, else ``1e+300``."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"{float(value):.3g}" if abs(value) < 10**308 else "a number above 1e308"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def number(minimum: float = 0.0, maximum: float = math.inf, *, exclusive_min: bool = False,
@@ -84,7 +104,7 @@ def number(minimum: float = 0.0, maximum: float = math.inf, *, exclusive_min: bo
 
     def convert(value: object) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise Invalid(f"expected a number, got {type_name(value)} {show(value)}")
+            raise Invalid(f"expected a number, got {described(value)}")
         x = float(value)
         if not math.isfinite(x):
             raise Invalid(f"expected a finite number, got {show(value)}")
@@ -98,31 +118,60 @@ def number(minimum: float = 0.0, maximum: float = math.inf, *, exclusive_min: bo
     return convert
 
 
-def quantity(kind: Kind, *, positive: bool = True) -> Callable[[object], float]:
-    """Converter: a unit string or SI number (see :mod:`planner.units`)."""
+def quantity(kind: Kind, *, positive: bool = True, minimum: float = 0.0,
+             maximum: float = math.inf) -> Callable[[object], float]:
+    """Converter: a unit string or SI number (see :mod:`planner.units`), optionally within
+    plausible bounds (SI units): a value outside is almost always a wrong unit, and
+    absurd figures would only turn the cost model's arithmetic into infinities."""
 
     def convert(value: object) -> float:
         try:
-            return parse_quantity(value, kind, positive=positive)
+            x = parse_quantity(value, kind, positive=positive)
         except UnitError as exc:
             raise Invalid(str(exc)) from None
+        if x > maximum or (x != 0 and x < minimum):
+            bound = maximum if x > maximum else minimum
+            shown = format_bytes(bound) if kind == "bytes" else format_si(bound, _UNIT[kind])
+            edge = f"at most {shown}" if x > maximum else f"at least {shown}"
+            raise Invalid(f"{show(value)} is not a plausible {_NOUN[kind]}: expected {edge}; "
+                          f"is the unit right? (e.g. {_EXAMPLE[kind]})")
+        return x
 
     return convert
 
 
+_UNIT = {"time": "s", "bytes": "B", "bandwidth": "B/s", "flop_rate": "FLOP/s",
+         "frequency": "Hz", "number": ""}
+_NOUN = {"time": "time", "bytes": "size", "bandwidth": "bandwidth", "flop_rate": "FLOP rate",
+         "frequency": "frequency", "number": "number"}
+_EXAMPLE = {"time": "'2 us'", "bytes": "'80 GiB'", "bandwidth": "'400 Gbit/s'",
+            "flop_rate": "'989 TFLOPS'", "frequency": "'1980 MHz'", "number": "42"}
+
+
+MAX_TEXT = 10_000  #: characters in a name or description (they end up in every table)
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def string(value: object) -> str:
-    """Converter: a non-empty string."""
+    """Converter: a non-empty string without control characters (names end up in
+    tables on a terminal; an escape sequence there would be an attack)."""
     if not isinstance(value, str):
-        raise Invalid(f"expected a string, got {type_name(value)} {show(value)}")
+        raise Invalid(f"expected a string, got {described(value)}")
     if not value.strip():
         raise Invalid("expected a non-empty string")
+    bad = _CONTROL_CHARS.search(value)
+    if bad is not None:
+        raise Invalid(f"expected text without control characters, found "
+                      f"U+{ord(bad.group()):04X} in {show(value)}")
+    if len(value) > MAX_TEXT:
+        raise Invalid(f"expected at most {MAX_TEXT:,} characters, got {len(value):,}")
     return value
 
 
 def boolean(value: object) -> bool:
     """Converter: ``true`` or ``false``."""
     if not isinstance(value, bool):
-        raise Invalid(f"expected true or false, got {type_name(value)} {show(value)}")
+        raise Invalid(f"expected true or false, got {described(value)}")
     return value
 
 
@@ -175,7 +224,7 @@ class Fields:
         self.seen: set[str] = set()
         if not self.ok:
             issues.append(Issue(path, f"expected {what} as a mapping of keys, "
-                                      f"got {type_name(data)} {show(data)}"))
+                                      f"got {described(data)}"))
 
     def at(self, key: str) -> str:
         """The path of ``key`` in this mapping."""

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from .cluster import Cluster, cluster_from_data
-from .errors import InputError, Issue
+from .errors import InputError, Issue, IssueList, TooManyIssues
 from .loading import Document, load_file, parse_text
 from .network import Network, network_from_data
 
@@ -48,13 +48,16 @@ def _kind_issue(doc: Document, expected: str | None) -> Issue:
 
 def network_from_document(doc: Document) -> Network:
     """A validated network from a parsed document, or an InputError."""
-    issues: list[Issue] = []
+    issues: list[Issue] = IssueList()
     kind = detect_kind(doc.data)
     if kind is None:
         raise doc.error([_kind_issue(doc, "network")])
     if kind != "network":
         raise doc.error([Issue("$.kind", f"expected a network file, got 'kind: {kind}'")])
-    net = network_from_data(doc.data, issues)
+    try:
+        net = network_from_data(doc.data, issues)
+    except TooManyIssues:
+        raise doc.error(issues, truncated=True) from None
     if issues or net is None:
         raise doc.error(issues or [Issue("$", "invalid network")])
     return net
@@ -62,13 +65,16 @@ def network_from_document(doc: Document) -> Network:
 
 def cluster_from_document(doc: Document) -> Cluster:
     """A validated cluster from a parsed document, or an InputError."""
-    issues: list[Issue] = []
+    issues: list[Issue] = IssueList()
     kind = detect_kind(doc.data)
     if kind is None:
         raise doc.error([_kind_issue(doc, "cluster")])
     if kind != "cluster":
         raise doc.error([Issue("$.kind", f"expected a cluster file, got 'kind: {kind}'")])
-    cl = cluster_from_data(doc.data, issues)
+    try:
+        cl = cluster_from_data(doc.data, issues)
+    except TooManyIssues:
+        raise doc.error(issues, truncated=True) from None
     if issues or cl is None:
         raise doc.error(issues or [Issue("$", "invalid cluster")])
     return cl

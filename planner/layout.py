@@ -91,8 +91,13 @@ class Layout:
         return Group(self.p, min(self.p, per_node_devices))
 
     def output_dist(self) -> Dist:
-        """Where the layer's output lives (model/data: replicated over the row group)."""
-        return _output_dist(self)
+        """Where the layer's output lives (model/data: replicated over the row group).
+        Kept on the instance: the search asks for it for every layer of every plan."""
+        dist: Dist | None = self.__dict__.get("_dist")
+        if dist is None:
+            dist = _output_dist(self)
+            object.__setattr__(self, "_dist", dist)  # not a field: equality is unchanged
+        return dist
 
 
 @functools.lru_cache(maxsize=4096)
@@ -275,7 +280,11 @@ def parse_grid(text: str, gpus: int) -> tuple[int, int]:
     """``'32x16'`` → ``(32, 16)``, checked against the device count."""
     m = _GRID.match(text)
     if m is None:
-        raise UsageError(f"planner: error: invalid grid {text!r}: expected PRxPC, e.g. 32x16")
+        raise UsageError(f"planner: error: invalid grid {text[:40]!r}: expected PRxPC, e.g. "
+                         "32x16")
+    if max(len(m.group(1)), len(m.group(2))) > 100:  # int() refuses 4,300 digits
+        raise UsageError(f"planner: error: invalid grid {text[:40]!r}: more devices than "
+                         f"--gpus {gpus}")
     pr, pc = int(m.group(1)), int(m.group(2))
     if pr < 1 or pc < 1:
         raise UsageError(f"planner: error: invalid grid {text!r}: both sides must be ≥ 1")
@@ -326,6 +335,12 @@ def pin_layout(pin: Pin, gpus: int, placement: str = "rows") -> Layout:
 
 def divisors(n: int) -> list[int]:
     """The divisors of ``n`` in increasing order."""
+    return list(_divisors(n))
+
+
+@functools.lru_cache(maxsize=256)
+def _divisors(n: int) -> tuple[int, ...]:
+    # every layer asks; for P near 2^30 the scan takes milliseconds
     small, large = [], []
     i = 1
     while i * i <= n:
@@ -334,4 +349,4 @@ def divisors(n: int) -> list[int]:
             if i != n // i:
                 large.append(n // i)
         i += 1
-    return small + large[::-1]
+    return tuple(small + large[::-1])

@@ -22,15 +22,18 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
-from .errors import InputError, Issue, Located
+from .errors import MAX_ISSUES, InputError, Issue, Located
 
-MAX_FILE_BYTES = 16 * 2**20
+# Bounds that keep any input file within about a second and 150 MB (the hostile-input
+# tests hold the planner to 2 s and 200 MB): a 20,000-layer network written out layer by
+# layer is about 2 MB and 200,000 values.
+MAX_FILE_BYTES = 4 * 2**20
 MAX_DEPTH = 64
-MAX_NODES = 2_000_000
+MAX_NODES = 200_000  #: values in the document, with every alias expanded
 
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -38,6 +41,12 @@ _TAG_PREFIX = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {f"{_TAG_PREFIX}{t}" for t in ("str", "int", "float", "bool", "null")}
 _MAP_TAG = f"{_TAG_PREFIX}map"
 _SEQ_TAG = f"{_TAG_PREFIX}seq"
+# event classes, compared by identity in the parse loop (faster than isinstance)
+_StreamStart, _StreamEnd = yaml.StreamStartEvent, yaml.StreamEndEvent
+_DocumentStart, _DocumentEnd = yaml.DocumentStartEvent, yaml.DocumentEndEvent
+_Scalar, _Alias = yaml.ScalarEvent, yaml.AliasEvent
+_MappingStart, _MappingEnd = yaml.MappingStartEvent, yaml.MappingEndEvent
+_SequenceStart, _SequenceEnd = yaml.SequenceStartEvent, yaml.SequenceEndEvent
 
 _NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
 _BOOL_TRUE = {"true", "True", "TRUE"}
@@ -48,12 +57,13 @@ _INT_OCT = re.compile(r"^0o[0-7]+$")
 _FLOAT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$")
 _INF = re.compile(r"^[-+]?\.(?:inf|Inf|INF)$")
 _NAN = re.compile(r"^\.(?:nan|NaN|NAN)$")
+_SIMPLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+_NUMBER_START = frozenset("0123456789+-.")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff]")
 
 
-@dataclass(frozen=True)
-class Mark:
-    """A 0-based position in a source text."""
+class Mark(NamedTuple):
+    """A 0-based position in a source text (a tuple: one is made per value)."""
 
     line: int
     column: int
@@ -68,13 +78,20 @@ class Document:
     data: Any
     marks: dict[str, Mark] = field(default_factory=dict)
     key_marks: dict[str, Mark] = field(default_factory=dict)
+    _lines: list[str] | None = field(default=None, repr=False, compare=False)
+
+    def line(self, index: int) -> str | None:
+        """Source line ``index`` (0-based), or None (split once: a file with thousands of
+        problems must not be split thousands of times)."""
+        if self._lines is None:
+            self._lines = self.text.splitlines()
+        return self._lines[index] if 0 <= index < len(self._lines) else None
 
     def locate(self, issue: Issue) -> Located:
         """Resolve an issue's path to a file position (nearest known ancestor)."""
         mark = self.find_mark(issue.path, issue.at_key)
-        lines = self.text.splitlines()
-        src = lines[mark.line] if 0 <= mark.line < len(lines) else None
-        return Located(self.file, mark.line + 1, mark.column + 1, issue.message, issue.path, src)
+        return Located(self.file, mark.line + 1, mark.column + 1, issue.message, issue.path,
+                       self.line(mark.line))
 
     def find_mark(self, path: str, at_key: bool = False) -> Mark:
         """The mark of ``path``, or of its nearest ancestor that has one."""
@@ -89,16 +106,17 @@ class Document:
                 return Mark(0, 0)
             p = parent
 
-    def error(self, issues: list[Issue]) -> InputError:
-        """An :class:`InputError` for ``issues`` located in this document."""
-        return InputError([self.locate(i) for i in issues])
+    def error(self, issues: list[Issue], truncated: bool = False) -> InputError:
+        """An :class:`InputError` for ``issues`` located in this document (``truncated``:
+        checking stopped at :data:`~planner.errors.MAX_ISSUES`)."""
+        return InputError([self.locate(i) for i in issues], truncated)
 
 
 def child_path(path: str, key: str | int) -> str:
     """``$.a`` + ``b`` → ``$.a.b``; + ``3`` → ``$.a[3]``; odd keys are quoted."""
     if isinstance(key, int):
         return f"{path}[{key}]"
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", key):
+    if _SIMPLE_KEY.fullmatch(key):
         return f"{path}.{key}"
     escaped = key.replace("\\", "\\\\").replace("'", "\\'")
     return f"{path}['{escaped}']"
@@ -142,7 +160,7 @@ def read_text(path: str | os.PathLike[str], display: str | None = None) -> tuple
     except FileNotFoundError:
         raise _fail(name, 0, 0, "no such file") from None
     except OSError as exc:
-        raise _fail(name, 0, 0, f"cannot read the file: {exc.strerror or exc}") from None
+        raise _fail(name, 0, 0, _read_error(exc)) from None
     if stat.S_ISDIR(st.st_mode):
         raise _fail(name, 0, 0, "is a directory, expected a YAML file") from None
     if not stat.S_ISREG(st.st_mode):
@@ -157,15 +175,33 @@ def read_text(path: str | os.PathLike[str], display: str | None = None) -> tuple
         with p.open("rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise _fail(name, 0, 0, f"cannot read the file: {exc.strerror or exc}") from None
+        raise _fail(name, 0, 0, _read_error(exc)) from None
     if len(raw) > MAX_FILE_BYTES:
         raise _fail(name, 0, 0, f"file is too large; input files are limited to "
                     f"{MAX_FILE_BYTES // 2**20} MiB")
     return name, decode(raw, name)
 
 
+def _read_error(exc: OSError) -> str:
+    hint = " (check the file's permissions)" if isinstance(exc, PermissionError) else ""
+    return f"cannot read the file: {exc.strerror or exc}{hint}"
+
+
 def decode(raw: bytes, name: str) -> str:
-    """Decode UTF-8 (with or without BOM) and reject control characters, with positions."""
+    """Decode UTF-8 (with or without BOM) and reject control characters, with positions.
+
+    A NUL byte near the start means a binary file (an image, an archive, a compiled
+    model): that is said first, not the first byte that is not UTF-8."""
+    for bom, encoding in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+                          (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
+        if raw.startswith(bom):
+            raise _fail(name, 0, 0, f"the file is {encoding} text; save it as UTF-8")
+    nul = raw.find(b"\x00", 0, 8192)
+    if nul >= 0:
+        line = raw.count(b"\n", 0, nul)
+        col = nul - (raw.rfind(b"\n", 0, nul) + 1)
+        raise _fail(name, line, col, "found a NUL byte: this looks like a binary file, not "
+                                     "YAML text")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -181,9 +217,12 @@ def decode(raw: bytes, name: str) -> str:
         pos = m.start()
         line = text.count("\n", 0, pos)
         col = pos - (text.rfind("\n", 0, pos) + 1)
-        what = "a NUL byte: this looks like a binary file" if m.group() == "\x00" else (
-            f"control character U+{ord(m.group()):04X}")
-        raise _fail(name, line, col, f"unexpected {what}, expected YAML text", text)
+        if m.group() == "\x00":
+            message = "found a NUL byte: this looks like a binary file, not YAML text"
+        else:
+            message = (f"found control character U+{ord(m.group()):04X}, which YAML text "
+                       "cannot contain; delete it (or save the file as plain UTF-8 text)")
+        raise _fail(name, line, col, message, text)
     return text
 
 
@@ -193,7 +232,21 @@ def load_file(path: str | os.PathLike[str], display: str | None = None) -> Docum
     return parse_text(text, name)
 
 
+#: Longest numeral read as a number. Converting a 4,300-digit integer is refused by Python
+#: (and slow); no planner quantity needs more than a few digits.
+MAX_NUMERAL = 400
+
+
 def _resolve_plain(value: str) -> Any:
+    """A plain scalar by the YAML 1.2 core schema; ValueError for an absurdly long
+    numeral (its message says so)."""
+    if value and value[0] not in _NUMBER_START and value[0] not in "~nNtTfF":
+        return value  # the common case: a word (every other form starts like this)
+    if len(value) > MAX_NUMERAL and value[0] in _NUMBER_START and (
+            _INT.match(value) or _INT_HEX.match(value) or _INT_OCT.match(value)
+            or _FLOAT.match(value)):
+        raise ValueError(f"a number written with {len(value):,} characters is out of range "
+                         f"(at most {MAX_NUMERAL}); planner quantities are far smaller")
     if _NULL.match(value):
         return None
     if value in _BOOL_TRUE:
@@ -244,8 +297,9 @@ class _Frame:
 
 
 def _tag_error(tag: str) -> str:
+    shown = "!!" + tag[len(_TAG_PREFIX):] if tag.startswith(_TAG_PREFIX) else tag
     return (
-        f"YAML tag '{tag}' is not allowed: planner files hold plain data "
+        f"YAML tag '{shown}' is not allowed: planner files hold plain data "
         "(mappings, lists, strings, numbers, booleans)"
     )
 
@@ -253,20 +307,27 @@ def _tag_error(tag: str) -> str:
 def parse_text(text: str, file: str = "<string>") -> Document:
     """Parse YAML text into a :class:`Document`; every problem is an :class:`InputError`."""
     doc = Document(file=file, text=text, data=None)
-    issues: list[Located] = []
+    issues: list[Located] = _LocatedList()
 
     def located(mark: Any, message: str, path: str = "$") -> Located:
-        lines = text.splitlines()
         line = getattr(mark, "line", 0)
         col = getattr(mark, "column", 0)
-        src = lines[line] if 0 <= line < len(lines) else None
-        return Located(file, line + 1, col + 1, message, path, src)
+        return Located(file, line + 1, col + 1, message, path, doc.line(line))
 
     stack: list[_Frame] = []
     anchors: dict[str, tuple[Any, int]] = {}
     documents = 0
     root: Any = None
     root_set = False
+    values = 0  # values of the document so far, aliases expanded
+
+    def too_many(event: Any, path: str) -> InputError:
+        return InputError([located(
+                event.start_mark,
+                f"the document expands to more than {MAX_NODES:,} values (an alias counts "
+                "as everything it stands for); planner files are much smaller: is this the "
+                "right file?", path,
+            )])
 
     def attach(value: Any, size: int, mark: Mark, path_hint: str, event: Any) -> None:
         nonlocal root, root_set
@@ -275,15 +336,8 @@ def parse_text(text: str, file: str = "<string>") -> Document:
             return
         top = stack[-1]
         top.size += size
-        if top.size > MAX_NODES:
-            raise InputError([located(
-                event.start_mark,
-                f"the document expands to more than {MAX_NODES:,} values "
-                "(too many aliases?); simplify the file",
-                top.path,
-            )])
-        if isinstance(top.container, list):
-            path = child_path(top.path, len(top.container))
+        if type(top.container) is list:
+            path = path_hint or child_path(top.path, len(top.container))
             top.container.append(value)
             doc.marks[path] = mark
             return
@@ -302,7 +356,7 @@ def parse_text(text: str, file: str = "<string>") -> Document:
             top.key_mark = mark
             return
         key = top.key
-        path = child_path(top.path, key)
+        path = path_hint or child_path(top.path, key)
         if key in top.container:
             first = doc.key_marks.get(path)
             where = f" (first defined at line {first.line + 1})" if first else ""
@@ -310,7 +364,7 @@ def parse_text(text: str, file: str = "<string>") -> Document:
             issues.append(Located(
                 file, top.key_mark.line + 1, top.key_mark.column + 1,
                 f"duplicate key '{key}'{where}; each key may appear once", path,
-                _line(text, top.key_mark.line),
+                doc.line(top.key_mark.line),
             ))
         else:
             top.container[key] = value
@@ -330,46 +384,46 @@ def parse_text(text: str, file: str = "<string>") -> Document:
             return top.path
         return child_path(top.path, top.key)
 
+    loader = _Loader(text)
     try:
-        for event in yaml.parse(text, Loader=_Loader):
-            if isinstance(event, yaml.DocumentStartEvent):
+        while True:
+            event = loader.get_event()
+            cls = type(event)
+            if event is None or cls is _StreamEnd:
+                break
+            if cls is _DocumentStart:
                 documents += 1
                 if documents > 1:
                     issues.append(located(event.start_mark, "expected one YAML document, "
                                           "found more ('---' starts a second one)"))
                     break
                 continue
-            if isinstance(event, (yaml.StreamStartEvent, yaml.StreamEndEvent,
-                                  yaml.DocumentEndEvent)):
+            if cls is _StreamStart or cls is _DocumentEnd:
                 continue
             sm = event.start_mark
             mark = Mark(sm.line, sm.column) if sm is not None else Mark(0, 0)
             value: Any
-            if isinstance(event, yaml.AliasEvent):
-                if event.anchor not in anchors:
-                    issues.append(located(sm, f"unknown alias '*{event.anchor}'",
-                                          current_child_path()))
-                    attach(None, 1, mark, "", event)
-                    continue
-                value, size = anchors[event.anchor]
-                attach(value, size, mark, "", event)
-                continue
-            if isinstance(event, yaml.ScalarEvent):
-                is_key = bool(stack) and isinstance(stack[-1].container, dict) and \
-                    stack[-1].key is None
+            if cls is _Scalar:
+                top_frame = stack[-1] if stack else None
+                is_key = top_frame is not None and type(top_frame.container) is dict and \
+                    top_frame.key is None
                 path = current_child_path()
                 tag = event.tag
-                if tag is not None and tag != "!" and tag not in _SCALAR_TAGS:
-                    issues.append(located(sm, _tag_error(tag), path))
-                    value = event.value
+                if tag is None:
+                    try:
+                        value = event.value if event.style else _resolve_plain(event.value)
+                    except ValueError as exc:
+                        issues.append(located(sm, str(exc), path))
+                        value = None
                 elif tag in _SCALAR_TAGS:
                     try:
                         value = _construct_tagged(tag, event.value)
                     except ValueError as exc:
                         issues.append(located(sm, str(exc), path))
                         value = event.value
-                elif not event.style and tag is None:
-                    value = _resolve_plain(event.value)
+                elif tag != "!":
+                    issues.append(located(sm, _tag_error(tag), path))
+                    value = event.value
                 else:
                     value = event.value
                 if is_key and event.value == "<<" and not event.style:
@@ -377,10 +431,25 @@ def parse_text(text: str, file: str = "<string>") -> Document:
                                           "write the keys out", path))
                 if event.anchor is not None:
                     anchors[event.anchor] = (value, 1)
+                values += 1
+                if values > MAX_NODES:
+                    raise too_many(event, path)
                 attach(value, 1, mark, path, event)
                 continue
-            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                is_map = isinstance(event, yaml.MappingStartEvent)
+            if cls is _Alias:
+                if event.anchor not in anchors:
+                    issues.append(located(sm, f"unknown alias '*{event.anchor}'",
+                                          current_child_path()))
+                    attach(None, 1, mark, "", event)
+                    continue
+                value, size = anchors[event.anchor]
+                values += size
+                if values > MAX_NODES:
+                    raise too_many(event, current_child_path())
+                attach(value, size, mark, "", event)
+                continue
+            if cls is _MappingStart or cls is _SequenceStart:
+                is_map = cls is _MappingStart
                 if stack and isinstance(stack[-1].container, dict) and stack[-1].key is None:
                     issues.append(located(sm, "mapping keys must be plain strings, not "
                                           "collections", stack[-1].path))
@@ -395,10 +464,13 @@ def parse_text(text: str, file: str = "<string>") -> Document:
                         sm, f"nesting deeper than {MAX_DEPTH} levels; planner files are "
                         "shallow, check the indentation or brackets", path))
                     raise _Abort()
+                values += 1
+                if values > MAX_NODES:
+                    raise too_many(event, path)
                 stack.append(_Frame({} if is_map else [], path, event.anchor))
                 doc.marks.setdefault(path, mark)
                 continue
-            if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            if cls is _MappingEnd or cls is _SequenceEnd:
                 frame = stack.pop()
                 if frame.anchor is not None:
                     anchors[frame.anchor] = (frame.container, frame.size)
@@ -416,20 +488,40 @@ def parse_text(text: str, file: str = "<string>") -> Document:
                     exc.context_mark.line != exc.problem_mark.line:
                 started = f" that started at line {exc.context_mark.line + 1}"
             message = f"{exc.problem} ({exc.context}{started})"
-        issues.append(located(mark_obj, f"invalid YAML: {message}"))
+        if mark_obj is not None and _char_at(text, mark_obj.line, mark_obj.column) == "\t":
+            message += "; YAML is indented with spaces, not tabs"
+        # list.append: past the cap, the syntax error is still reported
+        list.append(issues, located(mark_obj, f"invalid YAML: {message}"))
     except yaml.YAMLError as exc:
-        issues.append(Located(file, 1, 1, f"invalid YAML: {exc}", "$", None))
+        list.append(issues, Located(file, 1, 1, f"invalid YAML: {exc}", "$", None))
+    finally:
+        loader.dispose()
     if issues:
-        raise InputError(issues)
+        raise InputError(issues, truncated=len(issues) >= MAX_ISSUES)
     doc.data = root if root_set else None
     doc.marks.setdefault("$", Mark(0, 0))
     return doc
+
+
+def _char_at(text: str, line: int, column: int) -> str:
+    """The character at a 0-based line and column ('' outside the text)."""
+    start = 0
+    for _ in range(line):
+        start = text.find("\n", start) + 1
+        if start == 0:
+            return ""
+    pos = start + column
+    return text[pos] if pos < len(text) and text[pos] != "\n" else ""
 
 
 class _Abort(Exception):
     """Stop building: a structural problem makes the rest meaningless."""
 
 
-def _line(text: str, line: int) -> str | None:
-    lines = text.splitlines()
-    return lines[line] if 0 <= line < len(lines) else None
+class _LocatedList(list[Located]):
+    """Problems found while parsing; parsing stops (``_Abort``) at ``MAX_ISSUES``."""
+
+    def append(self, problem: Located) -> None:
+        super().append(problem)
+        if len(self) >= MAX_ISSUES:
+            raise _Abort()

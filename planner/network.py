@@ -35,13 +35,25 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import Issue
-from .fields import MAX_DIM, Fields, Invalid, boolean, choice, integer, number, pair, string
+from .fields import (
+    MAX_DIM,
+    Fields,
+    Invalid,
+    boolean,
+    choice,
+    described,
+    integer,
+    number,
+    pair,
+    string,
+)
 from .loading import child_path
 from .ops import Conv, Elementwise, Gemm, Kernel
 
@@ -79,6 +91,10 @@ _TYPE_ALIASES = {
 VIEW_TYPES = ("flatten", "identity")
 #: Layers that own weights (their layout is a free choice of the search).
 WEIGHTED_TYPES = ("conv2d", "linear", "attention", "embedding")
+#: The most layers a network may expand to (repeat groups multiply). Real networks have
+#: a few thousand; the bound keeps a mistyped or hostile repeat count (nested repeats of
+#: 100,000 make 10^10 layers) from running for hours. Plans of 10,000 layers take seconds.
+MAX_LAYERS = 20_000
 
 
 # ---------------------------------------------------------------------------------------
@@ -419,6 +435,11 @@ class Network:
         A tensor that several layers keep (a ReLU output that the next convolution also
         keeps as its input, even through a flatten) counts once; -1 is the network input.
         """
+        return dict(self._saved)
+
+    @functools.cached_property
+    def _saved(self) -> dict[int, int]:
+        """:meth:`saved_tensors`, computed once (``show`` asks for every layer)."""
         kept: dict[int, int] = {}
         for layer in self.layers:
             if layer.saves_input:
@@ -433,7 +454,7 @@ class Network:
     def activation_bytes(self, layer: Layer) -> int:
         """Bytes per sample kept for backward attributed to ``layer``: its output if
         anyone keeps it, its internal tensors, its masks and indices."""
-        kept = self.saved_tensors()
+        kept = self._saved
         return (kept.get(layer.index, 0) + layer.saved_internal) * self.elem_bytes + \
             layer.saved_bytes_extra
 
@@ -457,7 +478,7 @@ class _Spec:
 
 def _canonical_type(value: object) -> str:
     if not isinstance(value, str):
-        raise Invalid(f"expected a layer type name, got {value!r}")
+        raise Invalid(f"expected a layer type name, got {described(value)}")
     t = value.strip().lower()
     t = _TYPE_ALIASES.get(t, t)
     if t in LAYER_TYPES or t in ("residual", "repeat"):
@@ -568,7 +589,7 @@ def _parse_entry(item: object, path: str, issues: list[Issue], depth: int) -> _S
         return None
     name = f.opt_none("name", _layer_name)
     if f.has("repeat"):
-        count = f.req("repeat", integer(1, 100_000))
+        count = f.req("repeat", integer(1, MAX_LAYERS))
         start = f.opt("start", integer(0, 1_000_000), 0)
         if f.has("type"):
             t = f.raw("type")
@@ -971,6 +992,21 @@ def _input_shape(value: object) -> Shape:
     return tuple(conv(v) for v in value)
 
 
+def _spec_count(spec: _Spec) -> int:
+    """Layers one entry expands to (exact integers: nested repeats may be huge)."""
+    if spec.kind == "repeat":
+        return spec.count * _expanded_count(spec.children)
+    if spec.kind == "residual":
+        return (_expanded_count(spec.children) + _expanded_count(spec.shortcut or [])
+                + 1 + (1 if spec.activation else 0))
+    return 1
+
+
+def _expanded_count(specs: list[_Spec]) -> int:
+    """Layers a list of entries expands to."""
+    return sum(_spec_count(spec) for spec in specs)
+
+
 def network_from_data(data: object, issues: list[Issue]) -> Network | None:
     """Validate plain data as a network; problems go to ``issues`` (None if any)."""
     f = Fields(data, "$", issues, "a network")
@@ -996,6 +1032,16 @@ def network_from_data(data: object, issues: list[Issue]) -> Network | None:
         f.error(None, "missing required key 'layers' in a network")
     f.finish()
     if issues or shape is None:
+        return None
+    total = _expanded_count(specs)
+    if total > MAX_LAYERS:
+        biggest = max(specs, key=_spec_count)
+        alone = _spec_count(biggest)
+        where = f" ({biggest.kind} group alone: {alone:,})" if biggest.kind in (
+            "repeat", "residual") and alone < total else ""
+        issues.append(Issue(biggest.path if biggest.kind == "repeat" else "$.layers",
+                            f"the network expands to {total:,} layers{where}; planner "
+                            f"handles at most {MAX_LAYERS:,}: lower the repeat counts"))
         return None
     b = _Builder(issues)
     b.input_kind = {3: "image", 2: "sequence", 1: "features"}[len(shape)]

@@ -91,6 +91,7 @@ class Space:
         self.pinned = set(pins)
         self.cache = EvalCache()
         net = ctx.network
+        self._sig = self.cache.signature_ids(net)
         self.layers = net.layers
         paper = ctx.paper
         p, b = options.gpus, options.batch
@@ -104,11 +105,14 @@ class Space:
                 self.candidates[layer.index] = list(candidate_layouts(layer, p, b, paper))
         empty = [self.layers[i].name for i, c in self.candidates.items() if not c]
         if empty:
+            prime = f"; {p} is prime, so the only grids are 1x{p} and {p}x1" if len(
+                divisors(p)) == 2 else ""
             raise NoFeasiblePlan(
-                f"no layout applies to layer '{empty[0]}' with {p} devices and batch {b} "
+                f"planner: no feasible plan: no layout applies to layer '{empty[0]}' with "
+                f"{p} devices and batch {b} "
                 "(a batch smaller than the device count leaves only model and domain "
-                "splits, and this layer allows none); use fewer devices or a larger batch",
-                None)
+                f"splits, and this layer allows none{prime}); use fewer devices or a larger "
+                "batch", None)
         # distributions: the layouts' own, and what followers turn them into
         self.dists: list[Dist] = []
         self.index: dict[Dist, int] = {}
@@ -125,6 +129,12 @@ class Space:
         self._follow_arrays: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
         self._by_layer: dict[int, np.ndarray] = {}
         self._io: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._entry: dict[int, np.ndarray] = {}
+        self._out_groups: dict[int, _Groups] = {}
+        self._map_groups: dict[bytes, _Groups] = {}
+        self._own: dict[tuple[int, Weights], np.ndarray] = {}
+        self._positions: dict[int, dict[Layout, int]] = {}
+        self._kinds: list[int] | None = None
         self._precompute()
 
     def _dist(self, d: Dist) -> int:
@@ -206,6 +216,41 @@ class Space:
             self._io[layer.index] = hit
         return hit
 
+    def entry_transitions(self, layer: Layer) -> np.ndarray:
+        """``T[src, in_j]``: moving the layer's input from every distribution into the
+        input distribution of each candidate layout ``j``."""
+        hit = self._entry.get(layer.index)
+        if hit is None:
+            hit = self.transitions(layer.in_elems)[:, self.dist_indices(layer)[0]]
+            self._entry[layer.index] = hit
+        return hit
+
+    def out_groups(self, layer: Layer) -> _Groups:
+        """The candidate layouts of a layer with weights grouped by output distribution."""
+        hit = self._out_groups.get(layer.index)
+        if hit is None:
+            hit = _group(self.dist_indices(layer)[1])
+            self._out_groups[layer.index] = hit
+        return hit
+
+    def weighted_own(self, layer: Layer, w: Weights) -> np.ndarray:
+        """The weighted score of each candidate layout of a layer with weights."""
+        parts = self.weighted(layer)
+        key = (id(parts), w)  # layers with the same costs share one parts array
+        hit = self._own.get(key)
+        if hit is None:
+            hit = self._own[key] = _score(parts, w)
+        return hit
+
+    def map_groups(self, out_map: np.ndarray) -> _Groups:
+        """Distributions grouped by where a layer without weights leaves them."""
+        key = out_map.tobytes()
+        hit = self._map_groups.get(key)
+        if hit is None:
+            hit = _group(out_map)
+            self._map_groups[key] = hit
+        return hit
+
     def follower(self, layer: Layer, d: int) -> tuple[np.ndarray, int]:
         """Part vector of a layer without weights on distribution ``d``, and the
         distribution it leaves."""
@@ -241,7 +286,7 @@ class Space:
     def follower_arrays(self, layer: Layer, w: Weights) -> tuple[np.ndarray, np.ndarray]:
         """For every distribution: where a layer without weights leaves it, and its
         weighted cost there."""
-        key = (cost_signature(layer), w)
+        key = (self._sig[layer.index], w)
         hit = self._follow_arrays.get(key)
         if hit is None:
             n = len(self.dists)
@@ -288,21 +333,27 @@ class Space:
 
 
     def score(self, assignment: dict[int, Layout], w: Weights) -> float:
-        """The dynamic program's objective for one assignment (to rank many quickly)."""
+        """The dynamic program's objective for one assignment (to rank many quickly).
+
+        The sum runs over the layers in order with the same terms as the dynamic program,
+        so equal assignments score equally to the last bit."""
+        if self._kinds is None:
+            self._kinds = [0 if lay.has_weights else 1 if lay.type == "add" else 2
+                           for lay in self.layers]
         first = next(lay for lay in self.layers if lay.has_weights)
-        state: dict[int, int] = {-1: self.index[input_dist(assignment[first.index])]}
+        index = self.index
+        state: dict[int, int] = {-1: index[input_dist(assignment[first.index])]}
         total = 0.0
-        for layer in self.layers:
+        for layer, kind in zip(self.layers, self._kinds, strict=True):
             d = state[layer.inputs[0]]
-            if layer.has_weights:
-                lays = self.candidates[layer.index]
+            if kind == 0:
                 lay = assignment[layer.index]
-                j = lays.index(lay)
-                total += float(_score(self.weighted(layer)[j], w))
-                total += self.transitions(layer.in_elems)[d, self.index[input_dist(lay)]] * \
+                j = self.position(layer.index)[lay]
+                total += float(self.weighted_own(layer, w)[j])
+                total += self.transitions(layer.in_elems)[d, index[input_dist(lay)]] * \
                     w.activation
-                state[layer.index] = self.index[lay.output_dist()]
-            elif layer.type == "add":
+                state[layer.index] = index[lay.output_dist()]
+            elif kind == 1:
                 sc = state[layer.inputs[1]]
                 total += self.transitions(layer.in_elems)[sc, d] * w.activation
                 total += float(self.follower_arrays(layer, w)[1][d])
@@ -312,6 +363,17 @@ class Space:
                 total += float(own[d])
                 state[layer.index] = int(out_map[d])
         return total
+
+    def position(self, index: int) -> dict[Layout, int]:
+        """Where each candidate layout of layer ``index`` sits in its list (the first
+        place, as ``list.index`` finds it)."""
+        hit = self._positions.get(index)
+        if hit is None:
+            hit = {}
+            for j, lay in enumerate(self.candidates[index]):
+                hit.setdefault(lay, j)
+            self._positions[index] = hit
+        return hit
 
 
 # ---------------------------------------------------------------------------------------
@@ -382,28 +444,69 @@ def dynamic_program(space: Space, w: Weights, origin: int | None = None,
 
 def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
                    steps: list[_Step], restrict: int | None) -> np.ndarray:
-    lays = space.candidates[layer.index]
-    parts = space.weighted(layer)
-    own = _score(parts, w)
-    in_idx, out_idx = space.dist_indices(layer)
+    own = space.weighted_own(layer, w)
+    in_idx = space.dist_indices(layer)[0]
     if restrict is not None:
         own = np.where(in_idx == restrict, own, INF)
-    trans = space.transitions(layer.in_elems)[:, in_idx] * w.activation  # (D, J)
+    trans = space.entry_transitions(layer) * w.activation  # (D, J)
     k, n = cost.shape
     total = cost[:, :, None] + trans[None, :, :]  # (K, D, J)
     prev = np.argmin(total, axis=1)  # (K, J)
-    best = np.take_along_axis(total, prev[:, None, :], axis=1)[:, 0, :] + own[None, :]
+    best = total.min(axis=1) + own[None, :]
     new = np.full((k, n), INF)
     bp_cur = np.zeros((k, n), dtype=np.int64)
     bp_lay = np.full((k, n), -1, dtype=np.int64)
-    for j in range(len(lays)):
-        o = out_idx[j]
-        better = best[:, j] < new[:, o]
-        new[better, o] = best[better, j]
-        bp_cur[better, o] = prev[better, j]
-        bp_lay[better, o] = j
+    _scatter_min(best, prev, space.out_groups(layer), new, bp_cur, bp_lay)
     steps.append(_Step("weighted", layer.index, None, bp_cur, bp_lay))
     return new
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """Columns of a step grouped by the state they lead to: ``single_src → single_dst``
+    where one column reaches a state, and ``(dst, srcs)`` where several compete (the
+    first of the cheapest wins, as in a scan in column order)."""
+
+    single_src: np.ndarray
+    single_dst: np.ndarray
+    multi: tuple[tuple[int, np.ndarray], ...]
+    identity: bool  #: every column leads to the state of the same index
+
+
+def _group(targets: np.ndarray) -> _Groups:
+    by_dst: dict[int, list[int]] = {}
+    for src, dst in enumerate(targets.tolist()):
+        by_dst.setdefault(dst, []).append(src)
+    singles = [(srcs[0], dst) for dst, srcs in by_dst.items() if len(srcs) == 1]
+    multi = tuple((dst, np.array(srcs, dtype=np.int64)) for dst, srcs in by_dst.items()
+                  if len(srcs) > 1)
+    identity = all(src == dst for src, dst in enumerate(targets.tolist()))
+    return _Groups(np.array([s for s, _ in singles], dtype=np.int64),
+                   np.array([d for _, d in singles], dtype=np.int64), multi, identity)
+
+
+def _scatter_min(values: np.ndarray, prev: np.ndarray | None, groups: _Groups,
+                 new: np.ndarray, bp_prev: np.ndarray, bp_src: np.ndarray | None) -> None:
+    """``new[:, dst] = min over the columns src leading to dst of values[:, src]``, with
+    back-pointers: ``bp_src`` the winning column, ``bp_prev`` its ``prev`` entry (or the
+    column itself when ``prev`` is None). Ties go to the first column, and entries that
+    stay infinite are never followed back, so this equals a scan over the columns that
+    keeps strict improvements."""
+    rows = np.arange(values.shape[0])
+    if len(groups.single_src):
+        src, dst = groups.single_src, groups.single_dst
+        new[:, dst] = values[:, src]
+        bp_prev[:, dst] = src[None, :] if prev is None else prev[:, src]
+        if bp_src is not None:
+            bp_src[:, dst] = src[None, :]
+    for target, srcs in groups.multi:
+        sub = values[:, srcs]
+        pick = np.argmin(sub, axis=1)
+        new[:, target] = sub[rows, pick]
+        won = srcs[pick]
+        bp_prev[:, target] = won if prev is None else prev[rows, won]
+        if bp_src is not None:
+            bp_src[:, target] = won
 
 
 def _follower_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
@@ -413,17 +516,15 @@ def _follower_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
     if len(out_map) != n:
         raise AssertionError("follower distributions must be registered up front")
     moved: np.ndarray = cost + own[None, :]
-    live = np.flatnonzero(np.isfinite(cost).any(axis=0))
-    if np.array_equal(out_map[live], live):  # the layer keeps every distribution
+    groups = space.map_groups(out_map)
+    if groups.identity or np.array_equal(
+            out_map[live := np.flatnonzero(np.isfinite(cost).any(axis=0))], live):
+        # the layer keeps every distribution (that the states hold)
         steps.append(_Step("follower", layer.index, None, None, None))
         return moved
     new = np.full((k, n), INF)
     bp_cur = np.zeros((k, n), dtype=np.int64)
-    for d in live:
-        o = out_map[d]
-        better = moved[:, d] < new[:, o]
-        new[better, o] = moved[better, d]
-        bp_cur[better, o] = d
+    _scatter_min(moved, None, groups, new, bp_cur, None)
     steps.append(_Step("follower", layer.index, None, bp_cur, None))
     return new
 

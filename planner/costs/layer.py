@@ -55,10 +55,11 @@ class CommTerm:
     algorithm: str
     note: str = ""
 
-    @property
+    @functools.cached_property
     def when(self) -> str:
         """Where it sits in the timeline: ``forward``, ``backward`` (on the critical path)
-        or ``gradient`` (a weight-gradient reduction that may overlap)."""
+        or ``gradient`` (a weight-gradient reduction that may overlap). Cached: the
+        timeline asks for every term of every evaluation."""
         if self.phase == "weight_grad":
             return "gradient"
         if self.phase == "forward" or self.note.endswith("(forward)"):

@@ -1,10 +1,12 @@
 """Speed and memory benchmarks of whole commands (not a test module).
 
-    python tests/benchmarks/bench.py [--repeat 5]
+    python tests/benchmarks/bench.py [--repeat 5] [--scale]
 
 Runs each command in a fresh process (start-up included, as a user would see it),
-``--repeat`` times, and prints the median and worst wall time and the peak resident
-memory of the process (from ``wait4``). The README's speed table comes from this script.
+``--repeat`` times, and prints the median and worst wall time, the CPU time and the peak
+resident memory of the process (from ``wait4``). The README's speed table comes from
+this script; ``--scale`` runs the scale cases instead (10,000-layer networks, P = 2^20),
+whose figures are in the README's reliability section.
 """
 
 from __future__ import annotations
@@ -34,24 +36,71 @@ network:
 """
 
 
-def run(cmd: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one run of ``cmd``."""
+def run(cmd: list[str], expect: int = 0) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one run of ``cmd`` (which must exit ``expect``)."""
+    wall, _, rss = run_cpu(cmd, expect)
+    return wall, rss
+
+
+def run_cpu(cmd: list[str], expect: int = 0) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (MiB) of one run."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     err = proc.stderr.read().decode() if proc.stderr else ""
-    if proc.returncode not in (0,):
+    if proc.returncode != expect:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err}")
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def scale_cases(tmp: Path) -> list[tuple[str, list[str], int]]:
+    """10,000-layer networks and 2^20 devices: (label, command, expected exit code)."""
+    (tmp / "t10000.yaml").write_text(transformer(10_000))
+    (tmp / "m10000.yaml").write_text(mlp(10_000))
+    (tmp / "t1000.yaml").write_text(transformer(1000))
+    (tmp / "cluster.yaml").write_text(CLUSTER)
+    planner = [sys.executable, "-m", "planner"]
+    net = ROOT / "examples" / "networks"
+    cl = str(tmp / "cluster.yaml")
+
+    def plan(path: Path | str, p: int, b: int) -> list[str]:
+        return [*planner, "plan", str(path), cl, "-p", str(p), "-b", str(b), "--format",
+                "yaml"]
+
+    return [
+        ("plan 10,000-layer transformer, P=1,024, B=128", plan(tmp / "t10000.yaml", 1024, 128),
+         0),
+        ("plan 10,000-layer MLP (97 widths), P=64, B=512", plan(tmp / "m10000.yaml", 64, 512),
+         0),
+        ("plan 10,000-layer transformer, P=1,024, B=1,024 (nothing fits: exit 1 after the "
+         "memory search)", plan(tmp / "t10000.yaml", 1024, 1024), 1),
+        ("show 10,000-layer transformer", [*planner, "show", str(tmp / "t10000.yaml"),
+                                           "--format", "yaml"], 0),
+        ("plan resnet50, P=2^20, B=2^21", plan(net / "resnet50.yaml", 2**20, 2**21), 0),
+        ("plan gpt2-small, P=2^20, B=2^21", plan(net / "gpt2-small.yaml", 2**20, 2**21), 0),
+        ("plan 1,000-layer transformer, P=2^20, B=2^21", plan(tmp / "t1000.yaml", 2**20, 2**21),
+         0),
+    ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--scale", action="store_true",
+                    help="the scale cases: 10,000 layers, 2^20 devices")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="planner-bench-"))
+    if args.scale:
+        print("| command | median wall | worst wall | worst CPU | peak memory |\n"
+              "|---|---|---|---|---|")
+        for label, cmd, expect in scale_cases(tmp):
+            runs = [run_cpu(cmd, expect) for _ in range(args.repeat)]
+            print(f"| {label} | {statistics.median(r[0] for r in runs):.2f} s "
+                  f"| {max(r[0] for r in runs):.2f} s | {max(r[1] for r in runs):.2f} s "
+                  f"| {max(r[2] for r in runs):.0f} MiB |", flush=True)
+        return
     (tmp / "t1000.yaml").write_text(transformer(1000))
     (tmp / "m1000.yaml").write_text(mlp(1000))
     (tmp / "cluster.yaml").write_text(CLUSTER)

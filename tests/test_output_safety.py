@@ -1,0 +1,247 @@
+"""``-o FILE`` is atomic and safe: a failure or an interrupt at any point (while rendering,
+while writing, before the rename) leaves the old file byte for byte and no temporary
+file behind; a command never overwrites its own inputs, however they are named (another
+relative path, a symlink, a hard link), and says so before doing the work; the YAML the
+planner writes is the bytes PyYAML's own representer would write."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import planner.output
+from planner.output import _to_yaml_pyyaml, to_yaml
+
+from .conftest import CLUSTERS, NETWORKS, invoke
+
+NET = NETWORKS / "alexnet.yaml"
+CL = CLUSTERS / "dgx-h100.yaml"
+PLAN = ["plan", str(NET), str(CL), "-p", "8", "-b", "256", "--format", "yaml", "--estimator",
+        "roofline"]
+OLD = b"old: plan\n"
+
+
+def _old_file(tmp_path: Path) -> Path:
+    out = tmp_path / "plan.yaml"
+    out.write_bytes(OLD)
+    out.chmod(0o640)
+    return out
+
+
+def _untouched(out: Path) -> None:
+    assert out.read_bytes() == OLD
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+    assert sorted(p.name for p in out.parent.iterdir()) == ["plan.yaml"], "temporary left"
+
+
+def test_success_writes_what_stdout_would_show(runner, tmp_path):
+    out = _old_file(tmp_path)
+    to_stdout = invoke(runner, *PLAN)
+    result = invoke(runner, *PLAN, "-o", out)
+    assert result.exit_code == 0
+    assert result.stderr == f"wrote {out}\n"
+    assert out.read_text(encoding="utf-8") == to_stdout.stdout
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640  # the file keeps its permissions
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]
+
+
+def test_new_file_gets_the_umask_permissions(runner, tmp_path):
+    old = os.umask(0o027)
+    try:
+        result = invoke(runner, *PLAN, "-o", tmp_path / "new.yaml")
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0
+    assert stat.S_IMODE((tmp_path / "new.yaml").stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize("where", ["render", "write", "fsync", "rename"])
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_failure_or_interrupt_leaves_the_old_file(runner, tmp_path, monkeypatch, where, error):
+    out = _old_file(tmp_path)
+    if where == "render":
+        def fail(*a, **k):
+            raise error("during render")
+
+        monkeypatch.setattr(planner.output, "to_yaml", fail)
+    elif where == "write":
+        real_fdopen = os.fdopen
+
+        class HalfWriter:
+            def __init__(self, fh):
+                self.fh = fh
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.fh.close()
+
+            def write(self, data):
+                self.fh.write(data[: len(data) // 2])  # half of it reaches the disk
+                raise error("during write")
+
+        monkeypatch.setattr(os, "fdopen", lambda fd, mode: HalfWriter(real_fdopen(fd, mode)))
+    elif where == "fsync":
+        def fail_sync(fd):
+            raise error("during fsync")
+
+        monkeypatch.setattr(os, "fsync", fail_sync)
+    else:
+        def fail_replace(src, dst):
+            raise error("during rename")
+
+        monkeypatch.setattr(os, "replace", fail_replace)
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    result = CliRunner().invoke(cli, [*map(str, PLAN), "-o", str(out)])
+    # an interrupt is "Aborted!" (exit 1); any other failure is reported, never half-done
+    assert result.exit_code == (1 if error is KeyboardInterrupt else 3), result.output
+    assert "Traceback" not in result.stderr
+    _untouched(out)
+
+
+def test_disk_full_is_a_message_not_a_crash(runner, tmp_path, monkeypatch):
+    out = _old_file(tmp_path)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    result = invoke(runner, *PLAN, "-o", out)
+    assert result.exit_code == 2
+    assert result.stderr == f"planner: error: cannot write {out}: No space left on device\n"
+    _untouched(out)
+
+
+def test_unwritable_folder_is_a_message(runner, tmp_path, monkeypatch):
+    import tempfile
+
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    result = invoke(runner, *PLAN, "-o", tmp_path / "plan.yaml")
+    assert result.exit_code == 2
+    assert result.stderr.endswith("plan.yaml: Permission denied\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _other_names(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Ways to name ``path`` without its plain spelling."""
+    link = tmp_path / "link.yaml"
+    link.symlink_to(path)
+    hard = tmp_path / "hard.yaml"
+    os.link(path, hard)
+    monkeypatch.chdir(path.parent)
+    relative = os.path.relpath(path, tmp_path)
+    return [str(path), path.name, f"./{path.name}", str(tmp_path / relative), str(link),
+            str(hard), f"../{path.parent.name}/{path.name}"]
+
+
+@pytest.mark.parametrize("which", ["network", "cluster"])
+def test_refuses_to_overwrite_an_input_under_any_name(runner, tmp_path, monkeypatch, which):
+    net, cl = tmp_path / "net" / "alexnet.yaml", tmp_path / "net" / "cluster.yaml"
+    net.parent.mkdir()
+    net.write_bytes(NET.read_bytes())
+    cl.write_bytes(CL.read_bytes())
+    target = net if which == "network" else cl
+    before = (target.read_bytes(), target.stat().st_mtime_ns)
+    for name in _other_names(target, tmp_path, monkeypatch):
+        for cmd in (["plan", str(net), str(cl), "-p", "8", "-b", "256"],
+                    ["cost", str(net), str(cl), "-p", "8", "-b", "256"],
+                    ["compare", str(net), str(cl), "-p", "8", "-b", "256"],
+                    ["sweep", str(net), str(cl), "--gpus", "8", "-b", "256"]):
+            result = invoke(runner, *cmd, "--format", "yaml", "-o", name)
+            assert result.exit_code == 2, (cmd, name, result.stderr)
+            assert result.stderr == (f"planner: error: refusing to write {name}: it is one of "
+                                     "this command's inputs; choose another output file\n")
+    assert (target.read_bytes(), target.stat().st_mtime_ns) == before
+
+
+def test_show_and_plot_refuse_their_inputs_too(runner, tmp_path):
+    net = tmp_path / "alexnet.yaml"
+    net.write_bytes(NET.read_bytes())
+    result = invoke(runner, "show", net, "--format", "yaml", "-o", net)
+    assert result.exit_code == 2 and "refusing to write" in result.stderr
+    result = invoke(runner, "sweep", net, CL, "--gpus", "8", "-b", "256", "--plot", net)
+    assert result.exit_code == 2 and "refusing to write" in result.stderr
+    assert net.read_bytes() == NET.read_bytes()
+
+
+def test_refusal_comes_before_the_work(runner, monkeypatch):
+    """A bad -o is caught before the search runs (a long plan is not thrown away)."""
+    import planner.search
+
+    def no_search(*a, **k):
+        raise AssertionError("searched although the output was refused")
+
+    monkeypatch.setattr(planner.search, "search", no_search)
+    result = invoke(runner, "plan", NET, CL, "-p", "8", "-b", "256", "-o", NET)
+    assert result.exit_code == 2 and "refusing to write" in result.stderr
+
+
+def test_symlink_output_is_written_through(runner, tmp_path):
+    real = tmp_path / "real.yaml"
+    real.write_bytes(OLD)
+    link = tmp_path / "plan.yaml"
+    link.symlink_to(real)
+    result = invoke(runner, *PLAN, "-o", link)
+    assert result.exit_code == 0
+    assert link.is_symlink() and real.read_text(encoding="utf-8").startswith("planner:")
+
+
+def test_directory_or_missing_folder_is_refused(runner, tmp_path):
+    result = invoke(runner, *PLAN, "-o", tmp_path / "nope" / "plan.yaml")
+    assert result.exit_code == 2
+    assert result.stderr == (f"planner: error: cannot write {tmp_path}/nope/plan.yaml: "
+                             f"folder {tmp_path}/nope does not exist\n")
+
+
+# ---------------------------------------------------------------------------------------
+# The fast YAML writer gives PyYAML's bytes
+
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=130),
+    st.sampled_from(["yes", "no", "null", "~", "1e3", "0x1f", "-", "", " x", "a: b", "#c",
+                     "- x", "1.5", ".inf", "2001-12-14", "=", "<<", "?", "'q'", '"d"', "a\nb",
+                     "\t", "é", "\u2028", "x" * 120, "y " * 60]))
+_DATA = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=10),
+    st.dictionaries(st.one_of(st.text(max_size=20), st.integers(), st.booleans()), inner,
+                    max_size=6),
+    st.tuples(inner, inner)), max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(_DATA)
+def test_yaml_writer_matches_pyyaml(data):
+    assert to_yaml(data) == _to_yaml_pyyaml(data)
+
+
+@pytest.mark.parametrize("network", sorted(NETWORKS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_yaml_writer_matches_pyyaml_on_real_documents(runner, network):
+    import json
+
+    for args in (["plan", network, CL, "-p", "64", "-b", "2048", "--estimator", "roofline"],
+                 ["show", network]):
+        result = invoke(runner, *args, "--format", "json")
+        assert result.exit_code == 0, result.stderr
+        data = json.loads(result.stdout)
+        assert to_yaml(data) == _to_yaml_pyyaml(data)
+
+
+def test_yaml_writer_keeps_aliases_and_odd_types_to_pyyaml():
+    shared = [1, 2]
+    data = {"a": shared, "b": shared, "c": {1, 2}.__class__.__name__}
+    assert to_yaml(data) == _to_yaml_pyyaml(data)
+    assert "&id001" in to_yaml(data)
