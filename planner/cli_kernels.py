@@ -2,14 +2,332 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
+
+from .cli import emit, render_data
+
+TABLE_JSON = ("table", "json")
+models_dir_option = click.option(
+    "--models-dir", type=click.Path(file_okay=False), default=None,
+    help="Model directory (default: $PLANNER_MODELS, else the models shipped with planner).")
+
+
+def _results_table(results: list[dict[str, Any]], title: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for name in ("device", "op", "n", "MAPE %", "median %", "p90 %", "out of range"):
+        table.add_column(name, justify="left" if name in ("device", "op") else "right")
+    for r in results:
+        table.add_row(r["device"], r["op"], str(r["n"]), f"{r['mape']:.1f}",
+                      f"{r['median_ape']:.1f}", f"{r['p90_ape']:.1f}", str(r["out_of_range"]))
+    return table
 
 
 @click.group()
 def kernels() -> None:
-    """Kernel-time models: fit, evaluate, predict, profile."""
+    """Kernel-time models: fit, evaluate, predict, profile.
+
+    The models predict the achieved fraction of the roofline bound of GEMMs, batched
+    GEMMs and convolutions (forward, backward-data, backward-filter) from the shape and
+    the GPU's datasheet specs; see the README section 'Hardware models'.
+    """
+
+
+@kernels.command("fit")
+@click.argument("data", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory to write manifest.yaml and the weights into.")
+@click.option("--leave-out", multiple=True, metavar="DEVICE",
+              help="Fit without any row of this GPU (repeatable): leave-one-GPU-out.")
+@click.option("--max-iter", type=click.IntRange(1, 100_000), default=None,
+              help="L-BFGS iterations per model (default 1000).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Weight init seed.")
+@click.option("--only", type=click.Choice(("gemm", "conv")), default=None,
+              help="Fit one family only (GEMM and bmm, or the convolution passes).")
+@click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
+              show_default=True, help="How to print the held-out accuracy.")
+def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
+                max_iter: int | None, seed: int, only: str | None, fmt: str) -> None:
+    """Fit the kernel-time models on measurement CSVs and write them to a directory.
+
+    Rows of each file's held-out split (30% of shapes by CRC-32; NeuSight's own 'train'
+    rows are never held out) are not used for fitting: their accuracy is printed and
+    recorded in the manifest. Deterministic: the same files give the same weights.
+    """
+    from .kernels.pipeline import fit_models
+    from .kernels.train import FitOptions
+
+    opts = FitOptions(seed=seed) if max_iter is None else FitOptions(seed=seed,
+                                                                     max_iter=max_iter)
+    outcome = fit_models(data, out_dir, leave_out, opts,
+                         (only,) if only else ("gemm", "conv"))
+    for rep in outcome.reports:
+        click.echo(f"fitted {rep.family}: {rep.rows} rows, {rep.iterations} iterations, "
+                   f"loss {rep.loss:.4f}, {rep.seconds:.1f} s"
+                   + (f"; dropped sweeps {rep.dropped}" if rep.dropped else ""), err=True)
+    click.echo(f"wrote {', '.join(str(p) for p in outcome.files)} "
+               f"({outcome.seconds:.1f} s in all)", err=True)
+    results = [r.record() for r in outcome.accuracy]
+    render_data({"results": results}, fmt, None,
+                lambda: _results_table(results, "held-out accuracy (split test)"))
+
+
+@kernels.command("eval")
+@click.argument("data", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@models_dir_option
+@click.option("--split", type=click.Choice(("all", "train", "test")), default="all",
+              show_default=True, help="test: the held-out rows; train: the others.")
+@click.option("--device", "devices", multiple=True, metavar="DEVICE",
+              help="Only rows of this GPU (repeatable).")
+@click.option("--exclude", multiple=True, metavar="DEVICE",
+              help="Leave out rows of this GPU (repeatable).")
+@click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
+              show_default=True, help="table for a person; json for programs.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True),
+              default=None, help="Write to this file instead of stdout.")
+def kernels_eval(data: tuple[str, ...], models_dir: str | None, split: str,
+                 devices: tuple[str, ...], exclude: tuple[str, ...], fmt: str,
+                 output: str | None) -> None:
+    """Accuracy of the models on measurement CSVs, per device and op.
+
+    Prints the row count, the mean absolute percentage error (MAPE), and the median and
+    90th-percentile absolute percentage errors. JSON: {"results": [{"device", "op", "n",
+    "mape", "median_ape", "p90_ape", "out_of_range"}, ...]}.
+    """
+    from .kernels.pipeline import evaluate_files
+    from .kernels.store import load_models
+
+    models = load_models(models_dir)
+    results = [r.record() for r in evaluate_files(data, models, split, devices, exclude)]
+    render_data({"results": results}, fmt, output,
+                lambda: _results_table(results, f"kernel-time error (split {split}, models "
+                                                f"{models.directory})"), tuple(data))
+
+
+def _ints(text: str, n_min: int, n_max: int, what: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected {what}, comma-separated integers") from None
+    if not n_min <= len(vals) <= n_max or any(v < 0 for v in vals):
+        raise click.BadParameter(f"expected {what}")
+    return vals
+
+
+@kernels.command("predict")
+@click.option("--device", "device_name", required=True, help="A catalog GPU (see `planner "
+              "devices`).")
+@click.option("--dtype", default="float32", show_default=True,
+              type=click.Choice(("float32", "float16", "bfloat16", "float64", "fp32", "fp16",
+                                 "bf16", "fp64")))
+@click.option("--gemm", "gemm", default=None, metavar="M,N,K[,BATCH]",
+              help="A GEMM C[M,N] = A[M,K]·B[K,N], BATCH products (bmm).")
+@click.option("--conv", "conv", default=None, metavar="N,C,H,W,K,R,S[,STRIDE[,PAD]]",
+              help="A convolution: batch N, C×H×W input, K filters R×S.")
+@click.option("--phase", type=click.Choice(("fwd", "bwd_data", "bwd_filter")),
+              default="fwd", show_default=True, help="The convolution pass.")
+@models_dir_option
+@click.option("--format", "fmt", type=click.Choice(("table", "json", "yaml")),
+              default="table", show_default=True)
+def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | None,
+                    phase: str, models_dir: str | None, fmt: str) -> None:
+    """Predict the time of one GEMM or convolution on one GPU."""
+    from .cluster import lookup_device, suggest_device
+    from .errors import UsageError
+    from .kernels.data import DTYPE_NAMES
+    from .kernels.estimator import LearnedEstimator
+    from .ops import Conv, Gemm
+
+    dev = lookup_device(device_name)
+    if dev is None:
+        hint = suggest_device(device_name)
+        raise UsageError(f"planner: error: unknown device {device_name!r}"
+                         + (f"; did you mean '{hint}'?" if hint else "")
+                         + " (`planner devices` lists the catalog)")
+    if (gemm is None) == (conv is None):
+        raise UsageError("planner: error: give exactly one of --gemm M,N,K[,BATCH] and "
+                         "--conv N,C,H,W,K,R,S[,STRIDE[,PAD]]")
+    kernel: Gemm | Conv
+    if gemm is not None:
+        g = _ints(gemm, 3, 4, "M,N,K[,BATCH]")
+        if min(g) < 1:
+            raise UsageError("planner: error: GEMM dimensions must be at least 1")
+        kernel = Gemm(g[0], g[1], g[2], g[3] if len(g) > 3 else 1)
+    else:
+        assert conv is not None
+        c = _ints(conv, 7, 9, "N,C,H,W,K,R,S[,STRIDE[,PAD]]")
+        stride = c[7] if len(c) > 7 else 1
+        pad = c[8] if len(c) > 8 else 0
+        if min(c[:7]) < 1 or stride < 1:
+            raise UsageError("planner: error: convolution sizes and stride must be at least 1")
+        kernel = Conv(c[0], c[1], c[2], c[3], c[4], c[5], c[6], stride, stride, pad, pad,
+                      phase=phase)  # type: ignore[arg-type]
+        if kernel.out_h < 1 or kernel.out_w < 1:
+            raise UsageError("planner: error: the filter is larger than the padded input")
+    dt = DTYPE_NAMES[dtype]
+    pred = LearnedEstimator(models_dir=models_dir).explain(kernel, dev, dt)
+    rec = {"device": dev.name, "dtype": dt, "kernel": kernel.op, **pred.record()}
+
+    def table() -> Any:
+        from rich.table import Table
+
+        t = Table(show_header=False, title=f"{kernel} on {dev.name} ({dt})",
+                  title_justify="left")
+        t.add_column("what")
+        t.add_column("value", justify="right")
+        t.add_row("predicted time", f"{pred.seconds * 1e6:,.2f} µs")
+        t.add_row("timed by", pred.source)
+        t.add_row("roofline bound (datasheet)", f"{pred.bound_s * 1e6:,.2f} µs")
+        t.add_row("achieved fraction of the bound", f"{pred.bound_s / pred.seconds:.3f}")
+        if pred.sustained_fraction is not None:
+            t.add_row("GPU's sustained fraction of peak",
+                      f"{pred.sustained_fraction:.3f} ("
+                      + ("fitted on its measurements" if pred.gpu_seen else
+                         "median of the GPUs in training: unseen GPU") + ")")
+        t.add_row("within training range", "yes" if pred.in_range else "no")
+        return t
+
+    render_data(rec, fmt, None, table)
+
+
+@kernels.command("profile")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="CSV file to write (the layout `kernels fit` and `eval` read).")
+@click.option("--device", "device", type=click.Choice(("cuda", "cpu")), default="cuda",
+              show_default=True, help="Where to run the kernels.")
+@click.option("--dtype", type=click.Choice(("float32", "float16", "bfloat16")),
+              default="float32", show_default=True)
+@click.option("--quick", is_flag=True, help="A small sweep (seconds; for trying it out).")
+@click.option("--repeats", type=click.IntRange(1, 100_000), default=None,
+              help="Timed calls per shape (default 50 on a GPU, 3 on a CPU).")
+@click.option("--name", default=None, help="Device name written to the CSV (default: what "
+              "PyTorch reports); must be a catalog name or alias for fit/eval.")
+def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: int | None,
+                    name: str | None) -> None:
+    """Measure GEMM, bmm and convolution times with PyTorch over a shape sweep.
+
+    Needs PyTorch (`pip install 'planner[torch]'`). Then calibrate the models to your
+    hardware: `planner kernels fit FILE.csv ... -o mymodels`.
+    """
+    from .kernels.profile import profile_rows, to_csv
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % 25 == 0:
+            click.echo(f"profiled {done}/{total} shapes", err=True)
+
+    rows = list(profile_rows(device, dtype, quick, repeats, name, progress))
+    emit(to_csv(rows), output)
+
+
+@kernels.command("achieved")
+@click.argument("data", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--min-gflop", type=click.FloatRange(0, None), default=1.0, show_default=True,
+              help="Only GEMMs of at least this many GFLOP.")
+@click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
+              show_default=True)
+def kernels_achieved(data: tuple[str, ...], min_gflop: float, fmt: str) -> None:
+    """Per device, the 95th percentile of achieved FP32 GEMM FLOP/s over the catalog peak.
+
+    Pools every file and split; bmm rows are not counted. This is the figure the device
+    catalog's `achievable.compute` cites.
+    """
+    from .kernels.pipeline import achieved_fractions
+
+    recs = [a.record() for a in achieved_fractions(data, min_gflop * 1e9)]
+
+    def table() -> Any:
+        from rich.table import Table
+
+        t = Table(title=f"FP32 GEMMs of ≥ {min_gflop:g} GFLOP: achieved / catalog peak",
+                  title_justify="left")
+        for col in ("device", "n", "p95", "median", "peak TFLOP/s"):
+            t.add_column(col, justify="left" if col == "device" else "right")
+        for r in recs:
+            t.add_row(r["device"], str(r["n"]), f"{r['p95_fraction']:.3f}",
+                      f"{r['median_fraction']:.3f}", f"{r['peak_flops'] / 1e12:.1f}")
+        return t
+
+    render_data({"devices": recs}, fmt, None, table)
 
 
 @click.group()
 def comm() -> None:
     """Collective-communication calibration."""
+
+
+@comm.command("fit")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
+              help="Write this cluster file with its network tiers replaced by the fit.")
+@click.option("--system", default=None, help="Which system of the files to write (a "
+              "substring of its name) when they hold several.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True),
+              default=None, help="Write the YAML here instead of stdout (never an input).")
+@click.option("--format", "fmt", type=click.Choice(("yaml", "json")), default="yaml",
+              show_default=True, help="yaml: the network section (or cluster file); json: "
+              "the whole fit report.")
+def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | None,
+             output: str | None, fmt: str) -> None:
+    """Fit network latency and bandwidth to measured collectives.
+
+    Reads nccl-tests output (all_reduce_perf, all_gather_perf, reduce_scatter_perf),
+    DeepBench's all-reduce CSV and the 8×H200 sweep CSV. Single-node rows fit the
+    intra-node tier, multi-node rows the inter-node tier (NCCL's ring); NVLS rows fit
+    the intra-node `nvls:` sub-section. Prints the fit and its error per (system,
+    collective, ranks) on stderr; writes the fitted `network:` section as YAML.
+    """
+    from .commfit import choose, fit_all, merged_cluster, read_samples, validate_network
+    from .output import to_json, to_yaml
+
+    fits = fit_all(read_samples(files))
+    _print_comm(fits)
+    protect = (*files, *([cluster_path] if cluster_path else []))
+    if fmt == "json":
+        emit(to_json({"systems": [f.record() for f in fits]}), output, protect)
+        return
+    header = "# Fitted by `planner comm fit " + " ".join(files) + "`\n"
+    if cluster_path is not None:
+        fit = choose(fits, system)
+        data = merged_cluster(cluster_path, fit)
+        validate_network(data, cluster_path)
+        emit(header + f"# from {cluster_path}, network tiers fitted to '{fit.system}'\n"
+             + to_yaml(data), output, protect)
+        return
+    if system is not None or len(fits) == 1:
+        fit = choose(fits, system)
+        emit(header + f"# system: {fit.system}\n" + to_yaml({"network": fit.network()}),
+             output, protect)
+        return
+    emit(header + to_yaml({"systems": {f.system: {"network": f.network()} for f in fits}}),
+         output, protect)
+
+
+def _print_comm(fits: list[Any]) -> None:
+    from rich.table import Table
+
+    from .cli import console
+
+    tiers = Table(title="fitted tiers (ring model; NVLS: in-switch all-reduce)",
+                  title_justify="left")
+    for col in ("system", "tier", "latency", "bandwidth", "rows", "from"):
+        tiers.add_column(col, justify="right" if col in ("rows", "latency", "bandwidth")
+                         else "left")
+    errs = Table(title="planner's error with the fitted tiers", title_justify="left")
+    for col in ("system", "collective", "ranks", "nodes", "n", "MAPE %", "max %"):
+        errs.add_column(col, justify="left" if col in ("system", "collective") else "right")
+    for f in fits:
+        for t in (f.intra, f.nvls, f.inter):
+            if t is None:
+                continue
+            since = f"≥ {t.min_bytes / 2**20:g} MiB" if t.min_bytes else ""
+            tiers.add_row(f.system, t.tier, f"{t.latency_s * 1e6:.2f} µs",
+                          f"{t.bandwidth / 1e9:.2f} GB/s", str(t.rows), since)
+        for e in f.errors:
+            errs.add_row(e.system, e.op, str(e.ranks), str(e.nodes), str(e.n),
+                         f"{e.mape:.1f}", f"{e.max_ape:.1f}")
+    con = console(stderr=True)
+    con.print(tiers)
+    con.print(errs)

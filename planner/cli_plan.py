@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .cli import format_option, output_option, render_data
+from .cli import check_output, format_option, output_option, render_data
 from .errors import UsageError
 
 ESTIMATORS = ("auto", "roofline", "learned")
@@ -21,7 +21,7 @@ def _size(value: str) -> float:
     try:
         return parse_quantity(value, "bytes", positive=False)
     except UnitError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint="'--bucket-size'") from None
 
 
 def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -96,13 +96,10 @@ def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
 
     if name == "roofline":
         return Roofline()
-    try:
-        from .kernels import learned_estimator
-    except ImportError:
-        if name == "learned":
-            raise UsageError("planner: error: the learned kernel models are not installed") \
-                from None
-        return Roofline()
+    from .kernels import learned_estimator
+
+    if name == "auto" and getattr(device, "kind", "gpu") != "gpu" and models_dir is None:
+        return Roofline()  # the models were trained on GPUs only
     return learned_estimator(models_dir, required=(name == "learned"))
 
 
@@ -137,9 +134,10 @@ def nodes_used(q: Question) -> int:
     return int(-(-q.options.gpus // q.cluster.devices_per_node))
 
 
-gpus_option = click.option("--gpus", "-p", type=click.IntRange(1, 2**30), required=True,
+MAX_GPUS, MAX_BATCH = 2**30, 2**40
+gpus_option = click.option("--gpus", "-p", type=click.IntRange(1, MAX_GPUS), required=True,
                            help="Number of devices P.")
-batch_option = click.option("--batch", "-b", type=click.IntRange(1, 2**40), required=True,
+batch_option = click.option("--batch", "-b", type=click.IntRange(1, MAX_BATCH), required=True,
                             help="Global batch size B (samples per iteration).")
 
 
@@ -173,6 +171,7 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     from .evaluate import evaluate
     from .plan import placement_record, plan_document, plan_table
 
+    check_output(output, (network, cluster))
     q = load_question(network, cluster, gpus, batch, **kw)
     assignment = layout_assignment(q, grid, mode, pins, placement)
     ev = evaluate(q.ctx, q.options, assignment)
@@ -286,6 +285,7 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
     """
     from .plan import baselines_table, plan_table
 
+    check_output(output, (network, cluster))
     q = load_question(network, cluster, gpus, batch, **kw)
     result = run_search(q, objective, pins)
     doc = plan_doc(q, result, objective, expand_ranks)
@@ -311,6 +311,7 @@ def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
     """The baselines and the searched plan side by side."""
     from .plan import baselines_table
 
+    check_output(output, (network, cluster))
     q = load_question(network, cluster, gpus, batch, **kw)
     result = run_search(q, objective, pins)
     doc = plan_doc(q, result, objective, False)
@@ -333,14 +334,22 @@ def _layout_summary(doc: dict[str, Any]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _int_list(value: str) -> list[int]:
+MAX_SWEEP = 1024  #: combinations one sweep plans (each is a whole search)
+
+
+def _int_list(value: str, option: str, maximum: int) -> list[int]:
+    """Comma-separated integers in ``[1, maximum]`` (the bounds of ``plan``'s option)."""
+    hint = f"'{option}'"
     try:
         items = [int(x) for x in value.split(",") if x.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") \
-            from None
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}",
+                                 param_hint=hint) from None
     if not items or any(x < 1 for x in items):
-        raise click.BadParameter(f"expected positive integers, got {value!r}")
+        raise click.BadParameter(f"expected positive integers, got {value!r}", param_hint=hint)
+    if any(x > maximum for x in items):
+        raise click.BadParameter(f"{max(items)} is too large (at most {maximum:,})",
+                                 param_hint=hint)
     return sorted(set(items))
 
 
@@ -364,8 +373,15 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
 
     from .errors import NoFeasiblePlan, PlannerError
 
-    gpus_values = _int_list(gpus_list)
-    batch_values = _int_list(batch_list)
+    gpus_values = _int_list(gpus_list, "--gpus", MAX_GPUS)
+    batch_values = _int_list(batch_list, "--batch", MAX_BATCH)
+    if len(gpus_values) * len(batch_values) > MAX_SWEEP:
+        raise click.BadParameter(
+            f"{len(gpus_values)} device counts × {len(batch_values)} batch sizes is more than "
+            f"{MAX_SWEEP:,} plans; split the sweep", param_hint="'--gpus' / '--batch'")
+    check_output(output, (network, cluster))
+    if plot:
+        check_output(plot, (network, cluster))
     rows: list[dict[str, Any]] = []
     combos = [(b, p) for b in batch_values for p in gpus_values]
     start = time.monotonic()
@@ -414,7 +430,7 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     data = rounded({"network": network, "cluster": cluster, "objective": objective,
                     "results": rows}, 4)
     if plot:
-        _plot(data["results"], plot)
+        _plot(data["results"], plot, (network, cluster))
     render_data(data, fmt, output, lambda: _sweep_table(data["results"]), (network, cluster))
 
 
@@ -442,7 +458,7 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     return t
 
 
-def _plot(rows: list[dict[str, Any]], path: str) -> None:
+def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = ()) -> None:
     try:
         import matplotlib
 
@@ -474,7 +490,7 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, metadata={"Software": None})
     plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    write_atomic(path, buf.getvalue(), protect)
     click.echo(f"wrote {path}", err=True)
 
 

@@ -22,15 +22,15 @@ CI = EXAMPLES / "ci"
 ])
 def test_examples_exit_codes(runner, config, code, monkeypatch):
     monkeypatch.chdir(ROOT)
-    result = invoke(runner, "check", f"examples/ci/{config}", "--estimator", "roofline")
+    result = invoke(runner, "check", f"examples/ci/{config}")
     assert result.exit_code == code, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_text_lines_point_at_the_strategy(runner, monkeypatch):
     monkeypatch.chdir(ROOT)
-    result = invoke(runner, "check", "examples/ci/alexnet-too-slow.yaml", "--estimator",
-                    "roofline")
+    result = invoke(runner, "check", "examples/ci/alexnet-too-slow.yaml")
+    assert result.exit_code == 1
     lines = result.stdout.splitlines()
     assert "examples/ci/alexnet-too-slow.yaml:11:1: ok: [memory]" in lines[0]
     assert lines[1].startswith("examples/ci/alexnet-too-slow.yaml:11:1: FAIL: [speed] "
@@ -41,7 +41,7 @@ def test_text_lines_point_at_the_strategy(runner, monkeypatch):
 def test_github_annotations(runner, monkeypatch):
     monkeypatch.chdir(ROOT)
     result = invoke(runner, "check", "--format", "github", "examples/ci/alexnet-too-slow.yaml",
-                    "examples/ci/broken.yaml", "--estimator", "roofline")
+                    "examples/ci/broken.yaml")
     assert result.exit_code == 2  # an invalid input outranks a failed check
     lines = result.stdout.splitlines()
     speed = next(x for x in lines if "speed" in x)
@@ -57,7 +57,7 @@ def test_github_annotations(runner, monkeypatch):
 def test_json_format(runner, monkeypatch):
     monkeypatch.chdir(ROOT)
     result = invoke(runner, "check", "--format", "json", "examples/ci/resnet50-dgx.yaml",
-                    "examples/ci/gpt2-does-not-fit.yaml", "--estimator", "roofline")
+                    "examples/ci/gpt2-does-not-fit.yaml")
     assert result.exit_code == 1
     data = json.loads(result.stdout)
     assert data["ok"] is False
@@ -72,7 +72,7 @@ def test_json_format(runner, monkeypatch):
 def test_max_slowdown_option(runner, monkeypatch):
     monkeypatch.chdir(ROOT)
     result = invoke(runner, "check", "examples/ci/alexnet-too-slow.yaml", "--max-slowdown",
-                    "100", "--estimator", "roofline")
+                    "100")
     assert result.exit_code == 0
 
 
@@ -83,10 +83,10 @@ def test_stale_plan_fails(runner, tmp_path):
     shutil.copy(CI / "resnet50-dgx.yaml", tmp_path / "ci")
     shutil.copy(CI / "plans" / "resnet50-dgx-64.yaml", tmp_path / "ci" / "plans")
     cfg = tmp_path / "ci" / "resnet50-dgx.yaml"
-    assert invoke(runner, "check", cfg, "--estimator", "roofline").exit_code == 0
+    assert invoke(runner, "check", cfg).exit_code == 0
     net = tmp_path / "networks" / "resnet50.yaml"
     net.write_text(net.read_text() + "\n# edited\n")
-    result = invoke(runner, "check", cfg, "--estimator", "roofline")
+    result = invoke(runner, "check", cfg)
     assert result.exit_code == 1
     assert "the plan is stale: the network file ../networks/resnet50.yaml changed" in \
         result.stdout
@@ -100,7 +100,7 @@ def test_plan_for_another_question_fails(runner, tmp_path):
     cfg.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
                    f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 32\nbatch: 2048\n"
                    "strategy: {plan: ../plans/p.yaml}\n")
-    result = invoke(runner, "check", cfg, "--estimator", "roofline")
+    result = invoke(runner, "check", cfg)
     assert result.exit_code == 1
     assert "the plan is for gpus=64, the configuration says 32" in result.stdout
 

@@ -112,13 +112,17 @@ class Table:
     harness: list[str] = field(default_factory=list)
     collection: list[str] = field(default_factory=list)  #: e.g. ``neusight-linear-train``
     holdout: list[bool] = field(default_factory=list)
+    #: long sweep the row belongs to (``neusight-conv``, ``neusight-linear-train``; else "")
+    sweep: list[str] = field(default_factory=list)
+    #: the row's position in its sweep on its device, 0 (first) to 1 (last)
+    position: list[float] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.op)
 
     def add(self, op: str, shape: tuple[int, ...], device: str, dtype: str, seconds: float,
-            harness: str, collection: str, holdout: bool) -> None:
-        """Append one measurement."""
+            harness: str, collection: str, holdout: bool, sweep: str = "") -> None:
+        """Append one measurement (its position is set by :meth:`set_positions`)."""
         self.op.append(op)
         self.shape.append(shape)
         self.device.append(device)
@@ -127,19 +131,29 @@ class Table:
         self.harness.append(harness)
         self.collection.append(collection)
         self.holdout.append(holdout)
+        self.sweep.append(sweep)
+        self.position.append(0.0)
+
+    def set_positions(self, start: int) -> None:
+        """Positions of rows ``start:`` in their sweep, per device, in file order."""
+        per: dict[tuple[str, str], list[int]] = {}
+        for i in range(start, len(self.op)):
+            per.setdefault((self.sweep[i], self.device[i]), []).append(i)
+        for idx in per.values():
+            n = len(idx)
+            for j, i in enumerate(idx):
+                self.position[i] = j / (n - 1) if n > 1 else 0.0
 
     def extend(self, other: Table) -> None:
         """Append every row of ``other`` (same family)."""
-        for name in ("op", "shape", "device", "dtype", "seconds", "harness", "collection",
-                     "holdout"):
+        for name in _COLUMNS:
             getattr(self, name).extend(getattr(other, name))
 
     def select(self, mask: Sequence[bool] | NDArray[np.bool_]) -> Table:
         """The rows where ``mask`` is true."""
         keep = [i for i, m in enumerate(mask) if m]
         out = Table(self.family)
-        for name in ("op", "shape", "device", "dtype", "seconds", "harness", "collection",
-                     "holdout"):
+        for name in _COLUMNS:
             col = getattr(self, name)
             getattr(out, name).extend(col[i] for i in keep)
         return out
@@ -150,6 +164,10 @@ class Table:
         if not self.shape:
             return np.zeros((0, width), dtype=np.int64)
         return np.asarray(self.shape, dtype=np.int64)
+
+
+_COLUMNS = ("op", "shape", "device", "dtype", "seconds", "harness", "collection", "holdout",
+            "sweep", "position")
 
 
 @dataclass
@@ -340,6 +358,8 @@ def parse_csv(text: str, display: str) -> Dataset:
                                        "$"))
     if reader.problems:
         raise InputError(reader.problems)
+    out.gemm.set_positions(0)
+    out.conv.set_positions(0)
     if not len(out):
         raise InputError([Located(display, 1, 1, "no measurement rows after the header",
                                   "$")])
@@ -361,7 +381,7 @@ def _neusight(r: _Reader, out: Dataset, is_linear: bool) -> None:
         op = "bmm"
     coll = "neusight-linear-train" if split == "train" and op == "gemm" else ""
     hold = split != "train" and shape_holdout("gemm", shape)
-    out.gemm.add(op, shape, dev, "float32", t, "neusight", coll, hold)
+    out.gemm.add(op, shape, dev, "float32", t, "neusight", coll, hold, coll)
 
 
 def _neusight_conv(r: _Reader, out: Dataset, is_linear: bool) -> None:
@@ -377,7 +397,7 @@ def _neusight_conv(r: _Reader, out: Dataset, is_linear: bool) -> None:
     if not _conv_fits(r, shape, "input_size"):
         return
     out.conv.add("conv_fwd", shape, dev, "float32", t, "neusight", "",
-                 shape_holdout("conv", shape))
+                 shape_holdout("conv", shape), "neusight-conv")
 
 
 def _deepbench_gemm(r: _Reader, out: Dataset, is_linear: bool) -> None:
@@ -412,7 +432,7 @@ def _deepbench_conv(r: _Reader, out: Dataset, is_linear: bool) -> None:
 
 
 def _conv_fits(r: _Reader, shape: tuple[int, ...], col: str) -> bool:
-    n, c, h, w, k, rr, ss, sh, sw, ph, pw, dh, dw, g = shape
+    _, c, h, w, k, rr, ss, _, _, ph, pw, dh, dw, g = shape
     if h + 2 * ph < dh * (rr - 1) + 1 or w + 2 * pw < dw * (ss - 1) + 1:
         r.error(col, "the filter is larger than the padded input")
         return False

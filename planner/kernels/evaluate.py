@@ -51,8 +51,15 @@ def predict_table(model: KernelModel, table: Table) -> tuple[FloatArray, NDArray
         assert dev is not None  # rows were validated when read
         devices.append(dev)
     spec = DeviceSpecs.build(devices, table.dtype)
-    kernel, bound, ok = model.predict_raw(table.shape_array(), table.op, spec)
+    kernel, bound, ok = model.predict_raw(table.shape_array(), table.op, spec, table.device,
+                                          table.dtype, table.harness)
     secs = np.where(ok, kernel, bound)
+    pos = np.asarray(table.position, dtype=np.float64)
+    sweeps = np.asarray(table.sweep, dtype=object)
+    devs = np.asarray(table.device, dtype=object)
+    for sw, d in {(s, d) for s, d in zip(table.sweep, table.device, strict=True) if s}:
+        rows = (sweeps == sw) & (devs == d)
+        secs[rows] = secs[rows] * model.drift_factor(sw, d, pos[rows])
     over = np.array([model.overhead(h, d) for h, d in zip(table.harness, table.device,
                                                             strict=True)])
     return secs + over, ok

@@ -2,29 +2,30 @@
 
 The model predicts how far below the roofline a kernel runs, never the time itself, so
 a GPU it has not seen is timed from its specs (NeuSight, Lee et al., ASPLOS'25: bounding
-by the roofline is what lets a learned model carry over to new GPUs; Habitat, Yu et al.,
-ATC'21, used the same GPU spec features):
+by the roofline is what lets a learned model carry over to new GPUs)::
 
-``t = t_bound · (1 + exp(−z))``, with ``z`` the network's output and ``t_bound`` the
-roofline of Williams, Waterman & Patterson (CACM 2009)::
+    t = t_0 + max(t_flop / e, t_byte) · (1 + exp(−z(x)))
+    t_flop = FLOPs_min / peak,  t_byte = bytes / bandwidth
 
-    t_bound = max(FLOPs_min / peak, bytes / bandwidth)
+``max(t_flop, t_byte)`` is the roofline of Williams, Waterman & Patterson (CACM 2009) at
+the device's **datasheet** peak and bandwidth (not the catalog's achievable fractions),
+``e`` ≤ 1 the GPU's sustained fraction of peak (:mod:`.train`), ``t_0`` a launch floor and
+``z`` the network's output, so the prediction is never below the roofline. ``FLOPs_min``
+is the direct count, except for stride-1 convolutions with a filter larger than 1×1,
+which Winograd's minimal filtering (Lavin & Gray, CVPR 2016) computes with fewer
+multiplications: there the bound divides by the multiplication saving of the
+``F(4×4, r×s)`` algorithm, ``16·r·s / ((4+r−1)(4+s−1))`` (4 for 3×3). DeepBench and
+NeuSight 3×3 convolutions reach up to 2.5× the direct-count peak, so a direct-count
+bound would be wrong.
 
-at the device's **datasheet** peak and bandwidth (not the catalog's achievable
-fractions), so the prediction is never below it. ``FLOPs_min`` is the direct count,
-except for stride-1 convolutions with a filter larger than 1×1, which Winograd's minimal
-filtering (Lavin & Gray, CVPR 2016) computes with fewer multiplications: there the bound
-divides by the multiplication saving of the ``F(4×4, r×s)`` algorithm,
-``16·r·s / ((4+r−1)(4+s−1))`` (4 for 3×3). DeepBench and NeuSight 3×3 convolutions
-reach up to 2.5× the direct-count peak, so a direct-count bound would be wrong.
-
-Shape features are logs of the dimensions, of the FLOPs and bytes, of the arithmetic
-intensity relative to the device's ridge point, of the bound time itself (small kernels
-are dominated by launch latency) and of the working set relative to the L2 cache, and
-the wave quantisation of output tiles over the SMs for tile edges 32 to 256 (how many
-waves of tiles, and how full the last wave is). GPU features are the logs of the
-datasheet specs: peak FLOP/s for the dtype, memory bandwidth, SM count, L2 size, memory
-size, ridge point and the dtype's peak relative to FP32 (tensor cores).
+Network inputs (``x``) are logs of the dimensions, of the FLOPs and bytes, of the
+arithmetic intensity relative to the device's ridge point, of the bound time itself
+(small kernels are dominated by launch latency), and the wave quantisation of output
+tiles over the SMs for tile edges 32 to 256 (how many waves of tiles, and how full the
+last wave is; Habitat, Yu et al., ATC'21, used the same GPU quantities). The GPU's
+datasheet specs (:data:`GPU_FEATURES`) are recorded with each fitted GPU's ``e`` to
+recognise it; they are not network inputs: with a dozen GPUs in the data they would only
+identify each GPU, and a network fed them extrapolated 40-100% off on a held-out one.
 """
 
 from __future__ import annotations
@@ -48,18 +49,14 @@ FAMILIES = ("gemm", "conv")
 GPU_FEATURES = ("log2_peak_flops", "log2_bandwidth", "log2_sm_count", "log2_l2_bytes",
                 "log2_memory_bytes", "log2_ridge", "log2_peak_over_fp32")
 _COMMON = ("log2_flops", "log2_bytes", "log2_intensity_over_ridge", "log2_bound_us",
-           "log2_bytes_over_l2", "elem_bytes")
+           "elem_bytes")
 _WAVES = tuple(f for t in TILES for f in (f"log2_waves_{t}", f"last_wave_fill_{t}"))
-GEMM_FEATURES = ("log2_m", "log2_n", "log2_k", "log2_batch", *_COMMON, *_WAVES,
-                 *GPU_FEATURES)
+GEMM_FEATURES = ("log2_m", "log2_n", "log2_k", "log2_batch", *_COMMON, *_WAVES)
 CONV_FEATURES = ("log2_n", "log2_c", "log2_hw", "log2_k", "log2_rs", "log2_stride",
                  "pad_fraction", "log2_out_hw", "phase_fwd", "phase_bwd_data",
                  "phase_bwd_filter", "log2_winograd_saving", "log2_gemm_m", "log2_gemm_n",
-                 "log2_gemm_k", *_COMMON, *_WAVES, *GPU_FEATURES)
+                 "log2_gemm_k", "log2_groups", "log2_dilation", *_COMMON, *_WAVES)
 FEATURES = {"gemm": GEMM_FEATURES, "conv": CONV_FEATURES}
-#: Features that describe the GPU: clipped to the training range instead of refused,
-#: because predicting unseen GPUs from their specs is the point of the model.
-GPU_FEATURE_SET = frozenset(GPU_FEATURES)
 
 
 @dataclass(frozen=True)
@@ -113,15 +110,22 @@ def _waves(tiles_m: FloatArray, tiles_n: FloatArray, batch: FloatArray,
         tiles = np.ceil(tiles_m / t) * np.ceil(tiles_n / t) * batch
         waves = tiles / sm
         cols.append(_log2(waves))
-        cols.append(waves / np.ceil(waves))
+        # an empty kernel (a zero dimension) has no waves: fill 1, out of range anyway
+        cols.append(waves / np.maximum(np.ceil(waves), 1.0) + (waves <= 0))
     return cols
 
 
 def _common(flops: FloatArray, nbytes: FloatArray, bound: FloatArray,
             spec: DeviceSpecs) -> list[FloatArray]:
     ridge = spec.peak / spec.bandwidth
-    return [_log2(flops), _log2(nbytes), _log2(flops / nbytes / ridge), _log2(bound / 1e-6),
-            _log2(nbytes / spec.l2_bytes), spec.elem_bytes]
+    intensity = flops / np.maximum(nbytes, 1.0)  # an empty kernel moves no bytes
+    return [_log2(flops), _log2(nbytes), _log2(intensity / ridge), _log2(bound / 1e-6),
+            spec.elem_bytes]
+
+
+def gpu_features(spec: DeviceSpecs) -> FloatArray:
+    """GPU spec features (:data:`GPU_FEATURES` order), one row per kernel."""
+    return np.column_stack(_gpu(spec))
 
 
 def _gpu(spec: DeviceSpecs) -> list[FloatArray]:
@@ -137,15 +141,20 @@ def gemm_work(shape: IntArray, elem_bytes: FloatArray) -> tuple[FloatArray, Floa
     return 2.0 * m * n * k * b, elem_bytes * b * (m * k + k * n + m * n)
 
 
-def gemm_features(shape: IntArray, spec: DeviceSpecs) -> tuple[FloatArray, FloatArray]:
-    """Feature matrix (:data:`GEMM_FEATURES` order) and roofline bound (seconds)."""
+Bounds = tuple[FloatArray, FloatArray, FloatArray]
+
+
+def gemm_features(shape: IntArray, spec: DeviceSpecs) -> Bounds:
+    """Feature matrix (:data:`GEMM_FEATURES` order) and the compute and memory times of
+    the roofline bound (seconds; the bound is their maximum)."""
     s = shape.astype(np.float64)
     m, n, k, b = s[:, 0], s[:, 1], s[:, 2], s[:, 3]
     flops, nbytes = gemm_work(shape, spec.elem_bytes)
-    bound = np.maximum(flops / spec.peak, nbytes / spec.bandwidth)
+    t_c, t_m = flops / spec.peak, nbytes / spec.bandwidth
+    bound = np.maximum(t_c, t_m)
     cols = [_log2(m), _log2(n), _log2(k), _log2(b), *_common(flops, nbytes, bound, spec),
-            *_waves(m, n, b, spec.sm_count), *_gpu(spec)]
-    return np.column_stack(cols), bound
+            *_waves(m, n, b, spec.sm_count)]
+    return np.column_stack(cols), t_c, t_m
 
 
 def conv_out(shape: IntArray) -> tuple[FloatArray, FloatArray]:
@@ -194,39 +203,44 @@ def _implicit_gemm(shape: IntArray, phase: IntArray) -> tuple[FloatArray, ...]:
     return gm, gn, gk, g
 
 
-def conv_features(shape: IntArray, phase: IntArray,
-                  spec: DeviceSpecs) -> tuple[FloatArray, FloatArray]:
-    """Feature matrix (:data:`CONV_FEATURES` order) and roofline bound (seconds).
+def conv_features(shape: IntArray, phase: IntArray, spec: DeviceSpecs) -> Bounds:
+    """Feature matrix (:data:`CONV_FEATURES` order) and the compute and memory times of
+    the roofline bound (seconds).
 
     ``phase`` is 0 forward, 1 backward-data, 2 backward-filter.
     """
     s = shape.astype(np.float64)
     n, c, h, w, k, r, ss = (s[:, i] for i in range(7))
-    sh, ph, pw = s[:, 7], s[:, 9], s[:, 10]
+    sh, ph, pw, dil = s[:, 7], s[:, 9], s[:, 10], s[:, 11] * s[:, 12]
     flops, nbytes = conv_work(shape, spec.elem_bytes)
     saving = winograd_saving(shape)
-    bound = np.maximum(flops / saving / spec.peak, nbytes / spec.bandwidth)
+    t_c, t_m = flops / saving / spec.peak, nbytes / spec.bandwidth
+    bound = np.maximum(t_c, t_m)
     oh, ow = conv_out(shape)
     gm, gn, gk, g = _implicit_gemm(shape, phase)
     pad = (ph + pw) / np.maximum(h + w, 1.0)
     cols = [_log2(n), _log2(c), _log2(h * w), _log2(k), _log2(r * ss), _log2(sh), pad,
             _log2(oh * ow), (phase == 0).astype(np.float64), (phase == 1).astype(np.float64),
             (phase == 2).astype(np.float64), _log2(saving), _log2(gm), _log2(gn), _log2(gk),
-            *_common(flops, nbytes, bound, spec), *_waves(gm, gn, g, spec.sm_count),
-            *_gpu(spec)]
-    return np.column_stack(cols), bound
+            _log2(g), _log2(dil), *_common(flops, nbytes, bound, spec),
+            *_waves(gm, gn, g, spec.sm_count)]
+    return np.column_stack(cols), t_c, t_m
 
 
 PHASES = {"conv_fwd": 0, "conv_bwd_data": 1, "conv_bwd_filter": 2}
 
 
-def features(family: str, shape: IntArray, ops: Sequence[str],
-             spec: DeviceSpecs) -> tuple[FloatArray, FloatArray]:
-    """Features and bound for one family (``ops`` gives the conv pass of each row)."""
-    if family == "gemm":
-        return gemm_features(shape, spec)
-    phase = np.fromiter((PHASES[o] for o in ops), dtype=np.int64, count=len(ops))
-    return conv_features(shape, phase, spec)
+def features(family: str, shape: IntArray, ops: Sequence[str], spec: DeviceSpecs) -> Bounds:
+    """Features and bound times for one family (``ops`` gives the conv pass of each row).
+
+    Degenerate kernels (a zero dimension) give non-finite or extreme features, which the
+    range check sends to the roofline; no floating-point warning escapes.
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if family == "gemm":
+            return gemm_features(shape, spec)
+        phase = np.fromiter((PHASES[o] for o in ops), dtype=np.int64, count=len(ops))
+        return conv_features(shape, phase, spec)
 
 
 __all__ = ["CONV_FEATURES", "FEATURES", "GEMM_FEATURES", "GPU_FEATURES", "DeviceSpecs",

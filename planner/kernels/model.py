@@ -7,9 +7,10 @@ Prediction (numpy only)::
 and, only when comparing with a measurement harness that adds host time (NeuSight's
 CUDA-event timing of a Python call), ``t_measured = overhead[harness][device] + t_kernel``.
 
-Range handling: the *shape* features (log dimensions, pass, element size) must lie within
-the training range widened by :data:`RANGE_TOLERANCE_LOG2` (a factor of 2 on each
-dimension); outside it the estimator refuses and the caller falls back to the roofline.
+Range handling: the *shape* features (log dimensions, pass, element size, groups,
+dilation) must lie within the training range widened by :data:`RANGE_TOLERANCE_LOG2` (a
+factor of 2 on each dimension; no widening for a feature that never varied in training);
+outside it the estimator refuses and the caller falls back to the roofline.
 Features that depend on the device (its specs, the bound time, intensity relative to the
 ridge point, wave counts) are clipped to the training range instead, so an unseen GPU is
 predicted from the nearest conditions the model was fitted on while its own specs enter
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from .features import FEATURES, DeviceSpecs, features
+from .features import FEATURES, DeviceSpecs, features, gpu_features
 from .mlp import Mlp, log_slowdown
 
 FloatArray = NDArray[np.float64]
@@ -37,8 +38,16 @@ SHAPE_FEATURES = frozenset({
     "log2_m", "log2_n", "log2_k", "log2_batch", "log2_c", "log2_hw", "log2_rs",
     "log2_stride", "pad_fraction", "phase_fwd", "phase_bwd_data", "phase_bwd_filter",
     "elem_bytes", "log2_winograd_saving", "log2_gemm_m", "log2_gemm_n", "log2_gemm_k",
-    "log2_out_hw", "log2_flops", "log2_bytes",
+    "log2_out_hw", "log2_flops", "log2_bytes", "log2_groups", "log2_dilation",
 })
+
+
+def level_class(dtype: str, peak_over_fp32: float) -> str:
+    """The group whose median level an unseen GPU gets: FP32, or half precision on tensor
+    cores (peak at least 4× FP32) or without them (P100-style half2 or FP32-rate units)."""
+    if dtype in ("float16", "bfloat16"):
+        return "half-tensor" if peak_over_fp32 >= 4.0 else "half"
+    return dtype
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,54 @@ class KernelModel:
     overhead_s: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     #: collection → device → time factor of a sweep run at other clocks (reported only)
     collection_factor: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: ``device|dtype`` → sustained fraction of the datasheet peak, ``e`` in (0, 1)
+    levels: Mapping[str, float] = field(default_factory=dict)
+    #: ``device|dtype`` → the GPU spec features it was fitted with
+    level_specs: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    #: sweep → device → log-time drift at evenly spaced positions 0…1 of the sweep
+    #: (a measurement condition, like the harness overhead: applied to compare with that
+    #: sweep's rows, never to predict)
+    drift: Mapping[str, Mapping[str, Sequence[float]]] = field(default_factory=dict)
+    #: level class (:func:`level_class`) → level an unseen GPU gets (median of the class)
+    unseen_levels: Mapping[str, float] = field(default_factory=dict)
+    #: launch floor added to every kernel (seconds)
+    floor_s: float = 0.0
+
+    def level(self, spec: DeviceSpecs, names: Sequence[str], dtypes: Sequence[str],
+              harnesses: Sequence[str] | None = None) -> tuple[FloatArray, NDArray[np.bool_]]:
+        """Level of each row, and whether its GPU was seen in training (else the median
+        level of GPUs of its class, :func:`level_class`)."""
+        hs = list(harnesses) if harnesses is not None else [""] * len(names)
+        keys = list(zip(names, dtypes, hs, strict=True))
+        out = np.ones(len(keys))
+        seen = np.zeros(len(keys), dtype=bool)
+        if not keys:
+            return out, seen
+        first: dict[tuple[str, str, str], int] = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        g = gpu_features(spec)
+        for key, i in first.items():
+            name, dt, h = key
+            k = f"{name}|{dt}"
+            ref = self.level_specs.get(k)
+            if k in self.levels and ref is not None and np.allclose(
+                    np.asarray(ref), g[i], rtol=1e-9, atol=1e-9):
+                # the harness's own machine when it was measured, else the median
+                value, was_seen = float(self.levels.get(f"{k}|{h}", self.levels[k])), True
+            else:
+                cls = level_class(dt, float(2.0 ** g[i, -1]))
+                value = float(self.unseen_levels.get(cls, self.unseen_levels.get(
+                    "float32", 1.0)))
+                was_seen = False
+            if len(first) == 1:
+                out[:] = value
+                seen[:] = was_seen
+            else:
+                rows = np.fromiter((kk == key for kk in keys), dtype=bool, count=len(keys))
+                out[rows] = value
+                seen[rows] = was_seen
+        return out, seen
 
     def check(self) -> str | None:
         """A problem with the model's structure, or None."""
@@ -86,9 +143,10 @@ class KernelModel:
         return shape, logf
 
     def in_range(self, x: FloatArray) -> BoolArray:
-        """Rows whose shape features lie within the (widened) training range."""
+        """Rows whose shape features lie within the (widened) training range; a feature
+        that never varied in training (groups, dilation) is not widened."""
         shape, logf = self._masks()
-        tol = np.where(logf, RANGE_TOLERANCE_LOG2, 1e-9)[shape]
+        tol = np.where(logf & (self.hi > self.lo), RANGE_TOLERANCE_LOG2, 1e-9)[shape]
         xs = x[:, shape]
         ok: BoolArray = np.all((xs >= self.lo[shape] - tol) & (xs <= self.hi[shape] + tol),
                                axis=1)
@@ -97,18 +155,37 @@ class KernelModel:
     def clip(self, x: FloatArray) -> FloatArray:
         """Device-dependent features clipped to the training range."""
         shape, _ = self._masks()
-        out = x.copy()
+        out: FloatArray = x.copy()
         dev = ~shape
         out[:, dev] = np.clip(out[:, dev], self.lo[dev], self.hi[dev])
         return out
 
-    def predict_raw(self, shape: IntArray, ops: Sequence[str],
-                    spec: DeviceSpecs) -> tuple[FloatArray, FloatArray, BoolArray]:
-        """(kernel seconds, bound seconds, in range) for rows of this family."""
-        x, bound = features(self.family, shape, ops, spec)
+    def predict_raw(self, shape: IntArray, ops: Sequence[str], spec: DeviceSpecs,
+                    devices: Sequence[str], dtypes: Sequence[str],
+                    harnesses: Sequence[str] | None = None,
+                    ) -> tuple[FloatArray, FloatArray, BoolArray]:
+        """(kernel seconds, roofline bound seconds, in range) for rows of this family.
+
+        ``t = t_0 + max(t_flop / e, t_byte) · (1 + exp(−z))`` with ``e`` ≤ 1 the GPU's
+        sustained fraction of peak and ``t_0`` ≥ 0 a launch floor, so ``t ≥ max(t_flop,
+        t_byte)`` (the roofline) always.
+        """
+        x, t_flop, t_byte = features(self.family, shape, ops, spec)
         ok = self.in_range(x) & np.all(np.isfinite(x), axis=1)
+        e, _ = self.level(spec, devices, dtypes, harnesses)
         z = self.mlp.logit(self.clip(np.where(np.isfinite(x), x, 0.0)))
-        return bound * np.exp(log_slowdown(z)), bound, ok
+        bound = np.maximum(t_flop, t_byte)
+        t = self.floor_s + np.maximum(t_flop / e, t_byte) * np.exp(log_slowdown(z))
+        return np.maximum(t, bound), bound, ok
+
+    def drift_factor(self, sweep: str, device: str, position: FloatArray) -> FloatArray:
+        """Time factor of rows of a sweep at ``position`` (1 where no drift was fitted)."""
+        theta = self.drift.get(sweep, {}).get(device) if sweep else None
+        if not theta:
+            return np.ones_like(position)
+        knots = np.linspace(0.0, 1.0, len(theta))
+        out: FloatArray = np.exp(np.interp(position, knots, np.asarray(theta, dtype=np.float64)))
+        return out
 
     def overhead(self, harness: str, device: str) -> float:
         """Seconds the harness adds to a call on ``device`` (0 for back-to-back timing)."""

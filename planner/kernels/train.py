@@ -1,21 +1,30 @@
 """Fitting the kernel-time models with numpy and scipy (deterministic, no PyTorch).
 
 For one kernel family the fit minimises, over the network's weights ``θ`` and a few
-nuisance parameters, the weighted mean squared error of log time::
+per-GPU and per-harness parameters, the weighted mean squared error of log time::
 
     L = Σ_i w_i (log t̂_i − log t_i)² / Σ_i w_i  +  λ Σ ‖W‖²
-    t̂_i = c[h_i, d_i] + φ[s_i, d_i] · t_bound,i · (1 + exp(−z_θ(x_i)))
+    t̂_i = c[h_i, d_i] + φ[s_i, d_i] · max(t_flop,i / e[d_i], t_byte,i) · (1 + exp(−z_θ(x_i)))
 
+* ``e[d]`` ∈ (0, 1): the fraction of its datasheet peak GPU ``d`` sustains on large
+  kernels in that dtype (sigmoid-parametrised, so the bound is never beaten). GPUs differ
+  here for reasons no datasheet states — power caps, sustained clocks: the same V100 chip
+  sustains 95% of the PCIe card's peak and 86% of the SXM2's, a 70 W T4 half of its
+  boost-clock peak. A GPU the model has not seen gets the median ``e`` of its class
+  (:func:`~.model.level_class`); its own specs enter through the bound and the features.
 * ``c[h, d]``: host time a harness adds per call on device ``d`` (NeuSight's CUDA-event
   timing around a Python call; zero for DeepBench's and the profiler's back-to-back
   launches). Fitted per device, with the median over devices kept for unseen ones.
 * ``φ[s, d]``: a per-device time factor of a sweep ``s`` that ran at other clocks than
   the rest of that device's data: NeuSight's linear *train* sweep is 5-70% slower than
-  its *test* sweep on the same GPUs for the same kind of shapes (the P4 reaches 21% of
-  its FP32 peak in one and 77% in the other), which looks like sustained-load
-  throttling of passively cooled cards. The factor lets the sweep teach the shape
-  dependence without dragging the level; it is reported, never used to predict.
-* ``w_i``: every (device, harness, op) group gets total weight ∝ ``n_g^GROUP_POWER`` so
+  its *test* sweep on the same GPUs for the same kind of shapes, which looks like
+  sustained-load throttling of passively cooled cards. The factor lets the sweep teach
+  the shape dependence without dragging the level; it is reported, never used to
+  predict. A sweep more than :attr:`FitOptions.sweep_limit` times slower than the rest of
+  its device's data is dropped (NeuSight's P4 train sweep: 2.9×, drifting along the file).
+* ``t_0``: a launch floor shared by every GPU (a kernel takes a few microseconds however
+  small), so ``t̂_i = c + t_0 + φ · ...``; mostly set by DeepBench's smallest kernels.
+* ``w_i``: every (device, harness, op, sweep) group gets total weight ∝ ``n_g^0.5`` so
   that a GPU with thousands of rows does not drown one with a hundred.
 
 The optimiser is L-BFGS-B (scipy) on the exact gradient, from weights drawn with a fixed
@@ -31,16 +40,20 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from ..cluster import lookup_device
+from ..cluster import Device, lookup_device
 from ..errors import UsageError
 from .data import Table
-from .features import FEATURES, DeviceSpecs, features
+from .features import FEATURES, DeviceSpecs, features, gpu_features
 from .mlp import Mlp
-from .model import KernelModel
+from .model import KernelModel, level_class
 
 FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
 
 GROUP_POWER = 0.5
+E_INIT = 0.8
+DRIFT_KNOTS = 6
+DRIFT_MIN_ROWS = 3000
 
 
 @dataclass(frozen=True)
@@ -49,9 +62,15 @@ class FitOptions:
 
     hidden: tuple[int, ...] = (32, 32)
     l2: float = 1e-4
-    max_iter: int = 3000
+    max_iter: int = 1000
     seed: int = 0
     group_power: float = GROUP_POWER
+    #: weight of a sweep with its own time factor, relative to the device's other rows
+    sweep_weight: float = 0.5
+    #: a sweep more than this many times slower than the device's other rows is dropped
+    sweep_limit: float = 2.0
+    #: weight decay of the drift coefficients
+    drift_l2: float = 1e-4
 
 
 @dataclass
@@ -64,6 +83,7 @@ class FitReport:
     loss: float
     seconds: float
     devices: list[str] = field(default_factory=list)
+    dropped: dict[str, float] = field(default_factory=dict)  #: sweep → slowdown
 
 
 def _group_weights(keys: Sequence[tuple[str, ...]], power: float) -> FloatArray:
@@ -76,23 +96,80 @@ def _group_weights(keys: Sequence[tuple[str, ...]], power: float) -> FloatArray:
     return out
 
 
+def _index(keys: Sequence[tuple[str, str] | None]) -> tuple[IntArray, list[tuple[str, str]]]:
+    """Integer ids of the non-None keys in first-seen order (-1 for None)."""
+    seen: dict[tuple[str, str], int] = {}
+    ids = np.array([-1 if k is None else seen.setdefault(k, len(seen)) for k in keys],
+                   dtype=np.int64)
+    return ids, list(seen)
+
+
+def _index3(keys: Sequence[tuple[str, str, str]]) -> tuple[IntArray,
+                                                           list[tuple[str, str, str]]]:
+    seen: dict[tuple[str, str, str], int] = {}
+    ids = np.array([seen.setdefault(k, len(seen)) for k in keys], dtype=np.int64)
+    return ids, list(seen)
+
+
+def hat_basis(u: FloatArray, knots: int = DRIFT_KNOTS) -> FloatArray:
+    """Piecewise-linear hat functions on [0, 1] (``rows × knots``)."""
+    centres = np.linspace(0.0, 1.0, knots)
+    width = 1.0 / (knots - 1)
+    out: FloatArray = np.maximum(0.0, 1.0 - np.abs(u[:, None] - centres[None, :]) / width)
+    return out
+
+
+def drift_of(theta: FloatArray, u: FloatArray) -> FloatArray:
+    """Log time factor of a sweep at positions ``u`` (its mean over the sweep is zero)."""
+    out: FloatArray = hat_basis(u, len(theta)) @ theta
+    return out
+
+
+def _gather(values: FloatArray, idx: IntArray, default: float) -> FloatArray:
+    if values.size == 0:
+        return np.full(idx.shape, default)
+    out: FloatArray = np.where(idx >= 0, values[np.maximum(idx, 0)], default)
+    return out
+
+
+def _scatter(idx: IntArray, weights: FloatArray, size: int) -> FloatArray:
+    mask = idx >= 0
+    if not size:
+        return np.zeros(0)
+    out: FloatArray = np.bincount(idx[mask], weights=weights[mask],
+                                  minlength=size).astype(np.float64)
+    return out
+
+
 class _Problem:
     """The objective and its gradient over one flat parameter vector."""
 
-    def __init__(self, x: FloatArray, bound: FloatArray, y: FloatArray, w: FloatArray,
-                 hidden: tuple[int, ...], l2: float, oh_idx: NDArray[np.int64], n_oh: int,
-                 fac_idx: NDArray[np.int64], n_fac: int) -> None:
-        self.x, self.log_bound, self.log_y, self.w = x, np.log(bound), np.log(y), w / w.sum()
-        self.sizes = [x.shape[1], *hidden, 1]
-        self.l2 = l2
-        self.oh_idx, self.n_oh = oh_idx, n_oh  # -1: no overhead
-        self.fac_idx, self.n_fac = fac_idx, n_fac  # -1: factor 1
+    def __init__(self, x: FloatArray, t_flop: FloatArray, t_byte: FloatArray, y: FloatArray,
+                 w: FloatArray, opts: FitOptions, oh_idx: IntArray, n_oh: int,
+                 fac_idx: IntArray, n_fac: int, lvl_idx: IntArray, n_lvl: int,
+                 drift_idx: IntArray, n_drift: int, basis: FloatArray) -> None:
+        self.x = x
+        self.log_flop, self.log_byte = np.log(t_flop), np.log(t_byte)
+        self.log_y = np.log(y)
+        self.w = w / w.sum()
+        self.sizes = [x.shape[1], *opts.hidden, 1]
+        self.l2 = opts.l2
+        self.oh_idx, self.n_oh = oh_idx, n_oh
+        self.fac_idx, self.n_fac = fac_idx, n_fac
+        self.lvl_idx, self.n_lvl = lvl_idx, n_lvl
+        # drift: centred hat basis per row (zero mean within each sweep)
+        self.drift_idx, self.n_drift = drift_idx, n_drift
+        self.basis = basis
+        self.drift_l2 = opts.drift_l2
         self.shapes: list[tuple[int, ...]] = []
         for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True):
             self.shapes += [(a, b), (b,)]
         self.n_net = sum(int(np.prod(s)) for s in self.shapes)
 
-    def unpack(self, p: FloatArray) -> tuple[list[FloatArray], FloatArray, FloatArray]:
+    def unpack(self, p: FloatArray) -> tuple[list[FloatArray], FloatArray, FloatArray,
+                                             FloatArray, FloatArray, float]:
+        """Network arrays, log overheads, log sweep factors, efficiency logits, drift,
+        log launch floor."""
         arrays: list[FloatArray] = []
         pos = 0
         for s in self.shapes:
@@ -100,11 +177,17 @@ class _Problem:
             arrays.append(p[pos:pos + n].reshape(s))
             pos += n
         log_c = p[pos:pos + self.n_oh]
-        log_f = p[pos + self.n_oh:pos + self.n_oh + self.n_fac]
-        return arrays, log_c, log_f
+        pos += self.n_oh
+        log_f = p[pos:pos + self.n_fac]
+        pos += self.n_fac
+        eta = p[pos:pos + self.n_lvl]
+        pos += self.n_lvl
+        theta = p[pos:pos + self.n_drift * DRIFT_KNOTS].reshape(self.n_drift, DRIFT_KNOTS)
+        return arrays, log_c, log_f, eta, theta, p[-1]
 
     def __call__(self, p: FloatArray) -> tuple[float, FloatArray]:
-        arrays, log_c, log_f = self.unpack(p)
+        arrays, log_c, log_f, eta, theta, log_floor = self.unpack(p)
+        floor = float(np.exp(log_floor))
         ws, bs = arrays[0::2], arrays[1::2]
         acts = [self.x]
         h = self.x
@@ -114,51 +197,117 @@ class _Problem:
                 h = np.tanh(h)
             acts.append(h)
         z = h[:, 0]
-        sl = np.logaddexp(0.0, -z)  # log slowdown
-        has_f = self.fac_idx >= 0
-        lf = np.where(has_f, log_f[np.maximum(self.fac_idx, 0)] if self.n_fac else 0.0, 0.0)
-        log_u = self.log_bound + lf + sl  # log kernel time
-        has_c = self.oh_idx >= 0
-        c = np.where(has_c, np.exp(log_c[np.maximum(self.oh_idx, 0)]) if self.n_oh else 0.0,
-                     0.0)
-        u = np.exp(log_u)
-        t = c + u
-        log_t = np.log(t)
-        r = log_t - self.log_y
-        loss = float(np.sum(self.w * r * r))
-        reg = self.l2 * float(sum(np.sum(w * w) for w in ws))
+        sl = np.logaddexp(0.0, -z)  # log slowdown over the effective bound
+        eta_i = eta[self.lvl_idx]
+        log_e = -np.logaddexp(0.0, -eta_i)  # log sigmoid(eta)
+        log_comp = self.log_flop - log_e
+        comp_bound = log_comp >= self.log_byte
+        log_bound = np.where(comp_bound, log_comp, self.log_byte)
+        lf = _gather(log_f, self.fac_idx, 0.0)
+        if self.n_drift:
+            has_d = self.drift_idx >= 0
+            lf = lf + np.where(has_d, np.sum(self.basis * theta[np.maximum(self.drift_idx, 0)],
+                                             axis=1), 0.0)
+        u = np.exp(log_bound + lf + sl)  # kernel time above the launch floor
+        c = np.where(self.oh_idx >= 0, np.exp(_gather(log_c, self.oh_idx, 0.0)), 0.0)
+        t = c + floor + u
+        r = np.log(t) - self.log_y
+        loss = float(np.sum(self.w * r * r)) + self.l2 * float(sum(np.sum(w * w) for w in ws)) \
+            + self.drift_l2 * float(np.sum(theta * theta))
         g_logt = 2.0 * self.w * r
-        g_u = g_logt * u / t  # d/d log u
-        g_c = g_logt * c / t  # d/d log c
-        # d log u / dz = d sl/dz = −sigmoid(−z)
-        g_z = -g_u / (1.0 + np.exp(np.clip(z, -50, 50)))
+        g_logu = g_logt * u / t
+        g_logc = g_logt * c / t
+        g_floor = float(np.sum(g_logt * floor / t))
+        g_z = -g_logu / (1.0 + np.exp(np.clip(z, -50.0, 50.0)))  # d sl/dz = −sigmoid(−z)
+        # d log_bound / d eta = −(1 − sigmoid(eta)) on compute-bound rows
+        g_eta = np.where(comp_bound, -g_logu * (1.0 - np.exp(log_e)), 0.0)
         grads: list[FloatArray] = [np.zeros(0)] * len(arrays)
         delta = g_z[:, None]
         for i in range(len(ws) - 1, -1, -1):
-            a_in = acts[i]
-            grads[2 * i] = a_in.T @ delta + 2.0 * self.l2 * ws[i]
+            grads[2 * i] = acts[i].T @ delta + 2.0 * self.l2 * ws[i]
             grads[2 * i + 1] = delta.sum(axis=0)
             if i > 0:
                 delta = (delta @ ws[i].T) * (1.0 - acts[i] ** 2)
-        gc = np.bincount(self.oh_idx[has_c], weights=g_c[has_c], minlength=self.n_oh) \
-            if self.n_oh else np.zeros(0)
-        gf = np.bincount(self.fac_idx[has_f], weights=g_u[has_f], minlength=self.n_fac) \
-            if self.n_fac else np.zeros(0)
-        grad = np.concatenate([g.ravel() for g in grads] + [gc, gf])
-        return loss + reg, grad
+        g_theta = np.zeros((self.n_drift, DRIFT_KNOTS))
+        if self.n_drift:
+            has_d = self.drift_idx >= 0
+            for j in range(DRIFT_KNOTS):
+                g_theta[:, j] = np.bincount(self.drift_idx[has_d],
+                                            weights=(g_logu * self.basis[:, j])[has_d],
+                                            minlength=self.n_drift)
+            g_theta += 2.0 * self.drift_l2 * theta
+        grad = np.concatenate([g.ravel() for g in grads] + [
+            _scatter(self.oh_idx, g_logc, self.n_oh),
+            _scatter(self.fac_idx, g_logu, self.n_fac),
+            np.bincount(self.lvl_idx, weights=g_eta, minlength=self.n_lvl),
+            g_theta.ravel(), np.array([g_floor])])
+        return loss, grad
 
-    def init(self, seed: int, y_over_bound: FloatArray) -> FloatArray:
+    def init(self, seed: int, slowdown: FloatArray) -> FloatArray:
+        """Weights drawn with ``seed``; the output bias at the median slowdown."""
         rng = np.random.default_rng(seed)
         parts: list[FloatArray] = []
         for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True):
             parts.append(rng.normal(0.0, 1.0 / np.sqrt(a), size=(a, b)).ravel())
             parts.append(np.zeros(b))
-        # start the output at the median slowdown: sigmoid(z0) = 1 / median(t / bound)
-        med = float(np.median(np.maximum(y_over_bound, 1.0 + 1e-6)))
-        parts[-1] = np.array([-np.log(med - 1.0) if med > 1.0 + 1e-6 else 5.0])
+        med = float(np.median(np.maximum(slowdown, 1.0 + 1e-3)))
+        parts[-1] = np.array([-np.log(med - 1.0)])
         parts.append(np.full(self.n_oh, np.log(50e-6)))
         parts.append(np.zeros(self.n_fac))
+        parts.append(np.full(self.n_lvl, np.log(E_INIT / (1.0 - E_INIT))))
+        parts.append(np.zeros(self.n_drift * DRIFT_KNOTS))
+        parts.append(np.array([np.log(2e-6)]))
         return np.concatenate(parts)
+
+
+def _drop_throttled(bound: FloatArray, y: FloatArray, table: Table,
+                    limit: float) -> tuple[NDArray[np.bool_], dict[str, float]]:
+    """Rows to keep: sweeps that ran ``limit``× slower than the rest of a device go.
+
+    Compares the median ``log(t / t_bound)`` of kernels with a bound of at least 100 µs
+    (launch overhead negligible) between the sweep and the device's other rows.
+    """
+    coll = np.asarray(table.collection)
+    dev = np.asarray(table.device)
+    ratio = np.log(y / bound)
+    big = bound >= 100e-6
+    keep = np.ones(len(y), dtype=bool)
+    dropped: dict[str, float] = {}
+    for c, d in sorted({(c, d) for c, d in zip(coll, dev, strict=True) if c}):
+        mine = (coll == c) & (dev == d) & big
+        rest = (coll == "") & (dev == d) & big
+        if mine.sum() < 20 or rest.sum() < 20:
+            continue
+        slow = float(np.exp(np.median(ratio[mine]) - np.median(ratio[rest])))
+        if slow > limit:
+            keep &= ~((coll == c) & (dev == d))
+            dropped[f"{c}/{d}"] = round(slow, 3)
+    return keep, dropped
+
+
+def _devices(table: Table) -> list[Device]:
+    out: list[Device] = []
+    for name in table.device:
+        dev = lookup_device(name)
+        if dev is None:
+            raise UsageError(f"planner: error: unknown device {name!r} in the training data")
+        out.append(dev)
+    return out
+
+
+def unseen_levels(levels: dict[str, float],
+                  specs: dict[str, list[float]]) -> dict[str, float]:
+    """Median sustained fraction per class (:func:`~.model.level_class`), for GPUs the
+    model has not seen: the honest guess when the differences between GPUs are not in
+    their datasheets."""
+    groups: dict[str, list[float]] = {}
+    for key, value in levels.items():
+        if key.count("|") != 1:
+            continue  # per-source entries; the device's median is counted once
+        dtype = key.split("|", 1)[1]
+        ratio = float(2.0 ** specs[key][-1])
+        groups.setdefault(level_class(dtype, ratio), []).append(value)
+    return {cls: float(np.median(v)) for cls, v in sorted(groups.items())}
 
 
 def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelModel,
@@ -171,67 +320,89 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
     if len(table) < 10:
         raise UsageError(f"planner: error: too few {table.family} measurements to fit a "
                          f"model ({len(table)}; at least 10)")
-    devices = [lookup_device(d) for d in table.device]
-    if any(d is None for d in devices):
-        raise UsageError("planner: error: unknown device in the training data")
-    spec = DeviceSpecs.build([d for d in devices if d is not None], table.dtype)
-    x, bound = features(table.family, table.shape_array(), table.op, spec)
+    spec = DeviceSpecs.build(_devices(table), table.dtype)
+    x, t_flop, t_byte = features(table.family, table.shape_array(), table.op, spec)
     y = np.asarray(table.seconds, dtype=np.float64)
-    finite = np.all(np.isfinite(x), axis=1) & np.isfinite(bound) & (bound > 0) & (y > 0)
-    if not np.all(finite):
-        keep = finite
-        x, bound, y = x[keep], bound[keep], y[keep]
+    bound = np.maximum(t_flop, t_byte)
+    keep = np.all(np.isfinite(x), axis=1) & (bound > 0) & (y > 0)
+    keep2, dropped = _drop_throttled(bound, y, table, opts.sweep_limit)
+    keep &= keep2
+    if not np.all(keep):
+        x, t_flop, t_byte, y, bound = x[keep], t_flop[keep], t_byte[keep], y[keep], bound[keep]
         table = table.select(keep)
+        spec = DeviceSpecs.build(_devices(table), table.dtype)
     mean = x.mean(axis=0)
     std = x.std(axis=0)
     std = np.where(std > 1e-9, std, 1.0)
     xn = (x - mean) / std
 
-    # nuisance parameters: harness overhead per (harness, device), sweep factor
-    oh_keys: dict[tuple[str, str], int] = {}
-    oh_idx = np.array([oh_keys.setdefault((h, d), len(oh_keys)) if h == "neusight" else -1
-                       for h, d in zip(table.harness, table.device, strict=True)],
-                      dtype=np.int64)
-    fac_keys: dict[tuple[str, str], int] = {}
-    fac_idx = np.array([fac_keys.setdefault((c, d), len(fac_keys)) if c else -1
-                        for c, d in zip(table.collection, table.device, strict=True)],
-                       dtype=np.int64)
+    oh_idx, oh_keys = _index([(h, d) if h == "neusight" else None
+                              for h, d in zip(table.harness, table.device, strict=True)])
     # a sweep factor is identifiable only where the device also has other rows
     plain = {d for c, d in zip(table.collection, table.device, strict=True) if not c}
-    for (c, d), i in list(fac_keys.items()):
-        if d not in plain:
-            fac_idx[fac_idx == i] = -1
-            del fac_keys[(c, d)]
-    remap = {old: new for new, old in enumerate(sorted(fac_keys.values()))}
-    fac_idx = np.array([remap[i] if i >= 0 else -1 for i in fac_idx], dtype=np.int64)
-    fac_keys = {k: remap[v] for k, v in fac_keys.items()}
-
-    groups = [(d, h, o, c) for d, h, o, c in zip(table.device, table.harness, table.op,
-                                                  table.collection, strict=True)]
+    fac_idx, fac_keys = _index([(c, d) if c and d in plain else None
+                                for c, d in zip(table.collection, table.device, strict=True)])
+    lvl_idx, lvl_keys3 = _index3(list(zip(table.device, table.dtype, table.harness,
+                                          strict=True)))
+    sweep_rows: dict[tuple[str, str], int] = {}
+    for sw, d in zip(table.sweep, table.device, strict=True):
+        if sw:
+            sweep_rows[(sw, d)] = sweep_rows.get((sw, d), 0) + 1
+    drift_idx, drift_keys = _index([(sw, d) if sw and sweep_rows[(sw, d)] >= DRIFT_MIN_ROWS
+                                    else None
+                                    for sw, d in zip(table.sweep, table.device, strict=True)])
+    basis = hat_basis(np.asarray(table.position, dtype=np.float64))
+    for g in range(len(drift_keys)):  # centre: a drift moves time within a sweep, not its mean
+        rows = drift_idx == g
+        basis[rows] -= basis[rows].mean(axis=0)
+    groups = list(zip(table.device, table.harness, table.op, table.collection, strict=True))
     w = _group_weights(groups, opts.group_power)
-    prob = _Problem(xn, bound, y, w, opts.hidden, opts.l2, oh_idx, len(oh_keys), fac_idx,
-                    len(fac_keys))
-    p0 = prob.init(opts.seed, y / bound)
+    w = np.where(fac_idx >= 0, w * opts.sweep_weight, w)
+    prob = _Problem(xn, t_flop, t_byte, y, w, opts, oh_idx, len(oh_keys), fac_idx,
+                    len(fac_keys), lvl_idx, len(lvl_keys3), drift_idx, len(drift_keys), basis)
+    p0 = prob.init(opts.seed, y / bound / E_INIT)
     res = minimize(prob, p0, jac=True, method="L-BFGS-B",
                    options={"maxiter": opts.max_iter, "maxfun": opts.max_iter * 2,
                             "ftol": 1e-12, "gtol": 1e-8})
-    arrays, log_c, log_f = prob.unpack(res.x)
+    arrays, log_c, log_f, eta, theta, log_floor = prob.unpack(res.x)
     mlp = Mlp(tuple(arrays[0::2]), tuple(arrays[1::2]), mean, std)
     overhead: dict[str, dict[str, float]] = {}
-    for (h, d), i in sorted(oh_keys.items()):
-        overhead.setdefault(h, {})[d] = float(np.exp(log_c[i]))
-    for table_h in overhead.values():
-        table_h["*"] = float(np.median(list(table_h.values())))
+    for (h, d), v in sorted(zip(oh_keys, np.exp(log_c), strict=True)):
+        overhead.setdefault(h, {})[d] = float(v)
+    for per_dev in overhead.values():
+        per_dev["*"] = float(np.median(list(per_dev.values())))
     factors: dict[str, dict[str, float]] = {}
-    for (c, d), i in sorted(fac_keys.items()):
-        factors.setdefault(c, {})[d] = float(np.exp(log_f[i]))
+    for (c, d), v in sorted(zip(fac_keys, np.exp(log_f), strict=True)):
+        factors.setdefault(c, {})[d] = float(v)
+    drift: dict[str, dict[str, list[float]]] = {}
+    for g, (sw, d) in enumerate(drift_keys):
+        rows = drift_idx == g
+        # store the curve itself: θ minus the sweep mean of the basis·θ
+        offset = float(np.mean(hat_basis(np.asarray(table.position)[rows]) @ theta[g]))
+        drift.setdefault(sw, {})[d] = [float(v - offset) for v in theta[g]]
+    # one level per (GPU, dtype, harness): each source measured its own machine
+    per_source = {f"{d}|{t}|{h}": float(1.0 / (1.0 + np.exp(-v)))
+                  for (d, t, h), v in sorted(zip(lvl_keys3, eta, strict=True))}
+    levels = dict(per_source)
+    for d, t in sorted({(d, t) for d, t, _ in lvl_keys3}):
+        vals = [v for k, v in per_source.items() if k.startswith(f"{d}|{t}|")]
+        levels[f"{d}|{t}"] = float(np.median(vals))
+    level_specs: dict[str, list[float]] = {}
+    for d, t in sorted({(d, t) for d, t, _ in lvl_keys3}):
+        dev = lookup_device(d)
+        assert dev is not None
+        level_specs[f"{d}|{t}"] = [float(v) for v in gpu_features(
+            DeviceSpecs.single(dev, t, 1))[0]]
     model = KernelModel(
         family=table.family, features=FEATURES[table.family], mlp=mlp,
         lo=x.min(axis=0), hi=x.max(axis=0), dtypes=tuple(sorted(set(table.dtype))),
-        ops=tuple(sorted(set(table.op))), overhead_s=overhead, collection_factor=factors)
+        ops=tuple(sorted(set(table.op))), overhead_s=overhead, collection_factor=factors,
+        levels=levels, level_specs=level_specs,
+        unseen_levels=unseen_levels(levels, level_specs), drift=drift,
+        floor_s=float(np.exp(log_floor)))
     report = FitReport(table.family, len(table), int(res.nit), float(res.fun),
-                       time.perf_counter() - start, sorted(set(table.device)))
+                       time.perf_counter() - start, sorted(set(table.device)), dropped)
     return model, report
 
 
-__all__ = ["FitOptions", "FitReport", "fit_family"]
+__all__ = ["FitOptions", "FitReport", "fit_family", "unseen_levels"]

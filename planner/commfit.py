@@ -1,0 +1,543 @@
+"""Collective calibration: fit the network tiers of a cluster file to measured collectives.
+
+Inputs (several files at once; each row is one measured collective):
+
+* the text output of NVIDIA's nccl-tests (``all_reduce_perf``, ``all_gather_perf``,
+  ``reduce_scatter_perf``): the table of size / count / type / redop / root / time /
+  algbw / busbw for out-of-place and in-place runs. The out-of-place time is used. The
+  rank count is the number of ``#  Rank`` lines (else ``nThread × nGpus``); the node
+  count is the number of distinct host names on those lines; the collective is named
+  by the ``# Collective test starting:`` line, else by the file name, else by the
+  ``count``/``size`` relation (nccl-tests prints the per-rank count for all-gather and
+  reduce-scatter, the full count for all-reduce);
+* DeepBench's all-reduce CSV (``gpu, bytes, n_gpus, n_nodes, mean_time_ms``) and the
+  8×H200 sweep CSV (``gpu, n_gpus, n_nodes, bytes, time_us_derived, nccl_algo_note``).
+
+Model (REFERENCES §3, the planner's :mod:`planner.costs.comm`): NCCL's ring, e.g. for
+all-reduce ``t = 2(p−1)α + 2(p−1)/p · S β``, one ``(α, 1/β)`` per tier — single-node rows
+fit the intra-node tier; rows that span nodes fit the inter-node tier with a flat ring
+over all ranks (each ring step that crosses a node runs at the network). The fit is a
+non-negative least-squares problem on the *relative* error, ``Σ ((t̂ − t)/t)²``, which is
+linear in ``(α, β)`` (scipy ``nnls``).
+
+NVLS: on NVSwitch systems NCCL reduces inside the switch from about 2 MiB on (NVLink
+SHARP); the time then follows ``t = α_nvls + 2(p−1)/p · S / busbw_nvls`` with a bus
+bandwidth no ring reaches. Rows marked NVLS (the H200 CSV's note column) fit that model
+and its smallest message size becomes ``min_bytes``; without notes, a single-node
+all-reduce sweep is split at the breakpoint that minimises the error of ring-below /
+NVLS-above, and NVLS is kept only when it clearly beats one ring line. The result is
+the ``nvls:`` sub-section of ``intra_node``, which :func:`planner.costs.comm.collective_time`
+uses for one-node all-reduces of at least ``min_bytes``.
+
+The reported error is that of the planner's own :func:`~planner.costs.comm.collective_time`
+with the fitted tiers (ring algorithm), per (system, collective, ranks, nodes): what a
+plan would be off by. Bus bandwidth follows nccl-tests: ``busbw = algbw · 2(n−1)/n`` for
+all-reduce, ``(n−1)/n`` for all-gather and reduce-scatter.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .cluster import Cluster, Device, Link
+from .costs.comm import Collective, Group, bus_bandwidth_factor, collective_time, flat_time
+from .errors import InputError, Located, UsageError
+from .loading import decode
+
+OPS: tuple[Collective, ...] = ("all_reduce", "all_gather", "reduce_scatter")
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s.*?\son\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s*(.*)$")
+_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+_NTHREAD = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
+_TEST = re.compile(r"Collective test starting:\s*(\w+)")
+MIN_NVLS_GAIN = 0.5  # NVLS kept when it removes at least half the squared error
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured collective."""
+
+    system: str
+    op: Collective
+    nbytes: float
+    ranks: int
+    nodes: int
+    seconds: float
+    algo: str | None  #: "ring" / "nvls" when the source says which NCCL used
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
+class TierFit:
+    """Fitted α and bandwidth of one tier (``intra``, ``inter`` or ``nvls``)."""
+
+    tier: str
+    latency_s: float
+    bandwidth: float  #: bytes/s per device one way; for nvls the bus bandwidth
+    rows: int
+    min_bytes: float | None = None
+
+    def record(self) -> dict[str, Any]:
+        """Plain data (SI)."""
+        out: dict[str, Any] = {"tier": self.tier, "latency_s": self.latency_s,
+                               "bandwidth": self.bandwidth, "rows": self.rows}
+        if self.min_bytes is not None:
+            out["min_bytes"] = self.min_bytes
+        return out
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    """The planner's error with the fitted tiers on one (collective, ranks, nodes) group."""
+
+    system: str
+    op: str
+    ranks: int
+    nodes: int
+    n: int
+    mape: float
+    max_ape: float
+
+    def record(self) -> dict[str, Any]:
+        """Plain data, percentages rounded to 0.01."""
+        return {"system": self.system, "op": self.op, "ranks": self.ranks,
+                "nodes": self.nodes, "n": self.n, "mape": round(self.mape, 2),
+                "max_ape": round(self.max_ape, 2)}
+
+
+@dataclass
+class SystemFit:
+    """Everything fitted for one system (one GPU model / machine)."""
+
+    system: str
+    intra: TierFit | None = None
+    inter: TierFit | None = None
+    nvls: TierFit | None = None
+    errors: list[ErrorRow] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    def network(self) -> dict[str, Any]:
+        """The fitted ``network:`` section (unit strings, as a cluster file has them)."""
+        out: dict[str, Any] = {}
+        if self.intra is not None:
+            tier: dict[str, Any] = {"name": f"fitted: {self.system}",
+                                    "latency": fmt_time(self.intra.latency_s),
+                                    "bandwidth": fmt_bw(self.intra.bandwidth)}
+            if self.nvls is not None:
+                tier["nvls"] = {"bandwidth": fmt_bw(self.nvls.bandwidth),
+                                "latency": fmt_time(self.nvls.latency_s),
+                                "min_bytes": fmt_bytes(self.nvls.min_bytes or 0.0)}
+            out["intra_node"] = tier
+        if self.inter is not None:
+            out["inter_node"] = {"name": f"fitted: {self.system}",
+                                 "latency": fmt_time(self.inter.latency_s),
+                                 "bandwidth": fmt_bw(self.inter.bandwidth)}
+        return out
+
+    def record(self) -> dict[str, Any]:
+        """Plain data for JSON."""
+        return {"system": self.system, "files": self.files,
+                "tiers": [t.record() for t in (self.intra, self.nvls, self.inter)
+                          if t is not None],
+                "network": self.network(), "errors": [e.record() for e in self.errors]}
+
+
+def _sig(v: float, digits: int = 4) -> str:
+    return f"{v:.{digits}g}"
+
+
+def fmt_time(seconds: float) -> str:
+    """``"9.17 us"``."""
+    return f"{_sig(seconds * 1e6)} us"
+
+
+def fmt_bw(bytes_per_s: float) -> str:
+    """``"5.73 GB/s"``."""
+    return f"{_sig(bytes_per_s / 1e9)} GB/s"
+
+
+def fmt_bytes(n: float) -> str:
+    """``"2 MiB"`` for powers of two, else bytes."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size and (n / size).is_integer():
+            return f"{int(n // size)} {unit}"
+    return f"{int(n)} B"
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
+
+
+def _fail(file: str, line: int, message: str, src: str | None = None) -> InputError:
+    return InputError([Located(file, line, 1, message, "$", src)])
+
+
+def _op_from_name(name: str) -> Collective | None:
+    low = name.lower().replace("-", "_")
+    for op, keys in (("all_reduce", ("all_reduce", "allreduce")),
+                     ("all_gather", ("all_gather", "allgather")),
+                     ("reduce_scatter", ("reduce_scatter", "reducescatter"))):
+        if any(k in low for k in keys):
+            return op  # type: ignore[return-value]
+    return None
+
+
+def parse_nccl_tests(text: str, display: str) -> list[Sample]:
+    """Rows of an nccl-tests output (see the module docstring)."""
+    lines = [_PREFIX.sub("", ln) for ln in text.splitlines()]
+    op: Collective | None = None
+    nthread = ngpus = None
+    hosts: list[str] = []
+    devices: list[str] = []
+    header: list[str] | None = None
+    unit = 1e-6
+    samples: list[tuple[int, int, int, float]] = []  # line, size, count, seconds
+    for i, raw in enumerate(lines, start=1):
+        s = raw.strip()
+        if not s:
+            continue
+        m = _TEST.search(s)
+        if m:
+            op = _op_from_name(m.group(1))
+        m = _NTHREAD.search(s)
+        if m and nthread is None:
+            nthread, ngpus = int(m.group(1)), int(m.group(2))
+        m = _RANK.match(s)
+        if m:
+            hosts.append(m.group(2))
+            devices.append(m.group(3).strip())
+            continue
+        if s.startswith("#"):
+            toks = s.lstrip("#").split()
+            if "size" in toks and "time" in toks and "count" in toks:
+                header = toks
+            elif header is not None and "(us)" in toks:
+                unit = 1e-6
+            elif header is not None and "(ms)" in toks:
+                unit = 1e-3
+            continue
+        if header is None:
+            continue
+        toks = s.split()
+        if not toks or not toks[0].isdigit():
+            continue
+        if len(toks) < len(header):
+            raise _fail(display, i, f"expected {len(header)} columns as in the nccl-tests "
+                        f"header, found {len(toks)}", raw)
+        t_idx = header.index("time")
+        try:
+            size = int(toks[header.index("size")])
+            count = int(toks[header.index("count")])
+            secs = float(toks[t_idx]) * unit
+        except ValueError:
+            raise _fail(display, i, "expected numbers in the size, count and time columns",
+                        raw) from None
+        wrong = next((j for j in range(t_idx, len(header))
+                      if header[j] in ("#wrong", "error")), None)
+        if wrong is not None and toks[wrong] not in ("0", "N/A", "0e+00") and \
+                not toks[wrong].startswith("0"):
+            continue  # the run reported wrong results: not a measurement to trust
+        if size > 0 and secs > 0:
+            samples.append((i, size, count, secs))
+    if header is None:
+        raise _fail(display, 1, "no nccl-tests result table (a '#  size  count  type ... "
+                                "time  algbw  busbw' header) found")
+    if not samples:
+        raise _fail(display, 1, "the nccl-tests table has no rows with a positive size")
+    ranks = len(hosts) if hosts else (nthread or 1) * (ngpus or 1)
+    nodes = len(set(hosts)) if hosts else 1
+    if op is None:
+        op = _op_from_name(Path(display).name)
+    if op is None:
+        type_bytes = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1,
+                      "uint8": 1, "int32": 4, "int": 4, "int64": 8, "uint64": 8}
+        line, size, count, _ = samples[-1]
+        tb = type_bytes.get(lines[line - 1].split()[2], 0) if len(
+            lines[line - 1].split()) > 2 else 0
+        redop = lines[line - 1].split()[3] if "redop" in (header or []) else ""
+        if tb and count * tb == size:
+            op = "all_reduce"
+        elif tb and count * tb * ranks == size:
+            op = "all_gather" if redop == "none" else "reduce_scatter"
+    if op is None:
+        raise _fail(display, 1, "cannot tell which collective this nccl-tests output is; "
+                                "name the file after it (e.g. all_reduce_perf.txt)")
+    system = devices[0] if devices and devices[0] else Path(display).stem
+    return [Sample(system, op, float(size), ranks, nodes, secs, None, display, line)
+            for line, size, _, secs in samples]
+
+
+def _csv_samples(text: str, display: str) -> list[Sample]:
+    reader = csv.reader(io.StringIO(text))
+    header = [h.strip() for h in next(reader)]
+    col = {h: i for i, h in enumerate(header)}
+    time_col = next((c for c in ("mean_time_ms", "time_ms", "time_us_derived", "time_us")
+                     if c in col), None)
+    system_col = next((c for c in ("gpu", "system", "device") if c in col), None)
+    ranks_col = next((c for c in ("n_gpus", "ranks") if c in col), None)
+    if time_col is None or system_col is None or ranks_col is None or "bytes" not in col:
+        raise _fail(display, 1, "unrecognised collective CSV header; expected the columns "
+                                "gpu, bytes, n_gpus, n_nodes and mean_time_ms (DeepBench) or "
+                                "time_us_derived (the 8×H200 sweep)", text.splitlines()[0])
+    scale = 1e-3 if time_col.endswith("_ms") else 1e-6
+    out: list[Sample] = []
+    problems: list[Located] = []
+    for row in reader:
+        line = reader.line_num
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            problems.append(Located(display, line, 1, f"expected {len(header)} fields as in "
+                                    f"the header, found {len(row)}", "$"))
+            continue
+        try:
+            nbytes = float(row[col["bytes"]])
+            ranks = int(float(row[col[ranks_col]]))
+            nodes_txt = row[col["n_nodes"]].strip() if "n_nodes" in col else ""
+            nodes = int(float(nodes_txt)) if nodes_txt else 1
+            secs = float(row[col[time_col]]) * scale
+        except ValueError:
+            problems.append(Located(display, line, 1, "expected numbers in the bytes, "
+                                    f"{ranks_col}, n_nodes and {time_col} columns", "$"))
+            continue
+        if nbytes <= 0 or secs <= 0 or ranks < 1 or nodes < 1 or nodes > ranks:
+            problems.append(Located(display, line, 1, "expected positive bytes and time and "
+                                    "1 ≤ nodes ≤ ranks", "$"))
+            continue
+        note = row[col["nccl_algo_note"]].lower() if "nccl_algo_note" in col else ""
+        algo = "nvls" if note.startswith("nvls") else "ring" if note.startswith("ring") \
+            else None
+        op_txt = row[col["op"]].strip() if "op" in col else "all_reduce"
+        op = _op_from_name(op_txt) or "all_reduce"
+        out.append(Sample(row[col[system_col]].strip(), op, nbytes, ranks, nodes, secs,
+                          algo, display, line))
+    if problems:
+        raise InputError(problems)
+    if not out:
+        raise _fail(display, 1, "no measurement rows after the header")
+    return out
+
+
+def read_samples(paths: Sequence[str | Path]) -> list[Sample]:
+    """Every measured collective in the files (CSV or nccl-tests text, told apart by
+    content); all files' problems are reported together."""
+    out: list[Sample] = []
+    problems: list[Located] = []
+    for p in paths:
+        display = str(p)
+        try:
+            raw = Path(p).read_bytes()
+        except FileNotFoundError:
+            problems.append(Located(display, 1, 1, "no such file", "$"))
+            continue
+        except OSError as exc:
+            problems.append(Located(display, 1, 1, f"cannot read the file: "
+                                    f"{exc.strerror or exc}", "$"))
+            continue
+        try:
+            text = decode(raw, display)
+            first = next((ln for ln in text.splitlines() if ln.strip()), "")
+            if "," in first and not first.lstrip().startswith("#"):
+                out.extend(_csv_samples(text, display))
+            else:
+                out.extend(parse_nccl_tests(text, display))
+        except InputError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise InputError(problems)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Fitting
+
+
+def _nnls_relative(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any],
+                   t: np.ndarray[Any, Any]) -> tuple[float, float]:
+    """Non-negative (x, y) minimising Σ((a·x + b·y − t)/t)²."""
+    from scipy.optimize import nnls
+
+    sol, _ = nnls(np.column_stack([a / t, b / t]), np.ones_like(t))
+    return float(sol[0]), float(sol[1])
+
+
+def _ring_parts(rows: Sequence[Sample]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Coefficients of α and β in the ring time of each row (planner.costs.comm)."""
+    a = np.array([flat_time(r.op, "ring", r.nbytes, r.ranks, 1.0, 0.0) for r in rows])
+    b = np.array([flat_time(r.op, "ring", r.nbytes, r.ranks, 0.0, 1.0) for r in rows])
+    return a, b
+
+
+def fit_ring(rows: Sequence[Sample], tier: str) -> TierFit | None:
+    """α and bandwidth of the ring model on ``rows`` (None without two sizes)."""
+    rows = [r for r in rows if r.ranks > 1]
+    if len(rows) < 2 or len({r.nbytes for r in rows}) < 2:
+        return None
+    a, b = _ring_parts(rows)
+    t = np.array([r.seconds for r in rows])
+    alpha, beta = _nnls_relative(a, b, t)
+    bw = 1.0 / beta if beta > 0 else float("inf")
+    return TierFit(tier, alpha, bw, len(rows))
+
+
+def fit_nvls(rows: Sequence[Sample]) -> TierFit | None:
+    """``α_nvls`` and bus bandwidth of ``t = α + 2(p−1)/p · S / busbw``."""
+    if len(rows) < 2:
+        return None
+    t = np.array([r.seconds for r in rows])
+    a = np.ones_like(t)
+    b = np.array([bus_bandwidth_factor("all_reduce", r.ranks) * r.nbytes for r in rows])
+    alpha, inv = _nnls_relative(a, b, t)
+    if inv <= 0:
+        return None
+    return TierFit("nvls", alpha, 1.0 / inv, len(rows), min(r.nbytes for r in rows))
+
+
+def _sse(fit: TierFit | None, rows: Sequence[Sample], nvls: bool) -> float:
+    if fit is None or not rows:
+        return 0.0 if not rows else float("inf")
+    t = np.array([r.seconds for r in rows])
+    if nvls:
+        pred = fit.latency_s + np.array([bus_bandwidth_factor("all_reduce", r.ranks)
+                                         * r.nbytes for r in rows]) / fit.bandwidth
+    else:
+        a, b = _ring_parts(rows)
+        pred = a * fit.latency_s + b / fit.bandwidth
+    return float(np.sum(((pred - t) / t) ** 2))
+
+
+def _breakpoint(rows: list[Sample]) -> tuple[list[Sample], list[Sample]] | None:
+    """Split a single-node all-reduce sweep into ring-below / NVLS-above, if that helps."""
+    ar = sorted((r for r in rows if r.op == "all_reduce"), key=lambda r: r.nbytes)
+    sizes = sorted({r.nbytes for r in ar})
+    if len(sizes) < 8:
+        return None
+    one = _sse(fit_ring(ar, "intra"), ar, False)
+    best: tuple[float, float] | None = None
+    for cut in sizes[3:-2]:
+        lo = [r for r in ar if r.nbytes < cut]
+        hi = [r for r in ar if r.nbytes >= cut]
+        err = _sse(fit_ring(lo, "intra"), lo, False) + _sse(fit_nvls(hi), hi, True)
+        if best is None or err < best[0]:
+            best = (err, cut)
+    if best is None or not best[0] < MIN_NVLS_GAIN * one:
+        return None
+    cut = best[1]
+    hi_ids = {id(r) for r in ar if r.nbytes >= cut}
+    return [r for r in rows if id(r) not in hi_ids], [r for r in ar if id(r) in hi_ids]
+
+
+def _link(fit: TierFit | None, nvls: TierFit | None) -> Link:
+    if fit is None:
+        return Link(0.0, float("inf"))
+    return Link(fit.latency_s, fit.bandwidth, "", nvls.bandwidth if nvls else None,
+                nvls.latency_s if nvls else None, nvls.min_bytes if nvls else None)
+
+
+def predict(fit: SystemFit, sample: Sample) -> float:
+    """Seconds the planner predicts for ``sample`` with the fitted tiers (ring)."""
+    intra = _link(fit.intra, fit.nvls)
+    inter = _link(fit.inter, None) if fit.inter is not None else intra
+    per_node = max(1, sample.ranks // sample.nodes)
+    dev = Device("fit", {"fp32": 1.0}, 1.0, 1.0, 1, 1.0)
+    cluster = Cluster("fit", per_node, dev, intra, inter)
+    t, _ = collective_time(sample.op, float(sample.nbytes), Group(sample.ranks, per_node),
+                           cluster, "ring")
+    return float(t)
+
+
+def fit_system(system: str, rows: Sequence[Sample]) -> SystemFit:
+    """Fit the tiers of one system and measure the planner's error with them."""
+    single = [r for r in rows if r.nodes == 1]
+    multi = [r for r in rows if r.nodes > 1]
+    nvls_rows = [r for r in single if r.algo == "nvls" and r.op == "all_reduce"]
+    ring_rows = [r for r in single if r.algo != "nvls"]
+    if not nvls_rows and not any(r.algo for r in single):
+        split = _breakpoint(single)
+        if split is not None:
+            ring_rows, nvls_rows = split
+    out = SystemFit(system, files=sorted({r.file for r in rows}))
+    out.intra = fit_ring(ring_rows, "intra")
+    out.nvls = fit_nvls(nvls_rows) if nvls_rows else None
+    out.inter = fit_ring(multi, "inter")
+    if out.intra is None and out.inter is None:
+        return out
+    groups: dict[tuple[str, int, int], list[float]] = {}
+    for r in rows:
+        if r.ranks <= 1:
+            continue
+        pred = predict(out, r)
+        groups.setdefault((r.op, r.ranks, r.nodes), []).append(
+            abs(pred - r.seconds) / r.seconds * 100.0)
+    for (op, ranks, nodes), errs in sorted(groups.items()):
+        e = np.asarray(errs)
+        out.errors.append(ErrorRow(system, op, ranks, nodes, int(e.size), float(e.mean()),
+                                   float(e.max())))
+    return out
+
+
+def fit_all(samples: Sequence[Sample]) -> list[SystemFit]:
+    """One :class:`SystemFit` per system, in order of appearance."""
+    systems: dict[str, list[Sample]] = {}
+    for s in samples:
+        systems.setdefault(s.system, []).append(s)
+    return [fit_system(name, rows) for name, rows in systems.items()]
+
+
+def choose(fits: Sequence[SystemFit], name: str | None) -> SystemFit:
+    """The fit of system ``name`` (substring, case-insensitive), or the only one."""
+    if name is None:
+        if len(fits) == 1:
+            return fits[0]
+        raise UsageError("planner: error: the files hold several systems ("
+                         + ", ".join(repr(f.system) for f in fits)
+                         + "); choose one with --system")
+    hits = [f for f in fits if name.lower() in f.system.lower()]
+    if len(hits) != 1:
+        raise UsageError(f"planner: error: --system {name!r} matches "
+                         f"{'no' if not hits else len(hits)} systems; the files hold "
+                         + ", ".join(repr(f.system) for f in fits))
+    return hits[0]
+
+
+def merged_cluster(cluster_path: str, fit: SystemFit) -> dict[str, Any]:
+    """The cluster file's data with its network tiers replaced by the fitted ones."""
+    from .inputs import load_cluster
+    from .loading import load_file
+
+    load_cluster(cluster_path)  # validates the original (InputError with positions)
+    doc = load_file(cluster_path)
+    data = dict(doc.data)
+    network = dict(data.get("network") or {})
+    for key, tier in fit.network().items():
+        network[key] = tier
+    data["network"] = network
+    return data
+
+
+def validate_network(data: dict[str, Any], name: str) -> None:
+    """Raise if the merged cluster data is not a valid cluster (a bug guard)."""
+    from .cluster import cluster_from_data
+    from .errors import Issue
+
+    issues: list[Issue] = []
+    if cluster_from_data(data, issues) is None:
+        raise UsageError(f"planner: error: the fitted network does not make a valid cluster "
+                         f"for {name}: " + "; ".join(i.message for i in issues))
+
+
+def with_system(fit: SystemFit, system: str) -> SystemFit:
+    """A copy under another name (for messages)."""
+    return replace(fit, system=system)
+
+
+__all__ = ["ErrorRow", "Sample", "SystemFit", "TierFit", "choose", "fit_all", "fit_system",
+           "merged_cluster", "parse_nccl_tests", "predict", "read_samples"]

@@ -1,0 +1,160 @@
+"""The learned kernel-time estimator (the :class:`~planner.costs.compute.Estimator` protocol).
+
+GEMMs, batched GEMMs and the three passes of a convolution are timed by the fitted
+models of :mod:`planner.kernels` (numpy only); every other kernel, and any kernel the
+models cannot answer for, by the roofline estimator of :mod:`planner.costs.compute`.
+Each kernel's ``source`` says which:
+
+* ``mlp:<op>-<dtype>``, e.g. ``mlp:gemm-fp32``, ``mlp:conv_bwd_filter-fp16``;
+* ``roofline`` for elementwise work (memory-bound by construction);
+* ``roofline (out of range)`` for a shape outside the model's training range (for
+  example a grouped or dilated convolution, which no training data covers);
+* ``roofline (no <dtype> data)`` for a dtype with no measurements (``float64``).
+
+``bfloat16`` is timed with the ``float16`` measurements (tensor-core kernels with the same
+rate on every GPU that has both) at the device's bf16 peak.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..cluster import Device
+from ..costs.compute import KernelTimes, kernel_arrays, roofline_seconds
+from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
+from ..ops import Conv, Gemm, Kernel
+from .features import DeviceSpecs
+from .store import ModelSet, load_models
+
+FloatArray = NDArray[np.float64]
+CHUNK = 16384  #: kernels per vectorised batch (features are ~40 floats per kernel)
+
+
+def model_dtype(dtype: str, trained: Sequence[str]) -> str | None:
+    """The dtype whose measurements time ``dtype`` (None: none do)."""
+    if dtype in trained:
+        return dtype
+    if dtype == "bfloat16" and "float16" in trained:
+        return "float16"
+    return None
+
+
+def gemm_rows(kernels: Sequence[Gemm]) -> NDArray[np.int64]:
+    """``(m, n, k, batch)`` rows."""
+    return np.array([(k.m, k.n, k.k, k.batch) for k in kernels], dtype=np.int64).reshape(-1, 4)
+
+
+def conv_rows(kernels: Sequence[Conv]) -> NDArray[np.int64]:
+    """:data:`~.data.CONV_DIMS` rows."""
+    return np.array([(k.n, k.c, k.h, k.w, k.k, k.r, k.s, k.stride_h, k.stride_w, k.pad_h,
+                      k.pad_w, k.dil_h, k.dil_w, k.groups) for k in kernels],
+                    dtype=np.int64).reshape(-1, 14)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One kernel's prediction with its parts (for ``planner kernels predict``)."""
+
+    seconds: float
+    source: str
+    bound_s: float
+    roofline_s: float
+    sustained_fraction: float | None
+    gpu_seen: bool | None
+    in_range: bool
+
+    def record(self) -> dict[str, Any]:
+        """Plain data."""
+        return {"seconds": self.seconds, "source": self.source, "bound_s": self.bound_s,
+                "roofline_s": self.roofline_s,
+                "achieved_fraction_of_bound": self.bound_s / self.seconds
+                if self.seconds > 0 else None,
+                "sustained_fraction": self.sustained_fraction, "gpu_seen": self.gpu_seen,
+                "in_range": self.in_range}
+
+
+class LearnedEstimator:
+    """Kernel times from the fitted models, roofline where they do not apply."""
+
+    name = "mlp"
+
+    def __init__(self, models: ModelSet | None = None,
+                 models_dir: str | os.PathLike[str] | None = None) -> None:
+        self.models = models if models is not None else load_models(models_dir)
+
+    def estimate(self, kernels: Sequence[Kernel], device: Device, dtype: str) -> KernelTimes:
+        """Seconds for each kernel on ``device`` in ``dtype`` (a network dtype name)."""
+        n = len(kernels)
+        secs = np.zeros(n)
+        source: list[str] = [""] * n
+        key = DTYPE_PEAK_KEY[dtype]
+        fallback: list[int] = []
+        for family, kind in (("gemm", Gemm), ("conv", Conv)):
+            idx = [i for i, k in enumerate(kernels) if type(k) is kind]
+            if not idx:
+                continue
+            model = self.models.get(family)
+            mdt = model_dtype(dtype, model.dtypes) if model is not None else None
+            if model is None or mdt is None:
+                fallback += idx
+                for i in idx:
+                    source[i] = f"roofline (no {dtype} data)"
+                continue
+            sub = [kernels[i] for i in idx]
+            ops = [k.op for k in sub]
+            t = np.empty(len(sub))
+            ok = np.empty(len(sub), dtype=bool)
+            for lo in range(0, len(sub), CHUNK):  # bounded memory for huge searches
+                part = sub[lo:lo + CHUNK]
+                rows = gemm_rows(part) if family == "gemm" else conv_rows(part)  # type: ignore[arg-type]
+                spec = DeviceSpecs.single(device, dtype, len(part))
+                t[lo:lo + CHUNK], _, ok[lo:lo + CHUNK] = model.predict_raw(
+                    rows, ops[lo:lo + CHUNK], spec, [device.name] * len(part),
+                    [mdt] * len(part))
+            where = np.asarray(idx)
+            secs[where] = t
+            labels = {op: f"mlp:{op}-{key}" for op in set(ops)}
+            for i, op, good in zip(idx, ops, ok.tolist(), strict=True):
+                if good:
+                    source[i] = labels[op]
+                else:
+                    source[i] = "roofline (out of range)"
+                    fallback.append(i)
+        rest = [i for i, s in enumerate(source) if not s]
+        for i in rest:
+            source[i] = "roofline"
+        fallback += rest
+        if fallback:
+            sub_k = [kernels[i] for i in fallback]
+            flops, nbytes = kernel_arrays(sub_k, DTYPE_BYTES[dtype])
+            secs[np.asarray(fallback)] = roofline_seconds(flops, nbytes, device, dtype)
+        return KernelTimes(secs, tuple(source))
+
+    def explain(self, kernel: Gemm | Conv, device: Device, dtype: str) -> Prediction:
+        """One kernel's time with the parts that made it."""
+        times = self.estimate([kernel], device, dtype)
+        flops, nbytes = kernel_arrays([kernel], DTYPE_BYTES[dtype])
+        roof = float(roofline_seconds(flops, nbytes, device, dtype)[0])
+        family = "gemm" if isinstance(kernel, Gemm) else "conv"
+        model = self.models.get(family)
+        mdt = model_dtype(dtype, model.dtypes) if model is not None else None
+        bound = roof
+        frac: float | None = None
+        seen: bool | None = None
+        ok = False
+        if model is not None and mdt is not None:
+            rows = gemm_rows([kernel]) if isinstance(kernel, Gemm) else conv_rows([kernel])
+            spec = DeviceSpecs.single(device, dtype, 1)
+            _, b, okv = model.predict_raw(rows, [kernel.op], spec, [device.name], [mdt])
+            e, seenv = model.level(spec, [device.name], [mdt])
+            bound, frac, seen, ok = float(b[0]), float(e[0]), bool(seenv[0]), bool(okv[0])
+        return Prediction(float(times.seconds[0]), times.source[0], bound, roof, frac, seen, ok)
+
+
+__all__ = ["LearnedEstimator", "Prediction", "model_dtype"]

@@ -1,0 +1,226 @@
+"""What the ``planner kernels`` commands do, as library functions (no printing).
+
+* :func:`fit_models`: read measurement CSVs, fit one model per kernel family on the rows
+  that are not held out, measure the held-out accuracy, write the model directory.
+* :func:`evaluate_files`: the per (device, op) accuracy of a model set on CSVs.
+* :func:`achieved_fractions`: per device, the 95th percentile of achieved FP32 GEMM
+  FLOP/s over the catalog peak, for GEMMs of at least 1 GFLOP (what the device catalog's
+  ``achievable.compute`` cites).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cluster import lookup_device
+from ..errors import UsageError
+from .data import Dataset, Table, read_files
+from .evaluate import Result, evaluate
+from .features import gemm_work
+from .model import KernelModel
+from .store import Extra, ModelSet, save_models, sha256_file
+from .train import FitOptions, FitReport, fit_family
+
+SPLITS = ("all", "train", "test")
+
+
+@dataclass
+class FitOutcome:
+    """A finished fit: the models, what each fit did, and the held-out accuracy."""
+
+    models: dict[str, KernelModel]
+    reports: list[FitReport]
+    accuracy: list[Result]
+    files: list[Path] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def select(data: Dataset, split: str = "all", devices: Sequence[str] = (),
+           exclude: Sequence[str] = ()) -> Dataset:
+    """Rows of a split (``test``: held out; ``train``: the rest), of some devices, or
+    without some devices (catalog names)."""
+    if split not in SPLITS:
+        raise UsageError(f"planner: error: unknown split {split!r}; expected one of "
+                         f"{', '.join(SPLITS)}")
+    out = Dataset(files=list(data.files))
+    for table in (data.gemm, data.conv):
+        mask = np.ones(len(table), dtype=bool)
+        hold = np.asarray(table.holdout, dtype=bool)
+        if split == "test":
+            mask &= hold
+        elif split == "train":
+            mask &= ~hold
+        dev = np.asarray(table.device, dtype=object)
+        if devices:
+            mask &= np.isin(dev, list(devices))
+        if exclude:
+            mask &= ~np.isin(dev, list(exclude))
+        picked = table.select(mask)
+        if table.family == "gemm":
+            out.gemm = picked
+        else:
+            out.conv = picked
+    return out
+
+
+def canonical_devices(names: Iterable[str]) -> list[str]:
+    """Catalog names of user-given device names (UsageError for unknown ones)."""
+    out = []
+    for name in names:
+        dev = lookup_device(name)
+        if dev is None:
+            raise UsageError(f"planner: error: unknown device {name!r} (`planner devices` "
+                             "lists the catalog)")
+        out.append(dev.name)
+    return out
+
+
+def _provenance(paths: Sequence[str | Path], data: Dataset) -> list[dict[str, Any]]:
+    out = []
+    for p in paths:
+        path = Path(p)
+        shown = str(p)
+        with contextlib.suppress(ValueError):
+            shown = str(path.resolve().relative_to(Path.cwd().resolve()))
+        out.append({"file": shown, "sha256": sha256_file(path)})
+    return out
+
+
+def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
+               leave_out: Sequence[str] = (), options: FitOptions | None = None,
+               families: Sequence[str] = ("gemm", "conv")) -> FitOutcome:
+    """Fit on the rows that are not held out; measure on the held-out rows; write."""
+    start = time.perf_counter()
+    data = read_files(paths)
+    left = canonical_devices(leave_out)
+    train = select(data, "train", exclude=left)
+    test = select(data, "test", exclude=left)
+    opts = options or FitOptions()
+    models: dict[str, KernelModel] = {}
+    reports: list[FitReport] = []
+    tables = [t for t in (train.gemm, train.conv) if t.family in families and len(t)]
+    for model, report in _fit_tables(tables, opts):
+        models[model.family] = model
+        reports.append(report)
+    if not models:
+        raise UsageError("planner: error: no GEMM or convolution measurements to fit")
+    accuracy = evaluate(models, test)
+    seconds = time.perf_counter() - start
+    outcome = FitOutcome(models, reports, accuracy, seconds=seconds)
+    if out_dir is not None:
+        extra = Extra(
+            data=_provenance(paths, data),
+            fit={"options": {"hidden": list(opts.hidden), "l2": opts.l2,
+                             "max_iter": opts.max_iter, "seed": opts.seed,
+                             "group_power": opts.group_power,
+                             "sweep_weight": opts.sweep_weight,
+                             "sweep_limit": opts.sweep_limit},
+                 "left_out_devices": left,
+                 "reports": [{"family": r.family, "rows": r.rows, "iterations": r.iterations,
+                              "loss": round(r.loss, 6), "seconds": round(r.seconds, 1),
+                              "devices": r.devices, "dropped_sweeps": r.dropped}
+                             for r in reports],
+                 "seconds": round(seconds, 1),
+                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, numpy "
+                            f"{np.__version__}"},
+            accuracy={"what": "absolute percentage error on the held-out rows (split test) "
+                              "of the training files",
+                      "command": "planner kernels eval " + " ".join(str(p) for p in paths)
+                                 + " --split test" + "".join(f" --exclude {d}" for d in left),
+                      "results": [r.record() for r in accuracy]})
+        outcome.files = save_models(out_dir, models, extra)
+    return outcome
+
+
+def _fit_tables(tables: list[Table], opts: FitOptions) -> list[tuple[KernelModel, FitReport]]:
+    """Fit each table in a worker process with one BLAS thread (OpenBLAS's threads only
+    slow these small matrix products down: 6× on two cores), the families in parallel.
+    Each fit is deterministic, so the weights do not depend on the worker count."""
+    if not tables:
+        return []
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    saved = {k: os.environ.get(k) for k in _THREAD_VARS}
+    os.environ.update(dict.fromkeys(_THREAD_VARS, "1"))  # inherited by the workers
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        workers = max(1, min(len(tables), os.cpu_count() or 1))
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futures = [pool.submit(fit_family, t, opts) for t in tables]
+            return [f.result() for f in futures]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def evaluate_files(paths: Sequence[str | Path], models: ModelSet,
+                   split: str = "all", devices: Sequence[str] = (),
+                   exclude: Sequence[str] = ()) -> list[Result]:
+    """Per (device, op) errors of ``models`` on the CSV files."""
+    data = select(read_files(paths), split, canonical_devices(devices),
+                  canonical_devices(exclude))
+    if not len(data):
+        raise UsageError("planner: error: no rows left to evaluate (check --split and "
+                         "--device)")
+    return evaluate(dict(models.models), data)
+
+
+@dataclass(frozen=True)
+class Achieved:
+    """Achieved FP32 GEMM throughput of one device."""
+
+    device: str
+    n: int
+    p95_fraction: float
+    median_fraction: float
+    peak_flops: float
+
+    def record(self) -> dict[str, Any]:
+        """Plain data."""
+        return {"device": self.device, "n": self.n, "p95_fraction": round(self.p95_fraction, 3),
+                "median_fraction": round(self.median_fraction, 3),
+                "peak_flops": self.peak_flops}
+
+
+def achieved_fractions(paths: Sequence[str | Path],
+                       min_flops: float = 1e9) -> list[Achieved]:
+    """Per device: FP32 GEMMs (not bmm) of at least ``min_flops``, every split pooled."""
+    table: Table = read_files(paths).gemm
+    out: list[Achieved] = []
+    if not len(table):
+        return out
+    shape = table.shape_array()
+    flops, _ = gemm_work(shape, np.full(len(table), 4.0))
+    secs = np.asarray(table.seconds)
+    dev = np.asarray(table.device, dtype=object)
+    ok = (np.asarray(table.op, dtype=object) == "gemm") & \
+        (np.asarray(table.dtype, dtype=object) == "float32") & (flops >= min_flops)
+    for name in sorted(set(dev[ok])):
+        sel = ok & (dev == name)
+        device = lookup_device(name)
+        assert device is not None
+        peak = device.peak("fp32")
+        frac = flops[sel] / secs[sel] / peak
+        out.append(Achieved(name, int(sel.sum()), float(np.percentile(frac, 95)),
+                            float(np.median(frac)), peak))
+    return out
+
+
+__all__ = ["SPLITS", "Achieved", "FitOutcome", "achieved_fractions", "evaluate_files",
+           "fit_models", "select"]

@@ -1,0 +1,187 @@
+"""Measuring GEMM, bmm and convolution times with PyTorch (``planner kernels profile``).
+
+PyTorch is an optional extra (``pip install 'planner[torch]'``) and imported only here.
+Each shape is timed the way DeepBench timed its kernels: a few warm-up calls, then
+``repeats`` back-to-back calls between two synchronisations (CUDA events on a GPU,
+``time.perf_counter`` on a CPU), and the mean per call is reported — the kernel's own
+time with launches overlapped, which is what a training step sees. FP32 is measured
+with TF32 off (``torch.backends.*.allow_tf32 = False``), so it matches the catalog's
+non-tensor-core FP32 peak; cuDNN picks its algorithms (``cudnn.benchmark = True``).
+
+Passes: ``conv_fwd`` is ``conv2d``; ``conv_bwd_data`` and ``conv_bwd_filter`` are the
+gradients with respect to the input and to the weight (``torch.nn.grad``), as cuDNN's
+dgrad and wgrad kernels.
+
+The rows are written in the ``profile`` layout of :mod:`planner.kernels.data`, so the
+file can be given to ``planner kernels fit`` and ``eval`` directly.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError
+from .data import PROFILE_COLUMNS
+
+TORCH_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One shape to time: a GEMM/bmm ``(m, n, k, batch)`` or a convolution pass."""
+
+    op: str
+    dims: tuple[int, ...]  #: gemm: m, n, k, batch; conv: n, c, h, w, k, r, s, stride, pad
+
+
+def sweep(quick: bool) -> list[Shape]:
+    """The shapes to time (``quick``: a handful of small ones, seconds on a CPU)."""
+    out: list[Shape] = []
+    if quick:
+        gemm = [(64, 64, 64), (128, 256, 64), (256, 128, 512), (96, 200, 72)]
+        bmm = [(4, 64, 64, 32), (8, 32, 128, 64)]
+        conv = [(2, 8, 16, 16, 8, 3, 3, 1, 1), (2, 16, 8, 8, 32, 1, 1, 1, 0),
+                (1, 8, 16, 16, 16, 3, 3, 2, 1)]
+    else:
+        sizes = (128, 256, 512, 1024, 2048, 4096, 8192)
+        odd = (96, 200, 384, 768, 1000, 1536, 3000, 5120)
+        gemm = [(m, n, k) for m in sizes for n in sizes for k in (256, 1024, 4096)]
+        gemm += [(m, n, k) for m in odd for n in odd[::2] for k in (512, 2048)]
+        gemm += [(m, n, k) for m in (16, 32, 64) for n in (1024, 4096) for k in (1024, 4096)]
+        bmm = [(b, m, n, k) for b in (8, 32, 128, 512) for m in (64, 128, 512, 1024)
+               for n in (64, 128, 512, 1024) for k in (64, 128)]
+        conv = []
+        for n, c, hw, k, r, stride in (
+                (32, 64, 56, 64, 3, 1), (32, 64, 56, 256, 1, 1), (32, 128, 28, 128, 3, 1),
+                (32, 256, 14, 256, 3, 1), (32, 512, 7, 512, 3, 1), (32, 3, 224, 64, 7, 2),
+                (64, 256, 56, 64, 1, 1), (64, 128, 56, 128, 3, 2), (16, 512, 14, 1024, 1, 2),
+                (8, 64, 112, 64, 3, 1), (128, 64, 28, 64, 3, 1), (32, 1024, 14, 256, 1, 1),
+                (16, 32, 128, 32, 5, 1), (64, 192, 28, 96, 1, 1), (32, 96, 28, 128, 3, 1)):
+            conv.append((n, c, hw, hw, k, r, r, stride, r // 2))
+    out += [Shape("gemm", (m, n, k, 1)) for m, n, k in gemm]
+    out += [Shape("bmm", (m, n, k, b)) for b, m, n, k in bmm]
+    for dims in conv:
+        for phase in ("conv_fwd", "conv_bwd_data", "conv_bwd_filter"):
+            out.append(Shape(phase, dims))
+    return out
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("planner: error: `planner kernels profile` needs PyTorch; install "
+                         "it with `pip install 'planner[torch]'` (or `pip install torch`)") \
+            from None
+    return torch
+
+
+def _timer(torch: Any, device: str) -> Callable[[Callable[[], Any], int], float]:
+    if device == "cuda":
+        def cuda_time(fn: Callable[[], Any], repeats: int) -> float:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(repeats):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            return float(start.elapsed_time(end)) / repeats  # ms
+        return cuda_time
+
+    def cpu_time(fn: Callable[[], Any], repeats: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / repeats
+    return cpu_time
+
+
+def _call(torch: Any, shape: Shape, dev: Any, dt: Any) -> Callable[[], Any]:
+    f = torch.nn.functional
+    if shape.op in ("gemm", "bmm"):
+        m, n, k, b = shape.dims
+        if shape.op == "gemm":
+            a = torch.randn(m, k, device=dev, dtype=dt)
+            w = torch.randn(k, n, device=dev, dtype=dt)
+            return lambda: torch.mm(a, w)
+        a = torch.randn(b, m, k, device=dev, dtype=dt)
+        w = torch.randn(b, k, n, device=dev, dtype=dt)
+        return lambda: torch.bmm(a, w)
+    n, c, h, w_, k, r, s, stride, pad = shape.dims
+    x = torch.randn(n, c, h, w_, device=dev, dtype=dt)
+    wt = torch.randn(k, c, r, s, device=dev, dtype=dt)
+    if shape.op == "conv_fwd":
+        return lambda: f.conv2d(x, wt, stride=stride, padding=pad)
+    y = f.conv2d(x, wt, stride=stride, padding=pad)
+    gy = torch.randn_like(y)
+    if shape.op == "conv_bwd_data":
+        return lambda: torch.nn.grad.conv2d_input(x.shape, wt, gy, stride=stride, padding=pad)
+    return lambda: torch.nn.grad.conv2d_weight(x, wt.shape, gy, stride=stride, padding=pad)
+
+
+def profile_rows(device: str = "cuda", dtype: str = "float32", quick: bool = False,
+                 repeats: int | None = None, name: str | None = None,
+                 progress: Callable[[int, int], None] | None = None,
+                 ) -> Iterator[dict[str, Any]]:
+    """Time every shape of :func:`sweep`; yields rows in the ``profile`` layout."""
+    torch = _import_torch()
+    if dtype not in TORCH_DTYPES:
+        raise UsageError(f"planner: error: unknown dtype {dtype!r}; expected one of "
+                         f"{', '.join(TORCH_DTYPES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("planner: error: no CUDA device is available to PyTorch; use "
+                         "--device cpu to try the profiler on the CPU")
+    if device not in ("cuda", "cpu"):
+        raise UsageError(f"planner: error: unknown device {device!r}; expected cuda or cpu")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    dt = getattr(torch, dtype)
+    dev = torch.device(device)
+    if name is None:
+        import platform
+
+        name = torch.cuda.get_device_name(dev) if device == "cuda" else (
+            platform.processor() or "cpu")
+    reps = repeats if repeats is not None else (3 if device == "cpu" else 50)
+    timer = _timer(torch, device)
+    shapes = sweep(quick)
+    with torch.no_grad():
+        for i, shape in enumerate(shapes):
+            fn = _call(torch, shape, dev, dt)
+            fn()  # warm-up: cuDNN's algorithm search, allocations
+            timer(fn, max(1, reps // 5))
+            ms = timer(fn, reps)
+            row: dict[str, Any] = dict.fromkeys(PROFILE_COLUMNS, "")
+            row.update(device=name, dtype=dtype, op=shape.op, time_ms=f"{ms:.6g}",
+                       repeats=reps, harness="profile")
+            if shape.op in ("gemm", "bmm"):
+                row.update(zip(("m", "n", "k", "batch"), shape.dims, strict=True))
+            else:
+                n, c, h, w, k, r, s, stride, pad = shape.dims
+                row.update(conv_n=n, conv_c=c, conv_h=h, conv_w=w, conv_k=k, conv_r=r,
+                           conv_s=s, stride_h=stride, stride_w=stride, pad_h=pad, pad_w=pad,
+                           dil_h=1, dil_w=1, groups=1)
+            if progress is not None:
+                progress(i + 1, len(shapes))
+            yield row
+
+
+def to_csv(rows: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> str:
+    """CSV text in the ``profile`` layout."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(PROFILE_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+    return buf.getvalue()
+
+
+__all__ = ["Shape", "profile_rows", "sweep", "to_csv"]

@@ -1,0 +1,329 @@
+"""Model files: where they are, how they are written, and how they are checked on load.
+
+A model directory holds ``manifest.yaml`` and one ``<family>.npz`` of weights per kernel
+family. The manifest records, per family, the feature order, the input normalisation
+(mean, std), the training range of every feature, the output transform, the per-GPU
+sustained fractions and harness overheads, the sha256 of the weights file, and for the
+whole set the training data (files and their sha256) and the accuracy measured on the
+held-out rows when the models were fitted.
+
+Lookup order (the first that exists wins):
+
+1. ``--models-dir DIR`` or the environment variable ``PLANNER_MODELS``;
+2. the models shipped inside the installed package (``planner/_models``, put there by the
+   wheel's ``force-include`` of the repository's ``models/``);
+3. ``models/`` of a source checkout (an editable install).
+
+Anything wrong — a missing file, a checksum that does not match, a feature list this
+version of planner does not compute, arrays of the wrong shape — raises
+:class:`~planner.errors.ModelDataError` naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import io
+import os
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ..errors import ModelDataError
+from ..output import to_yaml, write_atomic
+from .features import FEATURES
+from .mlp import Mlp
+from .model import KernelModel
+
+MANIFEST = "manifest.yaml"
+KIND = "planner-kernel-models"
+FORMAT_VERSION = 1
+OUTPUT_TRANSFORM = ("t = t0 + max(t_flop / e, t_byte) * (1 + exp(-z)); t0 = launch floor; "
+                    "z = MLP((x - mean) / std), tanh hidden layers; "
+                    "e = sustained fraction of peak of the GPU (levels), "
+                    "median of its class for an unseen GPU; t_flop = FLOPs / peak, t_byte "
+                    "= bytes / bandwidth (datasheet)")
+ENV = "PLANNER_MODELS"
+
+
+@dataclass(frozen=True)
+class ModelSet:
+    """The models of one directory, by family, with the manifest they came from."""
+
+    models: Mapping[str, KernelModel]
+    manifest: Mapping[str, Any]
+    directory: str
+
+    def get(self, family: str) -> KernelModel | None:
+        """The model of a family, if the set has one."""
+        return self.models.get(family)
+
+
+@dataclass
+class Extra:
+    """Manifest content beyond the models themselves (provenance, fit, accuracy)."""
+
+    data: list[dict[str, Any]] = field(default_factory=list)
+    fit: dict[str, Any] = field(default_factory=dict)
+    accuracy: dict[str, Any] = field(default_factory=dict)
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's contents."""
+    return sha256_bytes(Path(path).read_bytes())
+
+
+def _packaged_dir() -> Path | None:
+    try:
+        root = importlib.resources.files("planner").joinpath("_models")
+    except (ModuleNotFoundError, TypeError):  # pragma: no cover - broken install
+        return None
+    path = Path(str(root))
+    return path if (path / MANIFEST).is_file() else None
+
+
+def _checkout_dir() -> Path | None:
+    path = Path(__file__).resolve().parents[2] / "models"
+    return path if (path / MANIFEST).is_file() else None
+
+
+def find_models_dir(explicit: str | os.PathLike[str] | None = None,
+                    env: Mapping[str, str] | None = None) -> Path:
+    """The model directory by the lookup order of the module docstring."""
+    environ = os.environ if env is None else env
+    chosen = explicit if explicit is not None else environ.get(ENV) or None
+    if chosen is not None:
+        path = Path(chosen)
+        if not (path / MANIFEST).is_file():
+            how = "--models-dir" if explicit is not None else f"${ENV}"
+            raise ModelDataError(f"{path / MANIFEST}: error: no model manifest there (given "
+                                 f"by {how}); fit one with `planner kernels fit DATA... -o "
+                                 f"{path}`")
+        return path
+    for found in (_packaged_dir(), _checkout_dir()):
+        if found is not None:
+            return found
+    raise ModelDataError("planner: error: no kernel models found (looked in planner/_models "
+                         "and the checkout's models/); reinstall planner or pass "
+                         "--models-dir")
+
+
+def _arr(value: Any, where: str, n: int | None = None) -> np.ndarray[Any, Any]:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ModelDataError(f"{where}: expected a list of numbers") from None
+    if arr.ndim != 1 or (n is not None and arr.shape[0] != n) or not np.all(np.isfinite(arr)):
+        raise ModelDataError(f"{where}: expected {n if n is not None else 'a list of'} "
+                             "finite numbers")
+    return arr
+
+
+def model_record(model: KernelModel, file: str, digest: str) -> dict[str, Any]:
+    """The manifest entry of one model."""
+    return {
+        "file": file,
+        "sha256": digest,
+        "features": list(model.features),
+        "hidden": [int(w.shape[1]) for w in model.mlp.weights[:-1]],
+        "activation": "tanh",
+        "output_transform": OUTPUT_TRANSFORM,
+        "normalisation": {"mean": [float(v) for v in model.mlp.mean],
+                          "std": [float(v) for v in model.mlp.std]},
+        "training_range": {"min": [float(v) for v in model.lo],
+                           "max": [float(v) for v in model.hi]},
+        "dtypes": list(model.dtypes),
+        "ops": list(model.ops),
+        "levels": {k: float(v) for k, v in model.levels.items()},
+        "unseen_levels": {k: float(v) for k, v in model.unseen_levels.items()},
+        "level_specs": {k: [float(x) for x in v] for k, v in model.level_specs.items()},
+        "harness_overhead_s": {h: dict(v) for h, v in model.overhead_s.items()},
+        "sweep_factor": {c: dict(v) for c, v in model.collection_factor.items()},
+        "sweep_drift": {s: {d: [float(x) for x in v] for d, v in per.items()}
+                        for s, per in model.drift.items()},
+        "launch_floor_s": model.floor_s,
+        "params": model.mlp.n_params,
+    }
+
+
+def weights_bytes(model: KernelModel) -> bytes:
+    """The ``.npz`` of a model's weights (deterministic bytes: no timestamps)."""
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    for i, (w, b) in enumerate(zip(model.mlp.weights, model.mlp.biases, strict=True)):
+        arrays[f"w{i}"] = np.ascontiguousarray(w, dtype=np.float64)
+        arrays[f"b{i}"] = np.ascontiguousarray(b, dtype=np.float64)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, arr in arrays.items():
+            one = io.BytesIO()
+            np.lib.format.write_array(one, arr, allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            zf.writestr(info, one.getvalue())
+    return buf.getvalue()
+
+
+def save_models(directory: str | Path, models: Mapping[str, KernelModel],
+                extra: Extra) -> list[Path]:
+    """Write weights and manifest into ``directory`` (created); returns the files."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    records: dict[str, Any] = {}
+    for family, model in sorted(models.items()):
+        data = weights_bytes(model)
+        name = f"{family}.npz"
+        write_atomic(out / name, data)
+        written.append(out / name)
+        records[family] = model_record(model, name, sha256_bytes(data))
+    manifest = {
+        "kind": KIND,
+        "format_version": FORMAT_VERSION,
+        "description": "Kernel-time models of planner: the achieved fraction of the roofline "
+                       "bound, predicted by a small MLP (numpy inference). See README "
+                       "'Hardware models'.",
+        "models": records,
+        "training_data": extra.data,
+        "fit": extra.fit,
+        "accuracy": extra.accuracy,
+    }
+    write_atomic(out / MANIFEST, "# Written by `planner kernels fit`; do not edit by hand "
+                 "(the checksums must match).\n" + to_yaml(manifest))
+    written.append(out / MANIFEST)
+    return written
+
+
+def _load_model(directory: Path, family: str, rec: Any) -> KernelModel:
+    where = f"{directory / MANIFEST}: models.{family}"
+    if not isinstance(rec, dict):
+        raise ModelDataError(f"{where}: expected a mapping")
+    want = FEATURES.get(family)
+    if want is None:
+        raise ModelDataError(f"{where}: unknown kernel family {family!r}")
+    feats = rec.get("features")
+    if feats != list(want):
+        raise ModelDataError(f"{where}.features: the model was fitted on features {feats!r}, "
+                             f"but this version of planner computes {list(want)!r}; refit it "
+                             "with `planner kernels fit`")
+    file = rec.get("file")
+    if not isinstance(file, str) or "/" in file or "\\" in file:
+        raise ModelDataError(f"{where}.file: expected a file name in the model directory")
+    path = directory / file
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ModelDataError(f"{path}: error: cannot read the weights file "
+                             f"({exc.strerror or exc})") from None
+    if sha256_bytes(raw) != rec.get("sha256"):
+        raise ModelDataError(f"{path}: error: sha256 checksum does not match the manifest "
+                             "(the file is corrupt or was changed); refit or reinstall")
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
+            arrays = {k: np.asarray(npz[k], dtype=np.float64) for k in npz.files}
+    except (ValueError, OSError, KeyError) as exc:
+        raise ModelDataError(f"{path}: error: not a readable weights file ({exc})") from None
+    n_layers = len(arrays) // 2
+    try:
+        weights = tuple(arrays[f"w{i}"] for i in range(n_layers))
+        biases = tuple(arrays[f"b{i}"] for i in range(n_layers))
+    except KeyError as exc:
+        raise ModelDataError(f"{path}: error: missing array {exc}") from None
+    n = len(want)
+    norm = rec.get("normalisation") or {}
+    rng = rec.get("training_range") or {}
+    mlp = Mlp(weights, biases, _arr(norm.get("mean"), f"{where}.normalisation.mean", n),
+              _arr(norm.get("std"), f"{where}.normalisation.std", n))
+    try:
+        levels = {str(k): float(v) for k, v in (rec.get("levels") or {}).items()}
+        unseen = {str(k): float(v) for k, v in (rec.get("unseen_levels") or {}).items()}
+        specs = {str(k): [float(x) for x in v] for k, v in
+                 (rec.get("level_specs") or {}).items()}
+        overhead = {str(h): {str(d): float(s) for d, s in v.items()}
+                    for h, v in (rec.get("harness_overhead_s") or {}).items()}
+        factors = {str(c): {str(d): float(s) for d, s in v.items()}
+                   for c, v in (rec.get("sweep_factor") or {}).items()}
+        drift = {str(sw): {str(d): [float(x) for x in v] for d, v in per.items()}
+                 for sw, per in (rec.get("sweep_drift") or {}).items()}
+    except (AttributeError, TypeError, ValueError):
+        raise ModelDataError(f"{where}: malformed levels, overheads or sweep factors") \
+            from None
+    if any(not 0.0 < v <= 1.0 for v in (*levels.values(), *unseen.values())):
+        raise ModelDataError(f"{where}: sustained fractions must lie in (0, 1]")
+    model = KernelModel(
+        family=family, features=tuple(feats), mlp=mlp,
+        lo=_arr(rng.get("min"), f"{where}.training_range.min", n),
+        hi=_arr(rng.get("max"), f"{where}.training_range.max", n),
+        dtypes=tuple(str(d) for d in rec.get("dtypes") or ()),
+        ops=tuple(str(o) for o in rec.get("ops") or ()),
+        overhead_s=overhead, collection_factor=factors, levels=levels, level_specs=specs,
+        unseen_levels=unseen, drift=drift, floor_s=_floor(rec.get("launch_floor_s", 0.0),
+                                                          where))
+    problem = model.check()
+    if problem is not None:
+        raise ModelDataError(f"{path}: error: {problem}")
+    return model
+
+
+def _floor(value: Any, where: str) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ModelDataError(f"{where}.launch_floor_s: expected seconds") from None
+    if not 0.0 <= out < 1e-3:
+        raise ModelDataError(f"{where}.launch_floor_s: expected 0 to 1 ms, got {out}")
+    return out
+
+
+def load_models(explicit: str | os.PathLike[str] | None = None,
+                env: Mapping[str, str] | None = None) -> ModelSet:
+    """Load and check the models found by :func:`find_models_dir`."""
+    directory = find_models_dir(explicit, env)
+    return load_dir(directory)
+
+
+_CACHE: dict[tuple[str, float], ModelSet] = {}
+
+
+def load_dir(directory: str | Path) -> ModelSet:
+    """Load and check the models of one directory (cached by path and manifest mtime)."""
+    path = Path(directory)
+    manifest_path = path / MANIFEST
+    try:
+        key = (str(path.resolve()), manifest_path.stat().st_mtime)
+    except OSError:
+        raise ModelDataError(f"{manifest_path}: error: no such file") from None
+    if key in _CACHE:
+        return _CACHE[key]
+    try:
+        text = manifest_path.read_text(encoding="utf-8")
+        doc = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ModelDataError(f"{manifest_path}: error: cannot read the manifest ({exc})") \
+            from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise ModelDataError(f"{manifest_path}: error: not a planner model manifest "
+                             f"(expected 'kind: {KIND}')")
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise ModelDataError(f"{manifest_path}: error: unsupported format_version "
+                             f"{doc.get('format_version')!r} (this planner reads "
+                             f"{FORMAT_VERSION})")
+    recs = doc.get("models")
+    if not isinstance(recs, dict) or not recs:
+        raise ModelDataError(f"{manifest_path}: error: no models listed")
+    models = {str(f): _load_model(path, str(f), r) for f, r in recs.items()}
+    out = ModelSet(models, doc, str(path))
+    _CACHE[key] = out
+    return out
+
+
+__all__ = ["ENV", "MANIFEST", "Extra", "ModelSet", "find_models_dir", "load_dir",
+           "load_models", "save_models", "sha256_file"]

@@ -1,0 +1,153 @@
+"""Collective calibration: nccl-tests parser, α–β ring fit, NVLS, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from planner.cluster import cluster_from_data
+from planner.commfit import fit_all, parse_nccl_tests, read_samples
+from planner.errors import InputError
+
+from .conftest import CLUSTERS, DATA, ROOT, invoke
+
+NCCL = DATA / "nccl"
+FIXTURES = [NCCL / f for f in ("all_reduce_perf_8xh100.txt", "all_gather_perf_8xh100.txt",
+                               "reduce_scatter_perf_8xh100.txt",
+                               "all_reduce_perf_2x8xh100.txt")]
+MEASURED = ROOT / "models" / "data"
+DEEPBENCH = MEASURED / "deepbench" / "deepbench_allreduce.csv"
+H200 = MEASURED / "ml-engineering-allreduce" / "allreduce_8xH200_nvswitch.csv"
+
+
+def test_nccl_tests_parser_reads_ranks_nodes_op_and_times():
+    rows = parse_nccl_tests(FIXTURES[0].read_text(), str(FIXTURES[0]))
+    assert len(rows) == 11
+    assert {(r.op, r.ranks, r.nodes, r.system) for r in rows} == {
+        ("all_reduce", 8, 1, "NVIDIA H100 80GB HBM3")}
+    assert rows[0].nbytes == 1024 and rows[0].seconds == pytest.approx(16.8e-6)
+    multi = parse_nccl_tests(FIXTURES[3].read_text(), "x.txt")
+    assert {(r.ranks, r.nodes) for r in multi} == {(16, 2)}
+    ag = parse_nccl_tests(FIXTURES[1].read_text(), "x.txt")
+    assert {r.op for r in ag} == {"all_gather"}
+
+
+def test_parser_infers_the_collective_without_its_name():
+    # no 'Collective test starting' line and an uninformative file name: count × 4 B ×
+    # ranks == size and redop 'none' make it an all-gather
+    text = "\n".join(ln for ln in FIXTURES[1].read_text().splitlines()
+                     if "Collective test" not in ln)
+    assert {r.op for r in parse_nccl_tests(text, "out.txt")} == {"all_gather"}
+    text = "\n".join(ln for ln in FIXTURES[2].read_text().splitlines()
+                     if "Collective test" not in ln)
+    assert {r.op for r in parse_nccl_tests(text, "out.txt")} == {"reduce_scatter"}
+
+
+def test_parser_handles_mpirun_prefixes():
+    text = "".join(f"[1,0]<stdout>:{ln}\n" for ln in FIXTURES[0].read_text().splitlines())
+    assert len(parse_nccl_tests(text, "x.txt")) == 11
+
+
+def test_malformed_nccl_output_reports_file_and_line(tmp_path):
+    bad = tmp_path / "all_reduce_perf.txt"
+    lines = FIXTURES[0].read_text().splitlines()
+    lines[17] = "        2048           512     float     sum      -1     oops"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError) as info:
+        read_samples([bad])
+    assert str(info.value).startswith(f"{bad}:18:1: error: expected 13 columns")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing here\n")
+    with pytest.raises(InputError, match="no nccl-tests result table"):
+        read_samples([empty])
+
+
+def test_fit_recovers_the_fixture_parameters():
+    (fit,) = fit_all(read_samples(FIXTURES))
+    # the fixtures follow known parameters with 1.5% noise (tests/data/nccl/README.md)
+    assert fit.intra.latency_s == pytest.approx(1.2e-6, rel=0.05)
+    assert fit.intra.bandwidth == pytest.approx(360e9, rel=0.03)
+    assert fit.inter.latency_s == pytest.approx(7.5e-6, rel=0.05)
+    assert fit.inter.bandwidth == pytest.approx(46e9, rel=0.03)
+    # NVLS found by the breakpoint fit (no notes in nccl-tests output)
+    assert fit.nvls is not None
+    assert fit.nvls.bandwidth == pytest.approx(480e9, rel=0.05)
+    assert 2**20 <= fit.nvls.min_bytes <= 4 * 2**20
+    assert max(e.mape for e in fit.errors) < 2.0
+
+
+def _errors(fits):
+    return {(f.system, e.ranks): e.mape for f in fits for e in f.errors}
+
+
+def test_deepbench_single_node_errors():
+    errs = _errors(fit_all(read_samples([DEEPBENCH])))
+    # "NVIDIA 8 GPU System" (M40, TITAN X Maxwell, P100): one (α, β) per tier fits every
+    # rank count within 8% (issue 4's threshold)
+    for system in ("Tesla M40", "GeForce GTX TITAN X (Maxwell)", "Tesla P100"):
+        for p in (2, 4, 8):
+            assert errs[(system, p)] <= 8.0, (system, p)
+    # "10 GPU System" (1080 Ti, TITAN X Pascal): bus bandwidth falls from 12.2 GB/s
+    # (2 GPUs on one PLX switch) to 8.7 GB/s (8 GPUs across switches), which one tier
+    # cannot express: the measured error is 13-17% at 2 and 8 ranks (README)
+    for system in ("GeForce GTX 1080 Ti", "TITAN X (Pascal)"):
+        assert errs[(system, 4)] <= 8.0
+        assert max(errs[(system, 2)], errs[(system, 8)]) < 17.0
+
+
+def test_h200_nvls_is_modelled_from_the_note_column():
+    (fit,) = fit_all(read_samples([H200]))
+    assert fit.nvls is not None and fit.nvls.min_bytes == 2 * 2**20
+    assert fit.nvls.bandwidth > fit.intra.bandwidth  # in-switch reduction beats the ring
+    assert fit.errors[0].mape <= 12.0  # issue 4's threshold for the 8×H200 sweep
+
+
+def test_comm_fit_writes_a_network_section(runner):
+    r = invoke(runner, "comm", "fit", H200)
+    assert r.exit_code == 0, r.stderr
+    doc = yaml.safe_load(r.stdout)
+    intra = doc["network"]["intra_node"]
+    assert set(intra["nvls"]) == {"bandwidth", "latency", "min_bytes"}
+    assert intra["nvls"]["min_bytes"] == "2 MiB"
+    assert "planner's error with the fitted tiers" in r.stderr
+    data = {"devices_per_node": 8, "nodes": 1, "device": "H200", **doc}
+    assert cluster_from_data(data, []) is not None
+
+
+def test_comm_fit_with_cluster_keeps_the_rest_and_never_overwrites(runner, tmp_path):
+    src = CLUSTERS / "dgx-h100.yaml"
+    out = tmp_path / "fitted.yaml"
+    r = invoke(runner, "comm", "fit", *FIXTURES, "--cluster", src, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    doc = yaml.safe_load(out.read_text())
+    orig = yaml.safe_load(src.read_text())
+    assert doc["devices_per_node"] == orig["devices_per_node"]
+    assert doc["network"]["intra_node"]["name"].startswith("fitted: ")
+    assert "nvls" in doc["network"]["intra_node"]
+    r = invoke(runner, "validate", out)
+    assert r.exit_code == 0, r.stderr
+    r = invoke(runner, "comm", "fit", *FIXTURES, "--cluster", src, "-o", src)
+    assert r.exit_code == 2 and "refusing to write" in r.stderr
+
+
+def test_comm_fit_several_systems_needs_a_choice_for_a_cluster(runner, tmp_path):
+    r = invoke(runner, "comm", "fit", DEEPBENCH, "--cluster", CLUSTERS / "pcie-8gpu.yaml")
+    assert r.exit_code == 2 and "choose one with --system" in r.stderr
+    r = invoke(runner, "comm", "fit", DEEPBENCH, "--system", "P100", "--cluster",
+               CLUSTERS / "pcie-8gpu.yaml")
+    assert r.exit_code == 0, r.stderr
+    assert "Tesla P100" in r.stdout
+    r = invoke(runner, "comm", "fit", DEEPBENCH, "--format", "json")
+    assert r.exit_code == 0
+    systems = json.loads(r.stdout)["systems"]
+    assert len(systems) == 5 and all(s["errors"] for s in systems)
+
+
+def test_comm_fit_bad_csv(runner, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("gpu,bytes,n_gpus,n_nodes,mean_time_ms\nX,1000,8,1,fast\n")
+    r = invoke(runner, "comm", "fit", bad)
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"{bad}:2:1: error: expected numbers")
