@@ -46,6 +46,7 @@ PLAUSIBLE: dict[str, tuple[Kind, float, float]] = {
     "size": ("bytes", 0.0, 2.0**60),                 # … 1 EiB (caches, reserves)
     "flop_rate": ("flop_rate", 1e6, 1e18),           # 1 MFLOP/s … 1 EFLOP/s
     "frequency": ("frequency", 1e6, 1e12),           # 1 MHz … 1 THz
+    "power": ("power", 1.0, 1e6),                    # 1 W … 1 MW
 }
 
 
@@ -68,6 +69,7 @@ class Device:
     kind: str = "gpu"
     fp32_cores_per_sm: int | None = None
     clock_hz: float | None = None
+    tdp_w: float | None = None  #: board power limit (W): what a power-capped card sustains
     compute_efficiency: float = 0.8  #: fraction of peak a large kernel reaches
     memory_efficiency: float = 0.85  #: fraction of memory bandwidth a stream reaches
     vendor: str = ""
@@ -247,6 +249,7 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
     l2 = need("l2_cache", _plausible("size"))
     cores = f.opt_none("fp32_cores_per_sm", integer(1, 100_000))
     clock = f.opt_none("boost_clock", _plausible("frequency"))
+    tdp = f.opt_none("tdp", _plausible("power"))
     kind = f.opt("kind", choice(("gpu", "cpu")), base.kind if base else "gpu")
     eff_c, eff_m = (base.compute_efficiency, base.memory_efficiency) if base else (0.8, 0.85)
     if f.has("achievable"):
@@ -276,6 +279,7 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
         fp32_cores_per_sm=cores if cores is not None else (
             base.fp32_cores_per_sm if base else None),
         clock_hz=clock if clock is not None else (base.clock_hz if base else None),
+        tdp_w=tdp if tdp is not None else (base.tdp_w if base else None),
         compute_efficiency=eff_c,
         memory_efficiency=eff_m,
         vendor=vendor,
@@ -375,6 +379,7 @@ def device_record(dev: Device) -> dict[str, Any]:
         "memory_bandwidth": dev.memory_bandwidth,
         "sm_count": dev.sm_count,
         "l2_bytes": dev.l2_bytes,
+        "tdp_w": dev.tdp_w,
         "achievable": {"compute": dev.compute_efficiency, "memory": dev.memory_efficiency},
         "sources": list(dev.sources),
     }

@@ -10,6 +10,7 @@ bytes          ``"80 GiB"``, ``"80 GB"``, ``"40 MiB"``, ``"512 KiB"``        byt
 bandwidth      ``"6 GB/s"``, ``"400 Gbit/s"``, ``"400 Gbps"``, ``"900 GiB/s"``  bytes/s
 flop_rate      ``"989 TFLOPS"``, ``"67 TFLOP/s"``, ``"19.5 TF/s"``           FLOP/s
 frequency      ``"1980 MHz"``, ``"1.4 GHz"``                                 Hz
+power          ``"700 W"``, ``"0.7 kW"``                                     W
 =============  ===========================================================  ==========
 
 Decimal prefixes (k, M, G, T, P) are powers of 1000 and binary ones (Ki, Mi, Gi, Ti)
@@ -22,7 +23,7 @@ import math
 import re
 from typing import Literal
 
-Kind = Literal["time", "bytes", "bandwidth", "flop_rate", "frequency", "number"]
+Kind = Literal["time", "bytes", "bandwidth", "flop_rate", "frequency", "power", "number"]
 
 _DEC = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
@@ -33,6 +34,7 @@ _EXAMPLE = {
     "bandwidth": "'6 GB/s' or '400 Gbit/s'",
     "flop_rate": "'989 TFLOPS'",
     "frequency": "'1980 MHz'",
+    "power": "'700 W'",
     "number": "42",
 }
 
@@ -47,6 +49,7 @@ def _build_units() -> dict[Kind, dict[str, float]]:
         "bandwidth": {},
         "flop_rate": {},
         "frequency": {},
+        "power": {},
         "number": {"": 1.0},
     }
     for p, f in _DEC.items():
@@ -59,6 +62,7 @@ def _build_units() -> dict[Kind, dict[str, float]]:
         for spelling in ("FLOPS", "FLOP/s", "flops", "flop/s", "F/s"):
             units["flop_rate"][f"{p}{spelling}"] = f
         units["frequency"][f"{p}Hz"] = f
+        units["power"][f"{p}W"] = f
     for p, f in _BIN.items():
         units["bytes"][f"{p}B"] = f
         units["bandwidth"][f"{p}B/s"] = f
@@ -82,6 +86,7 @@ def describe(kind: Kind) -> str:
         "bandwidth": "a bandwidth",
         "flop_rate": "a FLOP rate",
         "frequency": "a frequency",
+        "power": "a power",
         "number": "a number",
     }
     return f"{names[kind]} like {_EXAMPLE[kind]}"
