@@ -323,6 +323,9 @@ def _print_comm(fits: list[Any]) -> None:
             if t is None:
                 continue
             since = f"≥ {t.min_bytes / 2**20:g} MiB" if t.min_bytes else ""
+            if t.by_group:
+                since = "by group size: " + ", ".join(
+                    f"{n}: {bw / 1e9:.2f}" for n, bw in t.by_group) + " GB/s"
             tiers.add_row(f.system, t.tier, f"{t.latency_s * 1e6:.2f} µs",
                           f"{t.bandwidth / 1e9:.2f} GB/s", str(t.rows), since)
         for e in f.errors:

@@ -101,6 +101,10 @@ class Link:
 
     ``nvls_*`` describe an in-switch reduction (NVIDIA NVLink SHARP) that NCCL uses for
     all-reduce from ``nvls_min_bytes`` on, where the switch does the arithmetic.
+
+    ``bandwidth_by_group`` holds measured bandwidths for groups of a given size inside the
+    tier, for trees of switches where a ring of a few devices behind one switch runs
+    faster than one that crosses switches (PCIe systems): ``((2, 12.2e9), (8, 8.7e9))``.
     """
 
     latency_s: float
@@ -109,6 +113,18 @@ class Link:
     nvls_bandwidth: float | None = None  #: bus bandwidth of NVLS all-reduce (bytes/s)
     nvls_latency_s: float | None = None
     nvls_min_bytes: float | None = None
+    bandwidth_by_group: tuple[tuple[int, float], ...] = ()
+
+    def bandwidth_for(self, size: int) -> float:
+        """The bandwidth a group of ``size`` devices sees on this tier: the entry of the
+        smallest listed group at least as large (the largest listed one beyond them), or
+        ``bandwidth`` without a table."""
+        if not self.bandwidth_by_group:
+            return self.bandwidth
+        for n, bw in self.bandwidth_by_group:
+            if n >= size:
+                return bw
+        return self.bandwidth_by_group[-1][1]
 
 
 @dataclass(frozen=True)
@@ -303,10 +319,29 @@ def _link(data: object, path: str, issues: list[Issue], what: str) -> Link | Non
         nvls_lat = nf.opt_none("latency", _plausible("latency", positive=False))
         nvls_min = nf.opt("min_bytes", _plausible("size", positive=False), 0.0)
         nf.finish()
+    by_group: list[tuple[int, float]] = []
+    if f.has("bandwidth_by_group") and f.raw("bandwidth_by_group") is not None:
+        gf = Fields(f.raw("bandwidth_by_group"), f.at("bandwidth_by_group"), issues,
+                    "bandwidth_by_group (group size: bandwidth)")
+        convert = _plausible("bandwidth")
+        for key in list(gf.data):
+            gf.seen.add(key)
+            try:
+                size = integer(2, 1_000_000)(int(key) if key.isdigit() else key)
+            except Invalid:
+                gf.error(key, f"expected a group size (an integer ≥ 2) as the key, got "
+                              f"{key!r}")
+                continue
+            try:
+                by_group.append((size, convert(gf.data[key])))
+            except Invalid as exc:
+                gf.error(key, str(exc))
+        gf.finish()
     f.finish()
     if latency is None or bandwidth is None:
         return None
-    return Link(latency, bandwidth, name, nvls_bw, nvls_lat, nvls_min)
+    return Link(latency, bandwidth, name, nvls_bw, nvls_lat, nvls_min,
+                tuple(sorted(by_group)))
 
 
 def cluster_from_data(data: object, issues: list[Issue]) -> Cluster | None:

@@ -231,11 +231,10 @@ class Fields:
         return child_path(self.path, key)
 
     def has(self, key: str) -> bool:
-        """Whether the key is present (it then counts as known)."""
-        if key in self.data:
-            self.seen.add(key)
-            return True
-        return False
+        """Whether the key is present (asking makes it a known key either way, so hints
+        for misspelt keys can name it)."""
+        self.seen.add(key)
+        return key in self.data
 
     def raw(self, key: str) -> Any:
         """The raw value of a key (None if absent); the key counts as known."""

@@ -42,6 +42,10 @@ local ranks each drive their own NIC in parallel), and an all-gather inside the 
 All-gather and reduce-scatter go the same way in one direction; broadcast is an
 inter-node broadcast followed by an intra-node one.
 
+**Trees of switches.** A tier may list bandwidths by group size (PCIe systems, where a
+ring behind one switch runs faster than one across switches); a group inside the node
+uses the entry for its size.
+
 **NVLS.** On NVSwitch systems NCCL reduces inside the switch from a message size on
 (REFERENCES §3); a tier with ``nvls`` settings prices a one-node all-reduce of at least
 ``nvls_min_bytes`` as ``α_nvls + 2(p−1)/p·n / busbw_nvls`` when that is faster.
@@ -139,11 +143,13 @@ def flat_time(op: Collective, algorithm: str, nbytes: Bytes, p: int, alpha: floa
 
 
 def _tier(cluster: Cluster, group: Group) -> tuple[float, float]:
-    """(α, β) a flat algorithm over ``group`` sees: the slower tier when it spans nodes."""
+    """(α, β) a flat algorithm over ``group`` sees: the slower tier when it spans nodes
+    (inside a node, the bandwidth measured for groups of that size where the cluster
+    lists one)."""
     if not group.spans_nodes:
-        return cluster.intra.latency_s, 1.0 / cluster.intra.bandwidth
-    bw = min(cluster.intra.bandwidth, cluster.inter.bandwidth) if group.per_node > 1 else \
-        cluster.inter.bandwidth
+        return cluster.intra.latency_s, 1.0 / cluster.intra.bandwidth_for(group.size)
+    bw = min(cluster.intra.bandwidth_for(group.per_node), cluster.inter.bandwidth) if \
+        group.per_node > 1 else cluster.inter.bandwidth
     return max(cluster.intra.latency_s, cluster.inter.latency_s), 1.0 / bw
 
 
