@@ -53,6 +53,7 @@ uses the entry for its size.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, TypeVar, overload
 
@@ -156,18 +157,23 @@ def _tier(cluster: Cluster, group: Group) -> tuple[float, float]:
 Arr = NDArray[np.float64]
 
 
-def _nvls(link: Link, op: Collective, nbytes: Arr, p: int) -> Arr | None:
+def _nvls(link: Link, op: Collective, nbytes: Bytes, p: int) -> Bytes | None:
     """NVLS all-reduce time per message (inf below its threshold), or None."""
     if op != "all_reduce" or link.nvls_bandwidth is None or p <= 1:
         return None
     lat = link.nvls_latency_s if link.nvls_latency_s is not None else link.latency_s
     t = lat + 2 * (p - 1) / p * nbytes / link.nvls_bandwidth
+    if isinstance(nbytes, float):
+        return math.inf if nbytes < (link.nvls_min_bytes or 0.0) else t
     return np.where(nbytes < (link.nvls_min_bytes or 0.0), np.inf, t)
 
 
-def _pick(candidates: list[tuple[Arr, str]]) -> tuple[Arr, str]:
+def _pick(candidates: list[tuple[Bytes, str]]) -> tuple[Bytes, str]:
     """Elementwise minimum, named after the winner (``auto`` when winners differ)."""
-    if candidates[0][0].shape == (1,):  # one message: plain comparisons are much faster
+    first = candidates[0][0]
+    if isinstance(first, float):  # one message as a float: the fastest path
+        return min(candidates, key=lambda c: c[0])
+    if first.shape == (1,):  # one message: plain comparisons are much faster
         best = min(candidates, key=lambda c: float(c[0][0]))
         return best
     times = np.stack([t for t, _ in candidates])
@@ -176,7 +182,7 @@ def _pick(candidates: list[tuple[Arr, str]]) -> tuple[Arr, str]:
     return times.min(axis=0), names.pop() if len(names) == 1 else "auto"
 
 
-def hierarchical_time(op: Collective, nbytes: Arr, group: Group, cluster: Cluster) -> Arr:
+def hierarchical_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster) -> Bytes:
     """Two-level algorithm: inside each node over ``per_node`` ranks, across nodes over
     ``nodes`` ranks on ``1/per_node`` of the data (each local rank on its own NIC)."""
     q, m = group.per_node, group.nodes
@@ -203,8 +209,8 @@ def hierarchical_time(op: Collective, nbytes: Arr, group: Group, cluster: Cluste
     return _best_flat(op, nbytes, group, cluster, "auto")[0]
 
 
-def _best_flat(op: Collective, nbytes: Arr, group: Group, cluster: Cluster,
-               algorithm: str) -> tuple[Arr, str]:
+def _best_flat(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
+               algorithm: str) -> tuple[Bytes, str]:
     p = group.size
     if p <= 1:
         return nbytes * 0.0, "none"
@@ -238,14 +244,41 @@ def collective_time(op: Collective, nbytes: float | Arr, group: Group, cluster: 
     ``recursive``, ``hierarchical`` or ``auto`` (the fastest; for arrays the fastest per
     element, named ``auto`` when the winners differ). A group of one costs nothing.
     """
-    scalar = np.ndim(nbytes) == 0
+    alg = algorithm or cluster.algorithm
+    if np.ndim(nbytes) == 0:
+        # scalar questions repeat a lot in a search (the same gradient over the same group
+        # for every layout that shares it): memoised per cluster object
+        memo = _memo_for(cluster)
+        key = (op, float(nbytes), group, alg)
+        hit = memo.get(key)
+        if hit is None:
+            t, name = _collective(op, float(nbytes), group, cluster, alg)
+            hit = (float(t), name)
+            if len(memo) >= _MEMO_ENTRIES:
+                memo.clear()
+            memo[key] = hit
+        return hit
     x = np.atleast_1d(np.asarray(nbytes, dtype=np.float64))
-    t, name = _collective(op, x, group, cluster, algorithm or cluster.algorithm)
-    return (float(t[0]), name) if scalar else (t, name)
+    return _collective(op, x, group, cluster, alg)
 
 
-def _collective(op: Collective, x: Arr, group: Group, cluster: Cluster,
-                alg: str) -> tuple[Arr, str]:
+_MEMO_ENTRIES = 1 << 18
+#: id(cluster) -> (cluster, memo); the cluster is held so its id is not reused while cached
+_MEMO: dict[int, tuple[Cluster, dict[tuple[str, float, Group, str], tuple[float, str]]]] = {}
+
+
+def _memo_for(cluster: Cluster) -> dict[tuple[str, float, Group, str], tuple[float, str]]:
+    entry = _MEMO.get(id(cluster))
+    if entry is None or entry[0] is not cluster:
+        if len(_MEMO) >= 8:
+            _MEMO.pop(next(iter(_MEMO)))
+        entry = (cluster, {})
+        _MEMO[id(cluster)] = entry
+    return entry[1]
+
+
+def _collective(op: Collective, x: Bytes, group: Group, cluster: Cluster,
+                alg: str) -> tuple[Bytes, str]:
     if group.size <= 1:
         return x * 0.0, "none"
     if op == "p2p":

@@ -79,6 +79,9 @@ class Prediction:
                 "in_range": self.in_range}
 
 
+_MEMO_ENTRIES = 1 << 20
+
+
 class LearnedEstimator:
     """Kernel times from the fitted models, roofline where they do not apply."""
 
@@ -87,9 +90,36 @@ class LearnedEstimator:
     def __init__(self, models: ModelSet | None = None,
                  models_dir: str | os.PathLike[str] | None = None) -> None:
         self.models = models if models is not None else load_models(models_dir)
+        #: (id(device), dtype) -> (device, {kernel: (seconds, source)}); the device is
+        #: held so that its id stays its own while cached
+        self._memo: dict[tuple[int, str], tuple[Device, dict[Kernel, tuple[float, str]]]] = {}
 
     def estimate(self, kernels: Sequence[Kernel], device: Device, dtype: str) -> KernelTimes:
-        """Seconds for each kernel on ``device`` in ``dtype`` (a network dtype name)."""
+        """Seconds for each kernel on ``device`` in ``dtype`` (a network dtype name).
+
+        Kernels already timed for this device and dtype come from a memo (a search asks
+        for the same shapes many times); only new ones go through the models, together.
+        """
+        key = (id(device), dtype)
+        entry = self._memo.get(key)
+        if entry is None or entry[0] is not device:
+            if len(self._memo) >= 8:
+                self._memo.pop(next(iter(self._memo)))
+            entry = (device, {})
+            self._memo[key] = entry
+        memo = entry[1]
+        new = [k for k in dict.fromkeys(kernels) if k not in memo]
+        if new:
+            if len(memo) + len(new) > _MEMO_ENTRIES:
+                memo.clear()
+            fresh = self._estimate(new, device, dtype)
+            for k, sec, src in zip(new, fresh.seconds.tolist(), fresh.source, strict=True):
+                memo[k] = (sec, src)
+        got = [memo[k] for k in kernels]
+        return KernelTimes(np.array([g[0] for g in got], dtype=np.float64),
+                           tuple(g[1] for g in got))
+
+    def _estimate(self, kernels: Sequence[Kernel], device: Device, dtype: str) -> KernelTimes:
         n = len(kernels)
         secs = np.zeros(n)
         source: list[str] = [""] * n

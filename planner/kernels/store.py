@@ -305,7 +305,9 @@ def load_dir(directory: str | Path) -> ModelSet:
         return _CACHE[key]
     try:
         text = manifest_path.read_text(encoding="utf-8")
-        doc = yaml.safe_load(text)
+        # libyaml's safe loader when present (10x faster on this 25 kB file than the
+        # pure-Python one, which is the fallback); both construct plain data only
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ModelDataError(f"{manifest_path}: error: cannot read the manifest ({exc})") \
             from None
