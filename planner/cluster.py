@@ -68,12 +68,14 @@ class Device:
     l2_bytes: float
     kind: str = "gpu"
     fp32_cores_per_sm: int | None = None
-    clock_hz: float | None = None
+    clock_hz: float | None = None  #: boost clock
+    base_clock_hz: float | None = None  #: base clock: what the vendor guarantees at TDP
     tdp_w: float | None = None  #: board power limit (W): what a power-capped card sustains
     compute_efficiency: float = 0.8  #: fraction of peak a large kernel reaches
     memory_efficiency: float = 0.85  #: fraction of memory bandwidth a stream reaches
     vendor: str = ""
     architecture: str = ""
+    chip: str = ""  #: the GPU die (GV100, GA100, ...): boards of one die sustain alike
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
 
@@ -265,6 +267,7 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
     l2 = need("l2_cache", _plausible("size"))
     cores = f.opt_none("fp32_cores_per_sm", integer(1, 100_000))
     clock = f.opt_none("boost_clock", _plausible("frequency"))
+    base_clock = f.opt_none("base_clock", _plausible("frequency"))
     tdp = f.opt_none("tdp", _plausible("power"))
     kind = f.opt("kind", choice(("gpu", "cpu")), base.kind if base else "gpu")
     eff_c, eff_m = (base.compute_efficiency, base.memory_efficiency) if base else (0.8, 0.85)
@@ -275,6 +278,7 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
         af.finish()
     vendor = f.opt("vendor", string, base.vendor if base else "")
     arch = f.opt("architecture", string, base.architecture if base else "")
+    chip = f.opt("chip", string, base.chip if base else "")
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     if catalog_entry:
@@ -295,11 +299,14 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
         fp32_cores_per_sm=cores if cores is not None else (
             base.fp32_cores_per_sm if base else None),
         clock_hz=clock if clock is not None else (base.clock_hz if base else None),
+        base_clock_hz=base_clock if base_clock is not None else (
+            base.base_clock_hz if base else None),
         tdp_w=tdp if tdp is not None else (base.tdp_w if base else None),
         compute_efficiency=eff_c,
         memory_efficiency=eff_m,
         vendor=vendor,
         architecture=arch,
+        chip=chip,
         aliases=aliases,
         sources=sources if catalog_entry else (base.sources if base else ()),
     )

@@ -70,6 +70,13 @@ class DeviceSpecs:
     l2_bytes: FloatArray
     memory_bytes: FloatArray
     elem_bytes: FloatArray
+    #: board power limit (W), NaN where the catalog has none: bounds what an unseen GPU
+    #: sustains (:meth:`~.model.KernelModel.level`), never a feature of the network
+    tdp_w: FloatArray | None = None
+    #: base over boost clock, NaN where unknown: the clock the vendor guarantees at TDP
+    base_ratio: FloatArray | None = None
+    #: the GPU die of each row ("" where unknown)
+    chips: tuple[str, ...] | None = None
 
     @staticmethod
     def build(devices: Sequence[Device], dtypes: Sequence[str]) -> DeviceSpecs:
@@ -81,21 +88,34 @@ class DeviceSpecs:
             if key not in cache:
                 cache[key] = spec_row(dev, dt)
             rows.append(cache[key])
-        arr = np.asarray(rows, dtype=np.float64).reshape(len(rows), 7)
-        return DeviceSpecs(*(arr[:, i].copy() for i in range(7)))
+        arr = np.asarray(rows, dtype=np.float64).reshape(len(rows), 9)
+        return DeviceSpecs._of([arr[:, i].copy() for i in range(9)],
+                               tuple(dev.chip for dev in devices))
 
     @staticmethod
     def single(device: Device, dtype: str, rows: int) -> DeviceSpecs:
         """Specs of ``rows`` kernels on one device in one dtype."""
         vals = spec_row(device, dtype)
-        return DeviceSpecs(*(np.full(rows, v) for v in vals))
+        return DeviceSpecs._of([np.full(rows, v) for v in vals], (device.chip,) * rows)
+
+    @staticmethod
+    def _of(cols: list[FloatArray], chips: tuple[str, ...]) -> DeviceSpecs:
+        (peak, peak_fp32, bandwidth, sm_count, l2_bytes, memory_bytes, elem_bytes, tdp_w,
+         base_ratio) = cols
+        return DeviceSpecs(peak, peak_fp32, bandwidth, sm_count, l2_bytes, memory_bytes,
+                           elem_bytes, tdp_w, base_ratio, chips)
 
 
 def spec_row(device: Device, dtype: str) -> tuple[float, ...]:
-    """(peak, peak_fp32, bandwidth, SMs, L2, memory, element bytes) of a device."""
+    """(peak, peak_fp32, bandwidth, SMs, L2, memory, element bytes, TDP, base/boost) of a
+    device (NaN for the last two where the catalog does not say)."""
+    nan = float("nan")
+    ratio = nan
+    if device.base_clock_hz and device.clock_hz:
+        ratio = min(device.base_clock_hz / device.clock_hz, 1.0)
     return (device.peak(DTYPE_PEAK_KEY[dtype]), device.peak("fp32"), device.memory_bandwidth,
             float(device.sm_count), max(device.l2_bytes, 1.0), max(device.memory_bytes, 1.0),
-            float(DTYPE_BYTES[dtype]))
+            float(DTYPE_BYTES[dtype]), float(device.tdp_w) if device.tdp_w else nan, ratio)
 
 
 def _log2(x: FloatArray) -> FloatArray:

@@ -75,6 +75,11 @@ class KernelModel:
     drift: Mapping[str, Mapping[str, Sequence[float]]] = field(default_factory=dict)
     #: level class (:func:`level_class`) → level an unseen GPU gets (median of the class)
     unseen_levels: Mapping[str, float] = field(default_factory=dict)
+    #: level class → the least energy per FLOP (J) any GPU of the class the model has seen
+    #: spent at its sustained rate, ``TDP / (e · peak)``: what caps an unseen GPU's level
+    unseen_energy: Mapping[str, float] = field(default_factory=dict)
+    #: device → its GPU die, for the devices with levels
+    chips: Mapping[str, str] = field(default_factory=dict)
     #: launch floor added to every kernel (seconds)
     floor_s: float = 0.0
 
@@ -102,8 +107,7 @@ class KernelModel:
                 value, was_seen = float(self.levels.get(f"{k}|{h}", self.levels[k])), True
             else:
                 cls = level_class(dt, float(2.0 ** g[i, -1]))
-                value = float(self.unseen_levels.get(cls, self.unseen_levels.get(
-                    "float32", 1.0)))
+                value = self.unseen_level(cls, spec, i, dt)
                 was_seen = False
             if len(first) == 1:
                 out[:] = value
@@ -113,6 +117,42 @@ class KernelModel:
                 out[rows] = value
                 seen[rows] = was_seen
         return out, seen
+
+    def unseen_level(self, cls: str, spec: DeviceSpecs, i: int, dtype: str = "") -> float:
+        """Sustained fraction of peak for a GPU the model has no measurements of (row ``i``
+        of ``spec``), from its datasheet alone::
+
+            e = max(min(e_0, TDP / (E_min · peak)), min(base / boost, e_0))
+
+        ``e_0``: where the model has measured another board of the same die in the same
+        dtype, that board's sustained FLOP/s over this one's peak (the median over such
+        boards, at most 1); otherwise the median level of the seen GPUs of its class.
+        ``E_min``: the least energy per FLOP a seen GPU of the class spent at its sustained
+        rate; a card whose power limit cannot pay for its peak at that energy (the 70 W T4
+        for A100-era silicon) is capped there. Newer silicon spends less energy per FLOP
+        than any GPU measured, which makes that cap too low for it, so the vendor's
+        guaranteed clock (base over boost) is a floor: within its TDP a card runs at least
+        at base clock.
+        """
+        e_0 = float(self.unseen_levels.get(cls, self.unseen_levels.get("float32", 1.0)))
+        chip = spec.chips[i] if spec.chips is not None else ""
+        peak = float(spec.peak[i])
+        if chip and peak > 0 and dtype:
+            rates = [self.levels[k] * 2.0 ** self.level_specs[k][0]
+                     for k in self.levels
+                     if k.count("|") == 1 and k.endswith(f"|{dtype}")
+                     and self.chips.get(k.split("|", 1)[0]) == chip and k in self.level_specs]
+            if rates:
+                e_0 = min(float(np.median(rates)) / peak, 1.0)
+        value = e_0
+        energy = self.unseen_energy.get(cls)
+        tdp = float(spec.tdp_w[i]) if spec.tdp_w is not None else float("nan")
+        if energy and np.isfinite(tdp) and tdp > 0 and peak > 0:
+            value = min(value, tdp / (energy * peak))
+        ratio = float(spec.base_ratio[i]) if spec.base_ratio is not None else float("nan")
+        if np.isfinite(ratio) and ratio > 0:
+            value = max(value, min(ratio, e_0))
+        return float(min(max(value, 1e-3), 1.0))
 
     def check(self) -> str | None:
         """A problem with the model's structure, or None."""

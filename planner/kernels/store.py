@@ -146,6 +146,8 @@ def model_record(model: KernelModel, file: str, digest: str) -> dict[str, Any]:
         "ops": list(model.ops),
         "levels": {k: float(v) for k, v in model.levels.items()},
         "unseen_levels": {k: float(v) for k, v in model.unseen_levels.items()},
+        "unseen_energy_j_per_flop": {k: float(v) for k, v in model.unseen_energy.items()},
+        "chips": dict(model.chips),
         "level_specs": {k: [float(x) for x in v] for k, v in model.level_specs.items()},
         "harness_overhead_s": {h: dict(v) for h, v in model.overhead_s.items()},
         "sweep_factor": {c: dict(v) for c, v in model.collection_factor.items()},
@@ -245,6 +247,9 @@ def _load_model(directory: Path, family: str, rec: Any) -> KernelModel:
     try:
         levels = {str(k): float(v) for k, v in (rec.get("levels") or {}).items()}
         unseen = {str(k): float(v) for k, v in (rec.get("unseen_levels") or {}).items()}
+        energy = {str(k): float(v) for k, v in
+                  (rec.get("unseen_energy_j_per_flop") or {}).items()}
+        chips = {str(k): str(v) for k, v in (rec.get("chips") or {}).items()}
         specs = {str(k): [float(x) for x in v] for k, v in
                  (rec.get("level_specs") or {}).items()}
         overhead = {str(h): {str(d): float(s) for d, s in v.items()}
@@ -258,6 +263,9 @@ def _load_model(directory: Path, family: str, rec: Any) -> KernelModel:
             from None
     if any(not 0.0 < v <= 1.0 for v in (*levels.values(), *unseen.values())):
         raise ModelDataError(f"{where}: sustained fractions must lie in (0, 1]")
+    if any(not (0.0 < v < 1e-6) for v in energy.values()):
+        raise ModelDataError(f"{where}: unseen_energy_j_per_flop values must lie in "
+                             "(0, 1e-6) J/FLOP")
     model = KernelModel(
         family=family, features=tuple(feats), mlp=mlp,
         lo=_arr(rng.get("min"), f"{where}.training_range.min", n),
@@ -265,8 +273,8 @@ def _load_model(directory: Path, family: str, rec: Any) -> KernelModel:
         dtypes=tuple(str(d) for d in rec.get("dtypes") or ()),
         ops=tuple(str(o) for o in rec.get("ops") or ()),
         overhead_s=overhead, collection_factor=factors, levels=levels, level_specs=specs,
-        unseen_levels=unseen, drift=drift, floor_s=_floor(rec.get("launch_floor_s", 0.0),
-                                                          where))
+        unseen_levels=unseen, unseen_energy=energy, chips=chips, drift=drift,
+        floor_s=_floor(rec.get("launch_floor_s", 0.0), where))
     problem = model.check()
     if problem is not None:
         raise ModelDataError(f"{path}: error: {problem}")

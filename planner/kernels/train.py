@@ -310,6 +310,24 @@ def unseen_levels(levels: dict[str, float],
     return {cls: float(np.median(v)) for cls, v in sorted(groups.items())}
 
 
+def unseen_energy(levels: dict[str, float],
+                  specs: dict[str, list[float]]) -> dict[str, float]:
+    """Least energy per FLOP (J) per class over the seen GPUs with a board power in the
+    catalog: ``TDP / (e · peak)`` at each GPU's sustained level ``e``."""
+    groups: dict[str, list[float]] = {}
+    for key, value in levels.items():
+        if key.count("|") != 1:
+            continue
+        name, dtype = key.split("|", 1)
+        dev = lookup_device(name)
+        if dev is None or not dev.tdp_w:
+            continue
+        peak = float(2.0 ** specs[key][0])
+        ratio = float(2.0 ** specs[key][-1])
+        groups.setdefault(level_class(dtype, ratio), []).append(dev.tdp_w / (value * peak))
+    return {cls: float(min(v)) for cls, v in sorted(groups.items())}
+
+
 def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelModel,
                                                                          FitReport]:
     """Fit one family's model on every row of ``table`` (callers select the rows)."""
@@ -398,11 +416,15 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
         lo=x.min(axis=0), hi=x.max(axis=0), dtypes=tuple(sorted(set(table.dtype))),
         ops=tuple(sorted(set(table.op))), overhead_s=overhead, collection_factor=factors,
         levels=levels, level_specs=level_specs,
-        unseen_levels=unseen_levels(levels, level_specs), drift=drift,
+        unseen_levels=unseen_levels(levels, level_specs),
+        unseen_energy=unseen_energy(levels, level_specs),
+        chips={d: dev.chip for d in sorted({k.split("|", 1)[0] for k in level_specs})
+               if (dev := lookup_device(d)) is not None and dev.chip},
+        drift=drift,
         floor_s=float(np.exp(log_floor)))
     report = FitReport(table.family, len(table), int(res.nit), float(res.fun),
                        time.perf_counter() - start, sorted(set(table.device)), dropped)
     return model, report
 
 
-__all__ = ["FitOptions", "FitReport", "fit_family", "unseen_levels"]
+__all__ = ["FitOptions", "FitReport", "fit_family", "unseen_energy", "unseen_levels"]
