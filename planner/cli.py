@@ -190,7 +190,7 @@ def _describe(kind: str, obj: Any) -> str:
     if kind == "network":
         return f"'{obj.name}', {len(obj.layers)} layers, {obj.params:,} parameters"
     if kind == "cluster":
-        nodes = f"{obj.nodes} nodes × " if obj.nodes else ""
+        nodes = f"{obj.nodes} node{'s' if obj.nodes != 1 else ''} × " if obj.nodes else ""
         return f"'{obj.name}', {nodes}{obj.devices_per_node} {obj.device.name} per node"
     return f"'{getattr(obj, 'name', '')}'"
 

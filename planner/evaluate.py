@@ -112,7 +112,8 @@ def check_question(network: Network, cluster: Cluster, options: Options) -> None
     limit = cluster.max_devices()
     if limit is not None and options.gpus > limit:
         raise UsageError(f"planner: error: --gpus {options.gpus} is more than the cluster has "
-                         f"({cluster.nodes} nodes × {cluster.devices_per_node} = {limit}); "
+                         f"({cluster.nodes} node{'s' if cluster.nodes != 1 else ''} × "
+                         f"{cluster.devices_per_node} = {limit}); "
                          "raise 'nodes' in the cluster file or remove it")
 
 

@@ -825,12 +825,19 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     opts = space.options
     tips: list[str] = []
     params = mem.weights + mem.gradients + mem.optimizer
+    # if memory per device shrank in proportion to the device count, this many would do
+    # (a power-of-two multiple of --gpus, at least twice it)
+    factor = 2
+    while factor < 2**40 and mem.peak > mem.capacity * factor:
+        factor *= 2
+    more = f"--gpus {opts.gpus * factor}" if factor == 2 else \
+        f"about --gpus {opts.gpus * factor}, if memory per device falls in proportion"
     if mem.activations > params:
         tips.append(f"a smaller batch (--batch {max(1, opts.batch // 2)}: activations are "
                     f"{format_bytes(mem.activations)} of the peak)")
-        tips.append(f"more devices (--gpus {opts.gpus * 2})")
+        tips.append(f"more devices ({more})")
     else:
-        tips.append(f"more devices (--gpus {opts.gpus * 2}): parameters, gradients and "
+        tips.append(f"more devices ({more}): parameters, gradients and "
                     f"optimizer state take {format_bytes(params)}")
         if opts.optimizer == "adam":
             tips.append("a lighter optimizer (--optimizer momentum or sgd)")

@@ -106,7 +106,7 @@ def test_yaml_output_is_deterministic(runner, tmp_path):
 def test_more_gpus_than_cluster(runner):
     result = invoke(runner, "cost", ALEX, CLUSTERS / "pcie-8gpu.yaml", "-p", "16", "-b", "64")
     assert result.exit_code == 2
-    assert "more than the cluster has (1 nodes × 8 = 8)" in result.stderr
+    assert "more than the cluster has (1 node × 8 = 8)" in result.stderr
 
 
 def test_table(runner):
