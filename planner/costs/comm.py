@@ -61,6 +61,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..cluster import Cluster, Link
+from ..memo import IdentityMemo
 
 Collective = Literal["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all",
                      "p2p"]
@@ -248,7 +249,7 @@ def collective_time(op: Collective, nbytes: float | Arr, group: Group, cluster: 
     if np.ndim(nbytes) == 0:
         # scalar questions repeat a lot in a search (the same gradient over the same group
         # for every layout that shares it): memoised per cluster object
-        memo = _memo_for(cluster)
+        memo = _MEMO.table(cluster)
         key = (op, float(nbytes), group, alg)
         hit = memo.get(key)
         if hit is None:
@@ -263,18 +264,7 @@ def collective_time(op: Collective, nbytes: float | Arr, group: Group, cluster: 
 
 
 _MEMO_ENTRIES = 1 << 18
-#: id(cluster) -> (cluster, memo); the cluster is held so its id is not reused while cached
-_MEMO: dict[int, tuple[Cluster, dict[tuple[str, float, Group, str], tuple[float, str]]]] = {}
-
-
-def _memo_for(cluster: Cluster) -> dict[tuple[str, float, Group, str], tuple[float, str]]:
-    entry = _MEMO.get(id(cluster))
-    if entry is None or entry[0] is not cluster:
-        if len(_MEMO) >= 8:
-            _MEMO.pop(next(iter(_MEMO)))
-        entry = (cluster, {})
-        _MEMO[id(cluster)] = entry
-    return entry[1]
+_MEMO: IdentityMemo[tuple[str, float, Group, str], tuple[float, str]] = IdentityMemo()
 
 
 def _collective(op: Collective, x: Bytes, group: Group, cluster: Cluster,

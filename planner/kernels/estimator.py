@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 
 from ..cluster import Device
 from ..costs.compute import KernelTimes, kernel_arrays, roofline_seconds
+from ..memo import IdentityMemo
 from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
 from ..ops import Conv, Gemm, Kernel
 from .features import DeviceSpecs
@@ -90,9 +91,8 @@ class LearnedEstimator:
     def __init__(self, models: ModelSet | None = None,
                  models_dir: str | os.PathLike[str] | None = None) -> None:
         self.models = models if models is not None else load_models(models_dir)
-        #: (id(device), dtype) -> (device, {kernel: (seconds, source)}); the device is
-        #: held so that its id stays its own while cached
-        self._memo: dict[tuple[int, str], tuple[Device, dict[Kernel, tuple[float, str]]]] = {}
+        #: per (device, dtype): kernel -> (seconds, source)
+        self._memo: IdentityMemo[Kernel, tuple[float, str]] = IdentityMemo()
 
     def estimate(self, kernels: Sequence[Kernel], device: Device, dtype: str) -> KernelTimes:
         """Seconds for each kernel on ``device`` in ``dtype`` (a network dtype name).
@@ -100,14 +100,7 @@ class LearnedEstimator:
         Kernels already timed for this device and dtype come from a memo (a search asks
         for the same shapes many times); only new ones go through the models, together.
         """
-        key = (id(device), dtype)
-        entry = self._memo.get(key)
-        if entry is None or entry[0] is not device:
-            if len(self._memo) >= 8:
-                self._memo.pop(next(iter(self._memo)))
-            entry = (device, {})
-            self._memo[key] = entry
-        memo = entry[1]
+        memo = self._memo.table(device, dtype)
         new = [k for k in dict.fromkeys(kernels) if k not in memo]
         if new:
             if len(memo) + len(new) > _MEMO_ENTRIES:
