@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -26,6 +27,21 @@ def _results_table(results: list[dict[str, Any]], title: str) -> Any:
     return table
 
 
+def _widths(ctx: click.Context, param: click.Parameter,
+            value: str | None) -> tuple[int, ...] | None:
+    """``--hidden 32,32`` → (32, 32); each width 1 to 1,024, one to four layers."""
+    if value is None:
+        return None
+    try:
+        widths = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected widths separated by commas, e.g. "
+                                 "32,32") from None
+    if not 1 <= len(widths) <= 4 or not all(1 <= w <= 1024 for w in widths):
+        raise click.BadParameter(f"{value!r}: one to four widths, each 1 to 1024")
+    return widths
+
+
 @click.group()
 def kernels() -> None:
     """Kernel-time models: fit, evaluate, predict, profile.
@@ -47,10 +63,17 @@ def kernels() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Weight init seed.")
 @click.option("--only", type=click.Choice(("gemm", "conv")), default=None,
               help="Fit one family only (GEMM and bmm, or the convolution passes).")
+@click.option("--members", type=click.IntRange(1, 64), default=None,
+              help="Networks per family, averaged (default: 1 for GEMM, 5 for "
+                   "convolutions; more cost fit time, not accuracy on plenty of shapes).")
+@click.option("--hidden", callback=_widths, default=None, metavar="W[,W...]",
+              help="Hidden layer widths of each network, e.g. 32,32 (default: 32,32 for "
+                   "GEMM, 16,16 for convolutions).")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
               show_default=True, help="How to print the held-out accuracy.")
 def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
-                max_iter: int | None, seed: int, only: str | None, fmt: str) -> None:
+                max_iter: int | None, seed: int, only: str | None, members: int | None,
+                hidden: tuple[int, ...] | None, fmt: str) -> None:
     """Fit the kernel-time models on measurement CSVs and write them to a directory.
 
     Rows of each file's held-out split (30% of shapes by CRC-32; NeuSight's own 'train'
@@ -60,12 +83,14 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
     from .kernels.pipeline import fit_models
     from .kernels.train import FitOptions
 
-    opts = FitOptions(seed=seed) if max_iter is None else FitOptions(seed=seed,
-                                                                     max_iter=max_iter)
+    opts = FitOptions(seed=seed, members=members, hidden=hidden)
+    if max_iter is not None:
+        opts = replace(opts, max_iter=max_iter)
     outcome = fit_models(data, out_dir, leave_out, opts,
                          (only,) if only else ("gemm", "conv"))
     for rep in outcome.reports:
-        click.echo(f"fitted {rep.family}: {rep.rows} rows, {rep.iterations} iterations, "
+        nets = f"{rep.members} networks, " if rep.members > 1 else ""
+        click.echo(f"fitted {rep.family}: {rep.rows} rows, {nets}{rep.iterations} iterations, "
                    f"loss {rep.loss:.4f}, {rep.seconds:.1f} s"
                    + (f"; dropped sweeps {rep.dropped}" if rep.dropped else ""), err=True)
     click.echo(f"wrote {', '.join(str(p) for p in outcome.files)} "

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from ..cluster import Device, lookup_device
 from .data import Dataset, Table
 from .features import DeviceSpecs
-from .model import KernelModel
+from .model import Ensemble, KernelModel
 
 FloatArray = NDArray[np.float64]
 
@@ -43,14 +43,29 @@ class Result:
                 "p90_ape": round(self.p90_ape, 2), "out_of_range": self.out_of_range}
 
 
-def predict_table(model: KernelModel, table: Table) -> tuple[FloatArray, NDArray[np.bool_]]:
-    """Predicted measured time of every row (harness overhead included), and in-range."""
+def predict_table(model: Ensemble, table: Table) -> tuple[FloatArray, NDArray[np.bool_]]:
+    """Predicted measured time of every row (harness overhead included), and in-range.
+
+    Each member of the ensemble predicts what the harness measured (its own overheads
+    and drifts); the prediction is the geometric mean of theirs."""
     devices: list[Device] = []
     for name in table.device:
         dev = lookup_device(name)
         assert dev is not None  # rows were validated when read
         devices.append(dev)
     spec = DeviceSpecs.build(devices, table.dtype)
+    logs = []
+    ok = np.ones(len(table), dtype=bool)
+    for member in model.members:
+        secs, ok = _measured(member, table, spec)
+        logs.append(np.log(secs))
+    out: FloatArray = np.exp(np.mean(logs, axis=0))
+    return out, ok
+
+
+def _measured(model: KernelModel, table: Table,
+              spec: DeviceSpecs) -> tuple[FloatArray, NDArray[np.bool_]]:
+    """One member's prediction of what the harness measured."""
     kernel, bound, ok = model.predict_raw(table.shape_array(), table.op, spec, table.device,
                                           table.dtype, table.harness)
     secs = np.where(ok, kernel, bound)
@@ -77,7 +92,7 @@ def summarise(device: str, op: str, errors: FloatArray, out_of_range: int) -> Re
                   float(np.median(errors)), float(np.percentile(errors, 90)), out_of_range)
 
 
-def evaluate(models: Mapping[str, KernelModel], data: Dataset) -> list[Result]:
+def evaluate(models: Mapping[str, Ensemble], data: Dataset) -> list[Result]:
     """Per (device, op) errors of ``models`` (by family) on every row of ``data``."""
     results: list[Result] = []
     for table in data.tables():

@@ -98,6 +98,17 @@ class DeviceSpecs:
         vals = spec_row(device, dtype)
         return DeviceSpecs._of([np.full(rows, v) for v in vals], (device.chip,) * rows)
 
+    def rows(self, idx: IntArray) -> DeviceSpecs:
+        """The specs of rows ``idx`` only."""
+        def pick(a: FloatArray | None) -> FloatArray | None:
+            return None if a is None else a[idx]
+
+        return DeviceSpecs(self.peak[idx], self.peak_fp32[idx], self.bandwidth[idx],
+                           self.sm_count[idx], self.l2_bytes[idx], self.memory_bytes[idx],
+                           self.elem_bytes[idx], pick(self.tdp_w), pick(self.base_ratio),
+                           None if self.chips is None
+                           else tuple(self.chips[int(i)] for i in idx))
+
     @staticmethod
     def _of(cols: list[FloatArray], chips: tuple[str, ...]) -> DeviceSpecs:
         (peak, peak_fp32, bandwidth, sm_count, l2_bytes, memory_bytes, elem_bytes, tdp_w,

@@ -10,6 +10,7 @@ from the training data.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,14 +32,25 @@ class Mlp:
         """Number of fitted weights and biases."""
         return int(sum(w.size for w in self.weights) + sum(b.size for b in self.biases))
 
+    @cached_property
+    def first_layer(self) -> tuple[FloatArray, FloatArray]:
+        """``W_1`` and ``b_1`` with the input normalisation folded in, so that
+        ``x̂·W_1 + b_1 = x·(W_1 / std) + (b_1 − (mean / std)·W_1)``: one matrix product
+        instead of a subtraction and a division over every feature of every row."""
+        w = self.weights[0] / self.std[:, None]
+        b = self.biases[0] - (self.mean / self.std) @ self.weights[0]
+        return w, b
+
     def logit(self, x: FloatArray) -> FloatArray:
         """The network's output ``z`` for raw feature rows ``x`` (``rows × features``)."""
-        h = (x - self.mean) / self.std
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            h = h @ w + b
-            if i < last:
-                h = np.tanh(h)
+        w1, b1 = self.first_layer
+        return self.rest(x @ w1 + b1)
+
+    def rest(self, a1: FloatArray) -> FloatArray:
+        """The output from the first layer's pre-activation ``a1``."""
+        h = a1
+        for w, b in zip(self.weights[1:], self.biases[1:], strict=True):
+            h = np.tanh(h) @ w + b
         out: FloatArray = h[:, 0]
         return out
 

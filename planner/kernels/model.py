@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,6 +50,40 @@ def level_class(dtype: str, peak_over_fp32: float) -> str:
     if dtype in ("float16", "bfloat16"):
         return "half-tensor" if peak_over_fp32 >= 4.0 else "half"
     return dtype
+
+
+@dataclass(frozen=True)
+class LevelRows:
+    """Rows grouped by (device, dtype, harness): each group has one sustained level."""
+
+    keys: tuple[tuple[str, str, str], ...]  #: the distinct groups, first-seen order
+    first: IntArray  #: a row of each group
+    inverse: IntArray | None  #: group of every row (None: all rows in one group)
+    n: int  #: rows
+
+    @staticmethod
+    def of(names: Sequence[str], dtypes: Sequence[str],
+           harnesses: Sequence[str] | None = None) -> LevelRows:
+        """Group rows (one device, dtype and harness for all rows is the fast case)."""
+        n = len(names)
+        hs: Sequence[str] = harnesses if harnesses is not None else ("",) * n
+        if not n:
+            return LevelRows((), np.zeros(0, dtype=np.int64), None, 0)
+        if len(set(names)) == 1 and len(set(dtypes)) == 1 and len(set(hs)) == 1:
+            return LevelRows(((names[0], dtypes[0], hs[0]),), np.zeros(1, dtype=np.int64),
+                             None, n)
+        index: dict[tuple[str, str, str], int] = {}
+        inverse = np.fromiter((index.setdefault(k, len(index))
+                               for k in zip(names, dtypes, hs, strict=True)),
+                              dtype=np.int64, count=n)
+        _, first = np.unique(inverse, return_index=True)
+        return LevelRows(tuple(index), first.astype(np.int64), inverse, n)
+
+    def spread(self, values: NDArray[Any]) -> NDArray[Any]:
+        """Per-group values to per-row values."""
+        if self.inverse is None:
+            return np.full(self.n, values[0], dtype=values.dtype)
+        return values[self.inverse]
 
 
 @dataclass(frozen=True)
@@ -87,36 +123,27 @@ class KernelModel:
               harnesses: Sequence[str] | None = None) -> tuple[FloatArray, NDArray[np.bool_]]:
         """Level of each row, and whether its GPU was seen in training (else the median
         level of GPUs of its class, :func:`level_class`)."""
-        hs = list(harnesses) if harnesses is not None else [""] * len(names)
-        keys = list(zip(names, dtypes, hs, strict=True))
-        out = np.ones(len(keys))
-        seen = np.zeros(len(keys), dtype=bool)
-        if not keys:
-            return out, seen
-        first: dict[tuple[str, str, str], int] = {}
-        for i, key in enumerate(keys):
-            first.setdefault(key, i)
-        g = gpu_features(spec)
-        for key, i in first.items():
-            name, dt, h = key
+        return self.level_of(spec, LevelRows.of(names, dtypes, harnesses))
+
+    def level_of(self, spec: DeviceSpecs, rows: LevelRows) -> tuple[FloatArray, BoolArray]:
+        """:meth:`level` of rows already grouped by (device, dtype, harness)."""
+        if not rows.keys:
+            return np.ones(0), np.zeros(0, dtype=bool)
+        sub = spec.rows(rows.first)
+        g = gpu_features(sub)
+        values = np.ones(len(rows.keys))
+        seen = np.zeros(len(rows.keys), dtype=bool)
+        for j, (name, dt, h) in enumerate(rows.keys):
             k = f"{name}|{dt}"
             ref = self.level_specs.get(k)
             if k in self.levels and ref is not None and np.allclose(
-                    np.asarray(ref), g[i], rtol=1e-9, atol=1e-9):
+                    np.asarray(ref), g[j], rtol=1e-9, atol=1e-9):
                 # the harness's own machine when it was measured, else the median
-                value, was_seen = float(self.levels.get(f"{k}|{h}", self.levels[k])), True
+                values[j], seen[j] = float(self.levels.get(f"{k}|{h}", self.levels[k])), True
             else:
-                cls = level_class(dt, float(2.0 ** g[i, -1]))
-                value = self.unseen_level(cls, spec, i, dt)
-                was_seen = False
-            if len(first) == 1:
-                out[:] = value
-                seen[:] = was_seen
-            else:
-                rows = np.fromiter((kk == key for kk in keys), dtype=bool, count=len(keys))
-                out[rows] = value
-                seen[rows] = was_seen
-        return out, seen
+                cls = level_class(dt, float(2.0 ** g[j, -1]))
+                values[j] = self.unseen_level(cls, sub, j, dt)
+        return rows.spread(values), rows.spread(seen)
 
     def unseen_level(self, cls: str, spec: DeviceSpecs, i: int, dtype: str = "") -> float:
         """Sustained fraction of peak for a GPU the model has no measurements of (row ``i``
@@ -212,11 +239,24 @@ class KernelModel:
         """
         x, t_flop, t_byte = features(self.family, shape, ops, spec)
         ok = self.in_range(x) & np.all(np.isfinite(x), axis=1)
-        e, _ = self.level(spec, devices, dtypes, harnesses)
-        z = self.mlp.logit(self.clip(np.where(np.isfinite(x), x, 0.0)))
         bound = np.maximum(t_flop, t_byte)
+        t = self.kernel_time(np.where(np.isfinite(x), x, 0.0), t_flop, t_byte, spec, devices,
+                             dtypes, harnesses)
+        return t, bound, ok
+
+    def kernel_time(self, x: FloatArray, t_flop: FloatArray, t_byte: FloatArray,
+                    spec: DeviceSpecs, devices: Sequence[str], dtypes: Sequence[str],
+                    harnesses: Sequence[str] | None = None) -> FloatArray:
+        """Kernel seconds from finite features ``x`` and the bound's two times."""
+        e, _ = self.level(spec, devices, dtypes, harnesses)
+        return self.time_from(self.mlp.logit(self.clip(x)), e, t_flop, t_byte)
+
+    def time_from(self, z: FloatArray, e: FloatArray, t_flop: FloatArray,
+                  t_byte: FloatArray) -> FloatArray:
+        """``t_0 + max(t_flop / e, t_byte) · (1 + exp(−z))``, never below the bound."""
         t = self.floor_s + np.maximum(t_flop / e, t_byte) * np.exp(log_slowdown(z))
-        return np.maximum(t, bound), bound, ok
+        out: FloatArray = np.maximum(t, np.maximum(t_flop, t_byte))
+        return out
 
     def drift_factor(self, sweep: str, device: str, position: FloatArray) -> FloatArray:
         """Time factor of rows of a sweep at ``position`` (1 where no drift was fitted)."""
@@ -235,4 +275,104 @@ class KernelModel:
         return float(table.get(device, table.get("*", 0.0)))
 
 
-__all__ = ["RANGE_TOLERANCE_LOG2", "SHAPE_FEATURES", "KernelModel"]
+@dataclass(frozen=True)
+class Ensemble:
+    """The fitted model of one kernel family: one or more :class:`KernelModel` members
+    fitted on the same rows from different random starts, whose kernel times are
+    combined by their geometric mean (averaging log time, the quantity each was fitted
+    on). With few distinct shapes (DeepBench's convolutions: about 66 training shapes a
+    GPU) one network's error on unseen shapes depends on its random start; the mean of
+    several does not, nearly. The members share features, normalisation and training
+    range; levels, overheads, drifts and the launch floor are each member's own."""
+
+    members: tuple[KernelModel, ...]
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            raise ValueError("an ensemble needs at least one member")
+
+    @property
+    def first(self) -> KernelModel:
+        """The first member (what the members share is read from it)."""
+        return self.members[0]
+
+    @property
+    def family(self) -> str:
+        """Kernel family (``gemm`` or ``conv``)."""
+        return self.first.family
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """Feature order."""
+        return self.first.features
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """Dtypes with training data."""
+        return self.first.dtypes
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """Ops with training data."""
+        return self.first.ops
+
+    @property
+    def n_params(self) -> int:
+        """Fitted network weights over all members."""
+        return sum(m.mlp.n_params for m in self.members)
+
+    def check(self) -> str | None:
+        """A problem with any member, or with what members must share, or None."""
+        for i, m in enumerate(self.members):
+            problem = m.check()
+            if problem is not None:
+                return problem if len(self.members) == 1 else f"member {i}: {problem}"
+            if i and (m.family != self.family or m.features != self.features
+                      or not np.array_equal(m.lo, self.first.lo)
+                      or not np.array_equal(m.hi, self.first.hi)):
+                return f"member {i}: features or training range differ from member 0"
+        return None
+
+    def predict_raw(self, shape: IntArray, ops: Sequence[str], spec: DeviceSpecs,
+                    devices: Sequence[str], dtypes: Sequence[str],
+                    harnesses: Sequence[str] | None = None,
+                    ) -> tuple[FloatArray, FloatArray, BoolArray]:
+        """(kernel seconds, roofline bound seconds, in range): the geometric mean of the
+        members' :meth:`KernelModel.predict_raw` times, features computed once."""
+        first = self.first
+        x, t_flop, t_byte = features(first.family, shape, ops, spec)
+        ok = first.in_range(x) & np.all(np.isfinite(x), axis=1)
+        bound = np.maximum(t_flop, t_byte)
+        xc = first.clip(np.where(np.isfinite(x), x, 0.0))
+        rows = LevelRows.of(devices, dtypes, harnesses)
+        a1 = xc @ self.first_layer[0] + self.first_layer[1]  # every member's first layer
+        times = []
+        pos = 0
+        for m in self.members:
+            width = m.mlp.weights[0].shape[1]
+            z = m.mlp.rest(a1[:, pos:pos + width])
+            pos += width
+            e, _ = m.level_of(spec, rows)
+            times.append(m.time_from(z, e, t_flop, t_byte))
+        if len(times) == 1:
+            return times[0], bound, ok
+        # each member is at or above the bound, so their geometric mean is too
+        t: FloatArray = np.maximum(np.exp(np.mean(np.log(times), axis=0)), bound)
+        return t, bound, ok
+
+    @cached_property
+    def first_layer(self) -> tuple[FloatArray, FloatArray]:
+        """The members' first layers (normalisation folded in) side by side: one
+        matrix product for all of them."""
+        parts = [m.mlp.first_layer for m in self.members]
+        return np.hstack([w for w, _ in parts]), np.concatenate([b for _, b in parts])
+
+    def level(self, spec: DeviceSpecs, names: Sequence[str], dtypes: Sequence[str],
+              harnesses: Sequence[str] | None = None) -> tuple[FloatArray, BoolArray]:
+        """Geometric mean of the members' sustained fractions, and whether seen."""
+        got = [m.level(spec, names, dtypes, harnesses) for m in self.members]
+        e: FloatArray = np.exp(np.mean([np.log(g[0]) for g in got], axis=0))
+        return e, got[0][1]
+
+
+__all__ = ["RANGE_TOLERANCE_LOG2", "SHAPE_FEATURES", "Ensemble", "KernelModel"]

@@ -15,7 +15,7 @@ import os
 import platform
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from ..errors import UsageError
 from .data import Dataset, Table, read_files
 from .evaluate import Result, evaluate
 from .features import gemm_work
-from .model import KernelModel
+from .model import Ensemble
 from .store import Extra, ModelSet, save_models, sha256_file
 from .train import FitOptions, FitReport, fit_family
 
@@ -37,7 +37,7 @@ SPLITS = ("all", "train", "test")
 class FitOutcome:
     """A finished fit: the models, what each fit did, and the held-out accuracy."""
 
-    models: dict[str, KernelModel]
+    models: dict[str, Ensemble]
     reports: list[FitReport]
     accuracy: list[Result]
     files: list[Path] = field(default_factory=list)
@@ -105,7 +105,7 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     train = select(data, "train", exclude=left)
     test = select(data, "test", exclude=left)
     opts = options or FitOptions()
-    models: dict[str, KernelModel] = {}
+    models: dict[str, Ensemble] = {}
     reports: list[FitReport] = []
     tables = [t for t in (train.gemm, train.conv) if t.family in families and len(t)]
     for model, report in _fit_tables(tables, opts):
@@ -119,13 +119,15 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     if out_dir is not None:
         extra = Extra(
             data=_provenance(paths, data),
-            fit={"options": {"hidden": list(opts.hidden), "l2": opts.l2,
+            fit={"options": {"families": {f: _family_options(opts, f) for f in sorted(models)},
+                             "l2": opts.l2,
                              "max_iter": opts.max_iter, "seed": opts.seed,
                              "group_power": opts.group_power,
                              "sweep_weight": opts.sweep_weight,
                              "sweep_limit": opts.sweep_limit},
                  "left_out_devices": left,
-                 "reports": [{"family": r.family, "rows": r.rows, "iterations": r.iterations,
+                 "reports": [{"family": r.family, "rows": r.rows, "members": r.members,
+                              "iterations": r.iterations,
                               "loss": round(r.loss, 6), "seconds": round(r.seconds, 1),
                               "devices": r.devices, "dropped_sweeps": r.dropped}
                              for r in reports],
@@ -141,29 +143,55 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     return outcome
 
 
-def _fit_tables(tables: list[Table], opts: FitOptions) -> list[tuple[KernelModel, FitReport]]:
-    """Fit each table in a worker process with one BLAS thread (OpenBLAS's threads only
-    slow these small matrix products down: 6× on two cores), the families in parallel.
-    Each fit is deterministic, so the weights do not depend on the worker count."""
+def _family_options(opts: FitOptions, family: str) -> dict[str, Any]:
+    resolved = opts.for_family(family)
+    return {"hidden": list(resolved.hidden or ()), "members": resolved.members}
+
+
+def _fit_tables(tables: list[Table], opts: FitOptions) -> list[tuple[Ensemble, FitReport]]:
+    """Fit each table's ensemble, every member in a worker process with one BLAS thread
+    (OpenBLAS's threads only slow these small matrix products down: 6× on two cores),
+    members and families in parallel. Each fit is deterministic (member ``j`` starts
+    from seed ``seed + j``), so the weights do not depend on the worker count."""
     if not tables:
         return []
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    jobs: list[tuple[int, FitOptions]] = []
+    for i, table in enumerate(tables):
+        resolved = opts.for_family(table.family)
+        assert resolved.members is not None
+        jobs += [(i, replace(resolved, seed=resolved.seed + j))
+                 for j in range(max(1, resolved.members))]
+    # the longest fits first (GEMM: most rows), so the pool's tail is short
+    order = sorted(range(len(jobs)), key=lambda j: -len(tables[jobs[j][0]]))
     saved = {k: os.environ.get(k) for k in _THREAD_VARS}
     os.environ.update(dict.fromkeys(_THREAD_VARS, "1"))  # inherited by the workers
     try:
         ctx = multiprocessing.get_context("spawn")
-        workers = max(1, min(len(tables), os.cpu_count() or 1))
+        workers = max(1, min(len(jobs), os.cpu_count() or 1))
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futures = [pool.submit(fit_family, t, opts) for t in tables]
-            return [f.result() for f in futures]
+            futures = {j: pool.submit(fit_family, tables[jobs[j][0]], jobs[j][1])
+                       for j in order}
+            done = [futures[j].result() for j in range(len(jobs))]
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    out: list[tuple[Ensemble, FitReport]] = []
+    for i in range(len(tables)):
+        got = [done[j] for j in range(len(jobs)) if jobs[j][0] == i]
+        members = tuple(m for m, _ in got)
+        reports = [r for _, r in got]
+        first = reports[0]
+        out.append((Ensemble(members), FitReport(
+            first.family, first.rows, max(r.iterations for r in reports),
+            float(np.mean([r.loss for r in reports])), sum(r.seconds for r in reports),
+            first.devices, first.dropped, members=len(members))))
+    return out
 
 
 _THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")

@@ -33,16 +33,21 @@ from typing import Any
 
 import numpy as np
 import yaml
+from numpy.typing import NDArray
 
 from ..errors import ModelDataError
 from ..output import to_yaml, write_atomic
 from .features import FEATURES
 from .mlp import Mlp
-from .model import KernelModel
+from .model import Ensemble, KernelModel
 
+FloatArray = NDArray[np.float64]
 MANIFEST = "manifest.yaml"
 KIND = "planner-kernel-models"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: format 1 (one network per family, its fields at the family's top level) still loads
+READ_VERSIONS = (1, 2)
+ENSEMBLE_RULE = "t = exp(mean over members of log t_member)"
 OUTPUT_TRANSFORM = ("t = t0 + max(t_flop / e, t_byte) * (1 + exp(-z)); t0 = launch floor; "
                     "z = MLP((x - mean) / std), tanh hidden layers; "
                     "e = sustained fraction of peak of the GPU (levels), "
@@ -55,11 +60,11 @@ ENV = "PLANNER_MODELS"
 class ModelSet:
     """The models of one directory, by family, with the manifest they came from."""
 
-    models: Mapping[str, KernelModel]
+    models: Mapping[str, Ensemble]
     manifest: Mapping[str, Any]
     directory: str
 
-    def get(self, family: str) -> KernelModel | None:
+    def get(self, family: str) -> Ensemble | None:
         """The model of a family, if the set has one."""
         return self.models.get(family)
 
@@ -118,7 +123,7 @@ def find_models_dir(explicit: str | os.PathLike[str] | None = None,
                          "--models-dir")
 
 
-def _arr(value: Any, where: str, n: int | None = None) -> np.ndarray[Any, Any]:
+def _arr(value: Any, where: str, n: int | None = None) -> FloatArray:
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -129,41 +134,52 @@ def _arr(value: Any, where: str, n: int | None = None) -> np.ndarray[Any, Any]:
     return arr
 
 
-def model_record(model: KernelModel, file: str, digest: str) -> dict[str, Any]:
-    """The manifest entry of one model."""
+def model_record(model: Ensemble, file: str, digest: str) -> dict[str, Any]:
+    """The manifest entry of one family's model: what its members share, then each
+    member's own nuisance parameters (its weights are ``m<j>_w<i>``, ``m<j>_b<i>`` in the
+    weights file)."""
+    first = model.first
     return {
         "file": file,
         "sha256": digest,
-        "features": list(model.features),
-        "hidden": [int(w.shape[1]) for w in model.mlp.weights[:-1]],
+        "features": list(first.features),
+        "hidden": [int(w.shape[1]) for w in first.mlp.weights[:-1]],
         "activation": "tanh",
         "output_transform": OUTPUT_TRANSFORM,
-        "normalisation": {"mean": [float(v) for v in model.mlp.mean],
-                          "std": [float(v) for v in model.mlp.std]},
-        "training_range": {"min": [float(v) for v in model.lo],
-                           "max": [float(v) for v in model.hi]},
-        "dtypes": list(model.dtypes),
-        "ops": list(model.ops),
+        "ensemble": ENSEMBLE_RULE,
+        "normalisation": {"mean": [float(v) for v in first.mlp.mean],
+                          "std": [float(v) for v in first.mlp.std]},
+        "training_range": {"min": [float(v) for v in first.lo],
+                           "max": [float(v) for v in first.hi]},
+        "dtypes": list(first.dtypes),
+        "ops": list(first.ops),
+        "chips": dict(first.chips),
+        "level_specs": {k: [float(x) for x in v] for k, v in first.level_specs.items()},
+        "params": model.n_params,
+        "members": [_member_record(m) for m in model.members],
+    }
+
+
+def _member_record(model: KernelModel) -> dict[str, Any]:
+    return {
         "levels": {k: float(v) for k, v in model.levels.items()},
         "unseen_levels": {k: float(v) for k, v in model.unseen_levels.items()},
         "unseen_energy_j_per_flop": {k: float(v) for k, v in model.unseen_energy.items()},
-        "chips": dict(model.chips),
-        "level_specs": {k: [float(x) for x in v] for k, v in model.level_specs.items()},
         "harness_overhead_s": {h: dict(v) for h, v in model.overhead_s.items()},
         "sweep_factor": {c: dict(v) for c, v in model.collection_factor.items()},
         "sweep_drift": {s: {d: [float(x) for x in v] for d, v in per.items()}
                         for s, per in model.drift.items()},
         "launch_floor_s": model.floor_s,
-        "params": model.mlp.n_params,
     }
 
 
-def weights_bytes(model: KernelModel) -> bytes:
-    """The ``.npz`` of a model's weights (deterministic bytes: no timestamps)."""
+def weights_bytes(model: Ensemble) -> bytes:
+    """The ``.npz`` of an ensemble's weights (deterministic bytes: no timestamps)."""
     arrays: dict[str, np.ndarray[Any, Any]] = {}
-    for i, (w, b) in enumerate(zip(model.mlp.weights, model.mlp.biases, strict=True)):
-        arrays[f"w{i}"] = np.ascontiguousarray(w, dtype=np.float64)
-        arrays[f"b{i}"] = np.ascontiguousarray(b, dtype=np.float64)
+    for j, member in enumerate(model.members):
+        for i, (w, b) in enumerate(zip(member.mlp.weights, member.mlp.biases, strict=True)):
+            arrays[f"m{j}_w{i}"] = np.ascontiguousarray(w, dtype=np.float64)
+            arrays[f"m{j}_b{i}"] = np.ascontiguousarray(b, dtype=np.float64)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
         for name, arr in arrays.items():
@@ -174,7 +190,7 @@ def weights_bytes(model: KernelModel) -> bytes:
     return buf.getvalue()
 
 
-def save_models(directory: str | Path, models: Mapping[str, KernelModel],
+def save_models(directory: str | Path, models: Mapping[str, Ensemble],
                 extra: Extra) -> list[Path]:
     """Write weights and manifest into ``directory`` (created); returns the files."""
     out = Path(directory)
@@ -204,7 +220,7 @@ def save_models(directory: str | Path, models: Mapping[str, KernelModel],
     return written
 
 
-def _load_model(directory: Path, family: str, rec: Any) -> KernelModel:
+def _load_model(directory: Path, family: str, rec: Any, version: int) -> Ensemble:
     where = f"{directory / MANIFEST}: models.{family}"
     if not isinstance(rec, dict):
         raise ModelDataError(f"{where}: expected a mapping")
@@ -233,31 +249,64 @@ def _load_model(directory: Path, family: str, rec: Any) -> KernelModel:
             arrays = {k: np.asarray(npz[k], dtype=np.float64) for k in npz.files}
     except (ValueError, OSError, KeyError) as exc:
         raise ModelDataError(f"{path}: error: not a readable weights file ({exc})") from None
-    n_layers = len(arrays) // 2
-    try:
-        weights = tuple(arrays[f"w{i}"] for i in range(n_layers))
-        biases = tuple(arrays[f"b{i}"] for i in range(n_layers))
-    except KeyError as exc:
-        raise ModelDataError(f"{path}: error: missing array {exc}") from None
+    if version == 1:  # one network, its fields beside the shared ones
+        member_recs: Any = [rec]
+        prefixes = [""]
+    else:
+        member_recs = rec.get("members")
+        if not isinstance(member_recs, list) or not member_recs or \
+                not all(isinstance(m, dict) for m in member_recs):
+            raise ModelDataError(f"{where}.members: expected a list of mappings")
+        prefixes = [f"m{j}_" for j in range(len(member_recs))]
     n = len(want)
     norm = rec.get("normalisation") or {}
     rng = rec.get("training_range") or {}
-    mlp = Mlp(weights, biases, _arr(norm.get("mean"), f"{where}.normalisation.mean", n),
-              _arr(norm.get("std"), f"{where}.normalisation.std", n))
+    mean = _arr(norm.get("mean"), f"{where}.normalisation.mean", n)
+    std = _arr(norm.get("std"), f"{where}.normalisation.std", n)
+    lo = _arr(rng.get("min"), f"{where}.training_range.min", n)
+    hi = _arr(rng.get("max"), f"{where}.training_range.max", n)
     try:
-        levels = {str(k): float(v) for k, v in (rec.get("levels") or {}).items()}
-        unseen = {str(k): float(v) for k, v in (rec.get("unseen_levels") or {}).items()}
-        energy = {str(k): float(v) for k, v in
-                  (rec.get("unseen_energy_j_per_flop") or {}).items()}
         chips = {str(k): str(v) for k, v in (rec.get("chips") or {}).items()}
         specs = {str(k): [float(x) for x in v] for k, v in
                  (rec.get("level_specs") or {}).items()}
+    except (AttributeError, TypeError, ValueError):
+        raise ModelDataError(f"{where}: malformed chips or level_specs") from None
+    members = []
+    for j, (prefix, mrec) in enumerate(zip(prefixes, member_recs, strict=True)):
+        mwhere = where if version == 1 else f"{where}.members[{j}]"
+        n_layers = sum(1 for k in arrays if k.startswith(f"{prefix}w")
+                       and k[len(prefix) + 1:].isdigit())
+        try:
+            weights = tuple(arrays[f"{prefix}w{i}"] for i in range(n_layers))
+            biases = tuple(arrays[f"{prefix}b{i}"] for i in range(n_layers))
+        except KeyError as exc:
+            raise ModelDataError(f"{path}: error: missing array {exc}") from None
+        if not weights:
+            raise ModelDataError(f"{path}: error: no weights for member {j}")
+        members.append(_member(family, tuple(feats), Mlp(weights, biases, mean, std), lo, hi,
+                               rec, mrec, chips, specs, mwhere))
+    model = Ensemble(tuple(members))
+    problem = model.check()
+    if problem is not None:
+        raise ModelDataError(f"{path}: error: {problem}")
+    return model
+
+
+def _member(family: str, feats: tuple[str, ...], mlp: Mlp, lo: FloatArray, hi: FloatArray,
+            rec: dict[str, Any], mrec: dict[str, Any], chips: dict[str, str],
+            specs: dict[str, list[float]], where: str) -> KernelModel:
+    """One member from its manifest entry (``mrec``) and the family's (``rec``)."""
+    try:
+        levels = {str(k): float(v) for k, v in (mrec.get("levels") or {}).items()}
+        unseen = {str(k): float(v) for k, v in (mrec.get("unseen_levels") or {}).items()}
+        energy = {str(k): float(v) for k, v in
+                  (mrec.get("unseen_energy_j_per_flop") or {}).items()}
         overhead = {str(h): {str(d): float(s) for d, s in v.items()}
-                    for h, v in (rec.get("harness_overhead_s") or {}).items()}
+                    for h, v in (mrec.get("harness_overhead_s") or {}).items()}
         factors = {str(c): {str(d): float(s) for d, s in v.items()}
-                   for c, v in (rec.get("sweep_factor") or {}).items()}
+                   for c, v in (mrec.get("sweep_factor") or {}).items()}
         drift = {str(sw): {str(d): [float(x) for x in v] for d, v in per.items()}
-                 for sw, per in (rec.get("sweep_drift") or {}).items()}
+                 for sw, per in (mrec.get("sweep_drift") or {}).items()}
     except (AttributeError, TypeError, ValueError):
         raise ModelDataError(f"{where}: malformed levels, overheads or sweep factors") \
             from None
@@ -266,19 +315,13 @@ def _load_model(directory: Path, family: str, rec: Any) -> KernelModel:
     if any(not (0.0 < v < 1e-6) for v in energy.values()):
         raise ModelDataError(f"{where}: unseen_energy_j_per_flop values must lie in "
                              "(0, 1e-6) J/FLOP")
-    model = KernelModel(
-        family=family, features=tuple(feats), mlp=mlp,
-        lo=_arr(rng.get("min"), f"{where}.training_range.min", n),
-        hi=_arr(rng.get("max"), f"{where}.training_range.max", n),
+    return KernelModel(
+        family=family, features=feats, mlp=mlp, lo=lo, hi=hi,
         dtypes=tuple(str(d) for d in rec.get("dtypes") or ()),
         ops=tuple(str(o) for o in rec.get("ops") or ()),
         overhead_s=overhead, collection_factor=factors, levels=levels, level_specs=specs,
         unseen_levels=unseen, unseen_energy=energy, chips=chips, drift=drift,
-        floor_s=_floor(rec.get("launch_floor_s", 0.0), where))
-    problem = model.check()
-    if problem is not None:
-        raise ModelDataError(f"{path}: error: {problem}")
-    return model
+        floor_s=_floor(mrec.get("launch_floor_s", 0.0), where))
 
 
 def _floor(value: Any, where: str) -> float:
@@ -322,14 +365,15 @@ def load_dir(directory: str | Path) -> ModelSet:
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise ModelDataError(f"{manifest_path}: error: not a planner model manifest "
                              f"(expected 'kind: {KIND}')")
-    if doc.get("format_version") != FORMAT_VERSION:
+    version = doc.get("format_version")
+    if version not in READ_VERSIONS:
         raise ModelDataError(f"{manifest_path}: error: unsupported format_version "
-                             f"{doc.get('format_version')!r} (this planner reads "
-                             f"{FORMAT_VERSION})")
+                             f"{version!r} (this planner reads "
+                             f"{', '.join(str(v) for v in READ_VERSIONS)})")
     recs = doc.get("models")
     if not isinstance(recs, dict) or not recs:
         raise ModelDataError(f"{manifest_path}: error: no models listed")
-    models = {str(f): _load_model(path, str(f), r) for f, r in recs.items()}
+    models = {str(f): _load_model(path, str(f), r, int(version)) for f, r in recs.items()}
     out = ModelSet(models, doc, str(path))
     _CACHE[key] = out
     return out
