@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from ..cluster import Device, lookup_device
 from .data import Dataset, Table
 from .features import DeviceSpecs
-from .model import Ensemble, KernelModel
+from .model import Ensemble
 
 FloatArray = NDArray[np.float64]
 
@@ -54,30 +54,23 @@ def predict_table(model: Ensemble, table: Table) -> tuple[FloatArray, NDArray[np
         assert dev is not None  # rows were validated when read
         devices.append(dev)
     spec = DeviceSpecs.build(devices, table.dtype)
-    logs = []
-    ok = np.ones(len(table), dtype=bool)
-    for member in model.members:
-        secs, ok = _measured(member, table, spec)
-        logs.append(np.log(secs))
-    out: FloatArray = np.exp(np.mean(logs, axis=0))
-    return out, ok
-
-
-def _measured(model: KernelModel, table: Table,
-              spec: DeviceSpecs) -> tuple[FloatArray, NDArray[np.bool_]]:
-    """One member's prediction of what the harness measured."""
-    kernel, bound, ok = model.predict_raw(table.shape_array(), table.op, spec, table.device,
+    times, bound, ok = model.member_times(table.shape_array(), table.op, spec, table.device,
                                           table.dtype, table.harness)
-    secs = np.where(ok, kernel, bound)
     pos = np.asarray(table.position, dtype=np.float64)
     sweeps = np.asarray(table.sweep, dtype=object)
     devs = np.asarray(table.device, dtype=object)
-    for sw, d in {(s, d) for s, d in zip(table.sweep, table.device, strict=True) if s}:
-        rows = (sweeps == sw) & (devs == d)
-        secs[rows] = secs[rows] * model.drift_factor(sw, d, pos[rows])
-    over = np.array([model.overhead(h, d) for h, d in zip(table.harness, table.device,
-                                                            strict=True)])
-    return secs + over, ok
+    drifting = sorted({(s, d) for s, d in zip(table.sweep, table.device, strict=True) if s})
+    logs = []
+    for member, kernel in zip(model.members, times, strict=True):
+        secs = np.where(ok, kernel, bound)
+        for sw, d in drifting:
+            rows = (sweeps == sw) & (devs == d)
+            secs[rows] = secs[rows] * member.drift_factor(sw, d, pos[rows])
+        over = np.array([member.overhead(h, d)
+                         for h, d in zip(table.harness, table.device, strict=True)])
+        logs.append(np.log(secs + over))
+    out: FloatArray = np.exp(np.mean(logs, axis=0))
+    return out, ok
 
 
 def ape(pred: FloatArray, actual: FloatArray) -> FloatArray:

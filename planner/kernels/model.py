@@ -237,19 +237,7 @@ class KernelModel:
         sustained fraction of peak and ``t_0`` ≥ 0 a launch floor, so ``t ≥ max(t_flop,
         t_byte)`` (the roofline) always.
         """
-        x, t_flop, t_byte = features(self.family, shape, ops, spec)
-        ok = self.in_range(x) & np.all(np.isfinite(x), axis=1)
-        bound = np.maximum(t_flop, t_byte)
-        t = self.kernel_time(np.where(np.isfinite(x), x, 0.0), t_flop, t_byte, spec, devices,
-                             dtypes, harnesses)
-        return t, bound, ok
-
-    def kernel_time(self, x: FloatArray, t_flop: FloatArray, t_byte: FloatArray,
-                    spec: DeviceSpecs, devices: Sequence[str], dtypes: Sequence[str],
-                    harnesses: Sequence[str] | None = None) -> FloatArray:
-        """Kernel seconds from finite features ``x`` and the bound's two times."""
-        e, _ = self.level(spec, devices, dtypes, harnesses)
-        return self.time_from(self.mlp.logit(self.clip(x)), e, t_flop, t_byte)
+        return Ensemble((self,)).predict_raw(shape, ops, spec, devices, dtypes, harnesses)
 
     def time_from(self, z: FloatArray, e: FloatArray, t_flop: FloatArray,
                   t_byte: FloatArray) -> FloatArray:
@@ -338,7 +326,25 @@ class Ensemble:
                     harnesses: Sequence[str] | None = None,
                     ) -> tuple[FloatArray, FloatArray, BoolArray]:
         """(kernel seconds, roofline bound seconds, in range): the geometric mean of the
-        members' :meth:`KernelModel.predict_raw` times, features computed once."""
+        members' times (:meth:`member_times`)."""
+        times, bound, ok = self.member_times(shape, ops, spec, devices, dtypes, harnesses)
+        if len(times) == 1:
+            return times[0], bound, ok
+        # each member is at or above the bound, so their geometric mean is too
+        t: FloatArray = np.maximum(np.exp(np.mean(np.log(times), axis=0)), bound)
+        return t, bound, ok
+
+    def member_times(self, shape: IntArray, ops: Sequence[str], spec: DeviceSpecs,
+                     devices: Sequence[str], dtypes: Sequence[str],
+                     harnesses: Sequence[str] | None = None,
+                     ) -> tuple[list[FloatArray], FloatArray, BoolArray]:
+        """(each member's kernel seconds, roofline bound seconds, in range), with the
+        features, the level grouping and the first layers computed once for all::
+
+            t = t_0 + max(t_flop / e, t_byte) · (1 + exp(−z))
+
+        with ``e`` ≤ 1 the GPU's sustained fraction of peak and ``t_0`` ≥ 0 a launch
+        floor, so ``t ≥ max(t_flop, t_byte)`` (the roofline) always."""
         first = self.first
         x, t_flop, t_byte = features(first.family, shape, ops, spec)
         ok = first.in_range(x) & np.all(np.isfinite(x), axis=1)
@@ -354,11 +360,7 @@ class Ensemble:
             pos += width
             e, _ = m.level_of(spec, rows)
             times.append(m.time_from(z, e, t_flop, t_byte))
-        if len(times) == 1:
-            return times[0], bound, ok
-        # each member is at or above the bound, so their geometric mean is too
-        t: FloatArray = np.maximum(np.exp(np.mean(np.log(times), axis=0)), bound)
-        return t, bound, ok
+        return times, bound, ok
 
     @cached_property
     def first_layer(self) -> tuple[FloatArray, FloatArray]:
@@ -370,7 +372,8 @@ class Ensemble:
     def level(self, spec: DeviceSpecs, names: Sequence[str], dtypes: Sequence[str],
               harnesses: Sequence[str] | None = None) -> tuple[FloatArray, BoolArray]:
         """Geometric mean of the members' sustained fractions, and whether seen."""
-        got = [m.level(spec, names, dtypes, harnesses) for m in self.members]
+        rows = LevelRows.of(names, dtypes, harnesses)
+        got = [m.level_of(spec, rows) for m in self.members]
         e: FloatArray = np.exp(np.mean([np.log(g[0]) for g in got], axis=0))
         return e, got[0][1]
 
