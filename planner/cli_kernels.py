@@ -211,8 +211,11 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
             t.add_row("GPU's sustained fraction of peak",
                       f"{pred.sustained_fraction:.3f} ("
                       + ("fitted on its measurements" if pred.gpu_seen else
-                         "median of the GPUs in training: unseen GPU") + ")")
+                         "from its datasheet: unseen GPU") + ")")
         t.add_row("within training range", "yes" if pred.in_range else "no")
+        if pred.batch_scale != 1.0:
+            t.add_row("batch-scaled", f"timed at 1/{pred.batch_scale:,.3g} of its batch-like "
+                      f"dimensions, × {pred.batch_scale:,.3g}")
         return t
 
     render_data(rec, fmt, None, table)

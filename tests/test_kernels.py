@@ -17,6 +17,9 @@ from planner.costs.compute import roofline_seconds
 from planner.errors import InputError, ModelDataError
 from planner.kernels import LearnedEstimator, load_models
 from planner.kernels.data import detect_layout, parse_csv, read_csv
+from planner.kernels.estimator import scale_rows
+from planner.kernels.features import DeviceSpecs
+from planner.kernels.model import RANGE_TOLERANCE_LOG2
 from planner.kernels.store import MANIFEST, find_models_dir, load_dir, sha256_file
 from planner.kernels.train import FitOptions, fit_family
 from planner.ops import Conv, Elementwise, Gemm
@@ -148,6 +151,59 @@ def test_out_of_range_falls_back_to_the_roofline(est):
         np.array([huge.flops]), np.array([huge.bytes_moved(4)]), dev, "float32"))
 
 
+def _answered_max(est, family: str, feature: str) -> int:
+    """The largest value of a dimension the model answers for: the training maximum
+    widened by RANGE_TOLERANCE_LOG2 (a factor of 2)."""
+    m = est.models.get(family).first
+    return round(2.0 ** (m.hi[m.features.index(feature)] + RANGE_TOLERANCE_LOG2))
+
+
+def test_a_batch_beyond_the_data_is_scaled_from_the_largest_answered(est):
+    # conv data stop at N = 64; answered to 128. N = 3·128 is timed as 3 × t(N = 128),
+    # exactly, and N = 129 as 129/128 × t(128): no jump where scaling starts.
+    dev = lookup_device("H100-SXM")
+    n_max = _answered_max(est, "conv", "log2_n")
+    assert n_max == 128
+
+    def conv(n):
+        return Conv(n, 256, 14, 14, 256, 3, 3, 1, 1, 1, 1, phase="bwd_filter")
+
+    t = est.estimate([conv(n_max), conv(n_max + 1), conv(3 * n_max)], dev, "bfloat16")
+    assert t.source == ("mlp:conv_bwd_filter-bf16",) + ("mlp:conv_bwd_filter-bf16 "
+                                                        "(batch-scaled)",) * 2
+    np.testing.assert_allclose(t.seconds[1:], t.seconds[0] * np.array([129 / 128, 3.0]),
+                               rtol=1e-12)
+    # GEMM rows: trained to 65,536, answered to 131,072
+    m_max = _answered_max(est, "gemm", "log2_m")
+    g = est.estimate([Gemm(m_max, 4096, 4096), Gemm(4 * m_max, 4096, 4096)], dev, "float16")
+    assert g.source == ("mlp:gemm-fp16", "mlp:gemm-fp16 (batch-scaled)")
+    np.testing.assert_allclose(g.seconds[1], 4 * g.seconds[0], rtol=1e-12)
+
+
+def test_batch_scaling_also_brings_bytes_into_range(est):
+    # a batched GEMM whose batch count is answered but whose bytes are not (128 Ki
+    # products of 512x64 by 64x512 in fp16: 86 GB against 82 GB answered): the batch is
+    # reduced until the bytes are in range, and the time scaled back by the same factor
+    dev = lookup_device("A100-SXM-80GB")
+    model = est.models.get("gemm")
+    big = Gemm(512, 512, 64, 131072)
+    rows = np.array([[big.m, big.n, big.k, big.batch]])
+    assert not model.predict_raw(rows, ["bmm"], DeviceSpecs.single(dev, "float16", 1),
+                                 [dev.name], ["float16"])[2][0]
+    factor, part = scale_rows(model, rows, 2.0)
+    assert part[0, :3].tolist() == [512, 512, 64] and factor[0] == 131072 / part[0, 3]
+    t = est.estimate([big, Gemm(512, 512, 64, int(part[0, 3]))], dev, "float16")
+    assert t.source == ("mlp:bmm-fp16 (batch-scaled)", "mlp:bmm-fp16")
+    np.testing.assert_allclose(t.seconds[0], factor[0] * t.seconds[1], rtol=1e-12)
+
+
+def test_what_batch_scaling_cannot_bring_in_stays_on_the_roofline(est):
+    dev = lookup_device("H100-SXM")
+    # channels far beyond the data: no batch size makes this convolution answerable
+    wide = Conv(512, 65536, 14, 14, 64, 3, 3, 1, 1, 1, 1)
+    assert est.estimate([wide], dev, "float32").source == ("roofline (out of range)",)
+
+
 @pytest.mark.parametrize("device", ["T4", "A100-PCIe-40GB", "H100-SXM", "H200", "L4"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_never_faster_than_the_datasheet_roofline(est, device, dtype):
@@ -161,7 +217,12 @@ def test_never_faster_than_the_datasheet_roofline(est, device, dtype):
         r = int(rng.choice([1, 3, 5]))
         ks.append(Conv(int(rng.integers(1, 64)), c, hw, hw, k, r, r, 1, 1, r // 2, r // 2,
                        phase=rng.choice(["fwd", "bwd_data", "bwd_filter"])))
+    # beyond the data's batch: timed batch-scaled
+    ks += [Conv(int(rng.integers(129, 2048)), 256, 14, 14, 256, 3, 3, 1, 1, 1, 1,
+                phase=rng.choice(["fwd", "bwd_data", "bwd_filter"])) for _ in range(20)]
+    ks += [Gemm(int(rng.integers(2**17, 2**20)), 4096, 1024) for _ in range(20)]
     t = est.estimate(ks, dev, dtype)
+    assert all(s.endswith("(batch-scaled)") for s in t.source[-40:])
     mlp = np.array([s.startswith("mlp:") for s in t.source])
     assert mlp.mean() > 0.5  # the rest: out of the measured range, timed by the roofline
     bound = _roofline_bound(ks, dev, dtype)

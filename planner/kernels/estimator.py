@@ -7,8 +7,17 @@ Each kernel's ``source`` says which:
 
 * ``mlp:<op>-<dtype>``, e.g. ``mlp:gemm-fp32``, ``mlp:conv_bwd_filter-fp16``;
 * ``roofline`` for elementwise work (memory-bound by construction);
-* ``roofline (out of range)`` for a shape outside the model's training range (for
-  example a grouped or dilated convolution, which no training data covers);
+* ``mlp:<op>-<dtype> (batch-scaled)`` for a kernel whose batch-like dimension (a
+  convolution's batch ``N``, a GEMM's rows ``M`` or its batch count) is beyond what the
+  model answers for: it is timed at the largest size the model does answer for, and the
+  time scaled by the work, ``t(N) = (N / N_max) · t(N_max)``: the throughput of a kernel
+  that already fills the GPU, held constant. A larger kernel of the same shape is not
+  less efficient than a smaller one, so this bounds it from above, and closely (the
+  convolution data stop at ``N`` = 64, answered up to 128: a per-GPU batch of 256 is
+  timed as twice the model's ``N`` = 128 time rather than by the roofline);
+* ``roofline (out of range)`` for a shape outside the model's training range that
+  splitting does not bring in (for example a grouped or dilated convolution, which no
+  training data covers);
 * ``roofline (no <dtype> data)`` for a dtype with no measurements (``float64``).
 
 ``bfloat16`` is timed with the ``float16`` measurements (tensor-core kernels with the same
@@ -30,10 +39,12 @@ from ..costs.compute import KernelTimes, kernel_arrays, roofline_seconds
 from ..memo import IdentityMemo
 from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
 from ..ops import Conv, Gemm, Kernel
-from .features import DeviceSpecs
+from .features import DeviceSpecs, conv_work, gemm_work
+from .model import RANGE_TOLERANCE_LOG2, Ensemble
 from .store import ModelSet, load_models
 
 FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
 CHUNK = 16384  #: kernels per vectorised batch (features are ~40 floats per kernel)
 
 
@@ -58,6 +69,51 @@ def conv_rows(kernels: Sequence[Conv]) -> NDArray[np.int64]:
                     dtype=np.int64).reshape(-1, 14)
 
 
+#: family → (column of the shape rows, feature) of the batch-like dimensions, in which a
+#: kernel's work grows linearly: a convolution's batch; a GEMM's rows and batch count
+BATCH_DIMS: dict[str, tuple[tuple[int, str], ...]] = {
+    "conv": ((0, "log2_n"),),
+    "gemm": ((0, "log2_m"), (3, "log2_batch")),
+}
+
+
+def scale_rows(model: Ensemble, rows: IntArray,
+               elem_bytes: float) -> tuple[FloatArray, IntArray]:
+    """(factor, part rows): each kernel's batch-like dimensions (:data:`BATCH_DIMS`)
+    reduced to the largest the model answers for (the training maximum widened by
+    :data:`~.model.RANGE_TOLERANCE_LOG2`), and further until its FLOPs and bytes are
+    too, with the factor by which the work was reduced (1 where nothing was). Whether a
+    part is then in range is the model's call: a dimension that cannot be scaled (a
+    convolution's channels) may still be out of it."""
+    first = model.first
+    widen = 2.0 ** RANGE_TOLERANCE_LOG2
+    hi = {f: 2.0 ** h * widen for f, h in zip(first.features, first.hi.tolist(), strict=True)}
+    out = rows.copy()
+    factor = np.ones(len(rows))
+    dims = BATCH_DIMS[first.family]
+    for col, feat in dims:
+        part = np.minimum(out[:, col], max(int(np.floor(hi[feat] + 1e-6)), 1))
+        factor *= out[:, col] / np.maximum(part, 1)
+        out[:, col] = part
+    # FLOPs and bytes grow with each of those dimensions (bytes not always linearly: a
+    # GEMM's weights do not): reduce the largest further until both are in range
+    work = gemm_work if first.family == "gemm" else conv_work
+    cols = np.array([c for c, _ in dims])
+    for _ in range(4):
+        flops, nbytes = work(out, np.full(len(out), elem_bytes))
+        over = np.maximum(flops / hi["log2_flops"], nbytes / hi["log2_bytes"])
+        rows_over = np.flatnonzero(over > 1.0)
+        if not len(rows_over):
+            break
+        sub = out[rows_over][:, cols]
+        col = cols[np.argmax(sub, axis=1)]
+        old = out[rows_over, col]
+        new = np.maximum(np.floor(old / over[rows_over]), 1).astype(np.int64)
+        factor[rows_over] *= old / new
+        out[rows_over, col] = new
+    return factor, out
+
+
 @dataclass(frozen=True)
 class Prediction:
     """One kernel's prediction with its parts (for ``planner kernels predict``)."""
@@ -69,6 +125,8 @@ class Prediction:
     sustained_fraction: float | None
     gpu_seen: bool | None
     in_range: bool
+    #: work of the kernel over the work of the part the model timed (1: not batch-scaled)
+    batch_scale: float = 1.0
 
     def record(self) -> dict[str, Any]:
         """Plain data."""
@@ -77,7 +135,7 @@ class Prediction:
                 "achieved_fraction_of_bound": self.bound_s / self.seconds
                 if self.seconds > 0 else None,
                 "sustained_fraction": self.sustained_fraction, "gpu_seen": self.gpu_seen,
-                "in_range": self.in_range}
+                "in_range": self.in_range, "batch_scale": self.batch_scale}
 
 
 _MEMO_ENTRIES = 1 << 20
@@ -132,20 +190,19 @@ class LearnedEstimator:
             sub = [kernels[i] for i in idx]
             ops = [k.op for k in sub]
             t = np.empty(len(sub))
+            scaled = np.ones(len(sub))
             ok = np.empty(len(sub), dtype=bool)
             for lo in range(0, len(sub), CHUNK):  # bounded memory for huge searches
                 part = sub[lo:lo + CHUNK]
                 rows = gemm_rows(part) if family == "gemm" else conv_rows(part)  # type: ignore[arg-type]
-                spec = DeviceSpecs.single(device, dtype, len(part))
-                t[lo:lo + CHUNK], _, ok[lo:lo + CHUNK] = model.predict_raw(
-                    rows, ops[lo:lo + CHUNK], spec, [device.name] * len(part),
-                    [mdt] * len(part))
+                t[lo:lo + CHUNK], scaled[lo:lo + CHUNK], ok[lo:lo + CHUNK] = _time_rows(
+                    model, rows, ops[lo:lo + CHUNK], device, dtype, mdt)
             where = np.asarray(idx)
             secs[where] = t
             labels = {op: f"mlp:{op}-{key}" for op in set(ops)}
-            for i, op, good in zip(idx, ops, ok.tolist(), strict=True):
+            for i, op, good, f in zip(idx, ops, ok.tolist(), scaled.tolist(), strict=True):
                 if good:
-                    source[i] = labels[op]
+                    source[i] = labels[op] if f == 1.0 else f"{labels[op]} (batch-scaled)"
                 else:
                     source[i] = "roofline (out of range)"
                     fallback.append(i)
@@ -171,13 +228,44 @@ class LearnedEstimator:
         frac: float | None = None
         seen: bool | None = None
         ok = False
+        scale = 1.0
         if model is not None and mdt is not None:
             rows = gemm_rows([kernel]) if isinstance(kernel, Gemm) else conv_rows([kernel])
             spec = DeviceSpecs.single(device, dtype, 1)
             _, b, okv = model.predict_raw(rows, [kernel.op], spec, [device.name], [mdt])
             e, seenv = model.level(spec, [device.name], [mdt])
             bound, frac, seen, ok = float(b[0]), float(e[0]), bool(seenv[0]), bool(okv[0])
-        return Prediction(float(times.seconds[0]), times.source[0], bound, roof, frac, seen, ok)
+            scale = float(_time_rows(model, rows, [kernel.op], device, dtype, mdt)[1][0])
+        return Prediction(float(times.seconds[0]), times.source[0], bound, roof, frac, seen, ok,
+                          scale)
 
 
-__all__ = ["LearnedEstimator", "Prediction", "model_dtype"]
+def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Device,
+               dtype: str, mdt: str) -> tuple[FloatArray, FloatArray, NDArray[np.bool_]]:
+    """(seconds, batch scale factor, answered) for kernels of one family on one device:
+    the model's time where the kernel is in range, else, where reducing its batch-like
+    dimensions brings it in (:func:`scale_rows`), the reduced kernel's time times the
+    factor by which its work was reduced (factor 1: not scaled)."""
+    n = len(rows)
+    spec = DeviceSpecs.single(device, dtype, n)
+    names, dts = [device.name] * n, [mdt] * n
+    t, _, ok = model.predict_raw(rows, ops, spec, names, dts)
+    factor = np.ones(n)
+    miss = np.flatnonzero(~ok)
+    if len(miss):
+        f, sub = scale_rows(model, rows[miss], float(DTYPE_BYTES[dtype]))
+        sel = np.flatnonzero(f > 1.0)
+        if len(sel):
+            pick = miss[sel]
+            k = len(pick)
+            t_part, _, ok_part = model.predict_raw(
+                sub[sel], [ops[i] for i in pick.tolist()], spec.rows(pick), names[:k],
+                dts[:k])
+            good = pick[ok_part]
+            t[good] = f[sel][ok_part] * t_part[ok_part]
+            factor[good] = f[sel][ok_part]
+            ok[good] = True
+    return t, factor, ok
+
+
+__all__ = ["BATCH_DIMS", "LearnedEstimator", "Prediction", "model_dtype", "scale_rows"]
