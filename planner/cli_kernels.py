@@ -213,9 +213,8 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
                       + ("fitted on its measurements" if pred.gpu_seen else
                          "from its datasheet: unseen GPU") + ")")
         t.add_row("within training range", "yes" if pred.in_range else "no")
-        if pred.batch_scale != 1.0:
-            t.add_row("batch-scaled", f"timed at 1/{pred.batch_scale:,.3g} of its batch-like "
-                      f"dimensions, × {pred.batch_scale:,.3g}")
+        if pred.scale != 1.0:
+            t.add_row("scaled", f"timed on 1/{pred.scale:,.4g} of its work, × {pred.scale:,.4g}")
         return t
 
     render_data(rec, fmt, None, table)

@@ -17,7 +17,7 @@ from planner.costs.compute import roofline_seconds
 from planner.errors import InputError, ModelDataError
 from planner.kernels import LearnedEstimator, load_models
 from planner.kernels.data import detect_layout, parse_csv, read_csv
-from planner.kernels.estimator import scale_rows
+from planner.kernels.estimator import conv_rows, scale_rows
 from planner.kernels.features import DeviceSpecs
 from planner.kernels.model import RANGE_TOLERANCE_LOG2
 from planner.kernels.store import MANIFEST, find_models_dir, load_dir, sha256_file
@@ -170,13 +170,13 @@ def test_a_batch_beyond_the_data_is_scaled_from_the_largest_answered(est):
 
     t = est.estimate([conv(n_max), conv(n_max + 1), conv(3 * n_max)], dev, "bfloat16")
     assert t.source == ("mlp:conv_bwd_filter-bf16",) + ("mlp:conv_bwd_filter-bf16 "
-                                                        "(batch-scaled)",) * 2
+                                                        "(scaled)",) * 2
     np.testing.assert_allclose(t.seconds[1:], t.seconds[0] * np.array([129 / 128, 3.0]),
                                rtol=1e-12)
     # GEMM rows: trained to 65,536, answered to 131,072
     m_max = _answered_max(est, "gemm", "log2_m")
     g = est.estimate([Gemm(m_max, 4096, 4096), Gemm(4 * m_max, 4096, 4096)], dev, "float16")
-    assert g.source == ("mlp:gemm-fp16", "mlp:gemm-fp16 (batch-scaled)")
+    assert g.source == ("mlp:gemm-fp16", "mlp:gemm-fp16 (scaled)")
     np.testing.assert_allclose(g.seconds[1], 4 * g.seconds[0], rtol=1e-12)
 
 
@@ -190,11 +190,28 @@ def test_batch_scaling_also_brings_bytes_into_range(est):
     rows = np.array([[big.m, big.n, big.k, big.batch]])
     assert not model.predict_raw(rows, ["bmm"], DeviceSpecs.single(dev, "float16", 1),
                                  [dev.name], ["float16"])[2][0]
-    factor, part = scale_rows(model, rows, 2.0)
+    factor, part = scale_rows(model, rows, ["bmm"], DeviceSpecs.single(dev, "float16", 1))
     assert part[0, :3].tolist() == [512, 512, 64] and factor[0] == 131072 / part[0, 3]
     t = est.estimate([big, Gemm(512, 512, 64, int(part[0, 3]))], dev, "float16")
-    assert t.source == ("mlp:bmm-fp16 (batch-scaled)", "mlp:bmm-fp16")
+    assert t.source == ("mlp:bmm-fp16 (scaled)", "mlp:bmm-fp16")
     np.testing.assert_allclose(t.seconds[0], factor[0] * t.seconds[1], rtol=1e-12)
+
+
+def test_a_convolution_is_scaled_when_its_implicit_gemm_outgrows_the_data(est):
+    # VGG's first convolution at batch 64 (within the answered 128): its backward-filter
+    # reduction N·P·Q = 64·224·224 = 3.2 M is beyond the answered 1.7 M (2 × 862,048),
+    # so the batch is reduced to bring it in, and the time scaled back
+    dev = lookup_device("H100-SXM")
+    model = est.models.get("conv")
+    k = Conv(64, 3, 224, 224, 64, 3, 3, 1, 1, 1, 1, phase="bwd_filter")
+    factor, part = scale_rows(model, conv_rows([k]), [k.op],
+                              DeviceSpecs.single(dev, "float32", 1))
+    assert part[0, 0] == 64 * 862048 * 2 // (64 * 224 * 224) == 34
+    assert factor[0] == 64 / 34
+    small = Conv(34, 3, 224, 224, 64, 3, 3, 1, 1, 1, 1, phase="bwd_filter")
+    t = est.estimate([k, small], dev, "float32")
+    assert t.source == ("mlp:conv_bwd_filter-fp32 (scaled)", "mlp:conv_bwd_filter-fp32")
+    np.testing.assert_allclose(t.seconds[0], 64 / 34 * t.seconds[1], rtol=1e-12)
 
 
 def test_what_batch_scaling_cannot_bring_in_stays_on_the_roofline(est):
@@ -217,12 +234,12 @@ def test_never_faster_than_the_datasheet_roofline(est, device, dtype):
         r = int(rng.choice([1, 3, 5]))
         ks.append(Conv(int(rng.integers(1, 64)), c, hw, hw, k, r, r, 1, 1, r // 2, r // 2,
                        phase=rng.choice(["fwd", "bwd_data", "bwd_filter"])))
-    # beyond the data's batch: timed batch-scaled
+    # beyond the data's batch: timed scaled
     ks += [Conv(int(rng.integers(129, 2048)), 256, 14, 14, 256, 3, 3, 1, 1, 1, 1,
                 phase=rng.choice(["fwd", "bwd_data", "bwd_filter"])) for _ in range(20)]
     ks += [Gemm(int(rng.integers(2**17, 2**20)), 4096, 1024) for _ in range(20)]
     t = est.estimate(ks, dev, dtype)
-    assert all(s.endswith("(batch-scaled)") for s in t.source[-40:])
+    assert all(s.endswith("(scaled)") for s in t.source[-40:])
     mlp = np.array([s.startswith("mlp:") for s in t.source])
     assert mlp.mean() > 0.5  # the rest: out of the measured range, timed by the roofline
     bound = _roofline_bound(ks, dev, dtype)
@@ -576,6 +593,18 @@ def test_predict_json(runner):
     rec = json.loads(r.stdout)
     assert rec["source"] == "mlp:gemm-bf16" and rec["gpu_seen"] is False
     assert rec["seconds"] >= rec["bound_s"] > 0
+    assert rec["scale"] == 1.0
+
+
+def test_predict_says_how_a_scaled_kernel_was_timed(runner):
+    # batch 512: four times the largest batch the convolution model answers for (128)
+    args = ("kernels", "predict", "--device", "H100", "--conv", "512,256,14,14,256,3,3,1,1",
+            "--phase", "bwd_filter", "--dtype", "bf16")
+    rec = json.loads(invoke(runner, *args, "--format", "json").stdout)
+    assert rec["source"] == "mlp:conv_bwd_filter-bf16 (scaled)"
+    assert rec["scale"] == 4.0 and rec["in_range"] is False
+    table = invoke(runner, *args).stdout
+    assert "timed on 1/4 of its work, × 4" in table
 
 
 def test_predict_usage_errors(runner):

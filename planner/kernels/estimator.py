@@ -7,16 +7,17 @@ Each kernel's ``source`` says which:
 
 * ``mlp:<op>-<dtype>``, e.g. ``mlp:gemm-fp32``, ``mlp:conv_bwd_filter-fp16``;
 * ``roofline`` for elementwise work (memory-bound by construction);
-* ``mlp:<op>-<dtype> (batch-scaled)`` for a kernel whose batch-like dimension (a
-  convolution's batch ``N``, a GEMM's rows ``M`` or its batch count) is beyond what the
-  model answers for: it is timed at the largest size the model does answer for, and the
-  time scaled by the work, ``t(N) = (N / N_max) · t(N_max)``: the throughput of a kernel
-  that already fills the GPU, held constant. A larger kernel of the same shape is not
-  less efficient than a smaller one, so this bounds it from above, and closely (the
-  convolution data stop at ``N`` = 64, answered up to 128: a per-GPU batch of 256 is
-  timed as twice the model's ``N`` = 128 time rather than by the roofline);
+* ``mlp:<op>-<dtype> (scaled)`` for a kernel too large for the model along a dimension
+  it splits along into independent kernels (a convolution's batch ``N``; a GEMM's rows
+  ``M``, columns ``N`` or batch count): it is timed at the largest size the model
+  answers for, and the time scaled by the work, ``t(N) = (N / N_max) · t(N_max)``: the
+  throughput of a kernel that already fills the GPU, held constant. A larger kernel of
+  the same shape is not less efficient than a smaller one, so this bounds it from
+  above, and closely (the convolution data stop at ``N`` = 64, answered up to 128: a
+  per-GPU batch of 256 is timed as twice the model's ``N`` = 128 time rather than by
+  the roofline);
 * ``roofline (out of range)`` for a shape outside the model's training range that
-  splitting does not bring in (for example a grouped or dilated convolution, which no
+  scaling does not bring in (for example a grouped or dilated convolution, which no
   training data covers);
 * ``roofline (no <dtype> data)`` for a dtype with no measurements (``float64``).
 
@@ -39,7 +40,7 @@ from ..costs.compute import KernelTimes, kernel_arrays, roofline_seconds
 from ..memo import IdentityMemo
 from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
 from ..ops import Conv, Gemm, Kernel
-from .features import DeviceSpecs, conv_work, gemm_work
+from .features import DeviceSpecs, features
 from .model import RANGE_TOLERANCE_LOG2, Ensemble
 from .store import ModelSet, load_models
 
@@ -69,48 +70,54 @@ def conv_rows(kernels: Sequence[Conv]) -> NDArray[np.int64]:
                     dtype=np.int64).reshape(-1, 14)
 
 
-#: family → (column of the shape rows, feature) of the batch-like dimensions, in which a
-#: kernel's work grows linearly: a convolution's batch; a GEMM's rows and batch count
+#: family → (column of the shape rows, feature) of the dimensions a kernel splits along
+#: into independent kernels of proportionally less work: a convolution's batch; a GEMM's
+#: rows, columns and batch count
 BATCH_DIMS: dict[str, tuple[tuple[int, str], ...]] = {
     "conv": ((0, "log2_n"),),
-    "gemm": ((0, "log2_m"), (3, "log2_batch")),
+    "gemm": ((0, "log2_m"), (1, "log2_n"), (3, "log2_batch")),
 }
+#: range-checked features that grow with those dimensions (the implicit-GEMM rows of a
+#: convolution's forward and backward-data pass and the reduction of its backward-filter
+#: pass are ``N·P·Q`` or ``N·H·W``)
+_GROWING = ("log2_flops", "log2_bytes", "log2_gemm_m", "log2_gemm_k")
 
 
-def scale_rows(model: Ensemble, rows: IntArray,
-               elem_bytes: float) -> tuple[FloatArray, IntArray]:
+def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
+               spec: DeviceSpecs) -> tuple[FloatArray, IntArray]:
     """(factor, part rows): each kernel's batch-like dimensions (:data:`BATCH_DIMS`)
     reduced to the largest the model answers for (the training maximum widened by
-    :data:`~.model.RANGE_TOLERANCE_LOG2`), and further until its FLOPs and bytes are
-    too, with the factor by which the work was reduced (1 where nothing was). Whether a
-    part is then in range is the model's call: a dimension that cannot be scaled (a
+    :data:`~.model.RANGE_TOLERANCE_LOG2`), and further until the features that grow
+    with them (FLOPs, bytes, a convolution's implicit-GEMM sizes) are in range too, with
+    the factor by which the work was reduced (1 where nothing was). Whether a part is
+    then in range is the model's call: a dimension that cannot be scaled (a
     convolution's channels) may still be out of it."""
     first = model.first
-    widen = 2.0 ** RANGE_TOLERANCE_LOG2
-    hi = {f: 2.0 ** h * widen for f, h in zip(first.features, first.hi.tolist(), strict=True)}
+    names = first.features
+    cap = first.hi + np.where(first.hi > first.lo, RANGE_TOLERANCE_LOG2, 0.0)
     out = rows.copy()
     factor = np.ones(len(rows))
     dims = BATCH_DIMS[first.family]
     for col, feat in dims:
-        part = np.minimum(out[:, col], max(int(np.floor(hi[feat] + 1e-6)), 1))
+        part = np.minimum(out[:, col], max(int(np.floor(2.0 ** cap[names.index(feat)]
+                                                        + 1e-6)), 1))
         factor *= out[:, col] / np.maximum(part, 1)
         out[:, col] = part
-    # FLOPs and bytes grow with each of those dimensions (bytes not always linearly: a
-    # GEMM's weights do not): reduce the largest further until both are in range
-    work = gemm_work if first.family == "gemm" else conv_work
+    # reduce the largest of those dimensions by the excess of the growing features
+    # (bytes do not always grow in proportion: a GEMM's weights do not; hence a loop)
+    grow = [names.index(f) for f in _GROWING if f in names]
     cols = np.array([c for c, _ in dims])
-    for _ in range(4):
-        flops, nbytes = work(out, np.full(len(out), elem_bytes))
-        over = np.maximum(flops / hi["log2_flops"], nbytes / hi["log2_bytes"])
-        rows_over = np.flatnonzero(over > 1.0)
-        if not len(rows_over):
+    for _ in range(6):
+        x, _, _ = features(first.family, out, ops, spec)
+        excess = np.max(x[:, grow] - cap[grow], axis=1)
+        over = np.flatnonzero(np.isfinite(excess) & (excess > 0))
+        if not len(over):
             break
-        sub = out[rows_over][:, cols]
-        col = cols[np.argmax(sub, axis=1)]
-        old = out[rows_over, col]
-        new = np.maximum(np.floor(old / over[rows_over]), 1).astype(np.int64)
-        factor[rows_over] *= old / new
-        out[rows_over, col] = new
+        col = cols[np.argmax(out[over][:, cols], axis=1)]
+        old = out[over, col]
+        new = np.maximum(np.floor(old / 2.0 ** excess[over]), 1).astype(np.int64)
+        factor[over] *= old / new
+        out[over, col] = new
     return factor, out
 
 
@@ -125,8 +132,8 @@ class Prediction:
     sustained_fraction: float | None
     gpu_seen: bool | None
     in_range: bool
-    #: work of the kernel over the work of the part the model timed (1: not batch-scaled)
-    batch_scale: float = 1.0
+    #: work of the kernel over the work of the part the model timed (1: not scaled)
+    scale: float = 1.0
 
     def record(self) -> dict[str, Any]:
         """Plain data."""
@@ -135,7 +142,7 @@ class Prediction:
                 "achieved_fraction_of_bound": self.bound_s / self.seconds
                 if self.seconds > 0 else None,
                 "sustained_fraction": self.sustained_fraction, "gpu_seen": self.gpu_seen,
-                "in_range": self.in_range, "batch_scale": self.batch_scale}
+                "in_range": self.in_range, "scale": self.scale}
 
 
 _MEMO_ENTRIES = 1 << 20
@@ -202,7 +209,7 @@ class LearnedEstimator:
             labels = {op: f"mlp:{op}-{key}" for op in set(ops)}
             for i, op, good, f in zip(idx, ops, ok.tolist(), scaled.tolist(), strict=True):
                 if good:
-                    source[i] = labels[op] if f == 1.0 else f"{labels[op]} (batch-scaled)"
+                    source[i] = labels[op] if f == 1.0 else f"{labels[op]} (scaled)"
                 else:
                     source[i] = "roofline (out of range)"
                     fallback.append(i)
@@ -242,7 +249,7 @@ class LearnedEstimator:
 
 def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Device,
                dtype: str, mdt: str) -> tuple[FloatArray, FloatArray, NDArray[np.bool_]]:
-    """(seconds, batch scale factor, answered) for kernels of one family on one device:
+    """(seconds, scale factor, answered) for kernels of one family on one device:
     the model's time where the kernel is in range, else, where reducing its batch-like
     dimensions brings it in (:func:`scale_rows`), the reduced kernel's time times the
     factor by which its work was reduced (factor 1: not scaled)."""
@@ -253,7 +260,8 @@ def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Devi
     factor = np.ones(n)
     miss = np.flatnonzero(~ok)
     if len(miss):
-        f, sub = scale_rows(model, rows[miss], float(DTYPE_BYTES[dtype]))
+        f, sub = scale_rows(model, rows[miss], [ops[i] for i in miss.tolist()],
+                            spec.rows(miss))
         sel = np.flatnonzero(f > 1.0)
         if len(sel):
             pick = miss[sel]
