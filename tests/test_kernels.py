@@ -358,6 +358,32 @@ def test_a_thousand_layer_search_is_timed_in_under_50_ms():
     assert got["cpu_ms_best"] < 50.0, got
 
 
+
+def test_the_readmes_breakdown_by_reduction_length_agrees_with_eval(runner):
+    """tests/benchmarks/gemm_by_k.py (the README's leave-one-GPU-out P100 breakdown):
+    its all-rows figure is `kernels eval`'s, and its two parts add up to it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "benchmarks" / "gemm_by_k.py"),
+                          "P100-PCIe"], capture_output=True, text=True, check=True,
+                         timeout=300).stdout
+    got = {}
+    for line in out.splitlines():
+        label = line.split(":")[0].split(" ", 1)[1].strip()
+        n = int(line.split("n =")[1].split()[0])
+        mape = float(line.split("MAPE")[1].split("%")[0])
+        got[label] = (n, mape)
+    assert set(got) == {"all", "K < 16,384", "K >= 16,384"}
+    r = invoke(runner, "kernels", "eval", DATA / "neusight" / "neusight_linear_fp32.csv",
+               "--split", "test", "--device", "P100-PCIe", "--format", "json")
+    (rec,) = json.loads(r.stdout)["results"]
+    assert got["all"][0] == rec["n"] == got["K < 16,384"][0] + got["K >= 16,384"][0]
+    assert got["all"][1] == pytest.approx(rec["mape"], abs=0.051)  # printed to 0.1
+    weighted = (got["K < 16,384"][0] * got["K < 16,384"][1]
+                + got["K >= 16,384"][0] * got["K >= 16,384"][1]) / got["all"][0]
+    assert weighted == pytest.approx(got["all"][1], abs=0.1)
+
 # --- data --------------------------------------------------------------------------------
 
 
