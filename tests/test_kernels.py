@@ -384,6 +384,21 @@ def test_the_readmes_breakdown_by_reduction_length_agrees_with_eval(runner):
                 + got["K >= 16,384"][0] * got["K >= 16,384"][1]) / got["all"][0]
     assert weighted == pytest.approx(got["all"][1], abs=0.1)
 
+
+def test_the_scaling_check_reads_the_shipped_data():
+    """tests/benchmarks/scaling.py (the README's check of scaling by the work) runs on
+    the repository's data: four distributions with pairs in each, and the medians the
+    README quotes (rounded there to 0.01)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "benchmarks" / "scaling.py")],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    medians = [float(line.split("median")[1].split()[0]) for line in out.splitlines()]
+    pairs = [int(line.split("pairs")[1].split()[0]) for line in out.splitlines()]
+    assert pairs == [264, 249, 264, 3038]
+    assert medians == pytest.approx([1.14, 1.11, 1.15, 1.00], abs=0.005)
+
 # --- data --------------------------------------------------------------------------------
 
 
