@@ -341,19 +341,24 @@ def test_leave_one_gpu_out(runner, tmp_path, gpu):
     assert row["mape"] <= 20.0
 
 
+def _run_benchmark(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """Standard output of tests/benchmarks/SCRIPT run in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "benchmarks" / script), *args],
+                          env=env, capture_output=True, text=True, check=True,
+                          timeout=300).stdout
+
+
 def test_a_thousand_layer_search_is_timed_in_under_50_ms():
     """6,000 kernels in one call (tests/benchmarks/kernels.py: a fresh estimator each
     call, best of 15), CPU time of a process with one BLAS thread: CPU time does not
     count the other processes of a shared CI machine, and one BLAS thread keeps
     OpenBLAS's idle helpers, which spin, out of it."""
-    import subprocess
-    import sys
-
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "benchmarks" / "kernels.py")],
-                         env=env, capture_output=True, text=True, check=True, timeout=300)
-    got = json.loads(out.stdout)
+    got = json.loads(_run_benchmark("kernels.py", env=env))
     assert got["kernels"] == 6000
     assert got["cpu_ms_best"] < 50.0, got
 
@@ -362,12 +367,7 @@ def test_a_thousand_layer_search_is_timed_in_under_50_ms():
 def test_the_readmes_breakdown_by_reduction_length_agrees_with_eval(runner):
     """tests/benchmarks/gemm_by_k.py (the README's leave-one-GPU-out P100 breakdown):
     its all-rows figure is `kernels eval`'s, and its two parts add up to it."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "benchmarks" / "gemm_by_k.py"),
-                          "P100-PCIe"], capture_output=True, text=True, check=True,
-                         timeout=300).stdout
+    out = _run_benchmark("gemm_by_k.py", "P100-PCIe")
     got = {}
     for line in out.splitlines():
         label = line.split(":")[0].split(" ", 1)[1].strip()
@@ -389,11 +389,7 @@ def test_the_scaling_check_reads_the_shipped_data():
     """tests/benchmarks/scaling.py (the README's check of scaling by the work) runs on
     the repository's data: four distributions with pairs in each, and the medians the
     README quotes (rounded there to 0.01)."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "benchmarks" / "scaling.py")],
-                         capture_output=True, text=True, check=True, timeout=120).stdout
+    out = _run_benchmark("scaling.py")
     medians = [float(line.split("median")[1].split()[0]) for line in out.splitlines()]
     pairs = [int(line.split("pairs")[1].split()[0]) for line in out.splitlines()]
     assert pairs == [264, 249, 264, 3038]

@@ -42,7 +42,7 @@ from ..memo import IdentityMemo
 from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
 from ..ops import Conv, Gemm, Kernel
 from .features import DeviceSpecs, features
-from .model import RANGE_TOLERANCE_LOG2, Ensemble
+from .model import Ensemble
 from .store import ModelSet, load_models
 
 FloatArray = NDArray[np.float64]
@@ -88,14 +88,14 @@ def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
                spec: DeviceSpecs) -> tuple[FloatArray, IntArray]:
     """(factor, part rows): each kernel's batch-like dimensions (:data:`BATCH_DIMS`)
     reduced to the largest the model answers for (the training maximum widened by
-    :data:`~.model.RANGE_TOLERANCE_LOG2`), and further until the features that grow
+    :meth:`~.model.KernelModel.tolerance`), and further until the features that grow
     with them (FLOPs, bytes, a convolution's implicit-GEMM sizes) are in range too, with
     the factor by which the work was reduced (1 where nothing was). Whether a part is
     then in range is the model's call: a dimension that cannot be scaled (a
     convolution's channels) may still be out of it."""
     first = model.first
     names = first.features
-    cap = first.hi + np.where(first.hi > first.lo, RANGE_TOLERANCE_LOG2, 0.0)
+    cap = first.hi + first.tolerance()
     out = rows.copy()
     factor = np.ones(len(rows))
     dims = BATCH_DIMS[first.family]
@@ -203,7 +203,7 @@ class LearnedEstimator:
             for lo in range(0, len(sub), CHUNK):  # bounded memory for huge searches
                 part = sub[lo:lo + CHUNK]
                 rows = gemm_rows(part) if family == "gemm" else conv_rows(part)  # type: ignore[arg-type]
-                t[lo:lo + CHUNK], scaled[lo:lo + CHUNK], ok[lo:lo + CHUNK] = _time_rows(
+                t[lo:lo + CHUNK], _, scaled[lo:lo + CHUNK], ok[lo:lo + CHUNK] = _time_rows(
                     model, rows, ops[lo:lo + CHUNK], device, dtype, mdt)
             where = np.asarray(idx)
             secs[where] = t
@@ -239,25 +239,26 @@ class LearnedEstimator:
         scale = 1.0
         if model is not None and mdt is not None:
             rows = gemm_rows([kernel]) if isinstance(kernel, Gemm) else conv_rows([kernel])
-            spec = DeviceSpecs.single(device, dtype, 1)
-            _, b, okv = model.predict_raw(rows, [kernel.op], spec, [device.name], [mdt])
-            e, seenv = model.level(spec, [device.name], [mdt])
-            bound, frac, seen, ok = float(b[0]), float(e[0]), bool(seenv[0]), bool(okv[0])
-            scale = float(_time_rows(model, rows, [kernel.op], device, dtype, mdt)[1][0])
+            _, b, f, answered = _time_rows(model, rows, [kernel.op], device, dtype, mdt)
+            e, seenv = model.level(DeviceSpecs.single(device, dtype, 1), [device.name], [mdt])
+            bound, frac, seen, scale = float(b[0]), float(e[0]), bool(seenv[0]), float(f[0])
+            ok = bool(answered[0]) and scale == 1.0  # a scaled kernel was out of range
         return Prediction(float(times.seconds[0]), times.source[0], bound, roof, frac, seen, ok,
                           scale)
 
 
 def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Device,
-               dtype: str, mdt: str) -> tuple[FloatArray, FloatArray, NDArray[np.bool_]]:
-    """(seconds, scale factor, answered) for kernels of one family on one device:
-    the model's time where the kernel is in range, else, where reducing its batch-like
-    dimensions brings it in (:func:`scale_rows`), the reduced kernel's time times the
-    factor by which its work was reduced (factor 1: not scaled)."""
+               dtype: str, mdt: str,
+               ) -> tuple[FloatArray, FloatArray, FloatArray, NDArray[np.bool_]]:
+    """(seconds, roofline bound seconds, scale factor, answered) for kernels of one
+    family on one device: the model's time where the kernel is in range, else, where
+    reducing its batch-like dimensions brings it in (:func:`scale_rows`), the reduced
+    kernel's time times the factor by which its work was reduced (factor 1: not
+    scaled)."""
     n = len(rows)
     spec = DeviceSpecs.single(device, dtype, n)
     names, dts = [device.name] * n, [mdt] * n
-    t, _, ok = model.predict_raw(rows, ops, spec, names, dts)
+    t, bound, ok = model.predict_raw(rows, ops, spec, names, dts)
     factor = np.ones(n)
     miss = np.flatnonzero(~ok)
     if len(miss):
@@ -274,7 +275,7 @@ def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Devi
             t[good] = f[sel][ok_part] * t_part[ok_part]
             factor[good] = f[sel][ok_part]
             ok[good] = True
-    return t, factor, ok
+    return t, bound, factor, ok
 
 
 __all__ = ["BATCH_DIMS", "LearnedEstimator", "Prediction", "model_dtype", "scale_rows"]

@@ -209,11 +209,19 @@ class KernelModel:
         logf = np.array([f.startswith("log2_") for f in self.features])
         return shape, logf
 
+    def tolerance(self) -> FloatArray:
+        """How far beyond its training range each feature is still answered for:
+        :data:`RANGE_TOLERANCE_LOG2` for a log feature that varied in training, none
+        (up to rounding) for the rest (groups, dilation never varied)."""
+        _, logf = self._masks()
+        out: FloatArray = np.where(logf & (self.hi > self.lo), RANGE_TOLERANCE_LOG2, 1e-9)
+        return out
+
     def in_range(self, x: FloatArray) -> BoolArray:
-        """Rows whose shape features lie within the (widened) training range; a feature
-        that never varied in training (groups, dilation) is not widened."""
-        shape, logf = self._masks()
-        tol = np.where(logf & (self.hi > self.lo), RANGE_TOLERANCE_LOG2, 1e-9)[shape]
+        """Rows whose shape features lie within the widened training range
+        (:meth:`tolerance`)."""
+        shape, _ = self._masks()
+        tol = self.tolerance()[shape]
         xs = x[:, shape]
         ok: BoolArray = np.all((xs >= self.lo[shape] - tol) & (xs <= self.hi[shape] + tol),
                                axis=1)
