@@ -126,6 +126,30 @@ def test_not_a_manifest(tmp_path):
         load_dir(tmp_path)
 
 
+# --- features ----------------------------------------------------------------------------
+
+
+def test_output_tile_waste_features_by_hand():
+    """A 3×3, stride-1, pad-1 convolution on a 17×17 map has a 17×17 output. Square tiles
+    of edge t cover it with ⌈17/t⌉² tiles: t = 4: 25 tiles of 16 = 400 outputs for 289,
+    t = 8: 9 × 64 = 576, t = 16: 4 × 256 = 1024; the feature is log2 of that over 289.
+    A 16×16 output wastes nothing. The backward passes get zeros (forward-only feature)."""
+    from planner.kernels.features import CONV_FEATURES, SPATIAL_TILES, features
+
+    names = [f"log2_spatial_waste_{t}" for t in SPATIAL_TILES]
+    cols = [CONV_FEATURES.index(n) for n in names]
+    dev = lookup_device("V100-SXM2")
+    assert dev is not None
+    shape = np.array([[8, 64, 17, 17, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1],
+                      [8, 64, 16, 16, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1]] * 3, dtype=np.int64)
+    ops = ["conv_fwd"] * 2 + ["conv_bwd_data"] * 2 + ["conv_bwd_filter"] * 2
+    x, _, _ = features("conv", shape, ops, DeviceSpecs.single(dev, "float32", 6))
+    want = np.log2(np.array([400.0, 576.0, 1024.0]) / 289.0)
+    np.testing.assert_allclose(x[0, cols], want, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(x[1, cols], 0.0)
+    np.testing.assert_array_equal(x[2:, cols], 0.0)
+
+
 # --- the estimator -----------------------------------------------------------------------
 
 

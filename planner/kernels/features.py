@@ -22,7 +22,14 @@ Network inputs (``x``) are logs of the dimensions, of the FLOPs and bytes, of th
 arithmetic intensity relative to the device's ridge point, of the bound time itself
 (small kernels are dominated by launch latency), and the wave quantisation of output
 tiles over the SMs for tile edges 32 to 256 (how many waves of tiles, and how full the
-last wave is; Habitat, Yu et al., ATC'21, used the same GPU quantities). The GPU's
+last wave is; Habitat, Yu et al., ATC'21, used the same GPU quantities). Forward
+convolutions also get the work wasted by square 4, 8 and 16 output tiles on their
+``P × Q`` map (:func:`_spatial_waste`): cuDNN's Winograd and implicit-GEMM kernels tile
+the output plane, and without it the NeuSight forward sweep's error rose and fell with
+the image size modulo 16 (predicted 11% too slow at multiples of 16, 8% too fast just
+above). They are zero for the backward passes, whose ~66 training shapes a GPU are too
+few to learn them from: fed to all three passes they cost DeepBench's backward passes
+1.3-1.7 points of MAPE (two ensembles, seeds 0-4 and 5-9). The GPU's
 datasheet specs (:data:`GPU_FEATURES`) are recorded with each fitted GPU's ``e`` to
 recognise it; they are not network inputs: with a dozen GPUs in the data they would only
 identify each GPU, and a network fed them extrapolated 40-100% off on a held-out one.
@@ -50,12 +57,15 @@ GPU_FEATURES = ("log2_peak_flops", "log2_bandwidth", "log2_sm_count", "log2_l2_b
                 "log2_memory_bytes", "log2_ridge", "log2_peak_over_fp32")
 _COMMON = ("log2_flops", "log2_bytes", "log2_intensity_over_ridge", "log2_bound_us",
            "elem_bytes")
+#: edges of the square output tiles whose waste is a forward-convolution feature
+SPATIAL_TILES = (4, 8, 16)
+_SPATIAL = tuple(f"log2_spatial_waste_{t}" for t in SPATIAL_TILES)
 _WAVES = tuple(f for t in TILES for f in (f"log2_waves_{t}", f"last_wave_fill_{t}"))
 GEMM_FEATURES = ("log2_m", "log2_n", "log2_k", "log2_batch", *_COMMON, *_WAVES)
 CONV_FEATURES = ("log2_n", "log2_c", "log2_hw", "log2_k", "log2_rs", "log2_stride",
                  "pad_fraction", "log2_out_hw", "phase_fwd", "phase_bwd_data",
                  "phase_bwd_filter", "log2_winograd_saving", "log2_gemm_m", "log2_gemm_n",
-                 "log2_gemm_k", "log2_groups", "log2_dilation", *_COMMON, *_WAVES)
+                 "log2_gemm_k", "log2_groups", "log2_dilation", *_SPATIAL, *_COMMON, *_WAVES)
 FEATURES = {"gemm": GEMM_FEATURES, "conv": CONV_FEATURES}
 
 
@@ -144,6 +154,13 @@ def _waves(tiles_m: FloatArray, tiles_n: FloatArray, batch: FloatArray,
         # an empty kernel (a zero dimension) has no waves: fill 1, out of range anyway
         cols.append(waves / np.maximum(np.ceil(waves), 1.0) + (waves <= 0))
     return cols
+
+
+def _spatial_waste(p: FloatArray, q: FloatArray) -> list[FloatArray]:
+    """``log2(⌈P/t⌉·⌈Q/t⌉·t² / (P·Q))`` for each edge ``t`` in :data:`SPATIAL_TILES`: the
+    work a kernel that covers the ``P × Q`` output with ``t × t`` tiles computes in vain."""
+    return [_log2(np.ceil(p / t) * np.ceil(q / t) * t * t / np.maximum(p * q, 1.0))
+            for t in SPATIAL_TILES]
 
 
 def _common(flops: FloatArray, nbytes: FloatArray, bound: FloatArray,
@@ -253,7 +270,9 @@ def conv_features(shape: IntArray, phase: IntArray, spec: DeviceSpecs) -> Bounds
     cols = [_log2(n), _log2(c), _log2(h * w), _log2(k), _log2(r * ss), _log2(sh), pad,
             _log2(oh * ow), (phase == 0).astype(np.float64), (phase == 1).astype(np.float64),
             (phase == 2).astype(np.float64), _log2(saving), _log2(gm), _log2(gn), _log2(gk),
-            _log2(g), _log2(dil), *_common(flops, nbytes, bound, spec),
+            _log2(g), _log2(dil),
+            *(np.where(phase == 0, v, 0.0) for v in _spatial_waste(oh, ow)),
+            *_common(flops, nbytes, bound, spec),
             *_waves(gm, gn, g, spec.sm_count)]
     return np.column_stack(cols), t_c, t_m
 
