@@ -238,6 +238,31 @@ def test_a_convolution_is_scaled_when_its_implicit_gemm_outgrows_the_data(est):
     np.testing.assert_allclose(t.seconds[0], 64 / 34 * t.seconds[1], rtol=1e-12)
 
 
+def test_an_image_beyond_the_data_is_timed_on_bands_of_output_rows(est):
+    # one 2048x2048 image (the data's largest map is 700x161 = 112,700 pixels, answered
+    # to twice that): no batch to reduce, so the output is cut into bands of rows, as
+    # domain parallelism would cut it, and the time is the band's times the number of
+    # bands, counted in output rows
+    dev = lookup_device("H100-SXM")
+    model = est.models.get("conv")
+    for phase, pad, stride, r in (("fwd", 1, 1, 3), ("bwd_data", 1, 1, 3),
+                                  ("bwd_filter", 1, 1, 3), ("fwd", 3, 2, 7)):
+        k = Conv(1, 64, 2048, 2048, 64, r, r, stride, stride, pad, pad, phase=phase)
+        factor, part = scale_rows(model, conv_rows([k]), [k.op],
+                                  DeviceSpecs.single(dev, "float32", 1))
+        n, _, h, w = part[0, :4]
+        assert n == 1 and w == 2048 and h < 2048, (phase, part[0])
+        out_rows = (2048 + 2 * pad - r) // stride + 1
+        band_rows = (h + 2 * pad - r) // stride + 1
+        # the band reads exactly the input rows its output rows need
+        assert h == (band_rows - 1) * stride + r - 2 * pad
+        assert factor[0] == out_rows / band_rows
+        band = Conv(1, 64, int(h), 2048, 64, r, r, stride, stride, pad, pad, phase=phase)
+        t = est.estimate([k, band], dev, "float32")
+        assert t.source == (f"mlp:conv_{phase}-fp32 (scaled)", f"mlp:conv_{phase}-fp32")
+        np.testing.assert_allclose(t.seconds[0], factor[0] * t.seconds[1], rtol=1e-12)
+
+
 def test_what_batch_scaling_cannot_bring_in_stays_on_the_roofline(est):
     dev = lookup_device("H100-SXM")
     # channels far beyond the data: no batch size makes this convolution answerable
@@ -262,8 +287,12 @@ def test_never_faster_than_the_datasheet_roofline(est, device, dtype):
     ks += [Conv(int(rng.integers(129, 2048)), 256, 14, 14, 256, 3, 3, 1, 1, 1, 1,
                 phase=rng.choice(["fwd", "bwd_data", "bwd_filter"])) for _ in range(20)]
     ks += [Gemm(int(rng.integers(2**17, 2**20)), 4096, 1024) for _ in range(20)]
+    # beyond the data's image size: timed on bands of rows
+    ks += [Conv(int(rng.integers(1, 4)), 64, int(hw), int(hw), 64, 3, 3, 1, 1, 1, 1,
+                phase=rng.choice(["fwd", "bwd_data", "bwd_filter"]))
+           for hw in rng.integers(1024, 4096, 20)]
     t = est.estimate(ks, dev, dtype)
-    assert all(s.endswith("(scaled)") for s in t.source[-40:])
+    assert all(s.endswith("(scaled)") for s in t.source[-60:])
     mlp = np.array([s.startswith("mlp:") for s in t.source])
     assert mlp.mean() > 0.5  # the rest: out of the measured range, timed by the roofline
     bound = _roofline_bound(ks, dev, dtype)

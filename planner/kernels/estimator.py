@@ -16,7 +16,10 @@ Each kernel's ``source`` says which:
   the model's ``N`` = 128 time rather than by the roofline). Where both sizes were
   measured, ``2·t(N)`` over-predicts ``t(2N)`` of a convolution by a median 11-15% and
   matches a GEMM's doubled rows (median 1.00, 10th-90th percentile 0.92-1.10):
-  ``tests/benchmarks/scaling.py``;
+  ``tests/benchmarks/scaling.py``. A convolution whose image is still too large (one
+  4,096 × 4,096 image: the data's largest map is 700 × 161) is then cut into bands of
+  output rows, as domain parallelism cuts it, timed on one band and scaled by the
+  number of bands;
 * ``roofline (out of range)`` for a shape outside the model's training range that
   scaling does not bring in (for example a grouped or dilated convolution, which no
   training data covers);
@@ -41,8 +44,8 @@ from ..costs.compute import KernelTimes, kernel_arrays, roofline_seconds
 from ..memo import IdentityMemo
 from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
 from ..ops import Conv, Gemm, Kernel
-from .features import DeviceSpecs, features
-from .model import Ensemble
+from .features import DeviceSpecs, conv_out, features
+from .model import Ensemble, KernelModel
 from .store import ModelSet, load_models
 
 FloatArray = NDArray[np.float64]
@@ -89,8 +92,9 @@ def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
     """(factor, part rows): each kernel's batch-like dimensions (:data:`BATCH_DIMS`)
     reduced to the largest the model answers for (the training maximum widened by
     :meth:`~.model.KernelModel.tolerance`), and further until the features that grow
-    with them (FLOPs, bytes, a convolution's implicit-GEMM sizes) are in range too, with
-    the factor by which the work was reduced (1 where nothing was). Whether a part is
+    with them (FLOPs, bytes, a convolution's implicit-GEMM sizes) are in range too, then
+    a convolution's image (:func:`_split_rows`), with the factor by which the work was
+    reduced (1 where nothing was). Whether a part is
     then in range is the model's call: a dimension that cannot be scaled (a
     convolution's channels) may still be out of it."""
     first = model.first
@@ -119,7 +123,50 @@ def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
         new = np.maximum(np.floor(old / 2.0 ** excess[over]), 1).astype(np.int64)
         factor[over] *= old / new
         out[over, col] = new
+    if first.family == "conv":
+        _split_rows(out, factor, ops, spec, first, cap)
     return factor, out
+
+
+#: range-checked features of a convolution that grow with its image
+_SPATIAL_GROWING = ("log2_hw", "log2_out_hw", *_GROWING)
+
+
+def _split_rows(out: IntArray, factor: FloatArray, ops: Sequence[str], spec: DeviceSpecs,
+                first: KernelModel, cap: FloatArray) -> None:
+    """Convolutions still too large once their batch is down to what the model answers
+    for, or whose image alone is beyond the data, timed on a band of output rows (or
+    columns, whichever is longer) and scaled by the number of bands, as domain
+    parallelism splits them: ``out`` and ``factor`` are updated in place. A band
+    reads ``(P_band − 1)·stride + dilation·(r − 1) + 1`` input rows with the layer's
+    padding, so its work per output row is the layer's."""
+    names = first.features
+    grow = [names.index(f) for f in _SPATIAL_GROWING if f in names]
+    for _ in range(8):
+        x, _, _ = features("conv", out, ops, spec)
+        excess = np.max(x[:, grow] - cap[grow], axis=1)
+        over = np.flatnonzero(np.isfinite(excess) & (excess > 0))
+        if not len(over):
+            return
+        p, q = conv_out(out[over])
+        rows_axis = p >= q  # split the longer side of the output
+        size, col, stride, pad, dil, filt = (
+            np.where(rows_axis, p, q),
+            np.where(rows_axis, 2, 3),
+            np.where(rows_axis, out[over, 7], out[over, 8]),
+            np.where(rows_axis, out[over, 9], out[over, 10]),
+            np.where(rows_axis, out[over, 11], out[over, 12]),
+            np.where(rows_axis, out[over, 5], out[over, 6]))
+        band = np.maximum(np.floor(size / 2.0 ** excess[over]), 1.0)
+        new_in = (band - 1) * stride + dil * (filt - 1) + 1 - 2 * pad
+        ok = (new_in >= 1) & (band < size)
+        if not np.any(ok):
+            return
+        rows, cols_, new_in = over[ok], col[ok], new_in[ok].astype(np.int64)
+        before = np.where(cols_ == 2, conv_out(out[rows])[0], conv_out(out[rows])[1])
+        out[rows, cols_] = new_in
+        after = np.where(cols_ == 2, conv_out(out[rows])[0], conv_out(out[rows])[1])
+        factor[rows] *= before / after
 
 
 @dataclass(frozen=True)
