@@ -49,6 +49,28 @@ def test_plan_document_has_placement_and_is_deterministic(runner, tmp_path):
     assert "ranks" not in place["grids"][0]["row_groups"]
 
 
+def test_large_images_are_split_by_domain_and_timed_by_the_scaled_models(runner):
+    # 4 images of 2048x2048 on 16 GPUs: data parallelism cannot use them all, domain
+    # parallelism can. The first four convolutions' pieces (2048/8 x 2048 and 1024/8 x
+    # 1024) are beyond the measured image sizes, so they are timed by the learned models
+    # on stacked bands of rows; the last two are in range. None is roofline-timed.
+    result = invoke(runner, "plan", NETWORKS / "segmentation-2048.yaml", DGX, "-p", "16",
+                    "-b", "4", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    convs = [layer for layer in doc["layers"] if layer["type"] == "conv2d"]
+    assert len(convs) == 6
+    for layer in convs:
+        assert layer["mode"] == "domain", layer["name"]
+        sources = layer["compute"]["estimator"].split(", ")
+        scaled = not layer["name"].startswith("conv3")
+        assert len(sources) >= 2 and all(  # the first layer has no backward-data
+            s.startswith("mlp:conv_") and s.endswith("(scaled)") == scaled
+            for s in sources), (layer["name"], sources)
+    data = next(b for b in doc["baselines"] if b["name"] == "data")
+    assert data["applicable"] is False and "larger than the batch 4" in data["reason"]
+
+
 def test_expand_ranks(runner):
     result = invoke(runner, "plan", ALEX, CLUSTERS / "pcie-8gpu.yaml", "-p", "8", "-b", "64",
                     "--pin", "fc*=model:2x4", "--expand-ranks", "--format", "json",

@@ -240,27 +240,39 @@ def test_a_convolution_is_scaled_when_its_implicit_gemm_outgrows_the_data(est):
 
 def test_an_image_beyond_the_data_is_timed_on_bands_of_output_rows(est):
     # one 2048x2048 image (the data's largest map is 700x161 = 112,700 pixels, answered
-    # to twice that): no batch to reduce, so the output is cut into bands of rows, as
-    # domain parallelism would cut it, and the time is the band's times the number of
-    # bands, counted in output rows
+    # to twice that): the output is cut into bands of rows, as domain parallelism would
+    # cut it, the bands stacked into the batch (so the kernel timed is as large as the
+    # original, not one idle band), the batch reduced to what the model answers for, and
+    # the time scaled by the output rows of the image over those of the timed bands
     dev = lookup_device("H100-SXM")
     model = est.models.get("conv")
+    cap = model.first.hi + model.first.tolerance()
+    max_out, max_in = (2.0 ** cap[model.first.features.index(f)]
+                       for f in ("log2_out_hw", "log2_hw"))
     for phase, pad, stride, r in (("fwd", 1, 1, 3), ("bwd_data", 1, 1, 3),
                                   ("bwd_filter", 1, 1, 3), ("fwd", 3, 2, 7)):
         k = Conv(1, 64, 2048, 2048, 64, r, r, stride, stride, pad, pad, phase=phase)
         factor, part = scale_rows(model, conv_rows([k]), [k.op],
                                   DeviceSpecs.single(dev, "float32", 1))
-        n, _, h, w = part[0, :4]
-        assert n == 1 and w == 2048 and h < 2048, (phase, part[0])
+        n, _, h, w = (int(v) for v in part[0, :4])
         out_rows = (2048 + 2 * pad - r) // stride + 1
         band_rows = (h + 2 * pad - r) // stride + 1
-        # the band reads exactly the input rows its output rows need
+        assert w == 2048 and n > 1, (phase, part[0])
+        # the largest band the model answers for (in output and in input pixels),
+        # reading exactly the input rows its output rows need
+        assert band_rows == min(int(max_out // out_rows),
+                                int((max_in / 2048 - r + 2 * pad) // stride + 1))
         assert h == (band_rows - 1) * stride + r - 2 * pad
-        assert factor[0] == out_rows / band_rows
-        band = Conv(1, 64, int(h), 2048, 64, r, r, stride, stride, pad, pad, phase=phase)
+        assert factor[0] == out_rows / (n * band_rows)
+        band = Conv(n, 64, h, 2048, 64, r, r, stride, stride, pad, pad, phase=phase)
         t = est.estimate([k, band], dev, "float32")
         assert t.source == (f"mlp:conv_{phase}-fp32 (scaled)", f"mlp:conv_{phase}-fp32")
         np.testing.assert_allclose(t.seconds[0], factor[0] * t.seconds[1], rtol=1e-12)
+    # with stacking, one big image costs what the same pixels in a batch of bands cost
+    one = Conv(1, 32, 2048, 2048, 32, 3, 3, 1, 1, 1, 1)
+    stacked = Conv(32, 32, 64, 2048, 32, 3, 3, 1, 1, 1, 1)
+    t = est.estimate([one, stacked], dev, "float32").seconds
+    assert 0.9 < t[0] / t[1] < 1.1
 
 
 def test_what_batch_scaling_cannot_bring_in_stays_on_the_roofline(est):

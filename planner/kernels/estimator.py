@@ -16,10 +16,10 @@ Each kernel's ``source`` says which:
   the model's ``N`` = 128 time rather than by the roofline). Where both sizes were
   measured, ``2·t(N)`` over-predicts ``t(2N)`` of a convolution by a median 11-15% and
   matches a GEMM's doubled rows (median 1.00, 10th-90th percentile 0.92-1.10):
-  ``tests/benchmarks/scaling.py``. A convolution whose image is still too large (one
-  4,096 × 4,096 image: the data's largest map is 700 × 161) is then cut into bands of
-  output rows, as domain parallelism cuts it, timed on one band and scaled by the
-  number of bands;
+  ``tests/benchmarks/scaling.py``. A convolution whose image is too large (one
+  4,096 × 4,096 image: the data's largest map is 700 × 161) is first cut into bands of
+  output rows, as domain parallelism cuts it, and the bands stacked into the batch
+  (:func:`_fold_images`);
 * ``roofline (out of range)`` for a shape outside the model's training range that
   scaling does not bring in (for example a grouped or dilated convolution, which no
   training data covers);
@@ -92,16 +92,19 @@ def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
     """(factor, part rows): each kernel's batch-like dimensions (:data:`BATCH_DIMS`)
     reduced to the largest the model answers for (the training maximum widened by
     :meth:`~.model.KernelModel.tolerance`), and further until the features that grow
-    with them (FLOPs, bytes, a convolution's implicit-GEMM sizes) are in range too, then
-    a convolution's image (:func:`_split_rows`), with the factor by which the work was
-    reduced (1 where nothing was). Whether a part is
-    then in range is the model's call: a dimension that cannot be scaled (a
+    with them (FLOPs, bytes, a convolution's implicit-GEMM sizes) are in range too (a
+    convolution's image is first cut into bands stacked into the batch,
+    :func:`_fold_images`; what is still too large is cut further, :func:`_split_rows`),
+    with the factor by which the work was reduced (1 where nothing was). Whether a part
+    is then in range is the model's call: a dimension that cannot be scaled (a
     convolution's channels) may still be out of it."""
     first = model.first
     names = first.features
     cap = first.hi + first.tolerance()
     out = rows.copy()
     factor = np.ones(len(rows))
+    if first.family == "conv":
+        _fold_images(out, factor, first, cap)
     dims = BATCH_DIMS[first.family]
     for col, feat in dims:
         part = np.minimum(out[:, col], max(int(np.floor(2.0 ** cap[names.index(feat)]
@@ -126,6 +129,44 @@ def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
     if first.family == "conv":
         _split_rows(out, factor, ops, spec, first, cap)
     return factor, out
+
+
+def _fold_images(out: IntArray, factor: FloatArray, first: KernelModel,
+                 cap: FloatArray) -> None:
+    """Convolutions whose image is beyond the data: the output cut into bands of rows
+    (or columns, whichever side is longer) as large as the model answers for, the bands
+    stacked into the batch (``N·bands`` images of one band each, every band reading the
+    input rows its outputs need with the layer's padding), ``out`` and ``factor``
+    updated in place. Stacking keeps the kernel as large as the original, so it fills
+    the GPU as the original does; the batch is then reduced like any other."""
+    names = first.features
+    max_out = 2.0 ** cap[names.index("log2_out_hw")]
+    max_in = 2.0 ** cap[names.index("log2_hw")]
+    p, q = conv_out(out)
+    h, w = out[:, 2].astype(np.float64), out[:, 3].astype(np.float64)
+    over = np.flatnonzero((p * q > max_out) | (h * w > max_in))
+    if not len(over):
+        return
+    o = out[over]
+    rows_axis = p[over] >= q[over]
+    size = np.where(rows_axis, p[over], q[over])
+    other_out = np.where(rows_axis, q[over], p[over])
+    other_in = np.where(rows_axis, w[over], h[over])
+    col = np.where(rows_axis, 2, 3)
+    stride = np.where(rows_axis, o[:, 7], o[:, 8]).astype(np.float64)
+    pad = np.where(rows_axis, o[:, 9], o[:, 10]).astype(np.float64)
+    reach = np.where(rows_axis, o[:, 11] * (o[:, 5] - 1), o[:, 12] * (o[:, 6] - 1)) + 1
+    band = np.floor(np.minimum(max_out / other_out,
+                               (max_in / other_in - reach + 2 * pad) / stride + 1))
+    band_in = (band - 1) * stride + reach - 2 * pad
+    ok = (band >= 1) & (band < size) & (band_in >= 1)
+    if not np.any(ok):
+        return
+    rows, size, band = over[ok], size[ok], band[ok]
+    bands = np.floor(size / band)
+    out[rows, col[ok]] = band_in[ok].astype(np.int64)
+    out[rows, 0] = out[rows, 0] * bands.astype(np.int64)
+    factor[rows] *= size / (bands * band)
 
 
 #: range-checked features of a convolution that grow with its image
