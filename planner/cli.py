@@ -245,7 +245,23 @@ _attach_command_groups()
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``planner`` console script."""
     _tolerant_streams()
+    _one_blas_thread()
     cli.main(args=argv, prog_name="planner")
+
+
+#: the variables BLAS libraries read for their thread count when they are loaded
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _one_blas_thread() -> None:
+    """One BLAS thread unless the user set a thread count. The command line's matrix
+    products are small (a few thousand kernels through networks of 16-32 units), so
+    more threads do not make them faster, while OpenBLAS's idle helper threads spin and
+    doubled the CPU time of a 6,000-kernel call (README, "Kernel times"). Only before
+    numpy is loaded: it reads the variables once, at load."""
+    if "numpy" in sys.modules or any(v in os.environ for v in BLAS_THREAD_VARS):
+        return
+    os.environ.update(dict.fromkeys(BLAS_THREAD_VARS, "1"))
 
 
 def _tolerant_streams() -> None:

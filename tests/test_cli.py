@@ -106,3 +106,30 @@ def test_devices(runner):
     assert "H100-SXM" in names and "cori-knl" in names
     table = invoke(runner, "devices")
     assert table.exit_code == 0 and "H100-SXM" in table.stdout
+
+
+@pytest.mark.parametrize("preset", [None, "OMP_NUM_THREADS=4"])
+def test_the_command_line_loads_blas_with_one_thread_unless_told(preset):
+    """``planner`` sets the BLAS thread variables to 1 before numpy loads, unless the user
+    set any of them (then it leaves all three alone)."""
+    import os
+    import subprocess
+    import sys
+
+    from planner.cli import BLAS_THREAD_VARS
+
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_THREAD_VARS}
+    if preset:
+        key, value = preset.split("=")
+        env[key] = value
+    probe = ("import json, os; from planner import cli; cli._one_blas_thread(); "
+             "import numpy; print(json.dumps({k: os.environ.get(k) "
+             "for k in cli.BLAS_THREAD_VARS}))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    got = json.loads(out)
+    if preset:
+        assert got == {"MKL_NUM_THREADS": None, "OMP_NUM_THREADS": "4",
+                       "OPENBLAS_NUM_THREADS": None}
+    else:
+        assert got == dict.fromkeys(BLAS_THREAD_VARS, "1")
