@@ -15,6 +15,7 @@ import click
 
 from . import __version__
 from .errors import EXIT_INPUT, PlannerError, UsageError
+from .threads import BLAS_THREAD_VARS
 
 FORMATS = ("table", "json", "yaml")
 EXIT_INTERNAL = 3
@@ -247,10 +248,6 @@ def main(argv: list[str] | None = None) -> None:
     _tolerant_streams()
     _one_blas_thread()
     cli.main(args=argv, prog_name="planner")
-
-
-#: the variables BLAS libraries read for their thread count when they are loaded
-BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def _one_blas_thread() -> None:

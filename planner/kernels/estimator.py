@@ -131,6 +131,54 @@ def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
     return factor, out
 
 
+@dataclass(frozen=True)
+class _Bands:
+    """Geometry of cutting convolutions' outputs into bands along their longer side."""
+
+    size: FloatArray  #: output rows (or columns) along the cut side
+    other_out: FloatArray  #: output extent of the other side
+    other_in: FloatArray  #: input extent of the other side
+    col: IntArray  #: shape column of the cut side's input extent (2: H, 3: W)
+    stride: FloatArray
+    pad: FloatArray
+    reach: FloatArray  #: input rows one output row reads, ``dilation·(r − 1) + 1``
+
+    @staticmethod
+    def of(rows: IntArray) -> _Bands:
+        p, q = conv_out(rows)
+        along = p >= q
+        f = rows.astype(np.float64)
+
+        def pick(a: int, b: int) -> FloatArray:
+            out: FloatArray = np.where(along, f[:, a], f[:, b])
+            return out
+
+        return _Bands(np.where(along, p, q), np.where(along, q, p), pick(3, 2),
+                      np.where(along, 2, 3), pick(7, 8), pick(9, 10),
+                      np.where(along, f[:, 11] * (f[:, 5] - 1), f[:, 12] * (f[:, 6] - 1)) + 1)
+
+    def input_rows(self, band: FloatArray) -> FloatArray:
+        """Input rows a band of ``band`` output rows reads, with the layer's padding."""
+        out: FloatArray = (band - 1) * self.stride + self.reach - 2 * self.pad
+        return out
+
+
+def _cut(out: IntArray, factor: FloatArray, rows: IntArray, geo: _Bands, band: FloatArray,
+         stack: bool) -> None:
+    """Cut rows ``rows`` (geometry ``geo``, one entry each) into bands of ``band`` output
+    rows where that makes progress, stacked into the batch or not, updating ``out`` and
+    ``factor`` in place: the factor is the output rows over those timed."""
+    band_in = geo.input_rows(band)
+    ok = (band >= 1) & (band < geo.size) & (band_in >= 1)
+    rows, size, band = rows[ok], geo.size[ok], band[ok]
+    out[rows, geo.col[ok]] = band_in[ok].astype(np.int64)
+    if stack:
+        bands = np.floor(size / band)
+        out[rows, 0] = out[rows, 0] * bands.astype(np.int64)
+        band = band * bands
+    factor[rows] *= size / band
+
+
 def _fold_images(out: IntArray, factor: FloatArray, first: KernelModel,
                  cap: FloatArray) -> None:
     """Convolutions whose image is beyond the data: the output cut into bands of rows
@@ -143,30 +191,15 @@ def _fold_images(out: IntArray, factor: FloatArray, first: KernelModel,
     max_out = 2.0 ** cap[names.index("log2_out_hw")]
     max_in = 2.0 ** cap[names.index("log2_hw")]
     p, q = conv_out(out)
-    h, w = out[:, 2].astype(np.float64), out[:, 3].astype(np.float64)
-    over = np.flatnonzero((p * q > max_out) | (h * w > max_in))
+    over = np.flatnonzero((p * q > max_out)
+                          | (out[:, 2].astype(np.float64) * out[:, 3] > max_in))
     if not len(over):
         return
-    o = out[over]
-    rows_axis = p[over] >= q[over]
-    size = np.where(rows_axis, p[over], q[over])
-    other_out = np.where(rows_axis, q[over], p[over])
-    other_in = np.where(rows_axis, w[over], h[over])
-    col = np.where(rows_axis, 2, 3)
-    stride = np.where(rows_axis, o[:, 7], o[:, 8]).astype(np.float64)
-    pad = np.where(rows_axis, o[:, 9], o[:, 10]).astype(np.float64)
-    reach = np.where(rows_axis, o[:, 11] * (o[:, 5] - 1), o[:, 12] * (o[:, 6] - 1)) + 1
-    band = np.floor(np.minimum(max_out / other_out,
-                               (max_in / other_in - reach + 2 * pad) / stride + 1))
-    band_in = (band - 1) * stride + reach - 2 * pad
-    ok = (band >= 1) & (band < size) & (band_in >= 1)
-    if not np.any(ok):
-        return
-    rows, size, band = over[ok], size[ok], band[ok]
-    bands = np.floor(size / band)
-    out[rows, col[ok]] = band_in[ok].astype(np.int64)
-    out[rows, 0] = out[rows, 0] * bands.astype(np.int64)
-    factor[rows] *= size / (bands * band)
+    geo = _Bands.of(out[over])
+    band = np.floor(np.minimum(max_out / geo.other_out,
+                               (max_in / geo.other_in - geo.reach + 2 * geo.pad) / geo.stride
+                               + 1))
+    _cut(out, factor, over, geo, band, stack=True)
 
 
 #: range-checked features of a convolution that grow with its image
@@ -176,11 +209,10 @@ _SPATIAL_GROWING = ("log2_hw", "log2_out_hw", *_GROWING)
 def _split_rows(out: IntArray, factor: FloatArray, ops: Sequence[str], spec: DeviceSpecs,
                 first: KernelModel, cap: FloatArray) -> None:
     """Convolutions still too large once their batch is down to what the model answers
-    for, or whose image alone is beyond the data, timed on a band of output rows (or
-    columns, whichever is longer) and scaled by the number of bands, as domain
-    parallelism splits them: ``out`` and ``factor`` are updated in place. A band
-    reads ``(P_band − 1)·stride + dilation·(r − 1) + 1`` input rows with the layer's
-    padding, so its work per output row is the layer's."""
+    for, timed on a band of output rows (or columns, whichever is longer) and scaled by
+    the number of bands, as domain parallelism splits them: ``out`` and ``factor`` are
+    updated in place. A band reads ``(P_band − 1)·stride + dilation·(r − 1) + 1`` input
+    rows with the layer's padding, so its work per output row is the layer's."""
     names = first.features
     grow = [names.index(f) for f in _SPATIAL_GROWING if f in names]
     for _ in range(8):
@@ -189,25 +221,12 @@ def _split_rows(out: IntArray, factor: FloatArray, ops: Sequence[str], spec: Dev
         over = np.flatnonzero(np.isfinite(excess) & (excess > 0))
         if not len(over):
             return
-        p, q = conv_out(out[over])
-        rows_axis = p >= q  # split the longer side of the output
-        size, col, stride, pad, dil, filt = (
-            np.where(rows_axis, p, q),
-            np.where(rows_axis, 2, 3),
-            np.where(rows_axis, out[over, 7], out[over, 8]),
-            np.where(rows_axis, out[over, 9], out[over, 10]),
-            np.where(rows_axis, out[over, 11], out[over, 12]),
-            np.where(rows_axis, out[over, 5], out[over, 6]))
-        band = np.maximum(np.floor(size / 2.0 ** excess[over]), 1.0)
-        new_in = (band - 1) * stride + dil * (filt - 1) + 1 - 2 * pad
-        ok = (new_in >= 1) & (band < size)
-        if not np.any(ok):
-            return
-        rows, cols_, new_in = over[ok], col[ok], new_in[ok].astype(np.int64)
-        before = np.where(cols_ == 2, conv_out(out[rows])[0], conv_out(out[rows])[1])
-        out[rows, cols_] = new_in
-        after = np.where(cols_ == 2, conv_out(out[rows])[0], conv_out(out[rows])[1])
-        factor[rows] *= before / after
+        geo = _Bands.of(out[over])
+        before = factor[over].copy()
+        _cut(out, factor, over, geo, np.maximum(np.floor(geo.size / 2.0 ** excess[over]), 1.0),
+             stack=False)
+        if np.array_equal(before, factor[over]):
+            return  # no band made progress
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..cluster import lookup_device
 from ..errors import UsageError
+from ..threads import BLAS_THREAD_VARS
 from .data import Dataset, Table, read_files
 from .evaluate import Result, evaluate
 from .features import gemm_work
@@ -166,8 +167,8 @@ def _fit_tables(tables: list[Table], opts: FitOptions) -> list[tuple[Ensemble, F
                  for j in range(max(1, resolved.members))]
     # the longest fits first (GEMM: most rows), so the pool's tail is short
     order = sorted(range(len(jobs)), key=lambda j: -len(tables[jobs[j][0]]))
-    saved = {k: os.environ.get(k) for k in _THREAD_VARS}
-    os.environ.update(dict.fromkeys(_THREAD_VARS, "1"))  # inherited by the workers
+    saved = {k: os.environ.get(k) for k in BLAS_THREAD_VARS}
+    os.environ.update(dict.fromkeys(BLAS_THREAD_VARS, "1"))  # inherited by the workers
     try:
         ctx = multiprocessing.get_context("spawn")
         workers = max(1, min(len(jobs), os.cpu_count() or 1))
@@ -192,9 +193,6 @@ def _fit_tables(tables: list[Table], opts: FitOptions) -> list[tuple[Ensemble, F
             float(np.mean([r.loss for r in reports])), sum(r.seconds for r in reports),
             first.devices, first.dropped, members=len(members))))
     return out
-
-
-_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def evaluate_files(paths: Sequence[str | Path], models: ModelSet,
