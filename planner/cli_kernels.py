@@ -69,11 +69,16 @@ def kernels() -> None:
 @click.option("--hidden", callback=_widths, default=None, metavar="W[,W...]",
               help="Hidden layer widths of each network, e.g. 32,32 (default: 32,32 for "
                    "GEMM, 16,16 for convolutions).")
+@click.option("--monotone-weight", type=click.FloatRange(0.0, 1e6), default=None,
+              help="Weight of the penalty on kernels predicted slower than the same "
+                   "kernel with one dimension doubled (0: none; default 10 for GEMM, 1 "
+                   "for convolutions).")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
               show_default=True, help="How to print the held-out accuracy.")
 def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
                 max_iter: int | None, seed: int, only: str | None, members: int | None,
-                hidden: tuple[int, ...] | None, fmt: str) -> None:
+                hidden: tuple[int, ...] | None, monotone_weight: float | None,
+                fmt: str) -> None:
     """Fit the kernel-time models on measurement CSVs and write them to a directory.
 
     Rows of each file's held-out split (30% of shapes by CRC-32; NeuSight's own 'train'
@@ -83,7 +88,7 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
     from .kernels.pipeline import fit_models
     from .kernels.train import FitOptions
 
-    opts = FitOptions(seed=seed, members=members, hidden=hidden)
+    opts = FitOptions(seed=seed, members=members, hidden=hidden, mono_weight=monotone_weight)
     if max_iter is not None:
         opts = replace(opts, max_iter=max_iter)
     outcome = fit_models(data, out_dir, leave_out, opts,

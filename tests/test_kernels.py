@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -19,9 +20,9 @@ from planner.kernels import LearnedEstimator, load_models
 from planner.kernels.data import detect_layout, parse_csv, read_csv
 from planner.kernels.estimator import conv_rows, scale_rows
 from planner.kernels.features import DeviceSpecs
-from planner.kernels.model import RANGE_TOLERANCE_LOG2
-from planner.kernels.store import MANIFEST, find_models_dir, load_dir, sha256_file
-from planner.kernels.train import FitOptions, fit_family
+from planner.kernels.model import RANGE_TOLERANCE_LOG2, Ensemble
+from planner.kernels.store import MANIFEST, ModelSet, find_models_dir, load_dir, sha256_file
+from planner.kernels.train import FitOptions, _Pairs, fit_family
 from planner.ops import Conv, Elementwise, Gemm
 
 from .conftest import ROOT, invoke
@@ -313,10 +314,10 @@ def test_never_faster_than_the_datasheet_roofline(est, device, dtype):
 
 
 def test_bigger_gemm_is_never_much_faster(est):
-    # Doubling one dimension doubles the work. Allowances: 10% for kernels of 20 µs and
-    # more (the wave-quantisation steps the model learned: a larger GEMM can fill its
-    # last wave better); 25% below that, where the measurements themselves scatter by
-    # more (launch jitter; DeepBench stores whole microseconds).
+    # Doubling one dimension doubles the work, and the fit penalises a halved kernel
+    # predicted slower than the whole (train.py, _Pairs). Shipped models: never slower
+    # on this grid (worst ratio 1.00); without the penalty 0.80 below 20 µs. Allowance:
+    # 3%, the step a wave-quantisation feature may still take.
     worst_big, worst_small = 1.0, 1.0
     for device in ("T4", "V100-PCIe", "A100-PCIe-40GB", "H100-SXM"):
         dev = lookup_device(device)
@@ -330,8 +331,26 @@ def test_bigger_gemm_is_never_much_faster(est):
             long = t0 >= 20e-6
             worst_big = min(worst_big, float(np.min(ratio[long])))
             worst_small = min(worst_small, float(np.min(ratio[~long])))
-    assert worst_big > 0.9
-    assert worst_small > 0.75
+    assert worst_big > 0.97
+    assert worst_small > 0.97
+
+
+def test_a_bigger_batch_of_convolutions_is_rarely_faster(est):
+    # ResNet-like layers (32-512 channels, 7-56 pixels, 1x1 and 3x3, batch 1-64) against
+    # twice the batch. DeepBench's measured batch pairs: 0.3-1.3% over 5% faster at twice
+    # the batch (cuDNN switches algorithm). Shipped models: 0.9-2.9% per GPU and pass
+    # (4 GPUs, 3 passes); before the monotonicity penalty 2.1-7.2%.
+    for device in ("T4", "V100-SXM2", "A100-PCIe-40GB", "H100-SXM"):
+        dev = lookup_device(device)
+        for phase in ("fwd", "bwd_data", "bwd_filter"):
+            base = [Conv(n, c, hw, hw, k, r, r, 1, 1, r // 2, r // 2, phase=phase)
+                    for n in (1, 4, 16, 64) for c in (32, 64, 128, 256, 512)
+                    for k in (32, 64, 128, 256, 512) for hw in (7, 14, 28, 56) for r in (1, 3)]
+            big = [Conv(2 * b.n, b.c, b.h, b.w, b.k, b.r, b.s, 1, 1, b.r // 2, b.s // 2,
+                        phase=phase) for b in base]
+            ratio = est.estimate(big, dev, "float32").seconds / \
+                est.estimate(base, dev, "float32").seconds
+            assert np.mean(ratio < 1 / 1.05) <= 0.04, (device, phase)
 
 
 def _energy_by_hand(model, dtype: str = "float32") -> float:
@@ -395,7 +414,7 @@ def test_catalog_clocks_and_power_are_consistent():
 def test_leave_one_gpu_out(runner, tmp_path, gpu):
     """Issue 4's figure that matters most: a model fitted without any row of the GPU
     predicts its GEMM test rows within 20% MAPE (README: T4 and V100-PCIe are the two the
-    datasheet prior decides; about 60 s each)."""
+    datasheet prior decides; about 100 s each)."""
     out = tmp_path / "logo"
     invoke(runner, "kernels", "fit", str(LINEAR), str(BMM), str(DB_GEMM), "--only", "gemm",
            "--leave-out", gpu, "-o", str(out))
@@ -508,6 +527,83 @@ def test_training_is_deterministic():
     assert a.levels == b.levels
 
 
+def _pairs(za_zb_bounds, eta_count=1):
+    """Two memory-bound pairs (t_byte ≫ t_flop) on one GPU, as :class:`_Pairs` holds them."""
+    rows = len(za_zb_bounds)
+    byte = np.log(np.array([[a, b] for a, b in za_zb_bounds]))
+    return _Pairs(np.zeros((rows, 1)), np.zeros((rows, 1)), byte - 10.0, byte,
+                  np.zeros(rows, dtype=np.int64), eta_count, 10.0)
+
+
+def test_monotonicity_penalty_by_hand():
+    # pair 0: the halved kernel's bound is 1.0e-5 s at z = -1, the whole's 1.2e-5 s at
+    # z = 3; log u = log bound + log(1 + e^-z), so d = log(1/1.2) + log(1 + e) -
+    # log(1 + e^-3) = 1.08235 (the halved kernel predicted 2.95x slower). Pair 1 is
+    # monotone (d < 0) and adds nothing. Penalty: mu * mean(max(0, d)^2).
+    pairs = _pairs([(1.0e-5, 1.2e-5), (1.0e-5, 2.0e-5)])
+    z = np.array([-1.0, 0.0, 3.0, 0.0])  # z_a of both pairs, then z_b
+    d = math.log(1 / 1.2) + math.log(1 + math.e) - math.log(1 + math.exp(-3))
+    assert d == pytest.approx(1.08235, abs=1e-5)
+    pen, g_za, g_zb, g_eta = pairs.penalty(z, np.array([0.0]))
+    assert pen == pytest.approx(10.0 * d * d / 2, rel=1e-12)
+    # d pen / d z_a = mu * d * d(log(1 + e^-z))/dz = -mu * d * sigmoid(-z) (mean over 2)
+    assert g_za == pytest.approx([-10.0 * d / (1 + math.exp(-1.0)), 0.0], rel=1e-12)
+    assert g_zb == pytest.approx([10.0 * d / (1 + math.exp(3.0)), 0.0], rel=1e-12)
+    assert g_eta == pytest.approx([0.0])  # memory-bound: the level does not enter
+
+
+def test_monotonicity_penalty_gradient_matches_finite_differences():
+    # compute-bound halves and memory-bound wholes, so the level's gradient is exercised
+    rng = np.random.default_rng(3)
+    n = 50
+    pairs = _Pairs(np.zeros((n, 1)), np.zeros((n, 1)),
+                   np.log(rng.uniform(1e-5, 2e-5, (n, 2))) + np.array([0.0, -5.0]),
+                   np.log(rng.uniform(1e-5, 2e-5, (n, 2))) - np.array([3.0, 0.0]),
+                   rng.integers(0, 3, n), 3, 7.0)
+    z = rng.normal(0.0, 2.0, 2 * n)
+    eta = rng.normal(0.0, 1.0, 3)
+    pen, g_za, g_zb, g_eta = pairs.penalty(z, eta)
+    assert pen > 0
+    grad = np.concatenate([g_za, g_zb, g_eta])
+    x = np.concatenate([z, eta])
+    h = 1e-6
+    for i in range(len(x)):
+        e = np.zeros_like(x)
+        e[i] = h
+        up = pairs.penalty((x + e)[:2 * n], (x + e)[2 * n:])[0]
+        down = pairs.penalty((x - e)[:2 * n], (x - e)[2 * n:])[0]
+        assert grad[i] == pytest.approx((up - down) / (2 * h), rel=1e-5, abs=1e-9)
+
+
+def test_the_penalty_makes_a_fit_monotone_in_the_rows():
+    # The same small fit (a third of DeepBench's GEMM rows) with and without the penalty,
+    # judged on the other two thirds: each V100 FP32 shape against itself with half the
+    # rows. Measured: 14 of 76 halved kernels predicted over 5% slower without the
+    # penalty (worst 4.3x), 1 with it (1.12x).
+    table = read_csv(DB_GEMM).gemm
+    small = table.select([i % 3 == 0 for i in range(len(table))])
+    shape = table.shape_array()
+    other = sorted({tuple(int(v) for v in shape[i][:3]) for i in range(len(table))
+                    if i % 3 and shape[i][0] >= 2 and table.device[i] == "V100-SXM2"
+                    and table.dtype[i] == "float32"})
+    half = [Gemm(m // 2, n, k) for m, n, k in other]
+    whole = [Gemm(m, n, k) for m, n, k in other]
+    dev = lookup_device("V100-SXM2")
+    slower, worst = {}, {}
+    for weight in (0.0, 10.0):
+        model, _ = fit_family(small, FitOptions(hidden=(16,), max_iter=300,
+                                                mono_weight=weight))
+        est = LearnedEstimator(ModelSet({"gemm": Ensemble((model,))}, {}, ""))
+        t = est.estimate(half + whole, dev, "float32")
+        mlp = np.array([s.startswith("mlp:") for s in t.source])
+        both = mlp[:len(other)] & mlp[len(other):]
+        assert both.sum() >= 70
+        ratio = (t.seconds[:len(other)] / t.seconds[len(other):])[both]
+        slower[weight], worst[weight] = int(np.sum(ratio > 1.05)), float(ratio.max())
+    assert slower[0.0] >= 10 and worst[0.0] > 2.0
+    assert slower[10.0] <= 1 and worst[10.0] < 1.15
+
+
 def test_fit_command_writes_a_loadable_model_without_the_left_out_gpu(runner, tmp_path):
     data = tmp_path / "db.csv"
     lines = DB_GEMM.read_text().splitlines()
@@ -537,17 +633,18 @@ def two_member_dir(tmp_path_factory) -> Path:
 
 
 def test_ensemble_is_the_geometric_mean_of_its_members(two_member_dir):
-    from planner.kernels.data import Dataset
     from planner.kernels.features import DeviceSpecs
-    from planner.kernels.pipeline import select
+    from planner.kernels.pipeline import fit_models
 
     model = load_dir(two_member_dir).get("gemm")
     assert len(model.members) == 2
-    # the members are the single fits from seeds 0 and 1 (deterministic)
-    table = read_csv(two_member_dir.parent / "db.csv").gemm
-    train = select(Dataset(gemm=table), "train").gemm
+    # the members are the single fits from seeds 0 and 1 (deterministic). Fitted the same
+    # way, in a worker with one BLAS thread: with more threads the sums of a product
+    # are taken in another order, and 40 iterations of L-BFGS carry the last bits over
     for seed, member in enumerate(model.members):
-        alone, _ = fit_family(train, FitOptions(hidden=(8,), max_iter=40, seed=seed))
+        alone = fit_models([two_member_dir.parent / "db.csv"], None, families=("gemm",),
+                           options=FitOptions(hidden=(8,), max_iter=40, seed=seed,
+                                              members=1)).models["gemm"].first
         for wa, wb in zip(alone.mlp.weights, member.mlp.weights, strict=True):
             assert np.array_equal(wa, wb)
     assert not np.array_equal(model.members[0].mlp.weights[0], model.members[1].mlp.weights[0])
@@ -567,7 +664,8 @@ def test_ensemble_manifest_lists_members_and_format_1_still_loads(two_member_dir
     rec = doc["models"]["gemm"]
     assert len(rec["members"]) == 2
     assert rec["ensemble"] == "t = exp(mean over members of log t_member)"
-    assert doc["fit"]["options"]["families"]["gemm"] == {"hidden": [8], "members": 2}
+    assert doc["fit"]["options"]["families"]["gemm"] == {"hidden": [8], "members": 2,
+                                                         "monotone_weight": 10.0}
     # a format-1 directory (one network, its fields at the family's top level) loads
     import zipfile
 
@@ -623,7 +721,8 @@ def test_fit_command_members_and_hidden(runner, tmp_path):
     assert all(m.mlp.weights[0].shape[1] == 4 and len(m.mlp.weights) == 3
                for m in model.members)
     doc = yaml.safe_load((out / MANIFEST).read_text())
-    assert doc["fit"]["options"]["families"] == {"gemm": {"hidden": [4, 4], "members": 3}}
+    assert doc["fit"]["options"]["families"] == {"gemm": {"hidden": [4, 4], "members": 3,
+                                                          "monotone_weight": 10.0}}
     assert doc["fit"]["reports"][0]["members"] == 3
     for bad in ("4,x", "0", "1,2,3,4,5"):
         r = invoke(runner, "kernels", "fit", data, "-o", tmp_path / "n", "--hidden", bad)

@@ -146,7 +146,8 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
 
 def _family_options(opts: FitOptions, family: str) -> dict[str, Any]:
     resolved = opts.for_family(family)
-    return {"hidden": list(resolved.hidden or ()), "members": resolved.members}
+    return {"hidden": list(resolved.hidden or ()), "members": resolved.members,
+            "monotone_weight": resolved.mono_weight}
 
 
 def _fit_tables(tables: list[Table], opts: FitOptions) -> list[tuple[Ensemble, FitReport]]:

@@ -26,9 +26,18 @@ per-GPU and per-harness parameters, the weighted mean squared error of log time:
   small), so ``t̂_i = c + t_0 + φ · ...``; mostly set by DeepBench's smallest kernels.
 * ``w_i``: every (device, harness, op, sweep) group gets total weight ∝ ``n_g^0.5`` so
   that a GPU with thousands of rows does not drown one with a hundred.
+* A monotonicity penalty ``μ · mean_j max(0, log u(a_j) − log u(b_j))²`` over pairs of
+  kernels where ``a_j`` is the measured kernel ``b_j`` with its batch, a channel or GEMM
+  dimension, or its height halved (:class:`_Pairs`): less work is never slower. The
+  measurements agree (none of NeuSight's 3,039 GEMM pairs and 0.3-1.3% of DeepBench's
+  convolution batch pairs are 5% slower at half the batch), but an unconstrained
+  network is not: one V100 GEMM in ten was at least 5% slower than at twice the rows.
+  A planner that divides the batch among GPUs must not be rewarded for a wiggle.
 
 The optimiser is L-BFGS-B (scipy) on the exact gradient, from weights drawn with a fixed
-seed: the same data give the same weights on every run.
+seed: the same data give the same weights on every run with the same BLAS thread count
+(:func:`~.pipeline.fit_models` fits in workers with one; a product summed by more threads
+differs in its last bits, and a thousand iterations carry them into the weights).
 """
 
 from __future__ import annotations
@@ -75,25 +84,36 @@ class FitOptions:
     sweep_limit: float = 2.0
     #: weight decay of the drift coefficients
     drift_l2: float = 1e-4
+    #: weight of the monotonicity penalty (0: none; None: the family's default); see
+    #: :class:`_Pairs`
+    mono_weight: float | None = None
+    #: kernel pairs the penalty is evaluated on
+    mono_pairs: int = 20000
 
 
     def for_family(self, family: str) -> FitOptions:
         """These options with the family's defaults filled in."""
-        hidden, members = FAMILY_DEFAULTS[family]
+        hidden, members, mono = FAMILY_DEFAULTS[family]
         return replace(self, hidden=self.hidden if self.hidden is not None else hidden,
-                       members=self.members if self.members is not None else members)
+                       members=self.members if self.members is not None else members,
+                       mono_weight=self.mono_weight if self.mono_weight is not None
+                       else mono)
 
 
-#: family → (hidden widths, ensemble members). GEMM: 26,000 rows of thousands of shapes
-#: on 13 GPUs; its held-out error barely moves with the random start (NeuSight test rows
-#: 7.1% and 6.8% mean over the five GPUs for seeds 0 and 1), so one 2×32 network. Conv:
+#: family → (hidden widths, ensemble members, monotonicity weight). GEMM: 26,000 rows
+#: of thousands of shapes on 13 GPUs; its held-out error barely moves with the random
+#: start (NeuSight test rows 7.1% and 6.8% mean over the five GPUs for seeds 0 and 1), so
+#: one 2×32 network. Conv:
 #: DeepBench gives about 66 training shapes a GPU for each pass, and one 2×32 network's
 #: held-out error on them swung from 18% to 51% (backward-filter, FP32, mean over GPUs)
 #: with the seed; five 2×16 networks averaged: 14.9% and 16.3% for seeds 0-4 and 5-9
-#: (README "Hardware models" has the commands).
-FAMILY_DEFAULTS: dict[str, tuple[tuple[int, ...], int]] = {
-    "gemm": ((32, 32), 1),
-    "conv": ((16, 16), 5),
+#: (README "Hardware models" has the commands). The monotonicity weights are the
+#: strongest that cost no held-out accuracy beyond the seed-to-seed noise: for GEMM, 10
+#: took V100 GEMMs slower than at twice the rows from 10% to none; for convolutions,
+#: 10 cost DeepBench backward-data 3.6 points of MAPE, 1 costs 0.6.
+FAMILY_DEFAULTS: dict[str, tuple[tuple[int, ...], int, float]] = {
+    "gemm": ((32, 32), 1, 10.0),
+    "conv": ((16, 16), 5, 1.0),
 }
 
 
@@ -166,14 +186,93 @@ def _scatter(idx: IntArray, weights: FloatArray, size: int) -> FloatArray:
     return out
 
 
+#: shape columns whose halving must not make a kernel slower: GEMM M, N, K and batch;
+#: convolution batch, input and output channels, and height (what the planner's data,
+#: model and domain splits divide)
+MONO_DIMS = {"gemm": (0, 1, 2, 3), "conv": (0, 1, 4, 2)}
+
+
+@dataclass
+class _Pairs:
+    """Kernel pairs ``(a, b)`` where ``a`` is ``b`` with one dimension halved: the
+    penalty ``μ · mean(max(0, log u_a − log u_b)²)`` on the kernel times above the floor
+    teaches the network that less work is never slower, between the measured shapes as
+    well as at them."""
+
+    xa: FloatArray  #: normalised features of the halved kernels
+    xb: FloatArray
+    log_flop: FloatArray  #: ``rows × 2`` (a, b)
+    log_byte: FloatArray
+    lvl_idx: IntArray
+    n_lvl: int
+    weight: float
+
+    def penalty(self, z: FloatArray, eta: FloatArray) -> tuple[float, FloatArray, FloatArray,
+                                                              FloatArray]:
+        """Penalty and its gradients in ``z_a``, ``z_b`` and the efficiency logits."""
+        n = len(self.xa)
+        za, zb = z[:n], z[n:]
+        log_e = -np.logaddexp(0.0, -eta[self.lvl_idx])
+        log_comp = self.log_flop - log_e[:, None]
+        comp = log_comp >= self.log_byte
+        log_bound = np.where(comp, log_comp, self.log_byte)
+        d = (log_bound[:, 0] + np.logaddexp(0.0, -za)) - (log_bound[:, 1]
+                                                           + np.logaddexp(0.0, -zb))
+        v = np.maximum(d, 0.0)
+        pen = self.weight * float(np.mean(v * v))
+        g_d = 2.0 * self.weight * v / n
+        g_za = -g_d / (1.0 + np.exp(np.clip(za, -50.0, 50.0)))
+        g_zb = g_d / (1.0 + np.exp(np.clip(zb, -50.0, 50.0)))
+        slope = -(1.0 - np.exp(log_e))
+        g_eta: FloatArray = np.bincount(
+            self.lvl_idx, weights=g_d * slope * (comp[:, 0].astype(np.float64) - comp[:, 1]),
+            minlength=self.n_lvl).astype(np.float64)
+        return pen, g_za, g_zb, g_eta
+
+
+def _mono_pairs(table: Table, spec: DeviceSpecs, lvl_idx: IntArray, n_lvl: int,
+                mean: FloatArray, std: FloatArray, opts: FitOptions) -> _Pairs | None:
+    """Pairs for the monotonicity penalty: measured kernels with one of
+    :data:`MONO_DIMS` halved, drawn with the fit's seed."""
+    if not opts.mono_weight or opts.mono_pairs <= 0:
+        return None
+    rng = np.random.default_rng(10_000 + opts.seed)
+    shape = table.shape_array()
+    dims = np.asarray(MONO_DIMS[table.family])
+    pick = rng.integers(0, len(shape), opts.mono_pairs)
+    dim = dims[rng.integers(0, len(dims), opts.mono_pairs)]
+    b = shape[pick]
+    rows = np.arange(len(pick))
+    ok = b[rows, dim] >= 2
+    if table.family == "conv":  # grouped: channels stay divisible by the groups
+        ok &= (b[:, 13] == 1) | ~np.isin(dim, (1, 4))
+    pick, dim, b = pick[ok], dim[ok], b[ok]
+    a = b.copy()
+    rows = np.arange(len(pick))
+    a[rows, dim] = b[rows, dim] // 2
+    ops = [table.op[int(i)] for i in pick]
+    sub = spec.rows(pick)
+    xa, fa, ba = features(table.family, a, ops, sub)
+    xb, fb, bb = features(table.family, b, ops, sub)
+    fine = (np.all(np.isfinite(xa), axis=1) & np.all(np.isfinite(xb), axis=1)
+            & (np.minimum(fa, ba) > 0) & (np.minimum(fb, bb) > 0))
+    return _Pairs((xa[fine] - mean) / std, (xb[fine] - mean) / std,
+                  np.log(np.column_stack([fa, fb])[fine]),
+                  np.log(np.column_stack([ba, bb])[fine]), lvl_idx[pick][fine], n_lvl,
+                  opts.mono_weight)
+
+
 class _Problem:
     """The objective and its gradient over one flat parameter vector."""
 
     def __init__(self, x: FloatArray, t_flop: FloatArray, t_byte: FloatArray, y: FloatArray,
                  w: FloatArray, opts: FitOptions, oh_idx: IntArray, n_oh: int,
                  fac_idx: IntArray, n_fac: int, lvl_idx: IntArray, n_lvl: int,
-                 drift_idx: IntArray, n_drift: int, basis: FloatArray) -> None:
-        self.x = x
+                 drift_idx: IntArray, n_drift: int, basis: FloatArray,
+                 pairs: _Pairs | None = None) -> None:
+        self.x = x if pairs is None else np.concatenate([x, pairs.xa, pairs.xb])
+        self.n_rows = len(x)
+        self.pairs = pairs
         self.log_flop, self.log_byte = np.log(t_flop), np.log(t_byte)
         self.log_y = np.log(y)
         self.w = w / w.sum()
@@ -223,6 +322,7 @@ class _Problem:
                 h = np.tanh(h)
             acts.append(h)
         z = h[:, 0]
+        z_all, z = z, z[:self.n_rows]
         sl = np.logaddexp(0.0, -z)  # log slowdown over the effective bound
         eta_i = eta[self.lvl_idx]
         log_e = -np.logaddexp(0.0, -eta_i)  # log sigmoid(eta)
@@ -247,6 +347,13 @@ class _Problem:
         g_z = -g_logu / (1.0 + np.exp(np.clip(z, -50.0, 50.0)))  # d sl/dz = −sigmoid(−z)
         # d log_bound / d eta = −(1 − sigmoid(eta)) on compute-bound rows
         g_eta = np.where(comp_bound, -g_logu * (1.0 - np.exp(log_e)), 0.0)
+        g_eta_all: FloatArray = np.bincount(self.lvl_idx, weights=g_eta,
+                                            minlength=self.n_lvl).astype(np.float64)
+        if self.pairs is not None:
+            pen, g_za, g_zb, g_eta_p = self.pairs.penalty(z_all[self.n_rows:], eta)
+            loss += pen
+            g_z = np.concatenate([g_z, g_za, g_zb])
+            g_eta_all = g_eta_all + g_eta_p
         grads: list[FloatArray] = [np.zeros(0)] * len(arrays)
         delta = g_z[:, None]
         for i in range(len(ws) - 1, -1, -1):
@@ -265,8 +372,7 @@ class _Problem:
         grad = np.concatenate([g.ravel() for g in grads] + [
             _scatter(self.oh_idx, g_logc, self.n_oh),
             _scatter(self.fac_idx, g_logu, self.n_fac),
-            np.bincount(self.lvl_idx, weights=g_eta, minlength=self.n_lvl),
-            g_theta.ravel(), np.array([g_floor])])
+            g_eta_all, g_theta.ravel(), np.array([g_floor])])
         return loss, grad
 
     def init(self, seed: int, slowdown: FloatArray) -> FloatArray:
@@ -402,8 +508,10 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
     groups = list(zip(table.device, table.harness, table.op, table.collection, strict=True))
     w = _group_weights(groups, opts.group_power)
     w = np.where(fac_idx >= 0, w * opts.sweep_weight, w)
+    pairs = _mono_pairs(table, spec, lvl_idx, len(lvl_keys3), mean, std, opts)
     prob = _Problem(xn, t_flop, t_byte, y, w, opts, oh_idx, len(oh_keys), fac_idx,
-                    len(fac_keys), lvl_idx, len(lvl_keys3), drift_idx, len(drift_keys), basis)
+                    len(fac_keys), lvl_idx, len(lvl_keys3), drift_idx, len(drift_keys), basis,
+                    pairs)
     p0 = prob.init(opts.seed, y / bound / E_INIT)
     res = minimize(prob, p0, jac=True, method="L-BFGS-B",
                    options={"maxiter": opts.max_iter, "maxfun": opts.max_iter * 2,
