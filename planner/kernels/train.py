@@ -186,6 +186,23 @@ def _scatter(idx: IntArray, weights: FloatArray, size: int) -> FloatArray:
     return out
 
 
+def _effective_bound(log_flop: FloatArray, log_byte: FloatArray,
+                     eta: FloatArray) -> tuple[FloatArray, NDArray[np.bool_], FloatArray]:
+    """``log sigmoid(η)``, the compute-bound mask and ``log max(t_flop / e, t_byte)``.
+    On compute-bound rows ``d log bound / dη = −(1 − e)``; elsewhere zero."""
+    log_e = -np.logaddexp(0.0, -eta)  # log sigmoid(eta)
+    log_comp = log_flop - log_e
+    comp = log_comp >= log_byte
+    return log_e, comp, np.where(comp, log_comp, log_byte)
+
+
+def _through_slowdown(g: FloatArray, z: FloatArray) -> FloatArray:
+    """``g · d log(1 + e^−z) / dz = −g · sigmoid(−z)``: a gradient in the log slowdown
+    carried to the network's output."""
+    out: FloatArray = -g / (1.0 + np.exp(np.clip(z, -50.0, 50.0)))
+    return out
+
+
 #: shape columns whose halving must not make a kernel slower: GEMM M, N, K and batch;
 #: convolution batch, input and output channels, and height (what the planner's data,
 #: model and domain splits divide)
@@ -203,35 +220,29 @@ class _Pairs:
     xb: FloatArray
     log_flop: FloatArray  #: ``rows × 2`` (a, b)
     log_byte: FloatArray
-    lvl_idx: IntArray
-    n_lvl: int
+    lvl_idx: IntArray  #: the efficiency logit of each pair's GPU
     weight: float
 
     def penalty(self, z: FloatArray, eta: FloatArray) -> tuple[float, FloatArray, FloatArray,
                                                               FloatArray]:
-        """Penalty and its gradients in ``z_a``, ``z_b`` and the efficiency logits."""
+        """Penalty and its gradients in ``z_a``, ``z_b`` and, per pair, its GPU's
+        efficiency logit."""
         n = len(self.xa)
         za, zb = z[:n], z[n:]
-        log_e = -np.logaddexp(0.0, -eta[self.lvl_idx])
-        log_comp = self.log_flop - log_e[:, None]
-        comp = log_comp >= self.log_byte
-        log_bound = np.where(comp, log_comp, self.log_byte)
+        log_e, comp, log_bound = _effective_bound(self.log_flop, self.log_byte,
+                                                  eta[self.lvl_idx][:, None])
         d = (log_bound[:, 0] + np.logaddexp(0.0, -za)) - (log_bound[:, 1]
                                                            + np.logaddexp(0.0, -zb))
         v = np.maximum(d, 0.0)
         pen = self.weight * float(np.mean(v * v))
         g_d = 2.0 * self.weight * v / n
-        g_za = -g_d / (1.0 + np.exp(np.clip(za, -50.0, 50.0)))
-        g_zb = g_d / (1.0 + np.exp(np.clip(zb, -50.0, 50.0)))
-        slope = -(1.0 - np.exp(log_e))
-        g_eta: FloatArray = np.bincount(
-            self.lvl_idx, weights=g_d * slope * (comp[:, 0].astype(np.float64) - comp[:, 1]),
-            minlength=self.n_lvl).astype(np.float64)
-        return pen, g_za, g_zb, g_eta
+        slope = -(1.0 - np.exp(log_e[:, 0]))
+        g_eta: FloatArray = g_d * slope * (comp[:, 0].astype(np.float64) - comp[:, 1])
+        return pen, _through_slowdown(g_d, za), _through_slowdown(-g_d, zb), g_eta
 
 
-def _mono_pairs(table: Table, spec: DeviceSpecs, lvl_idx: IntArray, n_lvl: int,
-                mean: FloatArray, std: FloatArray, opts: FitOptions) -> _Pairs | None:
+def _mono_pairs(table: Table, spec: DeviceSpecs, lvl_idx: IntArray, mean: FloatArray,
+                std: FloatArray, opts: FitOptions) -> _Pairs | None:
     """Pairs for the monotonicity penalty: measured kernels with one of
     :data:`MONO_DIMS` halved, drawn with the fit's seed."""
     if not opts.mono_weight or opts.mono_pairs <= 0:
@@ -242,14 +253,13 @@ def _mono_pairs(table: Table, spec: DeviceSpecs, lvl_idx: IntArray, n_lvl: int,
     pick = rng.integers(0, len(shape), opts.mono_pairs)
     dim = dims[rng.integers(0, len(dims), opts.mono_pairs)]
     b = shape[pick]
-    rows = np.arange(len(pick))
-    ok = b[rows, dim] >= 2
+    size = b[np.arange(len(b)), dim]
+    ok = size >= 2
     if table.family == "conv":  # grouped: channels stay divisible by the groups
         ok &= (b[:, 13] == 1) | ~np.isin(dim, (1, 4))
     pick, dim, b = pick[ok], dim[ok], b[ok]
     a = b.copy()
-    rows = np.arange(len(pick))
-    a[rows, dim] = b[rows, dim] // 2
+    a[np.arange(len(a)), dim] = size[ok] // 2
     ops = [table.op[int(i)] for i in pick]
     sub = spec.rows(pick)
     xa, fa, ba = features(table.family, a, ops, sub)
@@ -258,7 +268,7 @@ def _mono_pairs(table: Table, spec: DeviceSpecs, lvl_idx: IntArray, n_lvl: int,
             & (np.minimum(fa, ba) > 0) & (np.minimum(fb, bb) > 0))
     return _Pairs((xa[fine] - mean) / std, (xb[fine] - mean) / std,
                   np.log(np.column_stack([fa, fb])[fine]),
-                  np.log(np.column_stack([ba, bb])[fine]), lvl_idx[pick][fine], n_lvl,
+                  np.log(np.column_stack([ba, bb])[fine]), lvl_idx[pick][fine],
                   opts.mono_weight)
 
 
@@ -324,11 +334,8 @@ class _Problem:
         z = h[:, 0]
         z_all, z = z, z[:self.n_rows]
         sl = np.logaddexp(0.0, -z)  # log slowdown over the effective bound
-        eta_i = eta[self.lvl_idx]
-        log_e = -np.logaddexp(0.0, -eta_i)  # log sigmoid(eta)
-        log_comp = self.log_flop - log_e
-        comp_bound = log_comp >= self.log_byte
-        log_bound = np.where(comp_bound, log_comp, self.log_byte)
+        log_e, comp_bound, log_bound = _effective_bound(self.log_flop, self.log_byte,
+                                                        eta[self.lvl_idx])
         lf = _gather(log_f, self.fac_idx, 0.0)
         if self.n_drift:
             has_d = self.drift_idx >= 0
@@ -344,8 +351,7 @@ class _Problem:
         g_logu = g_logt * u / t
         g_logc = g_logt * c / t
         g_floor = float(np.sum(g_logt * floor / t))
-        g_z = -g_logu / (1.0 + np.exp(np.clip(z, -50.0, 50.0)))  # d sl/dz = −sigmoid(−z)
-        # d log_bound / d eta = −(1 − sigmoid(eta)) on compute-bound rows
+        g_z = _through_slowdown(g_logu, z)
         g_eta = np.where(comp_bound, -g_logu * (1.0 - np.exp(log_e)), 0.0)
         g_eta_all: FloatArray = np.bincount(self.lvl_idx, weights=g_eta,
                                             minlength=self.n_lvl).astype(np.float64)
@@ -353,7 +359,8 @@ class _Problem:
             pen, g_za, g_zb, g_eta_p = self.pairs.penalty(z_all[self.n_rows:], eta)
             loss += pen
             g_z = np.concatenate([g_z, g_za, g_zb])
-            g_eta_all = g_eta_all + g_eta_p
+            g_eta_all = g_eta_all + np.bincount(self.pairs.lvl_idx, weights=g_eta_p,
+                                                minlength=self.n_lvl)
         grads: list[FloatArray] = [np.zeros(0)] * len(arrays)
         delta = g_z[:, None]
         for i in range(len(ws) - 1, -1, -1):
@@ -508,7 +515,7 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
     groups = list(zip(table.device, table.harness, table.op, table.collection, strict=True))
     w = _group_weights(groups, opts.group_power)
     w = np.where(fac_idx >= 0, w * opts.sweep_weight, w)
-    pairs = _mono_pairs(table, spec, lvl_idx, len(lvl_keys3), mean, std, opts)
+    pairs = _mono_pairs(table, spec, lvl_idx, mean, std, opts)
     prob = _Problem(xn, t_flop, t_byte, y, w, opts, oh_idx, len(oh_keys), fac_idx,
                     len(fac_keys), lvl_idx, len(lvl_keys3), drift_idx, len(drift_keys), basis,
                     pairs)
