@@ -20,7 +20,8 @@ from planner.kernels import LearnedEstimator, load_models
 from planner.kernels.data import detect_layout, parse_csv, read_csv
 from planner.kernels.estimator import conv_rows, scale_rows
 from planner.kernels.features import DeviceSpecs
-from planner.kernels.model import RANGE_TOLERANCE_LOG2, Ensemble
+from planner.kernels.model import RANGE_TOLERANCE_LOG2
+from planner.kernels.pipeline import fit_tables
 from planner.kernels.store import MANIFEST, ModelSet, find_models_dir, load_dir, sha256_file
 from planner.kernels.train import FitOptions, _Pairs, fit_family
 from planner.ops import Conv, Elementwise, Gemm
@@ -581,7 +582,7 @@ def test_the_penalty_makes_a_fit_monotone_in_the_rows():
     # The same small fit (a third of DeepBench's GEMM rows) with and without the penalty,
     # judged on the other two thirds: each V100 FP32 shape against itself with half the
     # rows. Measured: 14 of 76 halved kernels predicted over 5% slower without the
-    # penalty (worst 4.3x), 1 with it (1.12x).
+    # penalty (worst 4.3x), 1 with it (1.12x), in one-thread workers and in-process.
     table = read_csv(DB_GEMM).gemm
     small = table.select([i % 3 == 0 for i in range(len(table))])
     shape = table.shape_array()
@@ -593,9 +594,11 @@ def test_the_penalty_makes_a_fit_monotone_in_the_rows():
     dev = lookup_device("V100-SXM2")
     slower, worst = {}, {}
     for weight in (0.0, 10.0):
-        model, _ = fit_family(small, FitOptions(hidden=(16,), max_iter=300,
-                                                mono_weight=weight))
-        est = LearnedEstimator(ModelSet({"gemm": Ensemble((model,))}, {}, ""))
+        # in one-BLAS-thread workers, as the command fits: the weights' last bits
+        # depend on the thread count, and the bound below is what was measured
+        [(model, _)] = fit_tables([small], FitOptions(hidden=(16,), max_iter=300,
+                                                      members=1, mono_weight=weight))
+        est = LearnedEstimator(ModelSet({"gemm": model}, {}, ""))
         t = est.estimate(half + whole, dev, "float32")
         mlp = np.array([s.startswith("mlp:") for s in t.source])
         both = mlp[:len(other)] & mlp[len(other):]
@@ -603,7 +606,9 @@ def test_the_penalty_makes_a_fit_monotone_in_the_rows():
         ratio = (t.seconds[:len(other)] / t.seconds[len(other):])[both]
         slower[weight], worst[weight] = int(np.sum(ratio > 1.05)), float(ratio.max())
     assert slower[0.0] >= 10 and worst[0.0] > 2.0
-    assert slower[10.0] <= 1 and worst[10.0] < 1.15
+    # measured 1 (1.12x, the next 0.94x); the slack is for other CPUs' BLAS kernels,
+    # whose rounding moves an L-BFGS path, and is far from the 14 (4.3x) without it
+    assert slower[10.0] <= 3 and worst[10.0] < 1.25
 
 
 def test_fit_command_writes_a_loadable_model_without_the_left_out_gpu(runner, tmp_path):

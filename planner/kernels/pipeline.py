@@ -109,7 +109,7 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     models: dict[str, Ensemble] = {}
     reports: list[FitReport] = []
     tables = [t for t in (train.gemm, train.conv) if t.family in families and len(t)]
-    for model, report in _fit_tables(tables, opts):
+    for model, report in fit_tables(tables, opts):
         models[model.family] = model
         reports.append(report)
     if not models:
@@ -150,7 +150,7 @@ def _family_options(opts: FitOptions, family: str) -> dict[str, Any]:
             "monotone_weight": resolved.mono_weight}
 
 
-def _fit_tables(tables: list[Table], opts: FitOptions) -> list[tuple[Ensemble, FitReport]]:
+def fit_tables(tables: list[Table], opts: FitOptions) -> list[tuple[Ensemble, FitReport]]:
     """Fit each table's ensemble, every member in a worker process with one BLAS thread
     (OpenBLAS's threads only slow these small matrix products down: 6× on two cores),
     members and families in parallel. Each fit is deterministic (member ``j`` starts
@@ -250,4 +250,4 @@ def achieved_fractions(paths: Sequence[str | Path],
 
 
 __all__ = ["SPLITS", "Achieved", "FitOutcome", "achieved_fractions", "evaluate_files",
-           "fit_models", "select"]
+           "fit_models", "fit_tables", "select"]
