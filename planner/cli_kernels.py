@@ -18,12 +18,17 @@ models_dir_option = click.option(
 def _results_table(results: list[dict[str, Any]], title: str) -> Any:
     from rich.table import Table
 
+    banded = any(r.get("in_band") is not None for r in results)
     table = Table(title=title, title_justify="left")
-    for name in ("device", "op", "n", "MAPE %", "median %", "p90 %", "out of range"):
+    names = ["device", "op", "n", "MAPE %", "median %", "p90 %", "out of range"]
+    for name in names + (["in 90% band %"] if banded else []):
         table.add_column(name, justify="left" if name in ("device", "op") else "right")
     for r in results:
-        table.add_row(r["device"], r["op"], str(r["n"]), f"{r['mape']:.1f}",
-                      f"{r['median_ape']:.1f}", f"{r['p90_ape']:.1f}", str(r["out_of_range"]))
+        cells = [r["device"], r["op"], str(r["n"]), f"{r['mape']:.1f}",
+                 f"{r['median_ape']:.1f}", f"{r['p90_ape']:.1f}", str(r["out_of_range"])]
+        if banded:
+            cells.append("" if r.get("in_band") is None else f"{r['in_band']:.1f}")
+        table.add_row(*cells)
     return table
 
 
@@ -123,9 +128,11 @@ def kernels_eval(data: tuple[str, ...], models_dir: str | None, split: str,
                  output: str | None) -> None:
     """Accuracy of the models on measurement CSVs, per device and op.
 
-    Prints the row count, the mean absolute percentage error (MAPE), and the median and
-    90th-percentile absolute percentage errors. JSON: {"results": [{"device", "op", "n",
-    "mape", "median_ape", "p90_ape", "out_of_range"}, ...]}.
+    Prints the row count, the mean absolute percentage error (MAPE), the median and
+    90th-percentile absolute percentage errors, and the share of rows whose measured time
+    is within the error band the models recorded for kernels like it (about 90% on data
+    like the held-out rows they were cut from). JSON: {"results": [{"device", "op", "n",
+    "mape", "median_ape", "p90_ape", "out_of_range", "in_band"}, ...]}.
     """
     from .kernels.pipeline import evaluate_files
     from .kernels.store import load_models
@@ -217,6 +224,11 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
                       f"{pred.sustained_fraction:.3f} ("
                       + ("fitted on its measurements" if pred.gpu_seen else
                          "from its datasheet: unseen GPU") + ")")
+        if pred.interval_s is not None:
+            lo, hi = pred.interval_s
+            t.add_row("90% of held-out kernels like it",
+                      f"{lo * 1e6:,.2f}–{hi * 1e6:,.2f} µs ({pred.interval_rows:,} rows"
+                      + ("" if pred.gpu_seen else "; seen GPUs only") + ")")
         t.add_row("within training range", "yes" if pred.in_range else "no")
         if pred.scale != 1.0:
             t.add_row("scaled", f"timed on 1/{pred.scale:,.4g} of its work, × {pred.scale:,.4g}")

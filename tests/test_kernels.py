@@ -129,6 +129,25 @@ def test_not_a_manifest(tmp_path):
         load_dir(tmp_path)
 
 
+def test_bad_error_bands_name_the_manifest(model_copy):
+    doc = yaml.safe_load((model_copy / MANIFEST).read_text())
+    doc["error_bands"]["ops"]["gemm"]["edges"].reverse()  # no longer ascending
+    (model_copy / MANIFEST).write_text(yaml.safe_dump(doc))
+    with pytest.raises(ModelDataError, match=r"manifest\.yaml: error_bands\.ops\.gemm: "
+                                             r"expected ascending edges"):
+        load_dir(model_copy)
+
+
+def test_bad_error_bands_exit_2_from_the_command_line(runner, model_copy):
+    doc = yaml.safe_load((model_copy / MANIFEST).read_text())
+    doc["error_bands"]["ops"]["conv_fwd"]["bands"][0]["low"] = "wide"
+    (model_copy / MANIFEST).write_text(yaml.safe_dump(doc))
+    r = invoke(runner, "kernels", "predict", "--device", "T4", "--gemm", "64,64,64",
+               "--models-dir", model_copy)
+    assert r.exit_code == 2 and "error_bands.ops.conv_fwd" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 # --- features ----------------------------------------------------------------------------
 
 
@@ -425,6 +444,10 @@ def test_leave_one_gpu_out(runner, tmp_path, gpu):
     (row,) = [x for x in json.loads(r.output)["results"] if x["op"] == "gemm"]
     assert row["n"] == 335
     assert row["mape"] <= 20.0
+    # README "Error bands": on a GPU it has not seen, fewer rows than the 90% of the
+    # held-out ones fall in their band (measured 63.6% on the T4, 84.2% on the V100-PCIe;
+    # 3 points allowed for another CPU's rounding in the fit)
+    assert row["in_band"] == pytest.approx({"T4": 63.6, "V100-PCIe": 84.2}[gpu], abs=3.0)
 
 
 def _run_benchmark(script: str, *args: str, env: dict[str, str] | None = None) -> str:
@@ -540,6 +563,75 @@ def test_unknown_device_is_an_input_error_with_position():
     with pytest.raises(InputError) as info:
         parse_csv(text, "x.csv")
     assert str(info.value).startswith("x.csv:2:7: error: unknown device 'Tesla T5'")
+
+
+# --- error bands -------------------------------------------------------------------------
+
+
+def test_bands_are_cut_at_quantiles_and_merged_by_hand():
+    from planner.kernels.bands import MIN_ROWS, cut_bands
+
+    assert MIN_ROWS == 30
+    values = np.arange(100.0)
+    ratios = np.where(values < 50, 0.75 + 0.01 * values, 2.0 - 0.01 * (values - 50))
+    b = cut_bands(values, ratios, (0.5, 0.8, 0.95), "bound_s")
+    # numpy's linear quantiles of 0..99 are 49.5, 79.2 and 94.05: 50, 30, 15 and 5 rows.
+    # The band of 15 merges with the 5 above it (20 rows), which then merges into the 30
+    # below (50 rows): one edge left.
+    assert b.edges == (49.5,)
+    assert [x.n for x in b.bands] == [50, 50]
+    # rows 0-49: ratios 0.75 ... 1.24 in steps of 0.01; the 5th percentile is at position
+    # 0.05 * 49 = 2.45 (0.7745), the 95th at 46.55 (1.2155)
+    assert (b.bands[0].low, b.bands[0].high) == (0.7745, 1.2155)
+    # rows 50-99: ratios 2.00 down to 1.51, the same positions from the other end
+    assert (b.bands[1].low, b.bands[1].high) == (1.5345, 1.9755)
+    assert b.band(49.4) is b.bands[0] and b.band(49.5) is b.bands[1]  # lower edge inclusive
+
+
+def test_band_records_round_trip_and_are_checked():
+    from planner.kernels.bands import Band, OpBands
+
+    b = OpBands("member_spread", (0.05, 0.1), (Band(40, 0.8, 1.2), Band(35, 0.7, 1.3),
+                                                Band(31, 0.5, 1.9)))
+    assert OpBands.from_record(b.record(), "x") == b
+    low, high = b.limits(np.array([0.0, 0.05, 0.099, 3.0]))
+    assert low.tolist() == [0.8, 0.7, 0.7, 0.5] and high.tolist() == [1.2, 1.3, 1.3, 1.9]
+    for bad, msg in (({**b.record(), "by": "luck"}, "'by' one of"),
+                     ({**b.record(), "edges": [0.1, 0.05]}, "ascending edges"),
+                     ({**b.record(), "edges": [0.1]}, "one band more than edges"),
+                     ({**b.record(), "bands": [{"n": 3}] * 3}, "n, low and high"),
+                     ({**b.record(), "bands": [{"n": 3, "low": 1.5, "high": 1.2}] * 3},
+                      "0 < low <= high")):
+        with pytest.raises(ModelDataError, match=msg):
+            OpBands.from_record(bad, "x")
+
+
+def test_predict_gives_the_band_of_its_kernel(runner):
+    manifest = yaml.safe_load((MODELS / MANIFEST).read_text())
+    gemm = manifest["error_bands"]["ops"]["gemm"]
+    assert gemm["by"] == "bound_s" and len(gemm["bands"]) == len(gemm["edges"]) + 1
+    rec = json.loads(invoke(runner, "kernels", "predict", "--device", "V100-PCIe", "--gemm",
+                            "4096,4096,4096", "--format", "json").stdout)
+    # the band is the one whose edges hold the kernel's roofline bound
+    i = int(np.searchsorted(gemm["edges"], rec["bound_s"], side="right"))
+    band = gemm["bands"][i]
+    assert rec["interval_s"] == pytest.approx([rec["seconds"] * band["low"],
+                                               rec["seconds"] * band["high"]], rel=1e-12)
+    assert rec["interval_rows"] == band["n"]
+    # a convolution: its band is found by the spread of the five networks
+    rec = json.loads(invoke(runner, "kernels", "predict", "--device", "V100-SXM2", "--conv",
+                            "32,64,56,56,64,3,3,1,1", "--format", "json").stdout)
+    lo, hi = rec["interval_s"]
+    assert lo < rec["seconds"] < hi
+    assert rec["interval_rows"] in [b["n"] for b in
+                                    manifest["error_bands"]["ops"]["conv_fwd"]["bands"]]
+    # the roofline has no band
+    rec = json.loads(invoke(runner, "kernels", "predict", "--device", "V100-PCIe", "--gemm",
+                            "4096,4096,4096", "--dtype", "float64", "--format", "json").stdout)
+    assert rec["source"].startswith("roofline") and rec["interval_s"] is None
+    table = invoke(runner, "kernels", "predict", "--device", "H100", "--gemm",
+                   "4096,4096,4096").stdout
+    assert "90% of held-out kernels like it" in table and "seen GPUs only" in table
 
 
 # --- training ----------------------------------------------------------------------------
@@ -776,7 +868,8 @@ def test_eval_json_schema(runner):
     assert results
     for rec in results:
         assert set(rec) == {"device", "op", "n", "mape", "median_ape", "p90_ape",
-                            "out_of_range"}
+                            "out_of_range", "in_band"}
+        assert 0.0 <= rec["in_band"] <= 100.0
         assert rec["n"] > 0 and 0 <= rec["median_ape"] <= rec["p90_ape"]
 
 
@@ -795,6 +888,24 @@ def test_manifest_accuracy_matches_a_fresh_eval(runner):
         assert fresh[key]["n"] == rec["n"]
         # both rounded to 0.01 percentage points
         assert fresh[key]["mape"] == pytest.approx(rec["mape"], abs=0.011), key
+        assert fresh[key]["in_band"] == pytest.approx(rec["in_band"], abs=0.011), key
+    # The bands were cut from these rows (all in range) at the 5th and 95th percentiles,
+    # which numpy interpolates at positions 0.05 (n - 1) and 0.95 (n - 1) of a band's n
+    # sorted rows, so the rows inside are those from ceil(0.05 (n - 1)) to
+    # floor(0.95 (n - 1)): 90% give or take two rows (89.1-89.9% an op). Allowed: one row
+    # a band for ties and the ratios' rounding to 4 decimals.
+    inside: dict[str, float] = {}
+    for x in fresh.values():
+        assert x["out_of_range"] == 0
+        op = x["op"].split("-")[0]
+        inside[op] = inside.get(op, 0.0) + x["in_band"] / 100.0 * x["n"]
+    ops = manifest["error_bands"]["ops"]
+    assert set(inside) == set(ops) == {"gemm", "bmm", "conv_fwd", "conv_bwd_data",
+                                       "conv_bwd_filter"}
+    for op, rec in ops.items():
+        want = sum(math.floor(0.95 * (b["n"] - 1)) - math.ceil(0.05 * (b["n"] - 1)) + 1
+                   for b in rec["bands"])
+        assert inside[op] == pytest.approx(want, abs=len(rec["bands"])), op
 
 
 def test_eval_unknown_device_exits_2_with_position(runner, tmp_path):

@@ -44,6 +44,7 @@ from ..costs.compute import KernelTimes, kernel_arrays, roofline_seconds
 from ..memo import IdentityMemo
 from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
 from ..ops import Conv, Gemm, Kernel
+from .bands import band_variable
 from .features import DeviceSpecs, conv_out, features
 from .model import Ensemble, KernelModel
 from .store import ModelSet, load_models
@@ -242,6 +243,11 @@ class Prediction:
     in_range: bool
     #: work of the kernel over the work of the part the model timed (1: not scaled)
     scale: float = 1.0
+    #: where 90% of held-out kernels like it were measured, relative to this prediction
+    #: (:mod:`.bands`; None: the roofline timed it, or the models record no bands)
+    interval_s: tuple[float, float] | None = None
+    #: held-out rows the interval comes from
+    interval_rows: int | None = None
 
     def record(self) -> dict[str, Any]:
         """Plain data."""
@@ -250,7 +256,9 @@ class Prediction:
                 "achieved_fraction_of_bound": self.bound_s / self.seconds
                 if self.seconds > 0 else None,
                 "sustained_fraction": self.sustained_fraction, "gpu_seen": self.gpu_seen,
-                "in_range": self.in_range, "scale": self.scale}
+                "in_range": self.in_range, "scale": self.scale,
+                "interval_s": None if self.interval_s is None else list(self.interval_s),
+                "interval_rows": self.interval_rows}
 
 
 _MEMO_ENTRIES = 1 << 20
@@ -344,14 +352,26 @@ class LearnedEstimator:
         seen: bool | None = None
         ok = False
         scale = 1.0
+        seconds = float(times.seconds[0])
+        interval: tuple[float, float] | None = None
+        interval_rows: int | None = None
         if model is not None and mdt is not None:
             rows = gemm_rows([kernel]) if isinstance(kernel, Gemm) else conv_rows([kernel])
             _, b, f, answered = _time_rows(model, rows, [kernel.op], device, dtype, mdt)
-            e, seenv = model.level(DeviceSpecs.single(device, dtype, 1), [device.name], [mdt])
+            spec = DeviceSpecs.single(device, dtype, 1)
+            e, seenv = model.level(spec, [device.name], [mdt])
             bound, frac, seen, scale = float(b[0]), float(e[0]), bool(seenv[0]), float(f[0])
             ok = bool(answered[0]) and scale == 1.0  # a scaled kernel was out of range
-        return Prediction(float(times.seconds[0]), times.source[0], bound, roof, frac, seen, ok,
-                          scale)
+            bands = self.models.error_bands.get(kernel.op)
+            if bands is not None and answered[0]:
+                timed = rows if scale == 1.0 else scale_rows(model, rows, [kernel.op], spec)[1]
+                member, timed_bound, _ = model.member_times(timed, [kernel.op], spec,
+                                                            [device.name], [mdt])
+                band = bands.band(float(band_variable(bands.by, member, timed_bound)[0]))
+                interval = (seconds * band.low, seconds * band.high)
+                interval_rows = band.n
+        return Prediction(seconds, times.source[0], bound, roof, frac, seen, ok, scale,
+                          interval, interval_rows)
 
 
 def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Device,

@@ -4,12 +4,15 @@ The absolute percentage error of a row is ``|t̂ − t| / t · 100``; per (devic
 report gives the row count, the mean (MAPE), the median and the 90th percentile. The
 predicted time of a row includes its harness's per-call overhead (see
 :mod:`planner.kernels.train`); rows out of the model's training range are predicted by
-the roofline bound (what the estimator would do) and counted.
+the roofline bound (what the estimator would do) and counted. Given the models' error
+bands (:mod:`.bands`), it also gives the share of rows whose measured time fell within
+their band: about 90% on rows like the held-out ones the bands were cut from, fewer on a
+GPU or shapes unlike them. :func:`fit_bands` cuts the bands.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +20,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..cluster import Device, lookup_device
+from .bands import (
+    BOUND_CUTS,
+    MIN_ROWS,
+    SPREAD_CUTS,
+    OpBands,
+    band_variable,
+    cut_bands,
+    variable_for,
+)
 from .data import Dataset, Table
 from .features import DeviceSpecs
 from .model import Ensemble
@@ -35,12 +47,16 @@ class Result:
     median_ape: float
     p90_ape: float
     out_of_range: int
+    #: percentage of the rows the model answers for whose measured time fell in their
+    #: error band (:mod:`.bands`); None where the models record no bands for the op
+    in_band: float | None = None
 
     def record(self) -> dict[str, Any]:
         """Plain data for JSON/YAML (percentages rounded to 0.01)."""
         return {"device": self.device, "op": self.op, "n": self.n,
                 "mape": round(self.mape, 2), "median_ape": round(self.median_ape, 2),
-                "p90_ape": round(self.p90_ape, 2), "out_of_range": self.out_of_range}
+                "p90_ape": round(self.p90_ape, 2), "out_of_range": self.out_of_range,
+                "in_band": None if self.in_band is None else round(self.in_band, 2)}
 
 
 def predict_table(model: Ensemble, table: Table) -> tuple[FloatArray, NDArray[np.bool_]]:
@@ -48,6 +64,13 @@ def predict_table(model: Ensemble, table: Table) -> tuple[FloatArray, NDArray[np
 
     Each member of the ensemble predicts what the harness measured (its own overheads
     and drifts); the prediction is the geometric mean of theirs."""
+    pred, ok, _ = _predict(model, table)
+    return pred, ok
+
+
+def _predict(model: Ensemble, table: Table,
+             ) -> tuple[FloatArray, NDArray[np.bool_], FloatArray]:
+    """:func:`predict_table` and each row's error-band variable (:mod:`.bands`)."""
     devices: list[Device] = []
     for name in table.device:
         dev = lookup_device(name)
@@ -70,7 +93,7 @@ def predict_table(model: Ensemble, table: Table) -> tuple[FloatArray, NDArray[np
                          for h, d in zip(table.harness, table.device, strict=True)])
         logs.append(np.log(secs + over))
     out: FloatArray = np.exp(np.mean(logs, axis=0))
-    return out, ok
+    return out, ok, band_variable(variable_for(model), times, bound)
 
 
 def ape(pred: FloatArray, actual: FloatArray) -> FloatArray:
@@ -79,22 +102,27 @@ def ape(pred: FloatArray, actual: FloatArray) -> FloatArray:
     return out
 
 
-def summarise(device: str, op: str, errors: FloatArray, out_of_range: int) -> Result:
+def summarise(device: str, op: str, errors: FloatArray, out_of_range: int,
+              in_band: float | None = None) -> Result:
     """One result row from a group's errors."""
     return Result(device, op, int(errors.size), float(np.mean(errors)),
-                  float(np.median(errors)), float(np.percentile(errors, 90)), out_of_range)
+                  float(np.median(errors)), float(np.percentile(errors, 90)), out_of_range,
+                  in_band)
 
 
-def evaluate(models: Mapping[str, Ensemble], data: Dataset) -> list[Result]:
-    """Per (device, op) errors of ``models`` (by family) on every row of ``data``."""
+def evaluate(models: Mapping[str, Ensemble], data: Dataset,
+             bands: Mapping[str, OpBands] | None = None) -> list[Result]:
+    """Per (device, op) errors of ``models`` (by family) on every row of ``data``, and
+    with ``bands`` the share of rows within their error band."""
     results: list[Result] = []
     for table in data.tables():
         model = models.get(table.family)
         if model is None or not len(table):
             continue
-        pred, ok = predict_table(model, table)
+        pred, ok, value = _predict(model, table)
         actual = np.asarray(table.seconds)
         err = ape(pred, actual)
+        inside = _inside(bands or {}, table.op, actual / pred, value, ok)
         keys = sorted(set(zip(table.device, table.op, table.dtype, strict=True)))
         dev_arr = np.asarray(table.device)
         op_arr = np.asarray(table.op)
@@ -102,9 +130,45 @@ def evaluate(models: Mapping[str, Ensemble], data: Dataset) -> list[Result]:
         for dev, op, dt in keys:
             m = (dev_arr == dev) & (op_arr == op) & (dt_arr == dt)
             label = op if dt == "float32" else f"{op}-{dt}"
-            results.append(summarise(dev, label, err[m], int(np.sum(~ok[m]))))
+            judged = m & ~np.isnan(inside)
+            share = float(np.mean(inside[judged]) * 100.0) if judged.any() else None
+            results.append(summarise(dev, label, err[m], int(np.sum(~ok[m])), share))
     results.sort(key=lambda r: (r.device, r.op))
     return results
 
 
-__all__ = ["Result", "ape", "evaluate", "predict_table", "summarise"]
+def _inside(bands: Mapping[str, OpBands], ops: Sequence[str], ratio: FloatArray,
+            value: FloatArray, ok: NDArray[np.bool_]) -> FloatArray:
+    """1 where a row's measured / predicted time is within its band, 0 outside, NaN
+    where it has none (no bands for its op, or out of range: timed by the roofline)."""
+    out = np.full(len(ratio), np.nan)
+    op_arr = np.asarray(ops)
+    for op, b in bands.items():
+        rows = np.flatnonzero((op_arr == op) & ok)
+        if len(rows):
+            low, high = b.limits(value[rows])
+            out[rows] = ((ratio[rows] >= low) & (ratio[rows] <= high)).astype(np.float64)
+    return out
+
+
+def fit_bands(models: Mapping[str, Ensemble], data: Dataset) -> dict[str, OpBands]:
+    """Error bands per op (:mod:`.bands`) from held-out rows: the rows the model answers
+    for (out-of-range rows are timed by the roofline, which has no band)."""
+    out: dict[str, OpBands] = {}
+    for table in data.tables():
+        model = models.get(table.family)
+        if model is None or not len(table):
+            continue
+        pred, ok, value = _predict(model, table)
+        ratio = np.asarray(table.seconds) / pred
+        by = variable_for(model)
+        cuts = SPREAD_CUTS if by == "member_spread" else BOUND_CUTS
+        ops = np.asarray(table.op)
+        for op in sorted(set(table.op)):
+            rows = (ops == op) & ok
+            if int(rows.sum()) >= MIN_ROWS:
+                out[op] = cut_bands(value[rows], ratio[rows], cuts, by)
+    return out
+
+
+__all__ = ["Result", "ape", "evaluate", "fit_bands", "predict_table", "summarise"]

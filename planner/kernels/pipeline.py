@@ -24,8 +24,9 @@ import numpy as np
 from ..cluster import lookup_device
 from ..errors import UsageError
 from ..threads import BLAS_THREAD_VARS
+from .bands import bands_record
 from .data import Dataset, Table, read_files
-from .evaluate import Result, evaluate
+from .evaluate import Result, evaluate, fit_bands
 from .features import gemm_work
 from .model import Ensemble
 from .store import Extra, ModelSet, save_models, sha256_file
@@ -114,7 +115,8 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
         reports.append(report)
     if not models:
         raise UsageError("planner: error: no GEMM or convolution measurements to fit")
-    accuracy = evaluate(models, test)
+    bands = fit_bands(models, test)
+    accuracy = evaluate(models, test, bands)
     seconds = time.perf_counter() - start
     outcome = FitOutcome(models, reports, accuracy, seconds=seconds)
     if out_dir is not None:
@@ -139,7 +141,9 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
                               "of the training files",
                       "command": "planner kernels eval " + " ".join(str(p) for p in paths)
                                  + " --split test" + "".join(f" --exclude {d}" for d in left),
-                      "results": [r.record() for r in accuracy]})
+                      "results": [r.record() for r in accuracy]},
+            error_bands=bands_record(bands, "planner kernels fit " + " ".join(
+                str(p) for p in paths) + "".join(f" --leave-out {d}" for d in left)))
         outcome.files = save_models(out_dir, models, extra)
     return outcome
 
@@ -205,7 +209,7 @@ def evaluate_files(paths: Sequence[str | Path], models: ModelSet,
     if not len(data):
         raise UsageError("planner: error: no rows left to evaluate (check --split and "
                          "--device)")
-    return evaluate(dict(models.models), data)
+    return evaluate(dict(models.models), data, models.error_bands)
 
 
 @dataclass(frozen=True)

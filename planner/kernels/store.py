@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 
 from ..errors import ModelDataError
 from ..output import to_yaml, write_atomic
+from .bands import OpBands, parse_bands
 from .features import FEATURES
 from .mlp import Mlp
 from .model import Ensemble, KernelModel
@@ -63,6 +64,8 @@ class ModelSet:
     models: Mapping[str, Ensemble]
     manifest: Mapping[str, Any]
     directory: str
+    #: op → error bands of held-out measurements (:mod:`.bands`; empty: none recorded)
+    error_bands: Mapping[str, OpBands] = field(default_factory=dict)
 
     def get(self, family: str) -> Ensemble | None:
         """The model of a family, if the set has one."""
@@ -76,6 +79,8 @@ class Extra:
     data: list[dict[str, Any]] = field(default_factory=list)
     fit: dict[str, Any] = field(default_factory=dict)
     accuracy: dict[str, Any] = field(default_factory=dict)
+    #: the ``error_bands`` section (:func:`.bands.bands_record`; empty: not written)
+    error_bands: dict[str, Any] = field(default_factory=dict)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -214,6 +219,8 @@ def save_models(directory: str | Path, models: Mapping[str, Ensemble],
         "fit": extra.fit,
         "accuracy": extra.accuracy,
     }
+    if extra.error_bands:
+        manifest["error_bands"] = extra.error_bands
     write_atomic(out / MANIFEST, "# Written by `planner kernels fit`; do not edit by hand "
                  "(the checksums must match).\n" + to_yaml(manifest))
     written.append(out / MANIFEST)
@@ -374,7 +381,8 @@ def load_dir(directory: str | Path) -> ModelSet:
     if not isinstance(recs, dict) or not recs:
         raise ModelDataError(f"{manifest_path}: error: no models listed")
     models = {str(f): _load_model(path, str(f), r, int(version)) for f, r in recs.items()}
-    out = ModelSet(models, doc, str(path))
+    bands = parse_bands(doc.get("error_bands"), f"{manifest_path}: error_bands")
+    out = ModelSet(models, doc, str(path), bands)
     _CACHE[key] = out
     return out
 

@@ -2,10 +2,11 @@
 
     python tests/benchmarks/gemm_by_k.py DEVICE [--models-dir DIR] [--k 16384]
 
-Prints the MAPE, median APE and the geometric mean of predicted over measured time of
-the NeuSight linear *test* rows of DEVICE with K below and at or above ``--k`` (the
-README's breakdown of the leave-one-GPU-out P100: fit with ``--leave-out P100-PCIe``
-into DIR first).
+Prints the MAPE, median APE, the geometric mean of predicted over measured time and the
+5th, 50th and 95th percentiles of measured over predicted time of the NeuSight linear
+*test* rows of DEVICE, all of them and with K below and at or above ``--k`` (the
+README's breakdown of the leave-one-GPU-out P100, and the spread of every held-out
+GPU's errors under "Error bands": fit with ``--leave-out DEVICE`` into DIR first).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def main() -> None:
         if not rows.any():
             continue
         ratio = float(np.exp(np.mean(np.log(pred[rows] / meas[rows]))))
+        lo, mid, hi = np.quantile(meas[rows] / pred[rows], (0.05, 0.5, 0.95))
         print(f"{name} {label:>12}: n = {int(rows.sum()):4d}  MAPE {ape[rows].mean():5.1f}%  "
-              f"median {np.median(ape[rows]):5.1f}%  predicted/measured {ratio:.2f}")
+              f"median {np.median(ape[rows]):5.1f}%  predicted/measured {ratio:.2f}  "
+              f"measured/predicted 5th/50th/95th percentile {lo:.2f} / {mid:.2f} / {hi:.2f}")
 
 
 if __name__ == "__main__":
