@@ -45,9 +45,10 @@ INTERVAL = (0.05, 0.95)
 SPREAD_CUTS = (0.5, 0.8, 0.95)
 #: quantiles of the roofline bound where a single network's bands are cut
 BOUND_CUTS = (0.05, 0.2, 0.5)
+#: what bands are cut on → where
+CUTS = {"member_spread": SPREAD_CUTS, "bound_s": BOUND_CUTS}
 #: fewest held-out rows a band is made of
 MIN_ROWS = 30
-BY = ("member_spread", "bound_s")
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,8 @@ class OpBands:
     @staticmethod
     def from_record(rec: Any, where: str) -> OpBands:
         """Parse and check a manifest record (ModelDataError naming ``where``)."""
-        if not isinstance(rec, dict) or rec.get("by") not in BY:
-            raise ModelDataError(f"{where}: expected a mapping with 'by' one of {list(BY)}")
+        if not isinstance(rec, dict) or rec.get("by") not in CUTS:
+            raise ModelDataError(f"{where}: expected a mapping with 'by' one of {list(CUTS)}")
         edges, bands = rec.get("edges"), rec.get("bands")
         try:
             e = tuple(float(x) for x in edges)  # type: ignore[union-attr]
@@ -169,5 +170,5 @@ def parse_bands(section: Any, where: str) -> dict[str, OpBands]:
     return {str(op): OpBands.from_record(rec, f"{where}.ops.{op}") for op, rec in ops.items()}
 
 
-__all__ = ["BOUND_CUTS", "INTERVAL", "MIN_ROWS", "SPREAD_CUTS", "Band", "OpBands",
+__all__ = ["BOUND_CUTS", "CUTS", "INTERVAL", "MIN_ROWS", "SPREAD_CUTS", "Band", "OpBands",
            "band_variable", "bands_record", "cut_bands", "parse_bands", "variable_for"]

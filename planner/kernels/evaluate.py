@@ -21,9 +21,8 @@ from numpy.typing import NDArray
 
 from ..cluster import Device, lookup_device
 from .bands import (
-    BOUND_CUTS,
+    CUTS,
     MIN_ROWS,
-    SPREAD_CUTS,
     OpBands,
     band_variable,
     cut_bands,
@@ -162,12 +161,11 @@ def fit_bands(models: Mapping[str, Ensemble], data: Dataset) -> dict[str, OpBand
         pred, ok, value = _predict(model, table)
         ratio = np.asarray(table.seconds) / pred
         by = variable_for(model)
-        cuts = SPREAD_CUTS if by == "member_spread" else BOUND_CUTS
         ops = np.asarray(table.op)
         for op in sorted(set(table.op)):
             rows = (ops == op) & ok
             if int(rows.sum()) >= MIN_ROWS:
-                out[op] = cut_bands(value[rows], ratio[rows], cuts, by)
+                out[op] = cut_bands(value[rows], ratio[rows], CUTS[by], by)
     return out
 
 
