@@ -569,7 +569,7 @@ def test_unknown_device_is_an_input_error_with_position():
 
 
 def test_bands_are_cut_at_quantiles_and_merged_by_hand():
-    from planner.kernels.bands import MIN_ROWS, cut_bands
+    from planner.kernels.bands import MIN_ROWS, conformal_ranks, cut_bands
 
     assert MIN_ROWS == 30
     values = np.arange(100.0)
@@ -580,11 +580,17 @@ def test_bands_are_cut_at_quantiles_and_merged_by_hand():
     # below (50 rows): one edge left.
     assert b.edges == (49.5,)
     assert [x.n for x in b.bands] == [50, 50]
-    # rows 0-49: ratios 0.75 ... 1.24 in steps of 0.01; the 5th percentile is at position
-    # 0.05 * 49 = 2.45 (0.7745), the 95th at 46.55 (1.2155)
-    assert (b.bands[0].low, b.bands[0].high) == (0.7745, 1.2155)
-    # rows 50-99: ratios 2.00 down to 1.51, the same positions from the other end
-    assert (b.bands[1].low, b.bands[1].high) == (1.5345, 1.9755)
+    # rows 0-49: ratios 0.75 ... 1.24 in steps of 0.01. Split conformal ranks of 50 rows:
+    # floor(51 * 0.05) = 2 and ceil(51 * 0.95) = ceil(48.45) = 49, the 2nd smallest
+    # (0.76) and the 49th (1.23)
+    assert conformal_ranks(50) == (2, 49)
+    assert (b.bands[0].low, b.bands[0].high) == (0.76, 1.23)
+    # rows 50-99: ratios 2.00 down to 1.51, the same ranks from the other end
+    assert (b.bands[1].low, b.bands[1].high) == (1.52, 1.99)
+    # 19 rows: ranks 1 and 19, the extremes; 9 rows: still the extremes (clipped)
+    assert conformal_ranks(19) == (1, 19) and conformal_ranks(9) == (1, 9)
+    # 1,000 rows: floor(50.05) = 50 and ceil(950.95) = 951
+    assert conformal_ranks(1000) == (50, 951)
     assert b.band(49.4) is b.bands[0] and b.band(49.5) is b.bands[1]  # lower edge inclusive
 
 
@@ -618,6 +624,17 @@ def test_predict_gives_the_band_of_its_kernel(runner):
     assert rec["interval_s"] == pytest.approx([rec["seconds"] * band["low"],
                                                rec["seconds"] * band["high"]], rel=1e-12)
     assert rec["interval_rows"] == band["n"]
+    # a bfloat16 GEMM is timed with the half-precision measurements, and gets the band
+    # of their held-out rows, not the FP32 one
+    half = manifest["error_bands"]["ops"]["gemm-float16"]
+    rec = json.loads(invoke(runner, "kernels", "predict", "--device", "H100", "--gemm",
+                            "4096,4096,4096", "--dtype", "bfloat16", "--format",
+                            "json").stdout)
+    assert rec["source"] == "mlp:gemm-bf16"
+    band = half["bands"][int(np.searchsorted(half["edges"], rec["bound_s"], side="right"))]
+    assert rec["interval_s"] == pytest.approx([rec["seconds"] * band["low"],
+                                               rec["seconds"] * band["high"]], rel=1e-12)
+    assert (band["low"], band["high"]) not in [(b["low"], b["high"]) for b in gemm["bands"]]
     # a convolution: its band is found by the spread of the five networks
     rec = json.loads(invoke(runner, "kernels", "predict", "--device", "V100-SXM2", "--conv",
                             "32,64,56,56,64,3,3,1,1", "--format", "json").stdout)
@@ -889,21 +906,21 @@ def test_manifest_accuracy_matches_a_fresh_eval(runner):
         # both rounded to 0.01 percentage points
         assert fresh[key]["mape"] == pytest.approx(rec["mape"], abs=0.011), key
         assert fresh[key]["in_band"] == pytest.approx(rec["in_band"], abs=0.011), key
-    # The bands were cut from these rows (all in range) at the 5th and 95th percentiles,
-    # which numpy interpolates at positions 0.05 (n - 1) and 0.95 (n - 1) of a band's n
-    # sorted rows, so the rows inside are those from ceil(0.05 (n - 1)) to
-    # floor(0.95 (n - 1)): 90% give or take two rows (89.1-89.9% an op). Allowed: one row
-    # a band for ties and the ratios' rounding to 4 decimals.
+    # The bands were cut from these rows (all in range) at the split conformal ranks
+    # floor(0.05 (n + 1)) and ceil(0.95 (n + 1)) of a band's n sorted ratios, so the rows
+    # inside are those between the two ranks, both included. Allowed: one row a band for
+    # ties and the ratios' rounding to 4 decimals. Bands are kept per op and dtype, named
+    # as eval labels its rows (gemm, gemm-float16).
     inside: dict[str, float] = {}
     for x in fresh.values():
         assert x["out_of_range"] == 0
-        op = x["op"].split("-")[0]
-        inside[op] = inside.get(op, 0.0) + x["in_band"] / 100.0 * x["n"]
+        inside[x["op"]] = inside.get(x["op"], 0.0) + x["in_band"] / 100.0 * x["n"]
     ops = manifest["error_bands"]["ops"]
-    assert set(inside) == set(ops) == {"gemm", "bmm", "conv_fwd", "conv_bwd_data",
-                                       "conv_bwd_filter"}
+    passes = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
+    assert set(inside) == set(ops) == {"gemm", "gemm-float16", "bmm", *passes,
+                                       *(f"{p}-float16" for p in passes)}
     for op, rec in ops.items():
-        want = sum(math.floor(0.95 * (b["n"] - 1)) - math.ceil(0.05 * (b["n"] - 1)) + 1
+        want = sum(math.ceil(0.95 * (b["n"] + 1)) - math.floor(0.05 * (b["n"] + 1)) + 1
                    for b in rec["bands"])
         assert inside[op] == pytest.approx(want, abs=len(rec["bands"])), op
 

@@ -3,9 +3,12 @@ the one predicted.
 
 A prediction alone does not say how much to trust it. When a model is fitted, its
 held-out rows (the ``test`` split, never used to fit) give, per kernel op (``gemm``,
-``bmm``, ``conv_fwd``, ``conv_bwd_data``, ``conv_bwd_filter``; dtypes and GPUs pooled),
-the 5th and 95th percentiles of measured over predicted time. They are kept in bands of
-a variable that says how hard a kernel is to predict:
+``bmm``, ``conv_fwd``, ``conv_bwd_data``, ``conv_bwd_filter``) and dtype the model was
+fitted on (:func:`band_key`: ``gemm`` is FP32, ``gemm-float16`` the half-precision rows, which
+bfloat16 kernels are timed with; GPUs pooled), an interval of measured over predicted
+time that holds 90% of them (the 5th and 95th percentiles, at the ranks split conformal
+prediction uses). They are kept in bands of a variable that says how hard a kernel is
+to predict:
 
 * for an ensemble (several networks), the spread of its members' predictions, the
   standard deviation of their log times: where networks from different random starts
@@ -17,15 +20,17 @@ a variable that says how hard a kernel is to predict:
 
 Band edges are quantiles of the variable over the held-out rows (:data:`SPREAD_CUTS`,
 :data:`BOUND_CUTS`); a band with fewer than :data:`MIN_ROWS` rows is merged into its
-neighbour, and an op with fewer rows gets none. This is split conformal prediction
-(Vovk et al., *Algorithmic Learning in a Random World*, 2005): on kernels drawn like the
-held-out ones, about 90% of measured times fall in ``[low, high] × predicted``. On a GPU
+neighbour, and an op and dtype with fewer rows gets none. This is split conformal
+prediction (Vovk et al., *Algorithmic Learning in a Random World*, 2005): on kernels
+drawn like the held-out ones, at least 90% of measured times fall in ``[low, high] ×
+predicted``. On a GPU
 the model has not seen, fewer do (README, "Error bands").
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +43,7 @@ from .model import Ensemble
 
 FloatArray = NDArray[np.float64]
 
-#: the interval: these percentiles of measured / predicted time
+#: the interval: these quantiles of measured / predicted time
 INTERVAL = (0.05, 0.95)
 #: quantiles of the members' spread where an ensemble's bands are cut (the tail is
 #: where the errors are)
@@ -56,8 +61,8 @@ class Band:
     """Measured over predicted time of the held-out rows of one band."""
 
     n: int
-    low: float  #: 5th percentile
-    high: float  #: 95th percentile
+    low: float  #: lower end (5th percentile, :func:`conformal_ranks`)
+    high: float  #: upper end (95th percentile)
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,12 @@ class OpBands:
         return OpBands(str(rec["by"]), e, b)
 
 
+def band_key(op: str, dtype: str) -> str:
+    """The name of the bands of an op's kernels in one of the model's dtypes (as ``kernels
+    eval`` labels its rows): ``conv_fwd``, ``conv_fwd-float16``."""
+    return op if dtype == "float32" else f"{op}-{dtype}"
+
+
 def band_variable(by: str, member_times: Sequence[FloatArray], bound: FloatArray) -> FloatArray:
     """The variable the bands are cut on, per kernel."""
     if by == "member_spread":
@@ -128,9 +139,9 @@ def variable_for(model: Ensemble) -> str:
 def cut_bands(values: FloatArray, ratios: FloatArray, quantiles: Sequence[float],
               by: str) -> OpBands:
     """Bands of ``values`` cut at their ``quantiles`` (merged until each has
-    :data:`MIN_ROWS` rows), each with the :data:`INTERVAL` percentiles of the ``ratios``
-    (measured / predicted) of its rows: edges to 6 significant digits and ratios to 4
-    decimals, as the manifest keeps them."""
+    :data:`MIN_ROWS` rows), each bounded by the ``ratios`` (measured / predicted) of its
+    rows at the ranks :func:`conformal_ranks` gives: edges to 6 significant digits and
+    ratios to 4 decimals, as the manifest keeps them."""
     # stored as the manifest writes them, so a reloaded band is the band that was cut
     edges = sorted({float(f"{e:.6g}") for e in np.quantile(values, quantiles)})
     while True:
@@ -144,18 +155,30 @@ def cut_bands(values: FloatArray, ratios: FloatArray, quantiles: Sequence[float]
     idx = np.searchsorted(np.asarray(edges), values, side="right")
     bands = []
     for i in range(len(edges) + 1):
-        r = ratios[idx == i]
-        lo, hi = np.quantile(r, INTERVAL)
-        bands.append(Band(int(r.size), round(float(lo), 4), round(float(hi), 4)))
+        r = np.sort(ratios[idx == i])
+        lo, hi = conformal_ranks(r.size)
+        bands.append(Band(int(r.size), round(float(r[lo - 1]), 4), round(float(r[hi - 1]), 4)))
     return OpBands(by, tuple(edges), tuple(bands))
+
+
+def conformal_ranks(n: int) -> tuple[int, int]:
+    """1-based ranks of the sorted ratios of ``n`` held-out rows that bound a band:
+    ``⌊(n + 1)·0.05⌋`` and ``⌈(n + 1)·0.95⌉`` (clipped to 1..n). A new kernel exchangeable
+    with the ``n`` falls below the ``k``-th smallest with probability ``k / (n + 1)``, so
+    the interval holds it with probability at least 90% whatever ``n`` (split conformal
+    prediction's finite-sample rule; Vovk et al. 2005, Lei et al., JASA 2018). Empirical
+    percentiles would cover less on small bands: 86% in-sample on 43 rows."""
+    lo, hi = INTERVAL
+    return (max(1, math.floor((n + 1) * lo)), min(n, math.ceil((n + 1) * hi)))
 
 
 def bands_record(bands: Mapping[str, OpBands], command: str) -> dict[str, Any]:
     """The manifest's ``error_bands`` section."""
     lo, hi = INTERVAL
-    return {"what": f"{lo * 100:g}th and {hi * 100:g}th percentiles of measured over "
-                    "predicted time on the held-out rows (split test), per op, in bands of "
-                    "the members' spread (std of log time) or of the roofline bound (s)",
+    return {"what": f"{lo * 100:g}th and {hi * 100:g}th percentiles (conformal ranks) of "
+                    "measured over predicted time on the held-out rows (split test), per "
+                    "op and dtype, in bands of the members' spread (std of log time) or "
+                    "of the roofline bound (s)",
             "command": command,
             "ops": {op: b.record() for op, b in sorted(bands.items())}}
 
@@ -171,4 +194,5 @@ def parse_bands(section: Any, where: str) -> dict[str, OpBands]:
 
 
 __all__ = ["BOUND_CUTS", "CUTS", "INTERVAL", "MIN_ROWS", "SPREAD_CUTS", "Band", "OpBands",
-           "band_variable", "bands_record", "cut_bands", "parse_bands", "variable_for"]
+           "band_key", "band_variable", "bands_record", "conformal_ranks", "cut_bands",
+           "parse_bands", "variable_for"]

@@ -44,7 +44,7 @@ from ..costs.compute import KernelTimes, kernel_arrays, roofline_seconds
 from ..memo import IdentityMemo
 from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
 from ..ops import Conv, Gemm, Kernel
-from .bands import band_variable
+from .bands import band_key, band_variable
 from .features import DeviceSpecs, conv_out, features
 from .model import Ensemble, KernelModel
 from .store import ModelSet, load_models
@@ -362,7 +362,7 @@ class LearnedEstimator:
             e, seenv = model.level(spec, [device.name], [mdt])
             bound, frac, seen, scale = float(b[0]), float(e[0]), bool(seenv[0]), float(f[0])
             ok = bool(answered[0]) and scale == 1.0  # a scaled kernel was out of range
-            bands = self.models.error_bands.get(kernel.op)
+            bands = self.models.error_bands.get(band_key(kernel.op, mdt))
             if bands is not None and answered[0]:
                 timed = rows if scale == 1.0 else scale_rows(model, rows, [kernel.op], spec)[1]
                 member, timed_bound, _ = model.member_times(timed, [kernel.op], spec,

@@ -24,6 +24,7 @@ from .bands import (
     CUTS,
     MIN_ROWS,
     OpBands,
+    band_key,
     band_variable,
     cut_bands,
     variable_for,
@@ -121,14 +122,14 @@ def evaluate(models: Mapping[str, Ensemble], data: Dataset,
         pred, ok, value = _predict(model, table)
         actual = np.asarray(table.seconds)
         err = ape(pred, actual)
-        inside = _inside(bands or {}, table.op, actual / pred, value, ok)
+        inside = _inside(bands or {}, table.op, table.dtype, actual / pred, value, ok)
         keys = sorted(set(zip(table.device, table.op, table.dtype, strict=True)))
         dev_arr = np.asarray(table.device)
         op_arr = np.asarray(table.op)
         dt_arr = np.asarray(table.dtype)
         for dev, op, dt in keys:
             m = (dev_arr == dev) & (op_arr == op) & (dt_arr == dt)
-            label = op if dt == "float32" else f"{op}-{dt}"
+            label = band_key(op, dt)
             judged = m & ~np.isnan(inside)
             share = float(np.mean(inside[judged]) * 100.0) if judged.any() else None
             results.append(summarise(dev, label, err[m], int(np.sum(~ok[m])), share))
@@ -136,14 +137,15 @@ def evaluate(models: Mapping[str, Ensemble], data: Dataset,
     return results
 
 
-def _inside(bands: Mapping[str, OpBands], ops: Sequence[str], ratio: FloatArray,
-            value: FloatArray, ok: NDArray[np.bool_]) -> FloatArray:
+def _inside(bands: Mapping[str, OpBands], ops: Sequence[str], dtypes: Sequence[str],
+            ratio: FloatArray, value: FloatArray, ok: NDArray[np.bool_]) -> FloatArray:
     """1 where a row's measured / predicted time is within its band, 0 outside, NaN
-    where it has none (no bands for its op, or out of range: timed by the roofline)."""
+    where it has none (no bands for its op and dtype, or out of range: timed by the
+    roofline)."""
     out = np.full(len(ratio), np.nan)
-    op_arr = np.asarray(ops)
-    for op, b in bands.items():
-        rows = np.flatnonzero((op_arr == op) & ok)
+    keys = np.asarray([band_key(o, d) for o, d in zip(ops, dtypes, strict=True)])
+    for key, b in bands.items():
+        rows = np.flatnonzero((keys == key) & ok)
         if len(rows):
             low, high = b.limits(value[rows])
             out[rows] = ((ratio[rows] >= low) & (ratio[rows] <= high)).astype(np.float64)
@@ -151,8 +153,9 @@ def _inside(bands: Mapping[str, OpBands], ops: Sequence[str], ratio: FloatArray,
 
 
 def fit_bands(models: Mapping[str, Ensemble], data: Dataset) -> dict[str, OpBands]:
-    """Error bands per op (:mod:`.bands`) from held-out rows: the rows the model answers
-    for (out-of-range rows are timed by the roofline, which has no band)."""
+    """Error bands per op and dtype (:mod:`.bands`, named by :func:`.bands.band_key`)
+    from held-out rows: the rows the model answers for (out-of-range rows are timed by
+    the roofline, which has no band)."""
     out: dict[str, OpBands] = {}
     for table in data.tables():
         model = models.get(table.family)
@@ -161,11 +164,11 @@ def fit_bands(models: Mapping[str, Ensemble], data: Dataset) -> dict[str, OpBand
         pred, ok, value = _predict(model, table)
         ratio = np.asarray(table.seconds) / pred
         by = variable_for(model)
-        ops = np.asarray(table.op)
-        for op in sorted(set(table.op)):
-            rows = (ops == op) & ok
+        ops, dts = np.asarray(table.op), np.asarray(table.dtype)
+        for op, dt in sorted(set(zip(table.op, table.dtype, strict=True))):
+            rows = (ops == op) & (dts == dt) & ok
             if int(rows.sum()) >= MIN_ROWS:
-                out[op] = cut_bands(value[rows], ratio[rows], CUTS[by], by)
+                out[band_key(op, dt)] = cut_bands(value[rows], ratio[rows], CUTS[by], by)
     return out
 
 
