@@ -80,11 +80,11 @@ class Layout:
 
     def row_group(self, per_node_devices: int) -> Group:
         """The ``P_r`` devices that share a batch block."""
-        return digit_group(self.r_digit, per_node_devices)
+        return digit_group(self.r_digit, self.p, per_node_devices)
 
     def col_group(self, per_node_devices: int) -> Group:
         """The ``P_c`` devices that share a weight shard (or a height block)."""
-        return digit_group(self.c_digit, per_node_devices)
+        return digit_group(self.c_digit, self.p, per_node_devices)
 
     def all_group(self, per_node_devices: int) -> Group:
         """All ``P`` devices."""
@@ -117,14 +117,49 @@ def make_layout(mode: str, pr: int, pc: int, placement: str = "rows") -> Layout:
     return Layout(mode, pr, pc, placement)
 
 
-def digit_group(digit: tuple[int, int], per_node_devices: int) -> Group:
+def digit_group(digit: tuple[int, int], p: int, per_node_devices: int) -> Group:
     """The group of devices that differ only in ``digit``: ``count`` members ``stride``
-    apart; how many of them share a node of ``per_node_devices`` devices."""
-    stride, count = digit
-    if count <= 1:
+    apart (see :func:`node_group`)."""
+    return node_group((digit,), p, per_node_devices)
+
+
+#: beyond this many (group, member) pairs to inspect, :func:`node_group` uses the
+#: closed form of the group at device 0
+NODE_GROUP_MAX_PAIRS = 1 << 22
+
+
+@functools.lru_cache(maxsize=8192)
+def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: int) -> Group:
+    """The worst of the groups of devices that differ only in ``digits`` (each
+    ``(stride, count)``: the members are ``base + Σ j_i·stride_i``), as the two-tier
+    network sees it. All such groups run their collective at once and the layer waits
+    for the slowest, the one spread over the most nodes: a group of 6 consecutive
+    devices on 8-GPU nodes lies in one node for devices 0-5 but spans two for 6-11.
+    Returned as ``Group(size, ⌈size / nodes⌉)``, which spans exactly that many nodes
+    where the members divide evenly (and within one node of it where they do not)."""
+    digits = tuple(d for d in digits if d[1] > 1)
+    size = math.prod(c for _, c in digits)
+    g = per_node_devices
+    if size <= 1:
         return Group(1, 1)
-    per_node = 1 if stride >= per_node_devices else min(count, max(1, per_node_devices // stride))
-    return Group(count, per_node)
+    # groups repeat their node pattern every lcm(g, stride·count) devices
+    period = math.lcm(g, *(s * c for s, c in digits))
+    span = min(p, period)
+    if span * size > NODE_GROUP_MAX_PAIRS or span < 1:
+        inside = 1
+        for stride, count in digits:
+            inside *= 1 if stride >= g else min(count, max(1, g // stride))
+        return Group(size, max(1, min(size, inside)))
+    offsets = np.zeros(1, dtype=np.int64)
+    for stride, count in digits:
+        offsets = (offsets[:, None] + np.arange(count, dtype=np.int64) * stride).ravel()
+    k = np.arange(span, dtype=np.int64)
+    is_base = np.ones(span, dtype=bool)
+    for stride, count in digits:
+        is_base &= (k // stride) % count == 0
+    nodes = np.sort((k[is_base][:, None] + offsets[None, :]) // g, axis=1)
+    touched = int(np.max(1 + np.count_nonzero(np.diff(nodes, axis=1), axis=1)))
+    return Group(size, -(-size // touched))
 
 
 @dataclass(frozen=True)
@@ -235,10 +270,8 @@ def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistributio
         strides = tuple(d for _, d in (ax_b, ax_h) if d is not None)
         if not strides:
             return Redistribution("none", 0.0, need)
-        size = math.prod(c for _, c in strides)
-        per_node = _members_in_node(strides, per_node_devices)
         return Redistribution("gather", max(0.0, need - overlap), need,
-                              Group(size, min(size, per_node)))
+                              node_group(strides, src.p, per_node_devices))
     # Misaligned blocks: the worst device's overlap, exactly where we can.
     p = src.p
     if all(_pow2(x) for d in (src.batch, dst.batch, src.height or (1, 1),
@@ -257,16 +290,6 @@ def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistributio
     sources = max(1, min(sources, p - 1))
     return Redistribution("exchange", max(0.0, need - ov), need,
                           Group(p, min(p, per_node_devices)), sources)
-
-
-def _members_in_node(strides: tuple[tuple[int, int], ...], per_node_devices: int) -> int:
-    """How many members of the group {Σ j_i · stride_i} fall in the first node."""
-    offsets = [0]
-    for stride, count in strides:
-        offsets = [o + j * stride for o in offsets for j in range(count)]
-        if len(offsets) > 1 << 20:
-            break
-    return max(1, sum(1 for o in offsets if o < per_node_devices))
 
 
 # ---------------------------------------------------------------------------------------

@@ -160,6 +160,55 @@ def test_redistribution_brute_force_non_power_of_two():
     assert r.received == pytest.approx(1 / 3)
 
 
+def test_groups_are_priced_as_the_one_spread_over_most_nodes():
+    """A grid side that does not divide the node: 6x4 on 8-GPU nodes (24 ranks). Row
+    groups are ranks 6c..6c+5: {0-5} in node 0, {6-11} on nodes 0 and 1, {12-17} on 1
+    and 2, {18-23} in node 2. They all-gather at once and the layer waits for the
+    slowest, so the row group spans nodes: Group(6, 6 / 2 = 3)."""
+    lay = make_layout("model", 6, 4)
+    assert lay.row_group(8) == Group(6, 3) and lay.row_group(8).spans_nodes
+    # column groups {r, r+6, r+12, r+18}: r = 0 is on nodes 0, 0, 1, 2 (three nodes),
+    # reported as ceil(4 / 3) = 2 a node
+    assert lay.col_group(8) == Group(4, 2) and lay.col_group(8).spans_nodes
+    # where the side divides the node, every group is alike: as before
+    assert make_layout("model", 4, 6).row_group(8) == Group(4, 4)
+    assert make_layout("model", 4, 6).col_group(8) == Group(6, 2)   # 4 apart: 2 a node
+    assert make_layout("model", 16, 2).row_group(8) == Group(16, 8)
+    assert make_layout("model", 2, 16, "cols").row_group(8) == Group(2, 1)  # 16 apart
+    # 6 divides 12-GPU nodes: every row group lies in one node
+    assert make_layout("model", 6, 2).row_group(12) == Group(6, 6)
+    # 5x7: ranks 5-9 are 3 on node 0 and 2 on node 1, ceil(5 / 2) = 3 a node
+    assert make_layout("model", 5, 7).row_group(8) == Group(5, 3)
+    # a model-parallel all-gather on 6x4 is priced on the inter-node tier
+    net = mlp([64, 128, 32])
+    cl = cluster(per_node=8)
+    ctx, _ = _ctx(net, cl, 24, 48)
+    (fwd,) = [t for t in weighted_terms(net.by_name("fc2"), lay, ctx)
+              if t.phase == "forward"]
+    assert fwd.group == Group(6, 3)
+    from planner.costs.comm import collective_time
+    assert fwd.seconds == pytest.approx(collective_time("all_gather", fwd.bytes,
+                                                        Group(6, 3), cl)[0], rel=1e-12)
+    assert fwd.seconds > collective_time("all_gather", fwd.bytes, Group(6, 6), cl)[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(pr_exp=st.integers(0, 7), pc_exp=st.integers(0, 7), g_exp=st.integers(0, 4),
+       cols=st.booleans())
+def test_groups_on_powers_of_two_match_the_closed_form(pr_exp, pc_exp, g_exp, cols):
+    """Powers of two tile nodes evenly: the worst group is the first one, whose members
+    in node 0 are min(count, g / stride) (1 when stride >= g)."""
+    pr, pc, g = 2 ** pr_exp, 2 ** pc_exp, 2 ** g_exp
+    lay = make_layout("model" if pr > 1 else "data", pr, pc, "cols" if cols else "rows")
+    for (stride, count), grp in ((lay.r_digit, lay.row_group(g)),
+                                 (lay.c_digit, lay.col_group(g))):
+        if count <= 1:
+            assert grp == Group(1, 1)
+            continue
+        per = 1 if stride >= g else min(count, g // stride)
+        assert grp == Group(count, per)
+
+
 def test_redistribute_terms_both_directions():
     net = mlp([64, 128, 32])
     cl = cluster(per_node=8)

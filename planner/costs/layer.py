@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cluster import Cluster
-from ..layout import Dist, Layout, redistribution
+from ..layout import Dist, Layout, node_group, redistribution
 from ..network import Layer, Network, layer_kernels
 from ..ops import Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
@@ -325,7 +325,7 @@ def follower_terms(layer: Layer, dist: Dist, ctx: Context) -> tuple[list[CommTer
     h = dist.height
     if h is not None and h[1] > 1:
         n_h = h[1]
-        row = Group(n_h, min(n_h, _digit_per_node(h, g)))
+        row = node_group((h,), dist.p, g)
         spatial_in = layer.is_spatial and layer.input_shape[1] >= n_h
         if layer.type in ("global_avgpool", "adaptive_avgpool") and layer.is_spatial:
             # partial sums of each device's rows, all-reduced over the height split
@@ -361,37 +361,16 @@ def follower_terms(layer: Layer, dist: Dist, ctx: Context) -> tuple[list[CommTer
     return terms, work, work
 
 
-def _digit_per_node(digit: tuple[int, int], per_node_devices: int) -> int:
-    stride, count = digit
-    if stride >= per_node_devices:
-        return 1
-    return min(count, max(1, per_node_devices // stride))
-
-
 def _params_term(layer: Layer, dist: Dist, ctx: Context) -> CommTerm | None:
     """Weight-gradient all-reduce of a follower's own parameters (norm scales, learned
     positions) over the devices that hold different samples or rows of them."""
     if layer.params <= 0:
         return None
-    n_b = dist.batch[1]
-    n_h = dist.height[1] if dist.height else 1
-    size = n_b * n_h
-    if size <= 1:
+    digits = (dist.batch,) + ((dist.height,) if dist.height else ())
+    grp = node_group(digits, dist.p, ctx.per_node)
+    if grp.size <= 1:
         return None
-    grp = Group(size, min(size, _reduce_per_node(dist, ctx.per_node)))
     return term(ctx, "weight_grad", "all_reduce", grp, layer.params * ctx.elem_bytes)
-
-
-def _reduce_per_node(dist: Dist, per_node_devices: int) -> int:
-    digits = [dist.batch] + ([dist.height] if dist.height else [])
-    inside = 1
-    for d in digits:
-        inside *= _digit_per_node(d, per_node_devices)
-    return max(1, inside)
-
-
-# ---------------------------------------------------------------------------------------
-# Compute
 
 
 def _ceil_div(a: int, b: int) -> int:
