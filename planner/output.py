@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -184,9 +185,12 @@ def output_target(path: str | os.PathLike[str],
     """The file ``-o path`` will replace, checked before any work is done: not one of
     ``protect`` (the command's inputs, however named: another relative path, a symlink or
     a hard link), not a directory, in a folder that exists. A symlink is followed (its
-    target is rewritten, as ``>`` would). Raises :class:`UsageError`."""
+    target is rewritten, as ``>`` would). A device, pipe or socket (``/dev/null``,
+    ``/dev/stdout``, a FIFO) is written into, not replaced. Raises :class:`UsageError`."""
     shown = os.fspath(path)  # as the user wrote it
     given = Path(path)
+    if is_stream(given):
+        return given
     target = Path(os.path.realpath(given)) if given.is_symlink() else given
     for p in protect:
         try:
@@ -205,17 +209,36 @@ def output_target(path: str | os.PathLike[str],
     return target
 
 
+def is_stream(path: Path) -> bool:
+    """Whether ``path`` (symlinks followed) is something other than a regular file or a
+    folder: a device, pipe or socket, which is written into rather than replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def write_atomic(path: str | os.PathLike[str], text: str | bytes,
                  protect: tuple[str | os.PathLike[str], ...] = ()) -> None:
     """Write ``text`` (or bytes) to ``path`` atomically: a temporary file in the same
     folder, flushed to disk, then a rename. An existing file is replaced only when the new
     one is complete; on any error (or an interrupt) the old file is untouched and no
-    temporary file is left. Refuses to overwrite one of ``protect`` (the command's own
+    temporary file is left. A device or pipe (``/dev/null``, ``/dev/stdout``) is written
+    into directly. Refuses to overwrite one of ``protect`` (the command's own
     inputs); an operating-system error (no permission, disk full) is a
     :class:`UsageError` naming the file."""
     target = output_target(path, protect)
-    folder = target.parent if str(target.parent) else Path(".")
     data = text.encode("utf-8") if isinstance(text, str) else text
+    if is_stream(target):
+        try:
+            with open(target, "wb") as fh:
+                fh.write(data)
+        except OSError as exc:
+            raise UsageError(f"planner: error: cannot write {path}: "
+                             f"{exc.strerror or exc}") from None
+        return
+    folder = target.parent if str(target.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     except OSError as exc:

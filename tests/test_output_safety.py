@@ -199,6 +199,27 @@ def test_symlink_output_is_written_through(runner, tmp_path):
     assert link.is_symlink() and real.read_text(encoding="utf-8").startswith("planner:")
 
 
+def test_devices_and_pipes_are_written_into_not_replaced(runner, tmp_path):
+    """`-o /dev/null` and `-o FIFO` must not swap the node for a regular file (a rename
+    over /dev/null, as root, replaces the device for every program on the machine)."""
+    import threading
+
+    r = invoke(runner, *PLAN, "-o", os.devnull)
+    assert r.exit_code == 0, r.stderr
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    r = invoke(runner, *PLAN, "-o", str(fifo))
+    reader.join(timeout=30)
+    assert r.exit_code == 0, r.stderr
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert got == [invoke(runner, *PLAN).stdout_bytes]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"], "temporary left"
+
+
 def test_directory_or_missing_folder_is_refused(runner, tmp_path):
     result = invoke(runner, *PLAN, "-o", tmp_path / "nope" / "plan.yaml")
     assert result.exit_code == 2
