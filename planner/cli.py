@@ -118,11 +118,22 @@ def console(stderr: bool = False) -> Any:
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
-def render_data(data: Any, fmt: str, output: str | None, table: Callable[[], Any] | None,
+def format_for(output: str | None) -> str:
+    """The format an output file's suffix names: ``.json`` → json, ``.yaml``/``.yml`` →
+    yaml, anything else (and stdout) → table."""
+    suffix = "" if output in (None, "-") else os.path.splitext(str(output))[1].lower()
+    return {".json": "json", ".yaml": "yaml", ".yml": "yaml"}.get(suffix, "table")
+
+
+def render_data(data: Any, fmt: str | None, output: str | None,
+                table: Callable[[], Any] | None,
                 protect: tuple[str, ...] = ()) -> None:
-    """Emit ``data`` as JSON or YAML, or print the rich ``table`` for a person."""
+    """Emit ``data`` as JSON or YAML, or print the rich ``table`` for a person (``fmt``
+    None: the format the ``-o`` file's suffix names, else the table)."""
     from .output import to_json, to_yaml
 
+    if fmt is None:
+        fmt = format_for(output)
     if fmt == "json":
         emit(to_json(data), output, protect)
     elif fmt == "yaml":
@@ -142,8 +153,9 @@ def render_data(data: Any, fmt: str, output: str | None, table: Callable[[], Any
 
 
 format_option = click.option(
-    "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-    help="table for a person; json or yaml for programs.")
+    "--format", "fmt", type=click.Choice(FORMATS), default=None,
+    help="table for a person; json or yaml for programs. Default: what the -o file's "
+         "suffix says (.json, .yaml, .yml), else table.")
 output_option = click.option(
     "-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default=None,
     help="Write to this file (atomically) instead of stdout.")
@@ -202,7 +214,7 @@ def _describe(kind: str, obj: Any) -> str:
               help="Batch size for the product shapes (counts stay per sample).")
 @format_option
 @output_option
-def show(network: str, batch: int, fmt: str, output: str | None) -> None:
+def show(network: str, batch: int, fmt: str | None, output: str | None) -> None:
     """Show a network layer by layer: shapes, parameters, forward FLOPs.
 
     FLOPs count 2 per multiply-accumulate plus elementwise arithmetic; MACs count the
@@ -220,7 +232,7 @@ def show(network: str, batch: int, fmt: str, output: str | None) -> None:
 
 @cli.command()
 @format_option
-def devices(fmt: str) -> None:
+def devices(fmt: str | None) -> None:
     """List the device catalog (names and aliases usable in cluster files)."""
     from .cluster import catalog, device_record
     from .report import devices_table

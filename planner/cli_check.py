@@ -98,7 +98,7 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
     from .loading import load_file
 
     doc = load_file(plan_file)
-    spec = launch_spec(doc.data, plan_file)
+    spec = launch_spec(doc, plan_file)
     emit(render(kind, spec, plan_file, script, master_port), output, (plan_file,))
 
 

@@ -3,6 +3,7 @@ commands added by :mod:`planner.search`."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -162,7 +163,7 @@ batch_option = click.option("--batch", "-b", type=click.IntRange(1, MAX_BATCH), 
 @output_option
 def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
          mode: str | None, pins: tuple[str, ...], placement: str, all_layers: bool,
-         fmt: str, output: str | None, **kw: Any) -> None:
+         fmt: str | None, output: str | None, **kw: Any) -> None:
     """Price one given layout: per-layer compute and communication, memory, iteration.
 
     Without --grid, --mode or --pin every layer is data parallel. Exit 0 when the layout
@@ -274,7 +275,7 @@ pin_option = click.option(
 @format_option
 @output_option
 def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
-         pins: tuple[str, ...], expand_ranks: bool, all_layers: bool, fmt: str,
+         pins: tuple[str, ...], expand_ranks: bool, all_layers: bool, fmt: str | None,
          output: str | None, **kw: Any) -> None:
     """Search the best layout of every layer and place the ranks.
 
@@ -307,7 +308,7 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
 @format_option
 @output_option
 def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
-            pins: tuple[str, ...], fmt: str, output: str | None, **kw: Any) -> None:
+            pins: tuple[str, ...], fmt: str | None, output: str | None, **kw: Any) -> None:
     """The baselines and the searched plan side by side."""
     from .plan import baselines_table
 
@@ -366,7 +367,7 @@ def _int_list(value: str, option: str, maximum: int) -> list[int]:
 @format_option
 @output_option
 def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective: str,
-          pins: tuple[str, ...], plot: str | None, fmt: str, output: str | None,
+          pins: tuple[str, ...], plot: str | None, fmt: str | None, output: str | None,
           **kw: Any) -> None:
     """Plan for every combination of device counts and batch sizes."""
     import time
@@ -382,6 +383,9 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     check_output(output, (network, cluster))
     if plot:
         check_output(plot, (network, cluster))
+        if output not in (None, "-") and os.path.abspath(plot) == os.path.abspath(output):
+            raise UsageError(f"planner: error: --plot and -o name the same file {plot}; "
+                             "give them different names")
     rows: list[dict[str, Any]] = []
     combos = [(b, p) for b in batch_values for p in gpus_values]
     start = time.monotonic()
@@ -432,6 +436,9 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     if plot:
         _plot(data["results"], plot, (network, cluster))
     render_data(data, fmt, output, lambda: _sweep_table(data["results"]), (network, cluster))
+    if not any(r["feasible"] for r in rows):
+        raise NoFeasiblePlan("planner: no device count and batch size of the sweep has a "
+                             "feasible plan")
 
 
 def _sweep_table(rows: list[dict[str, Any]]) -> Any:

@@ -13,7 +13,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UsageError
+from .errors import Issue, UsageError
+from .loading import Document
 
 EMITTERS = ("torchrun", "slurm", "env")
 
@@ -33,23 +34,40 @@ class LaunchSpec:
         """Processes on the last node (fewer when P is not a multiple of g)."""
         return self.world - (self.nodes - 1) * self.per_node
 
+    @property
+    def procs(self) -> int:
+        """Processes a node starts: ``g``, or all ranks when they fit on one node."""
+        return min(self.per_node, self.world)
 
-def launch_spec(doc: Any, plan_path: str) -> LaunchSpec:
-    """Read the placement of a plan document (from ``planner plan`` or ``planner cost``)."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("placement"), dict):
-        raise UsageError(f"planner: error: {plan_path} is not a plan with a placement "
-                         "(make one with `planner plan ... --format yaml -o FILE`)")
-    pl = doc["placement"]
-    try:
-        world, per_node, nodes = int(pl["devices"]), int(pl["devices_per_node"]), int(
-            pl["nodes"])
-    except (KeyError, TypeError, ValueError):
-        raise UsageError(f"planner: error: {plan_path}: the placement needs devices, "
-                         "devices_per_node and nodes") from None
-    if world < 1 or per_node < 1 or nodes != -(-world // per_node):
-        raise UsageError(f"planner: error: {plan_path}: inconsistent placement ({world} "
-                         f"devices, {per_node} per node, {nodes} nodes)")
-    name = str(((doc.get("inputs") or {}).get("network") or {}).get("name", "plan"))
+    @property
+    def uneven(self) -> bool:
+        """Whether the last of several nodes runs fewer processes than the others."""
+        return self.nodes > 1 and self.last_node_procs != self.per_node
+
+
+def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
+    """Read the placement of a plan document (from ``planner plan`` or ``planner cost``);
+    a missing or inconsistent placement is an :class:`InputError` at its line."""
+    data = doc.data
+    if not isinstance(data, dict) or not isinstance(data.get("placement"), dict):
+        raise doc.error([Issue("$", "not a plan with a placement (make one with `planner "
+                                    "plan ... --format yaml -o FILE`)")])
+    pl = data["placement"]
+    values: dict[str, int] = {}
+    for key in ("devices", "devices_per_node", "nodes"):
+        if key not in pl:
+            raise doc.error([Issue("$.placement", f"the placement needs '{key}'")])
+        value = pl[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise doc.error([Issue(f"$.placement.{key}", f"expected a whole number >= 1, "
+                                                         f"got {value!r}")])
+        values[key] = value
+    world, per_node, nodes = values["devices"], values["devices_per_node"], values["nodes"]
+    if nodes != -(-world // per_node):
+        raise doc.error([Issue("$.placement.nodes", f"{world} devices at {per_node} a node "
+                                                    f"take {-(-world // per_node)} nodes, "
+                                                    f"not {nodes}")])
+    name = str(((data.get("inputs") or {}).get("network") or {}).get("name", "plan"))
     grids = [g for g in pl.get("grids", []) if isinstance(g, dict)]
     return LaunchSpec(name, nodes, per_node, world, grids)
 
@@ -66,25 +84,25 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
     """The launch text for one emitter."""
     q = shlex.quote
     head = [
-        f"# planner launch: {spec.nodes} node(s) x {spec.per_node} processes "
+        f"# planner launch: {spec.nodes} node(s) x {spec.procs} processes "
         f"({spec.world} ranks) for {plan_path} ({spec.name})",
         f"# rank k runs on node k // {spec.per_node}, local device k % {spec.per_node}",
         *_grid_lines(spec),
     ]
-    if spec.last_node_procs != spec.per_node:
+    if spec.uneven:
         head.append(f"# the last node runs {spec.last_node_procs} processes")
     if kind == "env":
         lines = [
             f"PLANNER_PLAN={q(plan_path)}",
             f"PLANNER_NODES={spec.nodes}",
-            f"PLANNER_PROCS_PER_NODE={spec.per_node}",
+            f"PLANNER_PROCS_PER_NODE={spec.procs}",
             f"PLANNER_WORLD_SIZE={spec.world}",
             f"PLANNER_LAST_NODE_PROCS={spec.last_node_procs}",
             f"PLANNER_RANK_RULE={q(f'node=rank//{spec.per_node},local=rank%{spec.per_node}')}",
         ]
         return "\n".join(head + lines) + "\n"
     if kind == "torchrun":
-        if spec.last_node_procs != spec.per_node:
+        if spec.uneven:
             raise UsageError("planner: error: torchrun starts the same number of processes "
                              "on every node; this plan's device count is not a multiple of "
                              "the devices per node (use --emit slurm or env)")
@@ -97,7 +115,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
             f': "${{NODE_RANK:?set NODE_RANK to this node\'s index, 0..{spec.nodes - 1}}}"',
             ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"',
             f"export PLANNER_PLAN={q(plan_path)}",
-            f"exec torchrun --nnodes={spec.nodes} --nproc-per-node={spec.per_node} "
+            f"exec torchrun --nnodes={spec.nodes} --nproc-per-node={spec.procs} "
             '--node-rank="$NODE_RANK" \\',
             f'  --master-addr="$MASTER_ADDR" --master-port="${{MASTER_PORT:-{port}}}" \\',
             f"  {q(script)} --plan {q(plan_path)}",
@@ -109,8 +127,8 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
             f"#SBATCH --job-name=planner-{spec.name}",
             f"#SBATCH --nodes={spec.nodes}",
             f"#SBATCH --ntasks={spec.world}",
-            f"#SBATCH --ntasks-per-node={spec.per_node}",
-            f"#SBATCH --gpus-per-node={spec.per_node}",
+            f"#SBATCH --ntasks-per-node={spec.procs}",
+            f"#SBATCH --gpus-per-node={spec.procs}",
             "#SBATCH --distribution=block:block",
             *head,
             "set -euo pipefail",

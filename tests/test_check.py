@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,70 @@ def test_plan_for_another_question_fails(runner, tmp_path):
     assert "the plan is for gpus=64, the configuration says 32" in result.stdout
 
 
+@pytest.mark.parametrize(("setting", "said"), [
+    ("optimizer: adam", "the plan is for optimizer=momentum, the configuration says adam"),
+    ("precision: bfloat16", "the plan is for dtype=float32, the configuration says bfloat16"),
+    ("cost_model: gholami2018", "the plan is for cost_model=exact, the configuration says "
+                                "gholami2018"),
+    ("bucket_size: 0 B", "the plan is for bucket_bytes=26210000.0, the configuration says "
+                         "0.0"),
+    ("overlap: none", "the plan is for overlap=gradients, the configuration says none"),
+    ("master_weights: true", "the plan is for master_weights=False, the configuration says "
+                             "True"),
+])
+def test_plan_for_another_training_setup_is_stale(runner, tmp_path, setting, said):
+    """The committed plan answers the defaults (momentum, the network's float32, exact,
+    25 MiB buckets, overlapped gradients, no master weights); a configuration that asks
+    otherwise must not be told the plan matches."""
+    cfg = tmp_path / "ci" / "c.yaml"
+    cfg.parent.mkdir()
+    (tmp_path / "plans").mkdir()
+    shutil.copy(CI / "plans" / "resnet50-dgx-64.yaml", tmp_path / "plans" / "p.yaml")
+    text = (f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
+            f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 64\nbatch: 2048\n"
+            "strategy: {plan: ../plans/p.yaml}\n")
+    cfg.write_text(text)
+    assert invoke(runner, "check", cfg).exit_code == 0
+    cfg.write_text(text + setting + "\n")
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 1
+    assert said in result.stdout
+
+
+@pytest.mark.parametrize(("layer", "said"), [
+    ("mode: data\n  grid: [3, 3]", ":4:9: error: grid 3x3 has 9 devices; the configuration "
+                                   "has gpus=64"),
+    ("mode: banana\n  grid: [1, 64]", ":3:9: error: expected mode one of data, model, "
+                                      "domain, got 'banana'"),
+    ("mode: data\n  grid: [1, 64.5]", ":4:9: error: expected grid: [P_r, P_c], two whole "
+                                      "numbers >= 1"),
+    ("mode: domain\n  grid: [2, 32]", ":4:9: error: layer fc cannot use domain 2x32: "
+                                      "domain parallelism splits the height"),
+])
+def test_a_plan_with_an_impossible_layer_is_an_input_error(runner, tmp_path, layer, said):
+    """`check` reads the layouts of a plan file; one that cannot run is an error at its
+    line (exit 2), not a plan priced as if it could."""
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    text = (CI / "plans" / "resnet50-dgx-64.yaml").read_text()
+    # the classifier (a linear layer, no height to split), as the plan has it
+    entry = "- name: fc\n  type: linear\n  mode: model\n  grid: [2, 32]\n"
+    assert entry in text
+    # the line numbers of `said` count from the layer's entry
+    first = text[:text.index(entry)].count("\n")
+    (plans / "p.yaml").write_text(text.replace(entry, "- name: fc\n  type: linear\n  "
+                                                      f"{layer}\n"))
+    said = re.sub(r"^:(\d+):", lambda m: f":{first + int(m.group(1))}:", said)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
+                   f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 64\n"
+                   "batch: 2048\nstrategy: {plan: plans/p.yaml}\n")
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 2, result.stdout
+    line = result.stderr.splitlines()[0]
+    assert line.startswith(str(plans / "p.yaml") + said), line
+
+
 def test_committed_plan_is_current(tmp_path, update_golden):
     """The committed example plan is what `planner plan` makes today."""
     committed = CI / "plans" / "resnet50-dgx-64.yaml"
@@ -146,4 +211,42 @@ def test_launch_rejects_non_plans(runner, monkeypatch):
     monkeypatch.chdir(ROOT)
     result = invoke(runner, "launch", "examples/networks/alexnet.yaml")
     assert result.exit_code == 2
-    assert "is not a plan with a placement" in result.stderr
+    assert result.stderr.startswith("examples/networks/alexnet.yaml:5:1: error: not a plan "
+                                    "with a placement")
+
+
+@pytest.mark.parametrize(("old", "new", "said"), [
+    ("  devices: 64\n", "  devices: 64.5\n", "expected a whole number >= 1, got 64.5"),
+    ("  nodes: 8\n", "  nodes: 9\n", "64 devices at 8 a node take 8 nodes, not 9"),
+])
+def test_launch_points_at_a_bad_placement(runner, tmp_path, old, new, said):
+    text = (CI / "plans" / "resnet50-dgx-64.yaml").read_text()
+    start = text.index("placement:\n")
+    at = text.index(old, start)
+    bad = tmp_path / "p.yaml"
+    bad.write_text(text[:at] + new + text[at + len(old):])
+    result = invoke(runner, "launch", bad)
+    assert result.exit_code == 2
+    line = text[:at].count("\n") + 1
+    assert result.stderr.startswith(f"{bad}:{line}:"), result.stderr
+    assert said in result.stderr.splitlines()[0]
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+def test_launch_one_partly_used_node(runner, tmp_path, gpus):
+    """4 ranks of an 8-GPU node: torchrun starts 4 processes on 1 node; Slurm asks for
+    4 tasks and 4 GPUs on it."""
+    plan = tmp_path / "p.yaml"
+    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", str(gpus), "-b", "64", "-o", plan)
+    assert r.exit_code == 0, r.stderr
+    out = invoke(runner, "launch", plan, "--emit", "torchrun").stdout
+    assert f"torchrun --nnodes=1 --nproc-per-node={gpus} " in out
+    out = invoke(runner, "launch", plan, "--emit", "slurm").stdout
+    assert f"#SBATCH --ntasks={gpus}\n#SBATCH --ntasks-per-node={gpus}\n" \
+           f"#SBATCH --gpus-per-node={gpus}\n" in out
+    # on several nodes an uneven last node is still refused by torchrun
+    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "12", "-b", "64", "-o", plan)
+    r = invoke(runner, "launch", plan, "--emit", "torchrun")
+    assert r.exit_code == 2 and "same number of processes on every node" in r.stderr
