@@ -230,8 +230,12 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
                       f"{lo * 1e6:,.2f}–{hi * 1e6:,.2f} µs ({pred.interval_rows:,} rows"
                       + ("" if pred.gpu_seen else "; seen GPUs only") + ")")
         t.add_row("within training range", "yes" if pred.in_range else "no")
-        if pred.scale != 1.0:
+        if pred.scale > 1.0:
             t.add_row("scaled", f"timed on 1/{pred.scale:,.4g} of its work, × {pred.scale:,.4g}")
+        elif pred.scale < 1.0:
+            t.add_row("padded", f"timed as a kernel with {1 / pred.scale:,.4g}× its work, the "
+                                "smallest the model answers for (launch-bound: not scaled "
+                                "down)")
         return t
 
     render_data(rec, fmt, None, table)

@@ -193,8 +193,39 @@ def test_out_of_range_falls_back_to_the_roofline(est):
     huge = Gemm(2**22, 2**22, 2**22)  # far beyond every measured dimension
     times = est.estimate([huge], dev, "float32")
     assert times.source == ("roofline (out of range)",)
+    floor = min(x.floor_s for x in est.models.get("gemm").members)  # a launch is not free
     np.testing.assert_allclose(times.seconds, roofline_seconds(
-        np.array([huge.flops]), np.array([huge.bytes_moved(4)]), dev, "float32"))
+        np.array([huge.flops]), np.array([huge.bytes_moved(4)]), dev, "float32") + floor,
+        rtol=1e-12)
+
+
+def test_a_kernel_below_the_data_is_timed_as_the_smallest_answered(est):
+    # GEMM rows: the least measured M is 3 (log2 1.58), answered down to 2^0.58 = 1.5, so
+    # 2. A per-GPU batch of 1 (M = 1) is timed as M = 2, not scaled down (launch-bound),
+    # where it used to fall back to the bare roofline (5.6 ns for 1x64x64 on the H100,
+    # a thousandth of the 6.8 us of M = 2, which made one sample a GPU look free)
+    dev = lookup_device("H100-SXM")
+    m = est.models.get("gemm").first
+    assert math.ceil(2.0 ** (m.lo[m.features.index("log2_m")] - RANGE_TOLERANCE_LOG2)) == 2
+    t = est.estimate([Gemm(1, 64, 64), Gemm(2, 64, 64)], dev, "float32")
+    assert t.source == ("mlp:gemm-fp32 (padded)", "mlp:gemm-fp32")
+    assert t.seconds[0] == t.seconds[1]
+    assert t.seconds[0] >= min(x.floor_s for x in est.models.get("gemm").members)
+    pred = est.explain(Gemm(1, 64, 64), dev, "float32")
+    assert (pred.scale, pred.in_range, pred.seconds) == (0.5, False, t.seconds[0])
+    # a small convolution is grown along its batch until its FLOPs and bytes are in range
+    small = Conv(2, 3, 32, 32, 16, 3, 3, 1, 1, 1, 1)
+    (src,) = est.estimate([small], dev, "float32").source
+    assert src == "mlp:conv_fwd-fp32 (padded)"
+    # what no padding brings in (a grouped convolution: no data) is the roofline plus
+    # the launch floor every measured kernel paid
+    grouped = Conv(2, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1, groups=64)
+    t = est.estimate([grouped], dev, "float32")
+    assert t.source == ("roofline (out of range)",)
+    floor = min(x.floor_s for x in est.models.get("conv").members)
+    np.testing.assert_allclose(t.seconds, roofline_seconds(
+        np.array([grouped.flops]), np.array([grouped.bytes_moved(4)]), dev, "float32")
+        + floor, rtol=1e-12)
 
 
 def _answered_max(est, family: str, feature: str) -> int:

@@ -20,9 +20,17 @@ Each kernel's ``source`` says which:
   4,096 × 4,096 image: the data's largest map is 700 × 161) is first cut into bands of
   output rows, as domain parallelism cuts it, and the bands stacked into the batch
   (:func:`_fold_images`);
+* ``mlp:<op>-<dtype> (padded)`` for a kernel smaller than any measured (a GEMM with one
+  row, as a per-GPU batch of 1 makes; a convolution too small in FLOPs or bytes): it is
+  timed as the smallest kernel the model answers for that contains it, its dimensions
+  raised to the least the model answers for and its batch-like dimension grown until
+  its FLOPs and bytes are in range too (:func:`pad_rows`), without scaling back: such
+  kernels are launch-bound, and a kernel is not faster than the launch floor every
+  measured kernel paid;
 * ``roofline (out of range)`` for a shape outside the model's training range that
-  scaling does not bring in (for example a grouped or dilated convolution, which no
-  training data covers);
+  neither scaling nor padding brings in (for example a grouped or dilated convolution,
+  which no training data covers), plus the model's launch floor ``t_0`` (a kernel
+  launch is never free);
 * ``roofline (no <dtype> data)`` for a dtype with no measurements (``float64``).
 
 ``bfloat16`` is timed with the ``float16`` measurements (tensor-core kernels with the same
@@ -46,7 +54,7 @@ from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
 from ..ops import Conv, Gemm, Kernel
 from .bands import band_key, band_variable
 from .features import DeviceSpecs, conv_out, features
-from .model import Ensemble, KernelModel
+from .model import SHAPE_FEATURES, Ensemble, KernelModel
 from .store import ModelSet, load_models
 
 FloatArray = NDArray[np.float64]
@@ -129,6 +137,49 @@ def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
         out[over, col] = new
     if first.family == "conv":
         _split_rows(out, factor, ops, spec, first, cap)
+    return factor, out
+
+
+#: family → (column, feature) of the dimensions :func:`pad_rows` raises to the least the
+#: model answers for
+_PAD_DIMS: dict[str, tuple[tuple[int, str], ...]] = {
+    "conv": ((0, "log2_n"),),
+    "gemm": ((0, "log2_m"), (1, "log2_n"), (2, "log2_k"), (3, "log2_batch")),
+}
+
+
+def pad_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
+             spec: DeviceSpecs) -> tuple[FloatArray, IntArray]:
+    """(factor, padded rows): kernels smaller than the data grown to the smallest kernel
+    the model answers for that contains them: each dimension of :data:`_PAD_DIMS` raised
+    to the least in range (the training minimum widened by
+    :meth:`~.model.KernelModel.tolerance`), then the first batch-like dimension
+    (:data:`BATCH_DIMS`) multiplied until the FLOPs, bytes and implicit-GEMM sizes are in
+    range too. ``factor`` is the kernel's work over the padded kernel's (1 where nothing
+    was raised)."""
+    first = model.first
+    names = first.features
+    low = first.lo - first.tolerance()
+    high = first.hi + first.tolerance()
+    out = rows.copy()
+    # a kernel beyond the data in some feature is not made answerable by growing it
+    x, _, _ = features(first.family, out, ops, spec)
+    shape = np.array([f in SHAPE_FEATURES for f in names])
+    small = ~np.any(x[:, shape] > high[shape], axis=1)
+    for col, feat in _PAD_DIMS[first.family]:
+        least = max(int(np.ceil(2.0 ** low[names.index(feat)] - 1e-6)), 1)
+        out[small, col] = np.maximum(out[small, col], least)
+    grow = [names.index(f) for f in _GROWING if f in names]
+    col = BATCH_DIMS[first.family][0][0]
+    for _ in range(6):
+        x, _, _ = features(first.family, out, ops, spec)
+        deficit = np.max(low[grow] - x[:, grow], axis=1)
+        under = np.flatnonzero(small & np.isfinite(deficit) & (deficit > 0) & (deficit < 40))
+        if not len(under):
+            break
+        out[under, col] = np.ceil(out[under, col] * 2.0 ** deficit[under]).astype(np.int64)
+    cols = [c for c, _ in _PAD_DIMS[first.family]]  # the only columns raised
+    factor: FloatArray = np.prod(rows[:, cols].astype(np.float64) / out[:, cols], axis=1)
     return factor, out
 
 
@@ -241,7 +292,8 @@ class Prediction:
     sustained_fraction: float | None
     gpu_seen: bool | None
     in_range: bool
-    #: work of the kernel over the work of the part the model timed (1: not scaled)
+    #: work of the kernel over the work of the kernel the model timed (1: neither scaled
+    #: nor padded; > 1: scaled, the time multiplied by it; < 1: padded, the time kept)
     scale: float = 1.0
     #: where 90% of held-out kernels like it were measured, relative to this prediction
     #: (:mod:`.bands`; None: the roofline timed it, or the models record no bands)
@@ -296,6 +348,7 @@ class LearnedEstimator:
     def _estimate(self, kernels: Sequence[Kernel], device: Device, dtype: str) -> KernelTimes:
         n = len(kernels)
         secs = np.zeros(n)
+        floor = np.zeros(n)  # launch floor added to an out-of-range kernel's roofline
         source: list[str] = [""] * n
         key = DTYPE_PEAK_KEY[dtype]
         fallback: list[int] = []
@@ -325,10 +378,12 @@ class LearnedEstimator:
             labels = {op: f"mlp:{op}-{key}" for op in set(ops)}
             for i, op, good, f in zip(idx, ops, ok.tolist(), scaled.tolist(), strict=True):
                 if good:
-                    source[i] = labels[op] if f == 1.0 else f"{labels[op]} (scaled)"
+                    source[i] = labels[op] if f == 1.0 else (
+                        f"{labels[op]} (scaled)" if f > 1.0 else f"{labels[op]} (padded)")
                 else:
                     source[i] = "roofline (out of range)"
                     fallback.append(i)
+                    floor[i] = min(m.floor_s for m in model.members)
         rest = [i for i, s in enumerate(source) if not s]
         for i in rest:
             source[i] = "roofline"
@@ -336,7 +391,8 @@ class LearnedEstimator:
         if fallback:
             sub_k = [kernels[i] for i in fallback]
             flops, nbytes = kernel_arrays(sub_k, DTYPE_BYTES[dtype])
-            secs[np.asarray(fallback)] = roofline_seconds(flops, nbytes, device, dtype)
+            where = np.asarray(fallback)
+            secs[where] = roofline_seconds(flops, nbytes, device, dtype) + floor[where]
         return KernelTimes(secs, tuple(source))
 
     def explain(self, kernel: Gemm | Conv, device: Device, dtype: str) -> Prediction:
@@ -364,7 +420,8 @@ class LearnedEstimator:
             ok = bool(answered[0]) and scale == 1.0  # a scaled kernel was out of range
             bands = self.models.error_bands.get(band_key(kernel.op, mdt))
             if bands is not None and answered[0]:
-                timed = rows if scale == 1.0 else scale_rows(model, rows, [kernel.op], spec)[1]
+                timed = rows if scale == 1.0 else (
+                    scale_rows if scale > 1.0 else pad_rows)(model, rows, [kernel.op], spec)[1]
                 member, timed_bound, _ = model.member_times(timed, [kernel.op], spec,
                                                             [device.name], [mdt])
                 band = bands.band(float(band_variable(bands.by, member, timed_bound)[0]))
@@ -381,7 +438,8 @@ def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Devi
     family on one device: the model's time where the kernel is in range, else, where
     reducing its batch-like dimensions brings it in (:func:`scale_rows`), the reduced
     kernel's time times the factor by which its work was reduced (factor 1: not
-    scaled)."""
+    scaled), else, where growing it brings it in (:func:`pad_rows`), the padded kernel's
+    time (factor < 1: its work over the padded kernel's)."""
     n = len(rows)
     spec = DeviceSpecs.single(device, dtype, n)
     names, dts = [device.name] * n, [mdt] * n
@@ -402,7 +460,23 @@ def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Devi
             t[good] = f[sel][ok_part] * t_part[ok_part]
             factor[good] = f[sel][ok_part]
             ok[good] = True
+    miss = np.flatnonzero(~ok)
+    if len(miss):
+        f, sub = pad_rows(model, rows[miss], [ops[i] for i in miss.tolist()],
+                          spec.rows(miss))
+        sel = np.flatnonzero(f < 1.0)
+        if len(sel):
+            pick = miss[sel]
+            k = len(pick)
+            t_part, _, ok_part = model.predict_raw(
+                sub[sel], [ops[i] for i in pick.tolist()], spec.rows(pick), names[:k],
+                dts[:k])
+            good = pick[ok_part]
+            t[good] = t_part[ok_part]  # not scaled down: launch-bound (see pad_rows)
+            factor[good] = f[sel][ok_part]
+            ok[good] = True
     return t, bound, factor, ok
 
 
-__all__ = ["BATCH_DIMS", "LearnedEstimator", "Prediction", "model_dtype", "scale_rows"]
+__all__ = ["BATCH_DIMS", "LearnedEstimator", "Prediction", "model_dtype", "pad_rows",
+           "scale_rows"]
