@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -196,8 +197,30 @@ def _op_from_name(name: str) -> Collective | None:
 
 
 def parse_nccl_tests(text: str, display: str) -> list[Sample]:
-    """Rows of an nccl-tests output (see the module docstring)."""
+    """Rows of an nccl-tests output (see the module docstring). Several runs written to
+    one file (``for n in 2 4 8; do mpirun ... all_reduce_perf ...; done >> log``) are
+    read one by one: each ``# nThread`` line (or ``# Collective test starting`` line)
+    after a result table starts a new run, with its own ranks and collective."""
     lines = [_PREFIX.sub("", ln) for ln in text.splitlines()]
+    starts = [0]
+    seen_rows = False
+    for i, ln in enumerate(lines):
+        s = ln.strip()
+        if (_NTHREAD.search(s) or _TEST.search(s)) and seen_rows:
+            starts.append(i)
+            seen_rows = False
+        elif s and s[0].isdigit():
+            seen_rows = True
+    out: list[Sample] = []
+    for a, b in zip(starts, [*starts[1:], len(lines)], strict=True):
+        out.extend(_parse_run(lines, a, b, display, len(starts) > 1))
+    return out
+
+
+def _parse_run(lines: list[str], first: int, end: int, display: str,
+               several: bool) -> list[Sample]:
+    """One run of an nccl-tests output: ``lines[first:end]``."""
+    where = f" (the run starting at line {first + 1})" if several else ""
     op: Collective | None = None
     nthread = ngpus = None
     hosts: list[str] = []
@@ -205,7 +228,8 @@ def parse_nccl_tests(text: str, display: str) -> list[Sample]:
     header: list[str] | None = None
     unit = 1e-6
     samples: list[tuple[int, int, int, float]] = []  # line, size, count, seconds
-    for i, raw in enumerate(lines, start=1):
+    for i in range(first + 1, end + 1):
+        raw = lines[i - 1]
         s = raw.strip()
         if not s:
             continue
@@ -245,18 +269,26 @@ def parse_nccl_tests(text: str, display: str) -> list[Sample]:
         except ValueError:
             raise _fail(display, i, "expected numbers in the size, count and time columns",
                         raw) from None
+        if size > 0 and not (math.isfinite(secs) and secs > 0):
+            raise _fail(display, i, f"expected a positive time, got {toks[t_idx]}", raw)
         wrong = next((j for j in range(t_idx, len(header))
                       if header[j] in ("#wrong", "error")), None)
         if wrong is not None and toks[wrong] not in ("0", "N/A", "0e+00") and \
                 not toks[wrong].startswith("0"):
             continue  # the run reported wrong results: not a measurement to trust
-        if size > 0 and secs > 0:
+        if size > 0:
             samples.append((i, size, count, secs))
     if header is None:
-        raise _fail(display, 1, "no nccl-tests result table (a '#  size  count  type ... "
-                                "time  algbw  busbw' header) found")
+        raise _fail(display, first + 1, "no nccl-tests result table (a '#  size  count  "
+                                        f"type ... time  algbw  busbw' header) found{where}")
     if not samples:
-        raise _fail(display, 1, "the nccl-tests table has no rows with a positive size")
+        raise _fail(display, first + 1, "the nccl-tests table has no rows with a positive "
+                                        f"size and no wrong results{where}")
+    if not hosts and nthread is None:
+        raise _fail(display, first + 1, "cannot tell how many ranks ran: the '#  Rank ...' "
+                                        "lines and the '# nThread N nGpus G' line of the "
+                                        f"nccl-tests output are missing{where}; keep the "
+                                        "whole output")
     ranks = len(hosts) if hosts else (nthread or 1) * (ngpus or 1)
     nodes = len(set(hosts)) if hosts else 1
     if op is None:
@@ -273,8 +305,9 @@ def parse_nccl_tests(text: str, display: str) -> list[Sample]:
         elif tb and count * tb * ranks == size:
             op = "all_gather" if redop == "none" else "reduce_scatter"
     if op is None:
-        raise _fail(display, 1, "cannot tell which collective this nccl-tests output is; "
-                                "name the file after it (e.g. all_reduce_perf.txt)")
+        raise _fail(display, first + 1, "cannot tell which collective this nccl-tests "
+                                        f"output is{where}; name the file after it (e.g. "
+                                        "all_reduce_perf.txt)")
     system = devices[0] if devices and devices[0] else Path(display).stem
     return [Sample(system, op, float(size), ranks, nodes, secs, None, display, line)
             for line, size, _, secs in samples]
@@ -309,11 +342,12 @@ def _csv_samples(text: str, display: str) -> list[Sample]:
             nodes_txt = row[col["n_nodes"]].strip() if "n_nodes" in col else ""
             nodes = int(float(nodes_txt)) if nodes_txt else 1
             secs = float(row[col[time_col]]) * scale
-        except ValueError:
+        except (ValueError, OverflowError):
             problems.append(Located(display, line, 1, "expected numbers in the bytes, "
                                     f"{ranks_col}, n_nodes and {time_col} columns", "$"))
             continue
-        if nbytes <= 0 or secs <= 0 or ranks < 1 or nodes < 1 or nodes > ranks:
+        if not (math.isfinite(nbytes) and math.isfinite(secs)) or nbytes <= 0 or \
+                secs <= 0 or ranks < 1 or nodes < 1 or nodes > ranks:
             problems.append(Located(display, line, 1, "expected positive bytes and time and "
                                     "1 ≤ nodes ≤ ranks", "$"))
             continue
