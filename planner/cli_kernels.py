@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
 
-from .cli import emit, render_data
+from .cli import check_output, emit, render_data
+from .errors import UsageError
 
 TABLE_JSON = ("table", "json")
 models_dir_option = click.option(
@@ -138,10 +140,18 @@ def kernels_eval(data: tuple[str, ...], models_dir: str | None, split: str,
     from .kernels.store import load_models
 
     models = load_models(models_dir)
+    # the models read are inputs too: -o must not replace their manifest or weights
+    protect = (*data, *(str(p) for p in sorted(Path(models.directory).iterdir())
+                        if p.is_file()))
+    check_output(output, protect)
     results = [r.record() for r in evaluate_files(data, models, split, devices, exclude)]
+    if not results:
+        raise UsageError(f"planner: error: the models in {models.directory} time none of "
+                         f"these rows (they have {', '.join(sorted(models.models)) or 'no'} "
+                         "models); fit the missing family with `planner kernels fit`")
     render_data({"results": results}, fmt, output,
                 lambda: _results_table(results, f"kernel-time error (split {split}, models "
-                                                f"{models.directory})"), tuple(data))
+                                                f"{models.directory})"), protect)
 
 
 def _ints(text: str, n_min: int, n_max: int, what: str) -> list[int]:
@@ -266,6 +276,7 @@ def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: 
         if done == total or done % 25 == 0:
             click.echo(f"profiled {done}/{total} shapes", err=True)
 
+    check_output(output)  # before minutes of measuring
     rows = list(profile_rows(device, dtype, quick, repeats, name, progress))
     emit(to_csv(rows), output)
 

@@ -100,6 +100,33 @@ def model_copy(tmp_path) -> Path:
     return dst
 
 
+def test_eval_never_writes_over_the_models_it_reads(runner, model_copy):
+    before = (model_copy / MANIFEST).read_bytes()
+    r = invoke(runner, "kernels", "eval", DB_GEMM, "--models-dir", model_copy, "-o",
+               model_copy / MANIFEST)
+    assert r.exit_code == 2 and "it is one of this command's inputs" in r.stderr
+    assert (model_copy / MANIFEST).read_bytes() == before
+
+
+def test_a_model_set_without_a_family_says_so(runner, model_copy):
+    """A fit with --only gemm writes no conv model: convolutions are timed by the
+    roofline and say why, and evaluating convolution data is an error, not []."""
+    doc = yaml.safe_load((model_copy / MANIFEST).read_text())
+    assert "conv" in str(doc)
+    (model_copy / "conv.npz").unlink()
+    text = (model_copy / MANIFEST).read_text()
+    families = yaml.safe_load(text)
+    key = next(k for k in ("families", "models") if k in families)
+    del families[key]["conv"]
+    (model_copy / MANIFEST).write_text(yaml.safe_dump(families))
+    est = LearnedEstimator(models_dir=model_copy)
+    conv = Conv(32, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1)
+    assert est.estimate([conv], lookup_device("V100-SXM2"), "float32").source == (
+        "roofline (no conv model)",)
+    r = invoke(runner, "kernels", "eval", DB_CONV, "--models-dir", model_copy)
+    assert r.exit_code == 2 and "time none of these rows (they have gemm models)" in r.stderr
+
+
 def test_bad_checksum_names_the_file(model_copy):
     path = model_copy / "gemm.npz"
     raw = bytearray(path.read_bytes())

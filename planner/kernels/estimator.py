@@ -360,8 +360,9 @@ class LearnedEstimator:
             mdt = model_dtype(dtype, model.dtypes) if model is not None else None
             if model is None or mdt is None:
                 fallback += idx
+                why = f"no {family} model" if model is None else f"no {dtype} data"
                 for i in idx:
-                    source[i] = f"roofline (no {dtype} data)"
+                    source[i] = f"roofline ({why})"
                 continue
             sub = [kernels[i] for i in idx]
             ops = [k.op for k in sub]
