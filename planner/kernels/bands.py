@@ -141,7 +141,7 @@ def cut_bands(values: FloatArray, ratios: FloatArray, quantiles: Sequence[float]
     """Bands of ``values`` cut at their ``quantiles`` (merged until each has
     :data:`MIN_ROWS` rows), each bounded by the ``ratios`` (measured / predicted) of its
     rows at the ranks :func:`conformal_ranks` gives: edges to 6 significant digits and
-    ratios to 4 decimals, as the manifest keeps them."""
+    ratios to 4 decimals (rounded outward), as the manifest keeps them."""
     # stored as the manifest writes them, so a reloaded band is the band that was cut
     edges = sorted({float(f"{e:.6g}") for e in np.quantile(values, quantiles)})
     while True:
@@ -157,7 +157,9 @@ def cut_bands(values: FloatArray, ratios: FloatArray, quantiles: Sequence[float]
     for i in range(len(edges) + 1):
         r = np.sort(ratios[idx == i])
         lo, hi = conformal_ranks(r.size)
-        bands.append(Band(int(r.size), round(float(r[lo - 1]), 4), round(float(r[hi - 1]), 4)))
+        # rounded outward, so the rows at the ranks stay inside
+        bands.append(Band(int(r.size), math.floor(float(r[lo - 1]) * 1e4) / 1e4,
+                          math.ceil(float(r[hi - 1]) * 1e4) / 1e4))
     return OpBands(by, tuple(edges), tuple(bands))
 
 
