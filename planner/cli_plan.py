@@ -19,6 +19,8 @@ ESTIMATORS = ("auto", "roofline", "learned")
 def _size(value: str) -> float:
     from .units import UnitError, parse_quantity
 
+    if value.strip() == "0":  # no unit needed for nothing: one bucket per layer
+        return 0.0
     try:
         return parse_quantity(value, "bytes", positive=False)
     except UnitError as exc:
@@ -111,6 +113,9 @@ def layout_assignment(q: Question, grid: str | None, mode: str | None,
     from .strategies import StrategyError, fixed_assignment
 
     p, b = q.options.gpus, q.options.batch
+    if grid is not None and mode == "data" and parse_grid(grid, p)[0] != 1:
+        raise UsageError(f"planner: error: --mode data is the grid 1x{p}; --grid {grid} "
+                         "needs --mode model or domain")
     parsed = [parse_pin(text, p) for text in pins]
     try:
         return fixed_assignment(q.network, p, b, q.options.cost_model == "gholami2018",

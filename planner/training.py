@@ -374,7 +374,8 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     try:
         best = search(ctx, options).best.evaluation
     except NoFeasiblePlan as exc:
-        findings.append(Finding("speed", False, f"no plan fits at all: {exc}", key))
+        why = str(exc).removeprefix("planner: ")
+        findings.append(Finding("speed", False, f"no plan fits at all: {why}", key))
         return CheckReport(cfg, findings, chosen.time_s, None)
     ratio = chosen.time_s / best.time_s if best.time_s > 0 else 1.0
     ok = ratio <= cfg.max_slowdown * (1 + 1e-9)

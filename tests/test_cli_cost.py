@@ -65,6 +65,8 @@ def test_one_grid_domain(runner):
     (["--pin", "conv1=model:512x1"], "layer 'conv1' cannot use model 512x1: it has 96 "
      "output channels, fewer than P_r=512 (--pin 'conv1=model:512x1')"),
     (["--pin", "fc*=sideways"], "mode must be one of data, model, domain"),
+    (["--grid", "16x32", "--mode", "data"], "--mode data is the grid 1x512; --grid 16x32 "
+                                            "needs --mode model or domain"),
 ])
 def test_usage_errors(runner, args, message):
     result = invoke(runner, "cost", ALEX, KNL, *PAPER, *args)
@@ -113,3 +115,12 @@ def test_table(runner):
     result = invoke(runner, "cost", ALEX, KNL, *PAPER, "--pin", "fc*=model:32x16")
     assert result.exit_code == 0
     assert "model 32x16" in result.stdout and "iteration" in result.stdout
+
+
+def test_bucket_size_zero_needs_no_unit(runner):
+    """--help says '0: one per layer'; a bare 0 is that, the same as '0 B'."""
+    bare = cost_json(runner, ALEX, DGX, "-p", "8", "-b", "64", "--bucket-size", "0")
+    unit = cost_json(runner, ALEX, DGX, "-p", "8", "-b", "64", "--bucket-size", "0 B")
+    assert bare == unit and bare["problem"]["bucket_bytes"] == 0
+    r = invoke(runner, "cost", ALEX, DGX, "-p", "8", "-b", "64", "--bucket-size", "25")
+    assert r.exit_code == 2 and "a unit is needed" in r.stderr
