@@ -446,36 +446,26 @@ def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Devi
     names, dts = [device.name] * n, [mdt] * n
     t, bound, ok = model.predict_raw(rows, ops, spec, names, dts)
     factor = np.ones(n)
-    miss = np.flatnonzero(~ok)
-    if len(miss):
-        f, sub = scale_rows(model, rows[miss], [ops[i] for i in miss.tolist()],
-                            spec.rows(miss))
-        sel = np.flatnonzero(f > 1.0)
-        if len(sel):
-            pick = miss[sel]
-            k = len(pick)
-            t_part, _, ok_part = model.predict_raw(
-                sub[sel], [ops[i] for i in pick.tolist()], spec.rows(pick), names[:k],
-                dts[:k])
-            good = pick[ok_part]
-            t[good] = f[sel][ok_part] * t_part[ok_part]
-            factor[good] = f[sel][ok_part]
-            ok[good] = True
-    miss = np.flatnonzero(~ok)
-    if len(miss):
-        f, sub = pad_rows(model, rows[miss], [ops[i] for i in miss.tolist()],
-                          spec.rows(miss))
-        sel = np.flatnonzero(f < 1.0)
-        if len(sel):
-            pick = miss[sel]
-            k = len(pick)
-            t_part, _, ok_part = model.predict_raw(
-                sub[sel], [ops[i] for i in pick.tolist()], spec.rows(pick), names[:k],
-                dts[:k])
-            good = pick[ok_part]
-            t[good] = t_part[ok_part]  # not scaled down: launch-bound (see pad_rows)
-            factor[good] = f[sel][ok_part]
-            ok[good] = True
+    # scaled kernels: time × factor (factor > 1); padded ones: the time kept (factor < 1,
+    # launch-bound, see pad_rows)
+    for reshape, applies, scaled in ((scale_rows, np.greater, True),
+                                     (pad_rows, np.less, False)):
+        miss = np.flatnonzero(~ok)
+        if not len(miss):
+            break
+        f, sub = reshape(model, rows[miss], [ops[i] for i in miss.tolist()],
+                         spec.rows(miss))
+        sel = np.flatnonzero(applies(f, 1.0))
+        if not len(sel):
+            continue
+        pick = miss[sel]
+        k = len(pick)
+        t_part, _, ok_part = model.predict_raw(
+            sub[sel], [ops[i] for i in pick.tolist()], spec.rows(pick), names[:k], dts[:k])
+        good = pick[ok_part]
+        t[good] = (f[sel][ok_part] if scaled else 1.0) * t_part[ok_part]
+        factor[good] = f[sel][ok_part]
+        ok[good] = True
     return t, bound, factor, ok
 
 
