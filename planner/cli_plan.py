@@ -113,9 +113,6 @@ def layout_assignment(q: Question, grid: str | None, mode: str | None,
     from .strategies import StrategyError, fixed_assignment
 
     p, b = q.options.gpus, q.options.batch
-    if grid is not None and mode == "data" and parse_grid(grid, p)[0] != 1:
-        raise UsageError(f"planner: error: --mode data is the grid 1x{p}; --grid {grid} "
-                         "needs --mode model or domain")
     parsed = [parse_pin(text, p) for text in pins]
     try:
         return fixed_assignment(q.network, p, b, q.options.cost_model == "gholami2018",

@@ -80,11 +80,11 @@ class Layout:
 
     def row_group(self, per_node_devices: int) -> Group:
         """The ``P_r`` devices that share a batch block."""
-        return digit_group(self.r_digit, self.p, per_node_devices)
+        return node_group((self.r_digit,), self.p, per_node_devices)
 
     def col_group(self, per_node_devices: int) -> Group:
         """The ``P_c`` devices that share a weight shard (or a height block)."""
-        return digit_group(self.c_digit, self.p, per_node_devices)
+        return node_group((self.c_digit,), self.p, per_node_devices)
 
     def all_group(self, per_node_devices: int) -> Group:
         """All ``P`` devices."""
@@ -117,12 +117,6 @@ def make_layout(mode: str, pr: int, pc: int, placement: str = "rows") -> Layout:
     return Layout(mode, pr, pc, placement)
 
 
-def digit_group(digit: tuple[int, int], p: int, per_node_devices: int) -> Group:
-    """The group of devices that differ only in ``digit``: ``count`` members ``stride``
-    apart (see :func:`node_group`)."""
-    return node_group((digit,), p, per_node_devices)
-
-
 #: beyond this many (group, member) pairs to inspect, :func:`node_group` uses the
 #: closed form of the group at device 0
 NODE_GROUP_MAX_PAIRS = 1 << 22
@@ -145,7 +139,7 @@ def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: in
     # groups repeat their node pattern every lcm(g, stride·count) devices
     period = math.lcm(g, *(s * c for s, c in digits))
     span = min(p, period)
-    if span * size > NODE_GROUP_MAX_PAIRS or span < 1:
+    if span * size > NODE_GROUP_MAX_PAIRS:
         inside = 1
         for stride, count in digits:
             inside *= 1 if stride >= g else min(count, max(1, g // stride))

@@ -104,6 +104,22 @@ def iteration_record(ev: Evaluation, batch: int) -> dict[str, Any]:
     }
 
 
+def problem_record(network: Network, options: Options) -> dict[str, Any]:
+    """The question a plan answers (its ``problem`` section, less the estimator, the
+    algorithm and the node count): ``planner check`` compares a plan's with its
+    configuration's."""
+    return {
+        "gpus": options.gpus,
+        "batch": options.batch,
+        "dtype": network.dtype,
+        "cost_model": options.cost_model,
+        "overlap": options.overlap,
+        "bucket_bytes": options.bucket_bytes,
+        "optimizer": options.optimizer,
+        "master_weights": uses_master_weights(network.elem_bytes, options.master_weights),
+    }
+
+
 def plan_document(command: str, network: Network, network_file: str, cluster_name: str,
                   cluster_file: str, options: Options, ev: Evaluation, estimator: str,
                   nodes: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -117,19 +133,8 @@ def plan_document(command: str, network: Network, network_file: str, cluster_nam
             "cluster": {"file": cluster_file, "name": cluster_name,
                         "sha256": file_digest(cluster_file)},
         },
-        "problem": {
-            "gpus": options.gpus,
-            "batch": options.batch,
-            "dtype": network.dtype,
-            "cost_model": options.cost_model,
-            "overlap": options.overlap,
-            "bucket_bytes": options.bucket_bytes,
-            "optimizer": options.optimizer,
-            "master_weights": uses_master_weights(network.elem_bytes, options.master_weights),
-            "estimator": estimator,
-            "algorithm": options.algorithm or "cluster default",
-            "nodes": nodes,
-        },
+        "problem": {**problem_record(network, options), "estimator": estimator,
+                    "algorithm": options.algorithm or "cluster default", "nodes": nodes},
         "iteration": iteration_record(ev, options.batch),
         "memory": ev.memory.to_data(),
     }

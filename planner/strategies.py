@@ -104,6 +104,9 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
     :class:`StrategyError` naming the offending option."""
     if grid is not None:
         pr, pc = grid
+        if mode == "data" and pr != 1:
+            raise StrategyError(f"--mode data is the grid 1x{gpus}; --grid {pr}x{pc} needs "
+                                "--mode model or domain", "grid")
     elif mode in ("model", "domain"):
         pr, pc = gpus, 1
     else:

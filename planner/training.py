@@ -37,7 +37,7 @@ from .fields import Fields, Invalid, boolean, choice, integer, number, quantity,
 from .inputs import cluster_from_document, network_from_document
 from .layout import MODES, PLACEMENTS, Layout, make_layout, parse_grid, parse_pin
 from .loading import Document, Mark, load_file
-from .network import DTYPE_ALIASES, DTYPE_BYTES, Network
+from .network import DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
 from .strategies import StrategyError, fixed_assignment, why_invalid
 
 
@@ -218,8 +218,8 @@ def _file_sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _plan_assignment(cfg: TrainingConfig, net: Network, findings: list[Finding],
-                     ) -> dict[int, Layout] | None:
+def _plan_assignment(cfg: TrainingConfig, net: Network, options: Options,
+                     findings: list[Finding]) -> dict[int, Layout] | None:
     """The layouts of a plan file, after checking it still matches its inputs."""
     path: Path = cfg.strategy["plan"]
     doc = load_file(path, _display(path))
@@ -236,7 +236,10 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, findings: list[Finding],
     prob = data.get("problem") or {}
     if not isinstance(prob, dict):
         prob = {}
-    for key, value in _question(cfg, net):
+    from .output import rounded
+    from .plan import problem_record
+
+    for key, value in rounded(problem_record(net, options), 4).items():
         if prob.get(key) != value:
             problems.append(f"the plan is for {key}={prob.get(key)}, the configuration says "
                             f"{value}")
@@ -254,16 +257,9 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, findings: list[Finding],
         if layer is None or not layer.has_weights:
             raise doc.error([Issue(f"$.layers[{i}].name", f"layer {rec.get('name')!r} is not a "
                                                            "layer with weights of the network")])
-        lay, issue = _plan_layout(rec, f"$.layers[{i}]", cfg.gpus)
-        if issue is None:
-            assert lay is not None
-            why = why_invalid(layer, lay, cfg.batch, cfg.cost_model == "gholami2018")
-            if why is not None:
-                issue = Issue(f"$.layers[{i}].grid", f"layer {layer.name} cannot use "
-                                                     f"{lay.label()}: {why}")
-        if issue is not None:
-            raise doc.error([issue])
-        assert lay is not None
+        lay = _plan_layout(rec, f"$.layers[{i}]", layer, cfg)
+        if isinstance(lay, Issue):
+            raise doc.error([lay])
         assignment[layer.index] = lay
     missing = [lay.name for lay in net.layers if lay.has_weights and
                lay.index not in assignment]
@@ -277,40 +273,33 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, findings: list[Finding],
     return assignment
 
 
-def _question(cfg: TrainingConfig, net: Network) -> list[tuple[str, Any]]:
-    """What a plan's ``problem`` section must say to answer this configuration's
-    question, as the plan document writes it (the bucket size to 4 significant digits)."""
-    from .costs.memory import uses_master_weights
-    from .output import round_sig
-
-    return [("gpus", cfg.gpus), ("batch", cfg.batch), ("dtype", net.dtype),
-            ("optimizer", cfg.optimizer),
-            ("master_weights", uses_master_weights(net.elem_bytes, cfg.master_weights)),
-            ("overlap", cfg.overlap), ("bucket_bytes", round_sig(float(cfg.bucket_bytes))),
-            ("cost_model", cfg.cost_model)]
-
-
-def _plan_layout(rec: dict[str, Any], where: str, gpus: int,
-                 ) -> tuple[Layout | None, Issue | None]:
-    """A plan layer's layout, or the issue that stops it (mode, grid, placement)."""
+def _plan_layout(rec: dict[str, Any], where: str, layer: Layer,
+                 cfg: TrainingConfig) -> Layout | Issue:
+    """A plan layer's layout, or the issue that stops it (mode, grid, placement, or a
+    layout the layer cannot use)."""
+    gpus = cfg.gpus
     mode, grid, placement = rec.get("mode"), rec.get("grid"), rec.get("placement", "rows")
     if mode not in MODES:
-        return None, Issue(f"{where}.mode" if "mode" in rec else where,
-                           f"expected mode one of {', '.join(MODES)}, got {mode!r}")
+        return Issue(f"{where}.mode" if "mode" in rec else where,
+                     f"expected mode one of {', '.join(MODES)}, got {mode!r}")
     if (not isinstance(grid, list) or len(grid) != 2 or
             any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in grid)):
-        return None, Issue(f"{where}.grid" if "grid" in rec else where,
-                           f"expected grid: [P_r, P_c], two whole numbers >= 1, got {grid!r}")
+        return Issue(f"{where}.grid" if "grid" in rec else where,
+                     f"expected grid: [P_r, P_c], two whole numbers >= 1, got {grid!r}")
     pr, pc = grid
     if pr * pc != gpus:
-        return None, Issue(f"{where}.grid", f"grid {pr}x{pc} has {pr * pc} devices; the "
-                                            f"configuration has gpus={gpus}")
+        return Issue(f"{where}.grid", f"grid {pr}x{pc} has {pr * pc} devices; the "
+                                      f"configuration has gpus={gpus}")
     if mode == "data" and pr != 1:
-        return None, Issue(f"{where}.grid", f"data parallelism is the grid [1, {gpus}]")
+        return Issue(f"{where}.grid", f"data parallelism is the grid [1, {gpus}]")
     if placement not in PLACEMENTS:
-        return None, Issue(f"{where}.placement", f"expected placement one of "
-                                                 f"{', '.join(PLACEMENTS)}, got {placement!r}")
-    return make_layout(str(mode), pr, pc, str(placement)), None
+        return Issue(f"{where}.placement", f"expected placement one of "
+                                           f"{', '.join(PLACEMENTS)}, got {placement!r}")
+    lay = make_layout(str(mode), pr, pc, str(placement))
+    why = why_invalid(layer, lay, cfg.batch, cfg.cost_model == "gholami2018")
+    if why is not None:
+        return Issue(f"{where}.grid", f"layer {layer.name} cannot use {lay.label()}: {why}")
+    return lay
 
 
 def _strategy_assignment(cfg: TrainingConfig, net: Network) -> dict[int, Layout]:
@@ -356,7 +345,7 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     ctx = make_context(net, cl, options, estimator)
     findings: list[Finding] = []
     if "plan" in cfg.strategy:
-        assignment = _plan_assignment(cfg, net, findings)
+        assignment = _plan_assignment(cfg, net, options, findings)
         if assignment is None:
             return CheckReport(cfg, findings)
     else:

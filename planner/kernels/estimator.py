@@ -377,6 +377,7 @@ class LearnedEstimator:
             where = np.asarray(idx)
             secs[where] = t
             labels = {op: f"mlp:{op}-{key}" for op in set(ops)}
+            launch = min(m.floor_s for m in model.members)
             for i, op, good, f in zip(idx, ops, ok.tolist(), scaled.tolist(), strict=True):
                 if good:
                     source[i] = labels[op] if f == 1.0 else (
@@ -384,7 +385,7 @@ class LearnedEstimator:
                 else:
                     source[i] = "roofline (out of range)"
                     fallback.append(i)
-                    floor[i] = min(m.floor_s for m in model.members)
+                    floor[i] = launch
         rest = [i for i, s in enumerate(source) if not s]
         for i in rest:
             source[i] = "roofline"
