@@ -145,11 +145,21 @@ def render_data(data: Any, fmt: str | None, output: str | None,
 
             from rich.console import Console
 
+            from .tables import fit
+
             sink = io.StringIO()
-            Console(file=sink, width=140, color_system=None, highlight=False).print(table())
+            out = Console(file=sink, width=140, color_system=None, highlight=False)
+            rendered = table()
+            out.width = fit(out, rendered)
+            out.print(rendered)
             emit(sink.getvalue(), output, protect)
         else:
-            console().print(table())
+            from .tables import fit
+
+            term = console()
+            rendered = table()
+            term.width = fit(term, rendered)
+            term.print(rendered)
 
 
 format_option = click.option(

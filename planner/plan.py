@@ -157,8 +157,9 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     """A person's view of a plan document: summary, per-layer breakdown, memory."""
     from rich import box
     from rich.console import Group as RichGroup
-    from rich.table import Table
     from rich.text import Text
+
+    from .tables import FitTable
 
     it = doc["iteration"]
     mem = doc["memory"]
@@ -182,10 +183,11 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 f"{format_bytes(b['gradients'])}, optimizer {format_bytes(b['optimizer'])}, "
                 f"activations {format_bytes(b['activations'])}, buffers "
                 f"{format_bytes(b['comm_buffers'] + b['workspace'])})")
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    breakdown = ("forward", "bwd data", "weight grad", "redistrib.")
+    t = FitTable(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), wide=breakdown,
+                 narrow=("communication",))
     t.add_column("layer", overflow="fold", min_width=10)
-    for col in ("type", "layout", "compute", "forward", "bwd data", "weight grad",
-                "redistrib.", "total"):
+    for col in ("type", "layout", "compute", *breakdown, "communication", "total"):
         t.add_column(col, justify="left" if col in ("type", "layout") else "right",
                      no_wrap=True)
     hidden = [0, 0.0, 0.0]
@@ -206,11 +208,14 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
             layout = Text(layout, style="dim")  # type: ignore[assignment]
         t.add_row(rec["name"], rec["type"], layout, _ms(rec["compute_s"]),
                   _ms(c["forward_s"]), _ms(c["backward_data_s"]), _ms(c["weight_grad_s"]),
-                  _ms(c["redistribute_s"]), _ms(total))
+                  _ms(c["redistribute_s"]), _ms(comm), _ms(total))
     if hidden[0]:
-        t.add_row(Text(f"({int(hidden[0])} layers without weights, not listed: "
-                       "--all-layers)", style="dim"), "", "", _ms(hidden[1]), "", "",
-                  _ms(hidden[2]), "", _ms(hidden[1] + hidden[2]))
+        others = f"({int(hidden[0])} others)"
+        t.caption = (f"{others}: layers that follow a neighbour's layout and move no "
+                     "activations; --all-layers lists them")
+        t.caption_justify = "left"
+        t.add_row(Text(others, style="dim"), "", "", _ms(hidden[1]), "", "",
+                  _ms(hidden[2]), "", _ms(hidden[2]), _ms(hidden[1] + hidden[2]))
     parts: list[Any] = [head, t]
     return RichGroup(*parts)
 

@@ -136,3 +136,28 @@ def test_help_for_every_command(runner):
     for cmd in ("plan", "compare", "sweep", "cost"):
         result = invoke(runner, cmd, "--help")
         assert result.exit_code == 0 and "Usage:" in result.stdout
+
+
+def test_tables_on_narrow_terminals_cut_no_numbers(runner, monkeypatch):
+    """At 60 and 80 columns the per-layer breakdown gives way to one communication
+    column, every layer keeps its name and no figure is cut short ("2.16…"); a table
+    that cannot be narrowed is printed wider than the terminal rather than cut."""
+    wide = invoke(runner, "plan", ALEX, DGX, "-p", "64", "-b", "1024", "--format", "json")
+    doc = json.loads(wide.stdout)
+    shown = [r["name"] for r in doc["layers"] if "follows" not in r]
+    for columns in ("60", "80", "200"):
+        monkeypatch.setenv("COLUMNS", columns)
+        result = invoke(runner, "plan", ALEX, DGX, "-p", "64", "-b", "1024")
+        assert result.exit_code == 0, result.stderr
+        out = result.stdout
+        assert "…" not in out
+        names = [line.split()[0] for line in out.splitlines() if line.strip()]
+        assert all(name in names for name in shown), (columns, names)
+        narrow = columns != "200"
+        assert ("communication      total" in out) == narrow
+        assert ("weight grad" in out) != narrow
+    monkeypatch.setenv("COLUMNS", "40")
+    result = invoke(runner, "devices")
+    assert result.exit_code == 0
+    assert "66.9 TFLOP/s" in result.stdout and "…" not in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) > 40

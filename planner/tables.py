@@ -1,0 +1,86 @@
+"""Tables that fit the terminal without cutting numbers.
+
+rich shrinks a table that is wider than the console by truncating every column alike
+("2.167 ms" becomes "2.16…") and can squeeze a folding column to nothing. A number cut
+short is worse than no number, so before a table is printed: columns the table marks as
+``wide`` (a breakdown) give way to its ``narrow`` columns (their sum) when the whole
+does not fit; an unwrapped column keeps its widest cell and a wrapped one its longest
+word (columns that fold, such as layer names, may break anywhere); and if the table
+still does not fit, it is printed at the width it needs and the terminal wraps the lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from rich.console import Console, Group
+from rich.measure import Measurement
+from rich.table import Table
+
+
+class FitTable(Table):
+    """A rich table with two column sets: ``wide`` shown when the table fits the
+    console, ``narrow`` shown instead when it does not."""
+
+    def __init__(self, *args: Any, wide: tuple[str, ...] = (), narrow: tuple[str, ...] = (),
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.wide = wide
+        self.narrow = narrow
+
+
+def _tables(renderable: Any) -> Iterator[Table]:
+    if isinstance(renderable, Table):
+        yield renderable
+    elif isinstance(renderable, Group):
+        for part in renderable.renderables:
+            yield from _tables(part)
+
+
+def _natural(console: Console, renderable: Any) -> int:
+    return Measurement.get(console, console.options.update_width(100_000), renderable).maximum
+
+
+def _drop(table: Table, names: tuple[str, ...]) -> None:
+    table.columns[:] = [c for c in table.columns if str(c.header) not in names]
+
+
+def fit(console: Console, renderable: Any) -> int:
+    """Prepare every table in ``renderable`` for ``console``; returns the width to print
+    at (the console's, or more where a table cannot be narrowed without cutting)."""
+    need = console.width
+    for table in _tables(renderable):
+        if isinstance(table, FitTable):
+            columns = list(table.columns)
+            _drop(table, table.narrow)
+            if _natural(console, table) > console.width:
+                table.columns[:] = columns
+                _drop(table, table.wide)
+        opts = console.options.update_width(100_000)
+        lo, hi = [], []
+        for column in table.columns:
+            sizes = [Measurement.get(console, opts, c) for c in [column.header, *column.cells]]
+            top = max(m.maximum for m in sizes)
+            if column.no_wrap:
+                least = top
+            elif column.overflow == "fold":  # long names may break anywhere
+                least = min(top, max(column.min_width or 0,
+                                     min(16, max(m.minimum for m in sizes))))
+            else:
+                least = max(m.minimum for m in sizes)
+            lo.append(least)
+            hi.append(top)
+        overhead = _natural(console, table) - sum(hi)
+        room = console.width - overhead
+        widths = list(hi)
+        while sum(widths) > room:
+            slack = [w - m for w, m in zip(widths, lo, strict=True)]
+            if max(slack) <= 0:
+                break
+            widths[slack.index(max(slack))] -= 1
+        if widths != hi:
+            for column, w in zip(table.columns, widths, strict=True):
+                column.width = w
+        need = max(need, sum(widths) + overhead)
+    return need
