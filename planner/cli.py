@@ -188,10 +188,12 @@ def cli(debug: bool) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing for valid files.")
 def validate(files: tuple[str, ...], quiet: bool) -> None:
-    """Check network, cluster and training files; report every problem.
+    """Check network, cluster and training files, and plans; report every problem.
 
     Each file says what it is with a top-level `kind: network | cluster | training`, or
-    is recognised by its keys. Exit 0 when every file is valid, 2 otherwise.
+    is recognised by its keys (a plan by the `planner:` and `problem:` keys planner
+    writes; its placement is checked, as `planner launch` reads it). Exit 0 when every
+    file is valid, 2 otherwise.
     """
     from .errors import InputError
     from .inputs import validate_file
@@ -215,6 +217,9 @@ def _describe(kind: str, obj: Any) -> str:
     if kind == "cluster":
         nodes = f"{obj.nodes} node{'s' if obj.nodes != 1 else ''} × " if obj.nodes else ""
         return f"'{obj.name}', {nodes}{obj.devices_per_node} {obj.device.name} per node"
+    if kind == "plan":
+        nodes = f"{obj.nodes} node{'s' if obj.nodes != 1 else ''}"
+        return f"for '{obj.name}', {obj.world} devices on {nodes}"
     return f"'{getattr(obj, 'name', '')}'"
 
 

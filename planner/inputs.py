@@ -21,6 +21,8 @@ def detect_kind(data: Any) -> str | None:
     kind = data.get("kind")
     if isinstance(kind, str):
         return kind
+    if "planner" in data and "problem" in data and "layers" in data:
+        return "plan"  # written by `planner plan` or `planner cost`
     if "layers" in data:
         return "network"
     if "devices_per_node" in data or "device" in data:
@@ -46,6 +48,13 @@ def _kind_issue(doc: Document, expected: str | None) -> Issue:
     return Issue("$", f"cannot tell what this file is; add 'kind: {want}' at the top")
 
 
+def _wrong_kind(kind: str, expected: str) -> Issue:
+    if kind == "plan":
+        return Issue("$", f"this is a plan written by planner, not a {expected} file; "
+                          f"give the {expected} file the plan was made from")
+    return Issue("$.kind", f"expected a {expected} file, got 'kind: {kind}'")
+
+
 def network_from_document(doc: Document) -> Network:
     """A validated network from a parsed document, or an InputError."""
     issues: list[Issue] = IssueList()
@@ -53,7 +62,7 @@ def network_from_document(doc: Document) -> Network:
     if kind is None:
         raise doc.error([_kind_issue(doc, "network")])
     if kind != "network":
-        raise doc.error([Issue("$.kind", f"expected a network file, got 'kind: {kind}'")])
+        raise doc.error([_wrong_kind(kind, "network")])
     try:
         net = network_from_data(doc.data, issues)
     except TooManyIssues:
@@ -70,7 +79,7 @@ def cluster_from_document(doc: Document) -> Cluster:
     if kind is None:
         raise doc.error([_kind_issue(doc, "cluster")])
     if kind != "cluster":
-        raise doc.error([Issue("$.kind", f"expected a cluster file, got 'kind: {kind}'")])
+        raise doc.error([_wrong_kind(kind, "cluster")])
     try:
         cl = cluster_from_data(doc.data, issues)
     except TooManyIssues:
@@ -112,6 +121,10 @@ def validate_file(path: str | os.PathLike[str]) -> tuple[str, Any]:
         from .training import training_from_document
 
         return kind, training_from_document(doc, str(path))
+    if kind == "plan":
+        from .launch import launch_spec
+
+        return kind, launch_spec(doc, str(path))
     raise doc.error([_kind_issue(doc, None)])
 
 

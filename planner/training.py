@@ -83,6 +83,11 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     """Validate a training configuration (paths resolved against its folder)."""
     issues: list[Issue] = []
     base = Path(path).resolve().parent
+    from .inputs import detect_kind
+
+    if detect_kind(doc.data) == "plan":
+        raise doc.error([Issue("$", "this is a plan, not a training configuration; name it "
+                                    "in one as 'strategy: {plan: FILE}'")])
     f = Fields(doc.data, "$", issues, "a training configuration")
     if not f.ok:
         raise doc.error(issues)

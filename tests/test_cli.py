@@ -41,6 +41,37 @@ def test_validate_mixed_reports_all_and_fails(runner, tmp_path):
     assert f"{bad}:4:12: error: unknown layer type 'nope'" in result.stderr
 
 
+def test_plan_files_are_recognised(runner, tmp_path):
+    """A plan given to validate is checked as a plan (its placement, as launch reads it);
+    given where a network, cluster or training file belongs, one error says what it is
+    instead of a hundred unknown keys."""
+    plan = tmp_path / "plan.yaml"
+    made = invoke(runner, "plan", NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml",
+                  "-p", "12", "-b", "96", "-o", plan, "--estimator", "roofline")
+    assert made.exit_code == 0, made.stderr
+    result = invoke(runner, "validate", plan)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{plan}: ok (plan for 'alexnet', 12 devices on 2 nodes)\n"
+    broken = tmp_path / "broken.yaml"
+    text = plan.read_text()
+    assert "  nodes: 2\n" in text
+    broken.write_text(text.replace("  nodes: 2\n", "  nodes: 3\n"))
+    result = invoke(runner, "validate", broken)
+    assert result.exit_code == 2
+    assert "error: 12 devices at 8 a node take 2 nodes, not 3" in result.stderr
+    for args, what in (([plan, CLUSTERS / "dgx-h100.yaml"], "network"),
+                       ([NETWORKS / "alexnet.yaml", plan], "cluster")):
+        result = invoke(runner, "plan", *args, "-p", "8", "-b", "8")
+        assert result.exit_code == 2
+        assert result.stderr.count("error:") == 1
+        assert f"{plan}:1:1: error: this is a plan written by planner, not a {what} file" \
+            in result.stderr
+    result = invoke(runner, "check", plan)
+    assert result.exit_code == 2
+    assert result.stderr.count("error:") == 1
+    assert "this is a plan, not a training configuration" in result.stderr
+
+
 def test_validate_missing_file(runner, tmp_path):
     result = invoke(runner, "validate", tmp_path / "missing.yaml")
     assert result.exit_code == 2
