@@ -222,7 +222,8 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
             break
     for i, pin in enumerate(parsed):
         if not used[i]:
-            raise UsageError(f"planner: error: --{unmatched_pin_message(pin, q.network)}")
+            why = unmatched_pin_message(pin, q.network, parsed[:i])
+            raise UsageError(f"planner: error: --{why}")
     return out
 
 

@@ -86,10 +86,23 @@ def grid_layout(layer: Layer, gpus: int, pr: int, pc: int, mode: str | None,
     return make_layout("model", pr, pc, placement)
 
 
-def unmatched_pin_message(pin: Pin, network: Network) -> str:
-    """Why a pin matched no layer with weights."""
+def unmatched_pin_message(pin: Pin, network: Network, earlier: list[Pin] | None = None,
+                          ) -> str:
+    """Why a pin set no layer: it matches none, only layers without weights of their
+    own, or only layers an earlier pin already sets (the first matching pin wins)."""
     names = [layer.name for layer in network.layers
              if fnmatch.fnmatchcase(layer.name, pin.pattern)]
+    taken = []
+    for layer in network.layers:
+        if layer.name in names and layer.has_weights:
+            first = next((p for p in earlier or [] if fnmatch.fnmatchcase(layer.name,
+                                                                        p.pattern)), None)
+            if first is not None:
+                taken.append(f"{layer.name} by '{first.text}'")
+    if taken:
+        return (f"pin '{pin.text}' matches only layers an earlier pin sets "
+                f"({', '.join(taken[:5])}); the first pin that matches a layer wins: "
+                "put the narrower pin first")
     if names:
         return (f"pin '{pin.text}' matches only layers without weights "
                 f"({', '.join(names[:5])}); they follow their neighbours' layout")
@@ -131,5 +144,5 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
         out[layer.index] = chosen
     for i, pin in enumerate(pins):
         if not used[i]:
-            raise StrategyError(unmatched_pin_message(pin, network), i)
+            raise StrategyError(unmatched_pin_message(pin, network, pins[:i]), i)
     return out

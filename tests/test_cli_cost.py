@@ -62,6 +62,8 @@ def test_one_grid_domain(runner):
     (["--grid", "banana"], "invalid grid 'banana'"),
     (["--pin", "nothing*=data"], "--pin 'nothing*=data' matches no layer"),
     (["--pin", "relu*=model"], "matches only layers without weights"),
+    (["--pin", "fc*=model", "--pin", "fc6=data"], "--pin 'fc6=data' matches only layers an "
+     "earlier pin sets (fc6 by 'fc*=model'); the first pin that matches a layer wins"),
     (["--pin", "conv1=model:512x1"], "layer 'conv1' cannot use model 512x1: it has 96 "
      "output channels, fewer than P_r=512 (--pin 'conv1=model:512x1')"),
     (["--pin", "fc*=sideways"], "mode must be one of data, model, domain"),

@@ -161,3 +161,12 @@ def test_tables_on_narrow_terminals_cut_no_numbers(runner, monkeypatch):
     assert result.exit_code == 0
     assert "66.9 TFLOP/s" in result.stdout and "…" not in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) > 40
+
+
+def test_plan_pin_shadowed_by_an_earlier_pin(runner):
+    result = invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64", "--pin", "fc*=model",
+                    "--pin", "fc7=data", "--pin", "conv1=data")
+    assert result.exit_code == 2
+    assert result.stderr == ("planner: error: --pin 'fc7=data' matches only layers an "
+                             "earlier pin sets (fc7 by 'fc*=model'); the first pin that "
+                             "matches a layer wins: put the narrower pin first\n")
