@@ -118,6 +118,13 @@ def test_nvls_from_threshold():
     big, alg = collective_time("all_reduce", 256 * 2**20, Group(8, 8), cl)
     assert alg == "nvls"
     assert big == pytest.approx(20e-6 + 2 * 7 / 8 * 256 * 2**20 / 400e9, rel=1e-12)
+    # a named flat algorithm is that algorithm alone: ring 2(p-1)α + 2(p-1)/p·n·β
+    ring, alg = collective_time("all_reduce", 256 * 2**20, Group(8, 8), cl, "ring")
+    assert alg == "ring"
+    assert ring == pytest.approx(14 * 3e-6 + 2 * 7 / 8 * 256 * 2**20 / 100e9, rel=1e-12)
+    # hierarchical keeps NCCL's choice inside the node
+    hier, _ = collective_time("all_reduce", 256 * 2**20, Group(8, 8), cl, "hierarchical")
+    assert hier == pytest.approx(big, rel=1e-12)
 
 
 def test_paper_formulas_by_hand():

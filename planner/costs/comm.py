@@ -222,7 +222,9 @@ def _best_flat(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
     if algorithm in names:
         names = (algorithm,)
     candidates = [(flat_time(op, name, nbytes, p, alpha, beta), name) for name in names]
-    if not group.spans_nodes:
+    if not group.spans_nodes and algorithm not in FLAT_ALGORITHMS:
+        # NVLS is NCCL's own choice; a named flat algorithm (--algorithm ring) is priced
+        # as that algorithm alone
         nv = _nvls(cluster.intra, op, nbytes, p)
         if nv is not None:
             candidates.append((nv, "nvls"))
