@@ -215,7 +215,12 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
         if kernel.out_h < 1 or kernel.out_w < 1:
             raise UsageError("planner: error: the filter is larger than the padded input")
     dt = DTYPE_NAMES[dtype]
-    pred = LearnedEstimator(models_dir=models_dir).explain(kernel, dev, dt)
+    est = LearnedEstimator(models_dir=models_dir)
+    if dev.kind != "gpu" and not est.has_measured(dev):
+        raise UsageError(f"planner: error: {dev.name} is a {dev.kind}; the kernel models were "
+                         "fitted on GPU measurements and have none of it (plans on it use "
+                         "the roofline; fit a model on its measurements to time it)")
+    pred = est.explain(kernel, dev, dt)
     rec = {"device": dev.name, "dtype": dt, "kernel": kernel.op, **pred.record()}
 
     def table() -> Any:

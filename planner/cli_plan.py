@@ -101,9 +101,16 @@ def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
         return Roofline()
     from .kernels import learned_estimator
 
-    if name == "auto" and getattr(device, "kind", "gpu") != "gpu" and models_dir is None:
+    kind = getattr(device, "kind", "gpu")
+    if name == "auto" and kind != "gpu" and models_dir is None:
         return Roofline()  # the models were trained on GPUs only
-    return learned_estimator(models_dir, required=(name == "learned"))
+    est = learned_estimator(models_dir, required=(name == "learned"))
+    if (name == "learned" and kind != "gpu" and hasattr(est, "has_measured")
+            and not est.has_measured(device)):
+        raise UsageError(f"planner: error: --estimator learned: {device.name} is a {kind} "
+                         "and the kernel models have no measurements of it (they were "
+                         "fitted on GPUs); use --estimator roofline or auto")
+    return est
 
 
 def layout_assignment(q: Question, grid: str | None, mode: str | None,

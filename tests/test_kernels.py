@@ -1037,6 +1037,25 @@ def test_predict_usage_errors(runner):
     assert r.exit_code == 2 and "exactly one of --gemm" in r.stderr
 
 
+def test_the_gpu_models_do_not_time_a_cpu(runner):
+    """The shipped models saw GPUs only: predict refuses a CPU of the catalog, plan with
+    --estimator learned refuses it, and auto falls back to the roofline."""
+    r = invoke(runner, "kernels", "predict", "--device", "cori-knl", "--gemm", "64,64,64")
+    assert r.exit_code == 2
+    assert r.stderr.startswith("planner: error: cori-knl is a cpu; the kernel models were "
+                               "fitted on GPU measurements and have none of it")
+    knl = ROOT / "examples" / "clusters" / "cori-knl.yaml"
+    net = ROOT / "examples" / "networks" / "alexnet.yaml"
+    args = ["plan", net, knl, "-p", "64", "-b", "512", "--format", "json"]
+    r = invoke(runner, *args, "--estimator", "learned")
+    assert r.exit_code == 2 and "--estimator learned: cori-knl is a cpu" in r.stderr
+    r = invoke(runner, *args)
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["problem"]["estimator"] == "roofline"
+    assert {rec["compute"]["estimator"] for rec in doc["layers"]} == {"roofline"}
+
+
 def test_achieved_matches_the_catalog(runner):
     r = invoke(runner, "kernels", "achieved", LINEAR, DB_GEMM, "--format", "json")
     assert r.exit_code == 0, r.stderr

@@ -327,6 +327,12 @@ class LearnedEstimator:
         #: per (device, dtype): kernel -> (seconds, source)
         self._memo: IdentityMemo[Kernel, tuple[float, str]] = IdentityMemo()
 
+    def has_measured(self, device: Device) -> bool:
+        """Whether any model was fitted on measurements of ``device``."""
+        prefix = f"{device.name}|"
+        return any(k.startswith(prefix) for m in self.models.models.values()
+                   for k in m.first.levels)
+
     def estimate(self, kernels: Sequence[Kernel], device: Device, dtype: str) -> KernelTimes:
         """Seconds for each kernel on ``device`` in ``dtype`` (a network dtype name).
 
