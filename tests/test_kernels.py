@@ -1053,7 +1053,7 @@ def test_the_gpu_models_do_not_time_a_cpu(runner):
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["problem"]["estimator"] == "roofline"
-    assert {rec["compute"]["estimator"] for rec in doc["layers"]} == {"roofline"}
+    assert {rec["compute"]["estimator"] for rec in doc["layers"]} <= {"roofline", "none"}
 
 
 def test_achieved_matches_the_catalog(runner):
