@@ -343,7 +343,14 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     the intra-node `nvls:` sub-section. Prints the fit and its error per (system,
     collective, ranks) on stderr; writes the fitted `network:` section as YAML.
     """
-    from .commfit import choose, fit_all, merged_cluster, read_samples, validate_network
+    from .commfit import (
+        choose,
+        fit_all,
+        merged_cluster,
+        merged_cluster_text,
+        read_samples,
+        validate_network,
+    )
     from .output import to_json, to_yaml
 
     fits = fit_all(read_samples(files))
@@ -355,10 +362,14 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     header = "# Fitted by `planner comm fit " + " ".join(files) + "`\n"
     if cluster_path is not None:
         fit = choose(fits, system)
-        data = merged_cluster(cluster_path, fit)
-        validate_network(data, cluster_path)
+        validate_network(merged_cluster(cluster_path, fit), cluster_path)
+        text, kept = merged_cluster_text(cluster_path, fit)
+        if not kept:
+            click.echo(f"planner: note: {cluster_path} is written from its data (its "
+                       "comments are not kept): its network section cannot be edited in "
+                       "place", err=True)
         emit(header + f"# from {cluster_path}, network tiers fitted to '{fit.system}'\n"
-             + to_yaml(data), output, protect)
+             + text, output, protect)
         return
     if system is not None or len(fits) == 1:
         fit = choose(fits, system)

@@ -47,9 +47,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from .cluster import Cluster, Device, Link
-from .costs.comm import Collective, Group, bus_bandwidth_factor, collective_time, flat_time
+from .costs.comm import (
+    Collective,
+    Group,
+    bus_bandwidth_factor,
+    collective_time,
+    flat_time,
+    nvls_time,
+)
 from .errors import InputError, Located, UsageError
 from .loading import decode
 
@@ -514,7 +522,8 @@ def _link(fit: TierFit | None, nvls: TierFit | None) -> Link:
 
 
 def predict(fit: SystemFit, sample: Sample) -> float:
-    """Seconds the planner predicts for ``sample`` with the fitted tiers (ring)."""
+    """Seconds the planner predicts for ``sample`` with the fitted tiers: NCCL's choice
+    between a ring and, inside one node, NVLS."""
     intra = _link(fit.intra, fit.nvls)
     inter = _link(fit.inter, None) if fit.inter is not None else intra
     per_node = max(1, sample.ranks // sample.nodes)
@@ -522,7 +531,9 @@ def predict(fit: SystemFit, sample: Sample) -> float:
     cluster = Cluster("fit", per_node, dev, intra, inter)
     t, _ = collective_time(sample.op, float(sample.nbytes), Group(sample.ranks, per_node),
                            cluster, "ring")
-    return float(t)
+    nv = nvls_time(intra, sample.op, float(sample.nbytes), sample.ranks) \
+        if sample.nodes == 1 else None
+    return float(t) if nv is None else min(float(t), float(nv))
 
 
 def fit_system(system: str, rows: Sequence[Sample]) -> SystemFit:
@@ -594,6 +605,69 @@ def merged_cluster(cluster_path: str, fit: SystemFit) -> dict[str, Any]:
         network[key] = tier
     data["network"] = network
     return data
+
+
+def merged_cluster_text(cluster_path: str, fit: SystemFit) -> tuple[str, bool]:
+    """The cluster file as text with its fitted tiers replaced in place, so that its
+    comments, key order and style survive; and whether that worked. Where the file's
+    layout does not allow an edit in place (flow-style ``network``, anchors the tiers
+    share), the whole file is written from its data instead (comments lost)."""
+    from .loading import load_file, parse_text
+    from .output import to_yaml
+
+    data = merged_cluster(cluster_path, fit)
+    doc = load_file(cluster_path)
+    try:
+        text = _replace_tiers(doc.text, fit.network())
+        same = parse_text(text, cluster_path).data == data
+    except (yaml.YAMLError, ValueError, InputError):
+        same = False
+    return (text, True) if same else (to_yaml(data), False)
+
+
+def _replace_tiers(text: str, tiers: dict[str, Any]) -> str:
+    """``text`` with the value of each ``network.<tier>`` key replaced by ``tiers``'
+    (added at the end of the section where missing). Comments on the lines after a
+    replaced tier stay; ValueError when the file has no block-style ``network:``."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if not isinstance(root, yaml.MappingNode):
+        raise ValueError("not a mapping")
+    net = next((v for k, v in root.value if k.value == "network"), None)
+    if not isinstance(net, yaml.MappingNode) or net.flow_style or not net.value:
+        raise ValueError("no block-style network section")
+    indent = net.value[0][0].start_mark.column
+    spans: list[tuple[int, int, str]] = []
+    for key, value in net.value:
+        if key.value in tiers:
+            spans.append((key.start_mark.index, _content_end(text, value.end_mark.index),
+                          key.value))
+    edits = [(a, b, _block({k: tiers[k]}, indent, first=False)) for a, b, k in spans]
+    missing = {k: v for k, v in tiers.items() if k not in {name for *_, name in spans}}
+    if missing:
+        at = _content_end(text, net.end_mark.index)
+        edits.append((at, at, "\n" + _block(missing, indent, first=True)))
+    for a, b, new in sorted(edits, reverse=True):
+        text = text[:a] + new + text[b:]
+    return text
+
+
+def _content_end(text: str, end: int) -> int:
+    """The end of the last line before ``end`` with content other than a comment (a block
+    node ends where the next key starts, after the comments between them)."""
+    lines = text[:end].split("\n")
+    while len(lines) > 1 and (not lines[-1].strip() or lines[-1].lstrip().startswith("#")):
+        lines.pop()
+    return len("\n".join(lines))
+
+
+def _block(data: dict[str, Any], indent: int, first: bool) -> str:
+    """``data`` as block YAML indented by ``indent`` (the first line too when ``first``),
+    without a trailing newline."""
+    from .output import to_yaml
+
+    lines = to_yaml(data).rstrip("\n").split("\n")
+    pad = " " * indent
+    return "\n".join((pad if i or first else "") + line for i, line in enumerate(lines))
 
 
 def validate_network(data: dict[str, Any], name: str) -> None:

@@ -204,6 +204,59 @@ def test_comm_fit_with_cluster_keeps_the_rest_and_never_overwrites(runner, tmp_p
     assert r.exit_code == 2 and "refusing to write" in r.stderr
 
 
+def test_comm_fit_with_cluster_edits_the_tiers_in_place(runner, tmp_path):
+    """--cluster replaces the fitted tiers' lines and nothing else: the comments, key
+    order and style of the rest survive, a tier the file lacks is added at the end of
+    its network section, and a file whose network cannot be edited in place is written
+    from its data with a note."""
+    src = tmp_path / "mine.yaml"
+    src.write_text(
+        "# my cluster: keep this\n"
+        "kind: cluster\n"
+        "name: mine   # trailing comment\n"
+        "devices_per_node: 8\n"
+        "device: H100-SXM\n"
+        "network:\n"
+        "  intra_node:\n"
+        "    latency: 3 us\n"
+        "    bandwidth: 300 GB/s\n"
+        "  # about the inter-node tier\n"
+        "  inter_node: {latency: 9 us, bandwidth: 400 Gbit/s}   # IB NDR\n"
+        "reserved_memory: 1 GiB   # headroom\n")
+    one_node = [f for f in FIXTURES if "2x8" not in f.name]
+    r = invoke(runner, "comm", "fit", *one_node, "--cluster", src)
+    assert r.exit_code == 0, r.stderr
+    fitted = yaml.safe_load(invoke(runner, "comm", "fit", *one_node).stdout)["network"]
+    assert set(fitted) == {"intra_node"}
+    out = r.stdout.split("\n", 2)[2]  # after the two header comments
+    tier = "\n".join("    " + line for line in yaml.safe_dump(
+        fitted["intra_node"], sort_keys=False).strip().split("\n"))
+    assert out.startswith("# my cluster: keep this\nkind: cluster\nname: mine   # trailing")
+    assert "  intra_node:\n" + tier.replace("'", "") in out.replace("'", "")
+    assert out.endswith("  # about the inter-node tier\n"
+                        "  inter_node: {latency: 9 us, bandwidth: 400 Gbit/s}   # IB NDR\n"
+                        "reserved_memory: 1 GiB   # headroom\n")
+    assert "note:" not in r.stderr
+    # a multi-node fit adds the inter-node tier where the file has none
+    src.write_text("kind: cluster  # one\nname: mine\nnodes: 1\ndevices_per_node: 8\n"
+                   "device: H100-SXM\nnetwork:\n  intra_node: {latency: 3 us, "
+                   "bandwidth: 300 GB/s}  # two\n# three\n")
+    r = invoke(runner, "comm", "fit", NCCL / "all_reduce_perf_2x8xh100.txt",
+               NCCL / "all_reduce_perf_8xh100.txt", "--cluster", src)
+    assert r.exit_code == 0, r.stderr
+    doc = yaml.safe_load(r.stdout)
+    assert set(doc["network"]) == {"intra_node", "inter_node"}
+    assert "kind: cluster  # one\n" in r.stdout and r.stdout.endswith("\n# three\n")
+    # flow-style network: written from its data, and said so
+    src.write_text("kind: cluster\nname: mine  # gone\nnodes: 1\ndevices_per_node: 8\n"
+                   "device: H100-SXM\nnetwork: {intra_node: {latency: 3 us, "
+                   "bandwidth: 300 GB/s}}\n")
+    r = invoke(runner, "comm", "fit", *FIXTURES, "--cluster", src)
+    assert r.exit_code == 0, r.stderr
+    assert "its comments are not kept" in r.stderr and "# gone" not in r.stdout
+    assert yaml.safe_load(r.stdout)["network"]["intra_node"]["name"].startswith("fitted: ")
+
+
 def test_comm_fit_several_systems_needs_a_choice_for_a_cluster(runner, tmp_path):
     r = invoke(runner, "comm", "fit", DEEPBENCH, "--cluster", CLUSTERS / "pcie-8gpu.yaml")
     assert r.exit_code == 2 and "choose one with --system" in r.stderr

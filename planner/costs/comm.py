@@ -158,7 +158,7 @@ def _tier(cluster: Cluster, group: Group) -> tuple[float, float]:
 Arr = NDArray[np.float64]
 
 
-def _nvls(link: Link, op: Collective, nbytes: Bytes, p: int) -> Bytes | None:
+def nvls_time(link: Link, op: Collective, nbytes: Bytes, p: int) -> Bytes | None:
     """NVLS all-reduce time per message (inf below its threshold), or None."""
     if op != "all_reduce" or link.nvls_bandwidth is None or p <= 1:
         return None
@@ -225,7 +225,7 @@ def _best_flat(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
     if not group.spans_nodes and algorithm not in FLAT_ALGORITHMS:
         # NVLS is NCCL's own choice; a named flat algorithm (--algorithm ring) is priced
         # as that algorithm alone
-        nv = _nvls(cluster.intra, op, nbytes, p)
+        nv = nvls_time(cluster.intra, op, nbytes, p)
         if nv is not None:
             candidates.append((nv, "nvls"))
     return _pick(candidates)
@@ -320,4 +320,4 @@ def bus_bandwidth_factor(op: Collective, p: int) -> float:
 
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "Group", "collective_time", "flat_time",
-           "hierarchical_time", "paper_all_gather", "paper_all_reduce", "paper_halo"]
+           "hierarchical_time", "nvls_time", "paper_all_gather", "paper_all_reduce", "paper_halo"]
