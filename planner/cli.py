@@ -33,6 +33,22 @@ class Reported(click.ClickException):
         click.echo(self.message, err=True)
 
 
+class Finite(click.FloatRange):
+    """A float range that refuses nan and infinity (FloatRange lets nan through: every
+    comparison with it is false)."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        import math
+
+        out = super().convert(value, param, ctx)
+        if not math.isfinite(out):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return out
+
+
 class PlannerGroup(click.Group):
     """A click group that turns planner errors into messages and exit codes."""
 

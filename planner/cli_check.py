@@ -6,13 +6,13 @@ from typing import Any
 
 import click
 
-from .cli import emit, output_option
+from .cli import Finite, emit, output_option
 from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError
 
 
 @click.command()
 @click.argument("configs", nargs=-1, required=True, type=click.Path(dir_okay=True))
-@click.option("--max-slowdown", type=click.FloatRange(1.0, None), default=None,
+@click.option("--max-slowdown", type=Finite(1.0, None), default=None,
               help="Allowed ratio of the strategy's iteration time to the searched optimum "
                    "(default: the configuration's max_slowdown, else 1.10).")
 @click.option("--format", "fmt", type=click.Choice(("text", "json", "github")),

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .cli import check_output, emit, render_data
+from .cli import Finite, check_output, emit, render_data
 from .errors import UsageError
 
 TABLE_JSON = ("table", "json")
@@ -76,7 +76,7 @@ def kernels() -> None:
 @click.option("--hidden", callback=_widths, default=None, metavar="W[,W...]",
               help="Hidden layer widths of each network, e.g. 32,32 (default: 32,32 for "
                    "GEMM, 16,16 for convolutions).")
-@click.option("--monotone-weight", type=click.FloatRange(0.0, 1e6), default=None,
+@click.option("--monotone-weight", type=Finite(0.0, 1e6), default=None,
               help="Weight of the penalty on kernels predicted slower than the same "
                    "kernel with one dimension doubled (0: none; default 10 for GEMM, 1 "
                    "for convolutions).")
@@ -155,12 +155,17 @@ def kernels_eval(data: tuple[str, ...], models_dir: str | None, split: str,
 
 
 def _ints(text: str, n_min: int, n_max: int, what: str) -> list[int]:
+    hint = "--gemm" if what.startswith("M,") else "--conv"
     try:
         vals = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected {what}, comma-separated integers") from None
+        raise click.BadParameter(f"expected {what}, comma-separated integers",
+                                 param_hint=hint) from None
     if not n_min <= len(vals) <= n_max or any(v < 0 for v in vals):
-        raise click.BadParameter(f"expected {what}")
+        raise click.BadParameter(f"expected {what}", param_hint=hint)
+    if max(vals) > 2**40:
+        raise click.BadParameter(f"{max(vals):,} is too large (at most 2^40 = {2**40:,})",
+                                 param_hint=hint)
     return vals
 
 
@@ -288,7 +293,7 @@ def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: 
 
 @kernels.command("achieved")
 @click.argument("data", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--min-gflop", type=click.FloatRange(0, None), default=1.0, show_default=True,
+@click.option("--min-gflop", type=Finite(0, None), default=1.0, show_default=True,
               help="Only GEMMs of at least this many GFLOP.")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
               show_default=True)

@@ -1035,6 +1035,16 @@ def test_predict_usage_errors(runner):
     assert r.exit_code == 2 and "unknown device 'H1OO'" in r.stderr
     r = invoke(runner, "kernels", "predict", "--device", "T4")
     assert r.exit_code == 2 and "exactly one of --gemm" in r.stderr
+    # a number past int64 was an internal error (OverflowError), exit 3
+    r = invoke(runner, "kernels", "predict", "--device", "T4", "--gemm", "1" * 25 + ",2,3")
+    assert r.exit_code == 2 and "Invalid value for --gemm: " in r.stderr
+    assert "is too large (at most 2^40" in r.stderr
+    # nan passed click's FloatRange (every comparison with nan is false)
+    for args in (["kernels", "achieved", LINEAR, "--min-gflop", "nan"],
+                 ["kernels", "fit", BMM, "-o", "unused", "--monotone-weight", "nan"],
+                 ["check", "x.yaml", "--max-slowdown", "inf"]):
+        r = invoke(runner, *args)
+        assert r.exit_code == 2 and "is not a finite number" in r.stderr, args
 
 
 def test_the_gpu_models_do_not_time_a_cpu(runner):
