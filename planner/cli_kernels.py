@@ -95,6 +95,8 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
     from .kernels.pipeline import fit_models
     from .kernels.train import FitOptions
 
+    if only is not None:
+        _keep_other_families(out_dir, only)
     opts = FitOptions(seed=seed, members=members, hidden=hidden, mono_weight=monotone_weight)
     if max_iter is not None:
         opts = replace(opts, max_iter=max_iter)
@@ -110,6 +112,29 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
     results = [r.record() for r in outcome.accuracy]
     render_data({"results": results}, fmt, None,
                 lambda: _results_table(results, "held-out accuracy (split test)"))
+
+
+def _keep_other_families(out_dir: str, only: str) -> None:
+    """Refuse (before minutes of fitting) to write one family over a model set that has
+    others: the new manifest would list only the one, and the others would be lost."""
+    from .errors import UsageError
+    from .kernels.store import MANIFEST
+
+    path = Path(out_dir) / MANIFEST
+    if not path.is_file():
+        return
+    try:
+        import yaml
+
+        families = set((yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+                       .get("models") or {})
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError):
+        return  # not a model set planner can read: overwritten like any other output
+    others = sorted(families - {only})
+    if others:
+        raise UsageError(f"planner: error: {path} has {' and '.join(others)} models that "
+                         f"--only {only} would drop from it; write to another directory "
+                         "(and fit both families to replace the set)")
 
 
 @kernels.command("eval")

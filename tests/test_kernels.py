@@ -150,6 +150,39 @@ def test_feature_mismatch_is_refused(model_copy):
         load_dir(model_copy)
 
 
+def test_zero_normalisation_spread_is_refused(model_copy):
+    """A spread of 0 divides by zero at every prediction (nan times, silently)."""
+    doc = yaml.safe_load((model_copy / MANIFEST).read_text())
+    doc["models"]["conv"]["normalisation"]["std"][2] = 0.0
+    (model_copy / MANIFEST).write_text(yaml.safe_dump(doc))
+    with pytest.raises(ModelDataError, match=r"models\.conv\.normalisation\.std: expected "
+                                             r"positive numbers"):
+        load_dir(model_copy)
+
+
+def test_fit_of_one_family_never_drops_the_other(runner, model_copy):
+    """--only gemm into a model set with a conv model would write a manifest without it:
+    refused before fitting, and the set is untouched."""
+    before = {p.name: p.read_bytes() for p in model_copy.iterdir() if p.is_file()}
+    r = invoke(runner, "kernels", "fit", BMM, "--only", "gemm", "--max-iter", "2", "-o",
+               model_copy)
+    assert r.exit_code == 2
+    assert r.stderr == (f"planner: error: {model_copy / MANIFEST} has conv models that "
+                        "--only gemm would drop from it; write to another directory (and "
+                        "fit both families to replace the set)\n")
+    assert {p.name: p.read_bytes() for p in model_copy.iterdir() if p.is_file()} == before
+
+
+def test_neusight_split_must_be_train_or_test(tmp_path):
+    bad = tmp_path / "linear.csv"
+    bad.write_text("split,device,B,M,N,K,latency_ms\ntrain,T4,1,64,64,64,0.05\n"
+                   "tset,T4,1,64,64,128,0.05\n")
+    with pytest.raises(InputError) as err:
+        read_csv(bad)
+    assert err.value.render().startswith(f"{bad}:3:1: error: expected 'train' or 'test' "
+                                         "(NeuSight's sweeps), got 'tset'")
+
+
 def test_not_a_manifest(tmp_path):
     (tmp_path / MANIFEST).write_text("kind: cluster\n")
     with pytest.raises(ModelDataError, match="not a planner model manifest"):

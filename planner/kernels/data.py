@@ -373,6 +373,10 @@ def _neusight(r: _Reader, out: Dataset, is_linear: bool) -> None:
     if dev is None or b is None or m is None or n is None or k is None or t is None:
         return
     split = r.raw("split").lower() if "split" in r.index else ""
+    if split not in ("", "train", "test"):
+        r.error("split", f"expected 'train' or 'test' (NeuSight's sweeps), got "
+                         f"{r.raw('split')!r}")
+        return
     if b == 1 or is_linear:
         shape: tuple[int, ...] = (b * m, k, n, 1)
         op = "gemm"

@@ -270,6 +270,9 @@ def _load_model(directory: Path, family: str, rec: Any, version: int) -> Ensembl
     rng = rec.get("training_range") or {}
     mean = _arr(norm.get("mean"), f"{where}.normalisation.mean", n)
     std = _arr(norm.get("std"), f"{where}.normalisation.std", n)
+    if np.any(std <= 0):
+        raise ModelDataError(f"{where}.normalisation.std: expected positive numbers (a "
+                             "feature's spread; the fit writes 1 for a constant feature)")
     lo = _arr(rng.get("min"), f"{where}.training_range.min", n)
     hi = _arr(rng.get("max"), f"{where}.training_range.max", n)
     try:
