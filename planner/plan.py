@@ -217,6 +217,8 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
         t.add_row(Text(others, style="dim"), "", "", _ms(hidden[1]), "", "",
                   _ms(hidden[2]), "", _ms(hidden[2]), _ms(hidden[1] + hidden[2]))
     parts: list[Any] = [head, t]
+    if t.caption:
+        parts.append(Text(""))  # the caption's last line is not the table's blank line
     return RichGroup(*parts)
 
 
