@@ -360,19 +360,21 @@ def comm() -> None:
               "substring of its name) when they hold several.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True),
               default=None, help="Write the YAML here instead of stdout (never an input).")
-@click.option("--format", "fmt", type=click.Choice(("yaml", "json")), default="yaml",
-              show_default=True, help="yaml: the network section (or cluster file); json: "
-              "the whole fit report.")
+@click.option("--format", "fmt", type=click.Choice(("yaml", "json")), default=None,
+              help="yaml: the network section (or cluster file); json: the whole fit "
+                   "report. Default: json for an -o file ending in .json, else yaml.")
 def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | None,
-             output: str | None, fmt: str) -> None:
+             output: str | None, fmt: str | None) -> None:
     """Fit network latency and bandwidth to measured collectives.
 
     Reads nccl-tests output (all_reduce_perf, all_gather_perf, reduce_scatter_perf),
     DeepBench's all-reduce CSV and the 8×H200 sweep CSV. Single-node rows fit the
     intra-node tier, multi-node rows the inter-node tier (NCCL's ring); NVLS rows fit
     the intra-node `nvls:` sub-section. Prints the fit and its error per (system,
-    collective, ranks) on stderr; writes the fitted `network:` section as YAML.
+    collective, ranks) on stderr; writes the fitted `network:` section as YAML, or with
+    --cluster the cluster file with its fitted tiers replaced in place.
     """
+    from .cli import format_for
     from .commfit import (
         choose,
         fit_all,
@@ -381,33 +383,55 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
         read_samples,
         validate_network,
     )
+    from .errors import UsageError
     from .output import to_json, to_yaml
 
-    fits = fit_all(read_samples(files))
-    _print_comm(fits)
+    if fmt is None:
+        fmt = "json" if format_for(output) == "json" else "yaml"
+    if fmt == "json" and cluster_path is not None:
+        raise UsageError("planner: error: --cluster writes a cluster file (YAML); --format "
+                         "json is the fit report: give one of them")
     protect = (*files, *([cluster_path] if cluster_path else []))
+    check_output(output, protect)
+    fits = fit_all(read_samples(files))
+    for f in fits:
+        if f.intra is None and f.inter is None:
+            raise UsageError(f"planner: error: nothing to fit for {f.system!r} in "
+                             f"{', '.join(f.files)}: no measurement over more than one rank")
+    if system is not None:
+        fits = [choose(fits, system)]
+    _print_comm(fits)
     if fmt == "json":
         emit(to_json({"systems": [f.record() for f in fits]}), output, protect)
         return
-    header = "# Fitted by `planner comm fit " + " ".join(files) + "`\n"
+    header = "# Fitted by `planner comm fit " + " ".join(_shown(f) for f in files) + "`\n"
     if cluster_path is not None:
         fit = choose(fits, system)
-        validate_network(merged_cluster(cluster_path, fit), cluster_path)
+        data, notes = merged_cluster(cluster_path, fit)
+        validate_network(data, cluster_path)
+        for note in notes:
+            click.echo(f"planner: note: {note}", err=True)
         text, kept = merged_cluster_text(cluster_path, fit)
         if not kept:
             click.echo(f"planner: note: {cluster_path} is written from its data (its "
                        "comments are not kept): its network section cannot be edited in "
                        "place", err=True)
-        emit(header + f"# from {cluster_path}, network tiers fitted to '{fit.system}'\n"
-             + text, output, protect)
+        newline = "\r\n" if text.count("\r\n") else "\r" if "\r" in text else "\n"
+        emit((header + f"# from {_shown(cluster_path)}, network tiers fitted to "
+              f"'{_shown(fit.system)}'\n").replace("\n", newline) + text, output, protect)
         return
-    if system is not None or len(fits) == 1:
-        fit = choose(fits, system)
-        emit(header + f"# system: {fit.system}\n" + to_yaml({"network": fit.network()}),
-             output, protect)
+    if len(fits) == 1:
+        emit(header + f"# system: {_shown(fits[0].system)}\n"
+             + to_yaml({"network": fits[0].network()}), output, protect)
         return
     emit(header + to_yaml({"systems": {f.system: {"network": f.network()} for f in fits}}),
          output, protect)
+
+
+def _shown(text: str) -> str:
+    """A file or system name for a comment line: control characters (a newline would
+    start a YAML line of its own) become U+FFFD."""
+    return "".join(c if c.isprintable() else "\ufffd" for c in str(text))
 
 
 def _print_comm(fits: list[Any]) -> None:

@@ -577,14 +577,16 @@ def fit_all(samples: Sequence[Sample]) -> list[SystemFit]:
 
 
 def choose(fits: Sequence[SystemFit], name: str | None) -> SystemFit:
-    """The fit of system ``name`` (substring, case-insensitive), or the only one."""
+    """The fit of system ``name`` (its whole name, else a substring; case-insensitive),
+    or the only one."""
     if name is None:
         if len(fits) == 1:
             return fits[0]
         raise UsageError("planner: error: the files hold several systems ("
                          + ", ".join(repr(f.system) for f in fits)
                          + "); choose one with --system")
-    hits = [f for f in fits if name.lower() in f.system.lower()]
+    exact = [f for f in fits if f.system.lower() == name.lower()]
+    hits = exact or [f for f in fits if name.lower() in f.system.lower()]
     if len(hits) != 1:
         raise UsageError(f"planner: error: --system {name!r} matches "
                          f"{'no' if not hits else len(hits)} systems; the files hold "
@@ -592,8 +594,31 @@ def choose(fits: Sequence[SystemFit], name: str | None) -> SystemFit:
     return hits[0]
 
 
-def merged_cluster(cluster_path: str, fit: SystemFit) -> dict[str, Any]:
-    """The cluster file's data with its network tiers replaced by the fitted ones."""
+def fitted_tiers(original: dict[str, Any], fit: SystemFit,
+                 ) -> tuple[dict[str, Any], list[str]]:
+    """The tiers to write over ``original`` (a cluster file's ``network`` mapping), and
+    notes on what of the original is not kept. A fitted tier replaces the file's tier
+    whole, with one exception: an ``nvls`` section the fit could not have seen (no
+    single-node all-reduce among its measurements) is kept, since all-gather or
+    multi-node data say nothing about in-switch reduction."""
+    tiers = fit.network()
+    saw_nvls = any(e.op == "all_reduce" and e.nodes == 1 for e in fit.errors)
+    notes = []
+    for name, tier in tiers.items():
+        old = original.get(name)
+        if not isinstance(old, dict):
+            continue
+        if "nvls" in old and "nvls" not in tier and not saw_nvls:
+            tier["nvls"] = old["nvls"]
+        lost = sorted(str(k) for k in old if k not in tier and k != "name")
+        if lost:
+            notes.append(f"network.{name}: {', '.join(lost)} not in the fit, dropped")
+    return tiers, notes
+
+
+def merged_cluster(cluster_path: str, fit: SystemFit) -> tuple[dict[str, Any], list[str]]:
+    """The cluster file's data with its network tiers replaced by the fitted ones
+    (:func:`fitted_tiers`), and the notes on what was not kept."""
     from .inputs import load_cluster
     from .loading import load_file
 
@@ -601,51 +626,73 @@ def merged_cluster(cluster_path: str, fit: SystemFit) -> dict[str, Any]:
     doc = load_file(cluster_path)
     data = dict(doc.data)
     network = dict(data.get("network") or {})
-    for key, tier in fit.network().items():
-        network[key] = tier
+    tiers, notes = fitted_tiers(network, fit)
+    network.update(tiers)
     data["network"] = network
-    return data
+    return data, notes
+
+
+#: The first line of what ``comm fit`` writes (a file fitted again loses the old one).
+FIT_HEADER = "# Fitted by `planner comm fit"
 
 
 def merged_cluster_text(cluster_path: str, fit: SystemFit) -> tuple[str, bool]:
     """The cluster file as text with its fitted tiers replaced in place, so that its
-    comments, key order and style survive; and whether that worked. Where the file's
-    layout does not allow an edit in place (flow-style ``network``, anchors the tiers
-    share), the whole file is written from its data instead (comments lost)."""
+    comments, key order, line endings and style survive; and whether that worked. Where
+    the file's layout does not allow an edit in place (flow-style ``network``, anchors
+    the tiers share), the whole file is written from its data instead (comments lost)."""
     from .loading import load_file, parse_text
     from .output import to_yaml
 
-    data = merged_cluster(cluster_path, fit)
-    doc = load_file(cluster_path)
+    data, _ = merged_cluster(cluster_path, fit)
+    network = dict((load_file(cluster_path).data or {}).get("network") or {})
+    tiers, _ = fitted_tiers(network, fit)
+    raw = load_file(cluster_path).text
+    newline = "\r\n" if "\r\n" in raw else "\r" if "\r" in raw else "\n"
+    text = raw.replace("\r\n", "\n").replace("\r", "\n")
+    lines = text.split("\n")
+    if lines and lines[0].startswith(FIT_HEADER):  # written by an earlier fit
+        lines = lines[2:] if len(lines) > 1 and lines[1].startswith("# from ") else lines[1:]
+    text = "\n".join(lines)
     try:
-        text = _replace_tiers(doc.text, fit.network())
+        text = _replace_tiers(text, tiers)
         same = parse_text(text, cluster_path).data == data
     except (yaml.YAMLError, ValueError, InputError):
         same = False
-    return (text, True) if same else (to_yaml(data), False)
+    if not same:
+        return to_yaml(data), False
+    return text.replace("\n", newline), True
 
 
 def _replace_tiers(text: str, tiers: dict[str, Any]) -> str:
-    """``text`` with the value of each ``network.<tier>`` key replaced by ``tiers``'
-    (added at the end of the section where missing). Comments on the lines after a
-    replaced tier stay; ValueError when the file has no block-style ``network:``."""
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    """``text`` (LF line ends) with the value of each ``network.<tier>`` key replaced by
+    ``tiers``' (added at the end of the section where missing), in the file's indent
+    step. Comments on the replaced lines go with them; those after stay. ValueError
+    when the file has no block-style ``network:``."""
+    from .loading import yaml_loader
+
+    root = yaml.compose(text, Loader=yaml_loader())
     if not isinstance(root, yaml.MappingNode):
         raise ValueError("not a mapping")
     net = next((v for k, v in root.value if k.value == "network"), None)
     if not isinstance(net, yaml.MappingNode) or net.flow_style or not net.value:
         raise ValueError("no block-style network section")
     indent = net.value[0][0].start_mark.column
+    step = indent or 2
+    for _, value in net.value:  # the file's step: a block tier's keys under its name
+        if isinstance(value, yaml.MappingNode) and not value.flow_style and value.value:
+            step = max(1, value.value[0][0].start_mark.column - indent)
+            break
     spans: list[tuple[int, int, str]] = []
     for key, value in net.value:
         if key.value in tiers:
-            spans.append((key.start_mark.index, _content_end(text, value.end_mark.index),
-                          key.value))
-    edits = [(a, b, _block({k: tiers[k]}, indent, first=False)) for a, b, k in spans]
+            spans.append((key.start_mark.index, _line_rest(text, _content_end(
+                text, value.end_mark.index)), key.value))
+    edits = [(a, b, _block({k: tiers[k]}, indent, step, first=False)) for a, b, k in spans]
     missing = {k: v for k, v in tiers.items() if k not in {name for *_, name in spans}}
     if missing:
-        at = _content_end(text, net.end_mark.index)
-        edits.append((at, at, "\n" + _block(missing, indent, first=True)))
+        at = _line_rest(text, _content_end(text, net.end_mark.index))
+        edits.append((at, at, "\n" + _block(missing, indent, step, first=True)))
     for a, b, new in sorted(edits, reverse=True):
         text = text[:a] + new + text[b:]
     return text
@@ -660,14 +707,26 @@ def _content_end(text: str, end: int) -> int:
     return len("\n".join(lines))
 
 
-def _block(data: dict[str, Any], indent: int, first: bool) -> str:
-    """``data`` as block YAML indented by ``indent`` (the first line too when ``first``),
-    without a trailing newline."""
+def _line_rest(text: str, at: int) -> int:
+    """``at``, or the end of its line where only spaces and a comment follow (a comment
+    on a replaced line goes with it)."""
+    end = text.find("\n", at)
+    end = len(text) if end < 0 else end
+    rest = text[at:end].strip()
+    return end if not rest or rest.startswith("#") else at
+
+
+def _block(data: dict[str, Any], indent: int, step: int, first: bool) -> str:
+    """``data`` as block YAML indented by ``indent`` and nested by ``step`` (the first
+    line indented too when ``first``), without a trailing newline."""
     from .output import to_yaml
 
-    lines = to_yaml(data).rstrip("\n").split("\n")
-    pad = " " * indent
-    return "\n".join((pad if i or first else "") + line for i, line in enumerate(lines))
+    out = []
+    for i, line in enumerate(to_yaml(data).rstrip("\n").split("\n")):
+        body = line.lstrip(" ")
+        lead = (len(line) - len(body)) // 2 * step
+        out.append(" " * (indent if i or first else 0) + " " * lead + body)
+    return "\n".join(out)
 
 
 def validate_network(data: dict[str, Any], name: str) -> None:

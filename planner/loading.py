@@ -37,6 +37,12 @@ MAX_NODES = 200_000  #: values in the document, with every alias expanded
 
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+
+def yaml_loader() -> Any:
+    """The YAML loader class input files are read with (libyaml's when installed), for
+    code that needs the node tree of a file this module accepts."""
+    return _Loader
+
 _TAG_PREFIX = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {f"{_TAG_PREFIX}{t}" for t in ("str", "int", "float", "bool", "null")}
 _MAP_TAG = f"{_TAG_PREFIX}map"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -255,6 +256,73 @@ def test_comm_fit_with_cluster_edits_the_tiers_in_place(runner, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert "its comments are not kept" in r.stderr and "# gone" not in r.stdout
     assert yaml.safe_load(r.stdout)["network"]["intra_node"]["name"].startswith("fitted: ")
+
+
+def test_comm_fit_cluster_edit_keeps_line_ends_indent_and_unseen_nvls(runner, tmp_path):
+    """CRLF files stay CRLF; a 4-space file gets 4-space tiers; a comment on a replaced
+    line goes with it; an nvls section the fit could not see (all-gather data only) is
+    kept; fitting the output again does not stack headers; file names cannot inject
+    YAML lines through the header comment."""
+    src = tmp_path / "four.yaml"
+    src.write_bytes(b"kind: cluster\r\nname: four\r\nnodes: 2\r\ndevices_per_node: 8\r\n"
+                    b"device: H100-SXM\r\nnetwork:\r\n    intra_node:\r\n"
+                    b"        latency: 3 us\r\n        bandwidth: 300 GB/s   # c1\r\n"
+                    b"        nvls: {bandwidth: 400 GB/s, latency: 20 us, min_bytes: 1 MiB}"
+                    b"\r\n    inter_node: {latency: 9 us, bandwidth: 50 GB/s}  # c2\r\n"
+                    b"# end\r\n")
+    out = tmp_path / "out.yaml"
+    gather = NCCL / "all_gather_perf_8xh100.txt"
+    r = invoke(runner, "comm", "fit", gather, "--cluster", src, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    raw = out.read_bytes()
+    assert raw.count(b"\n") == raw.count(b"\r\n") > 10
+    text = raw.decode().replace("\r\n", "\n")
+    assert "    intra_node:\n        name: 'fitted: NVIDIA H100 80GB HBM3'\n" in text
+    assert "        nvls:\n            bandwidth: 400 GB/s\n" in text  # kept: not seen
+    assert "# c1" not in text and "  # c2\n# end\n" in text
+    assert yaml.safe_load(text)["network"]["inter_node"] == {"latency": "9 us",
+                                                             "bandwidth": "50 GB/s"}
+    again = tmp_path / "again.yaml"
+    r = invoke(runner, "comm", "fit", *FIXTURES, "--cluster", out, "-o", again)
+    assert r.exit_code == 0, r.stderr
+    text = again.read_text()
+    assert text.count("# Fitted by") == 1 and text.count("# from ") == 1
+    assert yaml.safe_load(text)["network"]["intra_node"]["nvls"]["bandwidth"] != "400 GB/s"
+    sneaky = tmp_path / "x\ndescription: pwned\n#.txt"
+    sneaky.write_bytes(gather.read_bytes())
+    r = invoke(runner, "comm", "fit", sneaky, "--cluster", src)
+    assert r.exit_code == 0, r.stderr
+    assert "description" not in yaml.safe_load(r.stdout.replace("\r\n", "\n"))
+
+
+def test_comm_fit_refuses_what_it_cannot_do(runner, tmp_path):
+    lone = tmp_path / "one.txt"
+    lone.write_text("".join(line for line in (NCCL / "all_reduce_perf_8xh100.txt")
+                            .read_text().splitlines(keepends=True)
+                            if not re.match(r"#\s+Rank\s+[1-7] ", line)))
+    r = invoke(runner, "comm", "fit", lone)
+    assert r.exit_code == 2
+    assert "nothing to fit for 'NVIDIA H100 80GB HBM3'" in r.stderr
+    r = invoke(runner, "comm", "fit", *FIXTURES, "--format", "json", "--cluster",
+               CLUSTERS / "dgx-h100.yaml")
+    assert r.exit_code == 2 and "--format json is the fit report" in r.stderr
+    report = tmp_path / "fit.json"  # the suffix picks the format
+    r = invoke(runner, "comm", "fit", *FIXTURES, "-o", report)
+    assert r.exit_code == 0 and json.loads(report.read_text())["systems"]
+
+
+def test_comm_fit_whole_system_name_wins_over_substrings(runner, tmp_path):
+    text = (NCCL / "all_reduce_perf_8xh100.txt").read_text()
+    files = []
+    for name in ("NVIDIA H100", "NVIDIA H100 NVL"):
+        path = tmp_path / f"{len(files)}.txt"
+        path.write_text(text.replace("NVIDIA H100 80GB HBM3", name))
+        files.append(path)
+    r = invoke(runner, "comm", "fit", *files, "--system", "nvidia h100", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert [s["system"] for s in json.loads(r.stdout)["systems"]] == ["NVIDIA H100"]
+    r = invoke(runner, "comm", "fit", *files, "--system", "H100")
+    assert r.exit_code == 2 and "matches 2 systems" in r.stderr
 
 
 def test_comm_fit_several_systems_needs_a_choice_for_a_cluster(runner, tmp_path):
