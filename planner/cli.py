@@ -168,7 +168,8 @@ def render_data(data: Any, fmt: str | None, output: str | None,
             rendered = table()
             out.width = fit(out, rendered)
             out.print(rendered)
-            emit(sink.getvalue(), output, protect)
+            lines = sink.getvalue().split("\n")  # rich pads every line to the width
+            emit("\n".join(line.rstrip() for line in lines), output, protect)
         else:
             from .tables import fit
 

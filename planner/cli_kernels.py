@@ -331,6 +331,11 @@ def kernels_achieved(data: tuple[str, ...], min_gflop: float, fmt: str) -> None:
     from .kernels.pipeline import achieved_fractions
 
     recs = [a.record() for a in achieved_fractions(data, min_gflop * 1e9)]
+    if not recs:
+        from .errors import UsageError
+
+        raise UsageError(f"planner: error: no FP32 GEMM (bmm rows are not counted) of at "
+                         f"least {min_gflop:g} GFLOP in {', '.join(data)}")
 
     def table() -> Any:
         from rich.table import Table

@@ -12,17 +12,19 @@ from .loading import Document, load_file, parse_text
 from .network import Network, network_from_data
 
 KINDS = ("network", "cluster", "training")
+#: Top-level keys of the plans planner writes that no input file has.
+PLAN_KEYS = frozenset(("planner", "inputs", "problem", "iteration", "placement", "baselines"))
 
 
 def detect_kind(data: Any) -> str | None:
     """What a document is: its ``kind`` key, or a guess from its keys."""
     if not isinstance(data, dict):
         return None
+    if len(PLAN_KEYS.intersection(data)) >= 3:
+        return "plan"  # written by `planner plan` or `planner cost` (even if edited)
     kind = data.get("kind")
     if isinstance(kind, str):
         return kind
-    if "planner" in data and "problem" in data and "layers" in data:
-        return "plan"  # written by `planner plan` or `planner cost`
     if "layers" in data:
         return "network"
     if "devices_per_node" in data or "device" in data:

@@ -47,36 +47,96 @@ class LaunchSpec:
 
 def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     """Read the placement of a plan document (from ``planner plan`` or ``planner cost``);
-    a missing or inconsistent placement is an :class:`InputError` at its line."""
+    a missing, malformed or inconsistent placement is an :class:`InputError` naming
+    every problem at its line."""
     data = doc.data
     if not isinstance(data, dict) or not isinstance(data.get("placement"), dict):
         raise doc.error([Issue("$", "not a plan with a placement (make one with `planner "
                                     "plan ... --format yaml -o FILE`)")])
     pl = data["placement"]
+    issues: list[Issue] = []
     values: dict[str, int] = {}
     for key in ("devices", "devices_per_node", "nodes"):
         if key not in pl:
-            raise doc.error([Issue("$.placement", f"the placement needs '{key}'")])
+            issues.append(Issue("$.placement", f"the placement needs '{key}'"))
+            continue
         value = pl[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise doc.error([Issue(f"$.placement.{key}", f"expected a whole number >= 1, "
-                                                         f"got {value!r}")])
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**30:
+            issues.append(Issue(f"$.placement.{key}", f"expected a whole number from 1 to "
+                                                      f"2^30, got {value!r}"))
+            continue
         values[key] = value
+    if issues:
+        raise doc.error(issues)
     world, per_node, nodes = values["devices"], values["devices_per_node"], values["nodes"]
     if nodes != -(-world // per_node):
-        raise doc.error([Issue("$.placement.nodes", f"{world} devices at {per_node} a node "
-                                                    f"take {-(-world // per_node)} nodes, "
-                                                    f"not {nodes}")])
-    name = str(((data.get("inputs") or {}).get("network") or {}).get("name", "plan"))
-    grids = [g for g in pl.get("grids", []) if isinstance(g, dict)]
-    return LaunchSpec(name, nodes, per_node, world, grids)
+        issues.append(Issue("$.placement.nodes", f"{world} devices at {per_node} a node "
+                                                 f"take {-(-world // per_node)} nodes, not "
+                                                 f"{nodes}"))
+    problem = data.get("problem")
+    if isinstance(problem, dict) and not issues:
+        for key, mine, want in (("gpus", "devices", world), ("nodes", "nodes", nodes)):
+            got = problem.get(key)
+            if got is not None and got != want:
+                issues.append(Issue(f"$.placement.{mine}", f"{want} here, but the problem "
+                                                           f"says {key}: {got!r}: the plan "
+                                                           "was edited; make it again"))
+    inputs = data.get("inputs")
+    network = inputs.get("network") if isinstance(inputs, dict) else None
+    name = network.get("name") if isinstance(network, dict) else None
+    grids = pl.get("grids", [])
+    shaped: list[dict[str, Any]] = []
+    if not isinstance(grids, list):
+        issues.append(Issue("$.placement.grids", f"expected a list of grids, got "
+                                                 f"{type(grids).__name__}"))
+        grids = []
+    for i, g in enumerate(grids):
+        where = f"$.placement.grids[{i}]"
+        if not isinstance(g, dict):
+            issues.append(Issue(where, "expected a mapping with grid and placement"))
+            continue
+        grid, placement = g.get("grid"), g.get("placement")
+        if not (isinstance(grid, list) and len(grid) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in grid)):
+            issues.append(Issue(f"{where}.grid" if "grid" in g else where,
+                                f"expected the grid as [P_r, P_c], two whole numbers >= 1, "
+                                f"got {grid!r}"))
+            continue
+        if grid[0] * grid[1] != world:
+            issues.append(Issue(f"{where}.grid", f"grid {grid[0]}x{grid[1]} has "
+                                                 f"{grid[0] * grid[1]} devices, the plan "
+                                                 f"{world}"))
+            continue
+        if placement not in ("rows", "cols"):
+            issues.append(Issue(f"{where}.placement" if "placement" in g else where,
+                                f"expected placement rows or cols, got {placement!r}"))
+            continue
+        shaped.append({"grid": [grid[0], grid[1]], "placement": placement})
+    if issues:
+        raise doc.error(issues)
+    return LaunchSpec(safe_text(name) if isinstance(name, str) and name else "plan",
+                      nodes, per_node, world, shaped)
+
+
+def safe_text(text: str) -> str:
+    """``text`` for a comment line of a script: control characters (a newline would end
+    the comment and start a command) become U+FFFD."""
+    return "".join(c if c.isprintable() else "\ufffd" for c in text)
+
+
+def _job_name(name: str) -> str:
+    """A Slurm job name: letters, digits, ``.``, ``_``, ``-``; others become ``_``."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name)
 
 
 def _grid_lines(spec: LaunchSpec) -> list[str]:
+    from .plan import group_rules
+
     out = []
     for g in spec.grids:
-        out.append(f"#   grid {g['grid'][0]}x{g['grid'][1]} ({g['placement']}): "
-                   f"{g['row_groups']['rule']}; {g['col_groups']['rule']}")
+        pr, pc = g["grid"]
+        rows, cols = group_rules(pr, pc, g["placement"])
+        out.append(f"#   grid {pr}x{pc} ({g['placement']}): {rows}; {cols}")
     return out
 
 
@@ -85,7 +145,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
     q = shlex.quote
     head = [
         f"# planner launch: {spec.nodes} node(s) x {spec.procs} processes "
-        f"({spec.world} ranks) for {plan_path} ({spec.name})",
+        f"({spec.world} ranks) for {safe_text(plan_path)} ({spec.name})",
         f"# rank k runs on node k // {spec.per_node}, local device k % {spec.per_node}",
         *_grid_lines(spec),
     ]
@@ -124,7 +184,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
     if kind == "slurm":
         body = [
             "#!/bin/bash",
-            f"#SBATCH --job-name=planner-{spec.name}",
+            f"#SBATCH --job-name=planner-{_job_name(spec.name)}",
             f"#SBATCH --nodes={spec.nodes}",
             f"#SBATCH --ntasks={spec.world}",
             f"#SBATCH --ntasks-per-node={spec.procs}",

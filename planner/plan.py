@@ -226,7 +226,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
 # Placement
 
 
-def _groups(pr: int, pc: int, placement: str) -> tuple[str, str]:
+def group_rules(pr: int, pc: int, placement: str) -> tuple[str, str]:
     """Compact rules for the row and column groups of a grid under a placement."""
     if placement == "rows":
         return (f"row group c (0 <= c < {pc}): ranks c*{pr} + r for r in 0..{pr - 1}",
@@ -259,7 +259,7 @@ def placement_record(ev: Evaluation, gpus: int, per_node: int, expand: bool,
     grids = []
     for (pr, pc, pl), names in sorted(used.items()):
         lay = make_layout("model" if pr > 1 else "data", pr, pc, pl)
-        row_rule, col_rule = _groups(pr, pc, pl)
+        row_rule, col_rule = group_rules(pr, pc, pl)
         row_g, col_g = lay.row_group(per_node), lay.col_group(per_node)
         rec: dict[str, Any] = {
             "grid": [pr, pc],

@@ -232,9 +232,19 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, options: Options,
     if not isinstance(data, dict) or "layers" not in data or "inputs" not in data:
         raise doc.error([Issue("$", "not a plan document (make one with `planner plan ... "
                                     "-o FILE --format yaml`)")])
+    from .launch import launch_spec
+
+    launch_spec(doc, str(path))  # a plan CI passes must be one launch can start
+    shape = [Issue(f"$.{key}", f"expected {what} (the plan was edited; make it again)")
+             for key, ok, what in (("inputs", isinstance(data["inputs"], dict), "a mapping"),
+                                   ("layers", isinstance(data["layers"], list), "a list"))
+             if not ok]
+    if shape:
+        raise doc.error(shape)
     problems = []
     for key, fpath in (("network", cfg.network_path), ("cluster", cfg.cluster_path)):
-        want = (data.get("inputs") or {}).get(key, {}).get("sha256")
+        entry = data["inputs"].get(key)
+        want = entry.get("sha256") if isinstance(entry, dict) else None
         if want != _file_sha(fpath):
             problems.append(f"the {key} file {_rel(fpath, cfg)} changed since the plan was "
                             "made")

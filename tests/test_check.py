@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -216,8 +217,17 @@ def test_launch_rejects_non_plans(runner, monkeypatch):
 
 
 @pytest.mark.parametrize(("old", "new", "said"), [
-    ("  devices: 64\n", "  devices: 64.5\n", "expected a whole number >= 1, got 64.5"),
+    ("  devices: 64\n", "  devices: 64.5\n", "expected a whole number from 1 to 2^30, got "
+                                             "64.5"),
     ("  nodes: 8\n", "  nodes: 9\n", "64 devices at 8 a node take 8 nodes, not 9"),
+    ("  devices: 64\n", "  devices: 60\n", "60 here, but the problem says gpus: 64: the "
+                                           "plan was edited"),
+    ("  - grid: [1, 64]\n", "  - grid: [3, 5]\n", "grid 3x5 has 15 devices, the plan 64"),
+    ("  - grid: [1, 64]\n", "  - grid: 1x64\n", "expected the grid as [P_r, P_c], two whole "
+                                                "numbers >= 1, got '1x64'"),
+    ("    placement: rows\n", "    placement: diagonal\n", "expected placement rows or "
+                                                          "cols, got 'diagonal'"),
+    ("  grids:\n", "  grids: 5\n  old_grids:\n", "expected a list of grids, got int"),
 ])
 def test_launch_points_at_a_bad_placement(runner, tmp_path, old, new, said):
     text = (CI / "plans" / "resnet50-dgx-64.yaml").read_text()
@@ -250,3 +260,52 @@ def test_launch_one_partly_used_node(runner, tmp_path, gpus):
                EXAMPLES / "clusters/dgx-h100.yaml", "-p", "12", "-b", "64", "-o", plan)
     r = invoke(runner, "launch", plan, "--emit", "torchrun")
     assert r.exit_code == 2 and "same number of processes on every node" in r.stderr
+
+
+def test_launch_scripts_cannot_be_injected_through_names(runner, tmp_path):
+    """A newline in the network's name or the plan's path ended a comment line of the
+    script and made the rest a command (between #SBATCH lines, so sbatch ignored the
+    ones after it)."""
+    net = tmp_path / "net.yaml"
+    text = (EXAMPLES / "networks" / "alexnet.yaml").read_text()
+    net.write_text(re.sub(r"(?m)^name: .*$", 'name: "alex\\\\necho INJECTED"', text, count=1))
+    plan = tmp_path / "plan\necho PWNED.yaml"
+    r = invoke(runner, "plan", net, EXAMPLES / "clusters" / "dgx-h100.yaml", "-p", "16",
+               "-b", "64", "-o", plan, "--estimator", "roofline")
+    assert r.exit_code == 0, r.stderr
+    for emit in ("slurm", "torchrun", "env"):
+        r = invoke(runner, "launch", plan, "--emit", emit)
+        assert r.exit_code == 0, r.stderr
+        # the path may appear shell-quoted (a newline inside quotes is data); elsewhere
+        # no line may start a command of its own
+        rest = r.stdout.replace(shlex.quote(str(plan)), "'PLAN'")
+        for line in rest.splitlines():
+            assert not line.startswith("echo"), (emit, line)
+        if emit == "slurm":
+            assert "#SBATCH --job-name=planner-alex_echo_INJECTED\n" in r.stdout
+
+
+@pytest.mark.parametrize(("old", "new", "said"), [
+    ("\ninputs:\n", "\ninputs: 5\nold_inputs:\n", "expected a mapping (the plan was edited"),
+    ("\nlayers:\n", "\nlayers: 5\nold_layers:\n", "expected a list (the plan was edited"),
+    ("  - grid: [1, 64]\n", "  - grid: []\n", "expected the grid as [P_r, P_c]"),
+])
+def test_malformed_plans_are_input_errors(runner, tmp_path, old, new, said):
+    """check (and, for the placement, validate and launch) on an edited plan: exit 2 at
+    the line, never an internal error (they were TypeError / AttributeError /
+    IndexError, exit 3)."""
+    text = (CI / "plans" / "resnet50-dgx-64.yaml").read_text()
+    at = text.index(old)
+    (tmp_path / "plans").mkdir()
+    bad = tmp_path / "plans" / "resnet50-dgx-64.yaml"
+    bad.write_text(text[:at] + new + text[at + len(old):])
+    config = tmp_path / "ci.yaml"
+    config.write_text((CI / "resnet50-dgx.yaml").read_text().replace(
+        "../networks/", f"{EXAMPLES}/networks/").replace("../clusters/",
+                                                        f"{EXAMPLES}/clusters/"))
+    commands = [["check", config]] + ([["validate", bad], ["launch", bad]]
+                                      if "grid" in said else [])
+    for args in commands:
+        r = invoke(runner, *args)
+        assert r.exit_code == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.startswith(f"{bad}:") and said in r.stderr, (args, r.stderr)

@@ -70,6 +70,13 @@ def test_plan_files_are_recognised(runner, tmp_path):
     assert result.exit_code == 2
     assert result.stderr.count("error:") == 1
     assert "this is a plan, not a training configuration" in result.stderr
+    # an edited plan (a kind added, its version line gone) is still a plan
+    edited = tmp_path / "edited.yaml"
+    edited.write_text("kind: network\n" + text.split("\n", 1)[1])
+    result = invoke(runner, "validate", edited)
+    assert result.exit_code == 0 and "ok (plan for 'alexnet'" in result.stdout
+    result = invoke(runner, "show", edited)
+    assert result.exit_code == 2 and result.stderr.count("error:") == 1
 
 
 def test_validate_missing_file(runner, tmp_path):

@@ -64,6 +64,13 @@ def test_one_grid_domain(runner):
     (["--pin", "relu*=model"], "matches only layers without weights"),
     (["--pin", "fc*=model", "--pin", "fc6=data"], "--pin 'fc6=data' matches only layers an "
      "earlier pin sets (fc6 by 'fc*=model'); the first pin that matches a layer wins"),
+    (["--pin", "fc*=model", "--pin", "f*=data"], "--pin 'f*=data' matches only layers an "
+     "earlier pin sets (fc6 by 'fc*=model', fc7 by 'fc*=model', fc8 by 'fc*=model') and "
+     "layers without weights;"),
+    (["--pin", "fc6=model", "--pin", "fc6=data"], "--pin 'fc6=data' matches the same layers "
+     "as the earlier pin 'fc6=model'; the first pin that matches a layer wins: give one"),
+    (["--pin", "*relu*=data"], "matches only layers without weights (relu1, relu2, relu3, "
+     "relu4, relu5 and 2 more)"),
     (["--pin", "conv1=model:512x1"], "layer 'conv1' cannot use model 512x1: it has 96 "
      "output channels, fewer than P_r=512 (--pin 'conv1=model:512x1')"),
     (["--pin", "fc*=sideways"], "mode must be one of data, model, domain"),

@@ -138,7 +138,7 @@ def test_help_for_every_command(runner):
         assert result.exit_code == 0 and "Usage:" in result.stdout
 
 
-def test_tables_on_narrow_terminals_cut_no_numbers(runner, monkeypatch):
+def test_tables_on_narrow_terminals_cut_no_numbers(runner, monkeypatch, tmp_path):
     """At 60 and 80 columns the per-layer breakdown gives way to one communication
     column, every layer keeps its name and no figure is cut short ("2.16…"); a table
     that cannot be narrowed is printed wider than the terminal rather than cut."""
@@ -156,6 +156,12 @@ def test_tables_on_narrow_terminals_cut_no_numbers(runner, monkeypatch):
         narrow = columns != "200"
         assert ("communication      total" in out) == narrow
         assert ("weight grad" in out) != narrow
+    # a table written to a file: 140 columns whatever the terminal, no padding
+    out = tmp_path / "plan.txt"
+    result = invoke(runner, "plan", ALEX, DGX, "-p", "64", "-b", "1024", "-o", out)
+    assert result.exit_code == 0, result.stderr
+    lines = out.read_text().splitlines()
+    assert "weight grad" in out.read_text() and all(line == line.rstrip() for line in lines)
     monkeypatch.setenv("COLUMNS", "40")
     result = invoke(runner, "devices")
     assert result.exit_code == 0

@@ -1128,6 +1128,12 @@ def test_the_gpu_models_do_not_time_a_cpu(runner):
     assert {rec["compute"]["estimator"] for rec in doc["layers"]} <= {"roofline", "none"}
 
 
+def test_achieved_with_no_gemm_is_an_error(runner):
+    r = invoke(runner, "kernels", "achieved", BMM)
+    assert r.exit_code == 2
+    assert "no FP32 GEMM (bmm rows are not counted) of at least 1 GFLOP" in r.stderr
+
+
 def test_achieved_matches_the_catalog(runner):
     r = invoke(runner, "kernels", "achieved", LINEAR, DB_GEMM, "--format", "json")
     assert r.exit_code == 0, r.stderr
