@@ -134,6 +134,14 @@ def console(stderr: bool = False) -> Any:
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
+def print_fitted(con: Any, renderable: Any) -> None:
+    """Print tables that fit ``con`` without cutting a number (:mod:`.tables`)."""
+    from .tables import fit
+
+    con.width = fit(con, renderable)
+    con.print(renderable)
+
+
 def format_for(output: str | None) -> str:
     """The format an output file's suffix names: ``.json`` → json, ``.yaml``/``.yml`` →
     yaml, anything else (and stdout) → table."""
@@ -161,22 +169,13 @@ def render_data(data: Any, fmt: str | None, output: str | None,
 
             from rich.console import Console
 
-            from .tables import fit
-
             sink = io.StringIO()
-            out = Console(file=sink, width=140, color_system=None, highlight=False)
-            rendered = table()
-            out.width = fit(out, rendered)
-            out.print(rendered)
+            print_fitted(Console(file=sink, width=140, color_system=None, highlight=False),
+                         table())
             lines = sink.getvalue().split("\n")  # rich pads every line to the width
             emit("\n".join(line.rstrip() for line in lines), output, protect)
         else:
-            from .tables import fit
-
-            term = console()
-            rendered = table()
-            term.width = fit(term, rendered)
-            term.print(rendered)
+            print_fitted(console(), table())
 
 
 format_option = click.option(

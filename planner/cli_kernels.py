@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from .cli import Finite, check_output, emit, render_data
-from .errors import UsageError
+from .errors import UsageError, printable
 
 TABLE_JSON = ("table", "json")
 models_dir_option = click.option(
@@ -117,7 +117,6 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
 def _keep_other_families(out_dir: str, only: str) -> None:
     """Refuse (before minutes of fitting) to write one family over a model set that has
     others: the new manifest would list only the one, and the others would be lost."""
-    from .errors import UsageError
     from .kernels.store import MANIFEST
 
     path = Path(out_dir) / MANIFEST
@@ -213,7 +212,6 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
                     phase: str, models_dir: str | None, fmt: str) -> None:
     """Predict the time of one GEMM or convolution on one GPU."""
     from .cluster import lookup_device, suggest_device
-    from .errors import UsageError
     from .kernels.data import DTYPE_NAMES
     from .kernels.estimator import LearnedEstimator
     from .ops import Conv, Gemm
@@ -246,7 +244,7 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
             raise UsageError("planner: error: the filter is larger than the padded input")
     dt = DTYPE_NAMES[dtype]
     est = LearnedEstimator(models_dir=models_dir)
-    if dev.kind != "gpu" and not est.has_measured(dev):
+    if not est.covers(dev):
         raise UsageError(f"planner: error: {dev.name} is a {dev.kind}; the kernel models were "
                          "fitted on GPU measurements and have none of it (plans on it use "
                          "the roofline; fit a model on its measurements to time it)")
@@ -332,8 +330,6 @@ def kernels_achieved(data: tuple[str, ...], min_gflop: float, fmt: str) -> None:
 
     recs = [a.record() for a in achieved_fractions(data, min_gflop * 1e9)]
     if not recs:
-        from .errors import UsageError
-
         raise UsageError(f"planner: error: no FP32 GEMM (bmm rows are not counted) of at "
                          f"least {min_gflop:g} GFLOP in {', '.join(data)}")
 
@@ -383,12 +379,10 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     from .commfit import (
         choose,
         fit_all,
-        merged_cluster,
-        merged_cluster_text,
+        merge_cluster,
         read_samples,
         validate_network,
     )
-    from .errors import UsageError
     from .output import to_json, to_yaml
 
     if fmt is None:
@@ -409,40 +403,33 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     if fmt == "json":
         emit(to_json({"systems": [f.record() for f in fits]}), output, protect)
         return
-    header = "# Fitted by `planner comm fit " + " ".join(_shown(f) for f in files) + "`\n"
+    header = "# Fitted by `planner comm fit " + " ".join(printable(f) for f in files) + "`\n"
     if cluster_path is not None:
         fit = choose(fits, system)
-        data, notes = merged_cluster(cluster_path, fit)
-        validate_network(data, cluster_path)
-        for note in notes:
+        merged = merge_cluster(cluster_path, fit)
+        validate_network(merged.data, cluster_path)
+        for note in merged.notes:
             click.echo(f"planner: note: {note}", err=True)
-        text, kept = merged_cluster_text(cluster_path, fit)
-        if not kept:
+        if not merged.in_place:
             click.echo(f"planner: note: {cluster_path} is written from its data (its "
                        "comments are not kept): its network section cannot be edited in "
                        "place", err=True)
-        newline = "\r\n" if text.count("\r\n") else "\r" if "\r" in text else "\n"
-        emit((header + f"# from {_shown(cluster_path)}, network tiers fitted to "
-              f"'{_shown(fit.system)}'\n").replace("\n", newline) + text, output, protect)
+        emit((header + f"# from {printable(cluster_path)}, network tiers fitted to "
+              f"'{printable(fit.system)}'\n").replace("\n", merged.newline) + merged.text,
+             output, protect)
         return
     if len(fits) == 1:
-        emit(header + f"# system: {_shown(fits[0].system)}\n"
+        emit(header + f"# system: {printable(fits[0].system)}\n"
              + to_yaml({"network": fits[0].network()}), output, protect)
         return
     emit(header + to_yaml({"systems": {f.system: {"network": f.network()} for f in fits}}),
          output, protect)
 
 
-def _shown(text: str) -> str:
-    """A file or system name for a comment line: control characters (a newline would
-    start a YAML line of its own) become U+FFFD."""
-    return "".join(c if c.isprintable() else "\ufffd" for c in str(text))
-
-
 def _print_comm(fits: list[Any]) -> None:
     from rich.table import Table
 
-    from .cli import console
+    from .cli import console, print_fitted
 
     tiers = Table(title="fitted tiers (ring model; NVLS: in-switch all-reduce)",
                   title_justify="left")
@@ -466,5 +453,5 @@ def _print_comm(fits: list[Any]) -> None:
             errs.add_row(e.system, e.op, str(e.ranks), str(e.nodes), str(e.n),
                          f"{e.mape:.1f}", f"{e.max_ape:.1f}")
     con = console(stderr=True)
-    con.print(tiers)
-    con.print(errs)
+    print_fitted(con, tiers)
+    print_fitted(con, errs)

@@ -105,8 +105,7 @@ def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
     if name == "auto" and kind != "gpu" and models_dir is None:
         return Roofline()  # the models were trained on GPUs only
     est = learned_estimator(models_dir, required=(name == "learned"))
-    if (name == "learned" and kind != "gpu" and hasattr(est, "has_measured")
-            and not est.has_measured(device)):
+    if name == "learned" and hasattr(est, "covers") and not est.covers(device):
         raise UsageError(f"planner: error: --estimator learned: {device.name} is a {kind} "
                          "and the kernel models have no measurements of it (they were "
                          "fitted on GPUs); use --estimator roofline or auto")

@@ -616,52 +616,48 @@ def fitted_tiers(original: dict[str, Any], fit: SystemFit,
     return tiers, notes
 
 
-def merged_cluster(cluster_path: str, fit: SystemFit) -> tuple[dict[str, Any], list[str]]:
-    """The cluster file's data with its network tiers replaced by the fitted ones
-    (:func:`fitted_tiers`), and the notes on what was not kept."""
-    from .inputs import load_cluster
-    from .loading import load_file
+@dataclass(frozen=True)
+class MergedCluster:
+    """A cluster file with its network tiers replaced by a fit."""
 
-    load_cluster(cluster_path)  # validates the original (InputError with positions)
-    doc = load_file(cluster_path)
-    data = dict(doc.data)
-    network = dict(data.get("network") or {})
-    tiers, notes = fitted_tiers(network, fit)
-    network.update(tiers)
-    data["network"] = network
-    return data, notes
+    data: dict[str, Any]  #: the file's data with the fitted tiers (:func:`fitted_tiers`)
+    text: str  #: the file edited in place, or written from ``data`` (``in_place`` False)
+    in_place: bool  #: whether comments, key order, line ends and style survived
+    notes: list[str]  #: what of the file's tiers is not kept
+    newline: str = "\n"  #: the file's line end (``text`` has it)
 
 
 #: The first line of what ``comm fit`` writes (a file fitted again loses the old one).
 FIT_HEADER = "# Fitted by `planner comm fit"
 
 
-def merged_cluster_text(cluster_path: str, fit: SystemFit) -> tuple[str, bool]:
-    """The cluster file as text with its fitted tiers replaced in place, so that its
-    comments, key order, line endings and style survive; and whether that worked. Where
-    the file's layout does not allow an edit in place (flow-style ``network``, anchors
-    the tiers share), the whole file is written from its data instead (comments lost)."""
+def merge_cluster(cluster_path: str, fit: SystemFit) -> MergedCluster:
+    """The cluster file with its fitted tiers replaced: as data, and as text edited in
+    place so that its comments, key order, line endings and style survive. Where the
+    file's layout does not allow an edit in place (flow-style ``network``, anchors the
+    tiers share), the text is written from the data (comments lost)."""
+    from .inputs import cluster_from_document
     from .loading import load_file, parse_text
     from .output import to_yaml
 
-    data, _ = merged_cluster(cluster_path, fit)
-    network = dict((load_file(cluster_path).data or {}).get("network") or {})
-    tiers, _ = fitted_tiers(network, fit)
-    raw = load_file(cluster_path).text
-    newline = "\r\n" if "\r\n" in raw else "\r" if "\r" in raw else "\n"
-    text = raw.replace("\r\n", "\n").replace("\r", "\n")
-    lines = text.split("\n")
-    if lines and lines[0].startswith(FIT_HEADER):  # written by an earlier fit
+    doc = load_file(cluster_path)
+    cluster_from_document(doc)  # validates the original (InputError with positions)
+    data = dict(doc.data)
+    network = dict(data.get("network") or {})
+    tiers, notes = fitted_tiers(network, fit)
+    data["network"] = {**network, **tiers}
+    newline = "\r\n" if "\r\n" in doc.text else "\r" if "\r" in doc.text else "\n"
+    lines = doc.text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines[0].startswith(FIT_HEADER):  # written by an earlier fit
         lines = lines[2:] if len(lines) > 1 and lines[1].startswith("# from ") else lines[1:]
-    text = "\n".join(lines)
     try:
-        text = _replace_tiers(text, tiers)
-        same = parse_text(text, cluster_path).data == data
+        text = _replace_tiers("\n".join(lines), tiers)
+        in_place = parse_text(text, cluster_path).data == data
     except (yaml.YAMLError, ValueError, InputError):
-        same = False
-    if not same:
-        return to_yaml(data), False
-    return text.replace("\n", newline), True
+        in_place = False
+    if not in_place:
+        return MergedCluster(data, to_yaml(data), False, notes)
+    return MergedCluster(data, text.replace("\n", newline), True, notes, newline)
 
 
 def _replace_tiers(text: str, tiers: dict[str, Any]) -> str:
@@ -746,4 +742,4 @@ def with_system(fit: SystemFit, system: str) -> SystemFit:
 
 
 __all__ = ["ErrorRow", "Sample", "SystemFit", "TierFit", "choose", "fit_all", "fit_system",
-           "merged_cluster", "parse_nccl_tests", "predict", "read_samples"]
+           "merge_cluster", "parse_nccl_tests", "predict", "read_samples"]

@@ -55,11 +55,11 @@ class Located:
 
         Control characters from the file are shown as U+FFFD: a hostile file must not
         send escape sequences (or a bell) to the terminal."""
-        head = _printable(f"{self.file}:{self.line}:{self.column}: error: {self.message} "
+        head = printable(f"{self.file}:{self.line}:{self.column}: error: {self.message} "
                           f"(at {self.path})")
         if not snippet or self.source_line is None:
             return head
-        line = _printable(self.source_line.rstrip("\r\n").expandtabs(1))
+        line = printable(self.source_line.rstrip("\r\n").expandtabs(1))
         if len(line) > 160:
             start = max(0, self.column - 80)
             line = line[start : start + 160]
@@ -73,8 +73,10 @@ class Located:
 _CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def _printable(text: str) -> str:
-    """``text`` with control characters replaced by U+FFFD (one for one, so columns hold)."""
+def printable(text: str) -> str:
+    """``text`` with control characters replaced by U+FFFD (one for one, so columns hold):
+    for messages, and for names written into comment lines, where a newline would start
+    a line of YAML or shell of its own."""
     return _CONTROLS.sub("\ufffd", text)
 
 

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Issue, UsageError
+from .errors import Issue, UsageError, printable
 from .loading import Document
 
 EMITTERS = ("torchrun", "slurm", "env")
@@ -114,14 +114,8 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
         shaped.append({"grid": [grid[0], grid[1]], "placement": placement})
     if issues:
         raise doc.error(issues)
-    return LaunchSpec(safe_text(name) if isinstance(name, str) and name else "plan",
+    return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
                       nodes, per_node, world, shaped)
-
-
-def safe_text(text: str) -> str:
-    """``text`` for a comment line of a script: control characters (a newline would end
-    the comment and start a command) become U+FFFD."""
-    return "".join(c if c.isprintable() else "\ufffd" for c in text)
 
 
 def _job_name(name: str) -> str:
@@ -145,7 +139,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
     q = shlex.quote
     head = [
         f"# planner launch: {spec.nodes} node(s) x {spec.procs} processes "
-        f"({spec.world} ranks) for {safe_text(plan_path)} ({spec.name})",
+        f"({spec.world} ranks) for {printable(plan_path)} ({spec.name})",
         f"# rank k runs on node k // {spec.per_node}, local device k % {spec.per_node}",
         *_grid_lines(spec),
     ]

@@ -95,27 +95,28 @@ def unmatched_pin_message(pin: Pin, network: Network, earlier: list[Pin] | None 
                           ) -> str:
     """Why a pin set no layer: it matches none, only layers without weights of their
     own, or only layers an earlier pin already sets (the first matching pin wins)."""
-    names = [layer.name for layer in network.layers
-             if fnmatch.fnmatchcase(layer.name, pin.pattern)]
+    matched = [layer for layer in network.layers
+               if fnmatch.fnmatchcase(layer.name, pin.pattern)]
     same = next((p for p in earlier or [] if p.pattern == pin.pattern), None)
     if same is not None:
         return (f"pin '{pin.text}' matches the same layers as the earlier pin "
                 f"'{same.text}'; the first pin that matches a layer wins: give one")
     taken = []
-    for layer in network.layers:
-        if layer.name in names and layer.has_weights:
+    for layer in matched:
+        if layer.has_weights:
             first = next((p for p in earlier or [] if fnmatch.fnmatchcase(layer.name,
                                                                         p.pattern)), None)
             if first is not None:
                 taken.append(f"{layer.name} by '{first.text}'")
     if taken:
-        bare = any(not layer.has_weights for layer in network.layers if layer.name in names)
+        bare = any(not layer.has_weights for layer in matched)
         return (f"pin '{pin.text}' matches only layers an earlier pin sets "
                 f"({_listed(taken)}){' and layers without weights' if bare else ''}; the "
                 "first pin that matches a layer wins: put the narrower pin first")
-    if names:
+    if matched:
         return (f"pin '{pin.text}' matches only layers without weights "
-                f"({_listed(names)}); they follow their neighbours' layout")
+                f"({_listed([layer.name for layer in matched])}); they follow their "
+                "neighbours' layout")
     return f"pin '{pin.text}' matches no layer of '{network.name}'"
 
 

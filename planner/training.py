@@ -81,10 +81,10 @@ def _pins(value: object) -> list[str]:
 
 def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     """Validate a training configuration (paths resolved against its folder)."""
-    issues: list[Issue] = []
-    base = Path(path).resolve().parent
     from .inputs import detect_kind
 
+    issues: list[Issue] = []
+    base = Path(path).resolve().parent
     if detect_kind(doc.data) == "plan":
         raise doc.error([Issue("$", "this is a plan, not a training configuration; name it "
                                     "in one as 'strategy: {plan: FILE}'")])

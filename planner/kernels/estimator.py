@@ -327,11 +327,12 @@ class LearnedEstimator:
         #: per (device, dtype): kernel -> (seconds, source)
         self._memo: IdentityMemo[Kernel, tuple[float, str]] = IdentityMemo()
 
-    def has_measured(self, device: Device) -> bool:
-        """Whether any model was fitted on measurements of ``device``."""
+    def covers(self, device: Device) -> bool:
+        """Whether the models may time ``device``: any GPU (an unseen one from its
+        datasheet), another kind only where a model was fitted on its measurements."""
         prefix = f"{device.name}|"
-        return any(k.startswith(prefix) for m in self.models.models.values()
-                   for k in m.first.levels)
+        return device.kind == "gpu" or any(
+            k.startswith(prefix) for m in self.models.models.values() for k in m.first.levels)
 
     def estimate(self, kernels: Sequence[Kernel], device: Device, dtype: str) -> KernelTimes:
         """Seconds for each kernel on ``device`` in ``dtype`` (a network dtype name).
