@@ -641,11 +641,25 @@ def merge_cluster(cluster_path: str, fit: SystemFit) -> MergedCluster:
     from .output import to_yaml
 
     doc = load_file(cluster_path)
-    cluster_from_document(doc)  # validates the original (InputError with positions)
+    try:
+        cluster_from_document(doc)  # validates the original (InputError with positions)
+        invalid = None
+    except InputError as exc:
+        invalid = exc
+    if invalid is not None and not (isinstance(doc.data, dict)
+                                    and isinstance(doc.data.get("network"), dict)):
+        raise invalid
     data = dict(doc.data)
     network = dict(data.get("network") or {})
     tiers, notes = fitted_tiers(network, fit)
     data["network"] = {**network, **tiers}
+    if invalid is not None:
+        # a tier the fit supplies may be what the file lacks (a two-node cluster without
+        # its inter_node yet): the merged cluster must be valid, the original need not be
+        try:
+            cluster_from_document(parse_text(to_yaml(data), cluster_path))
+        except InputError:
+            raise invalid from None
     newline = "\r\n" if "\r\n" in doc.text else "\r" if "\r" in doc.text else "\n"
     lines = doc.text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if lines[0].startswith(FIT_HEADER):  # written by an earlier fit

@@ -36,17 +36,15 @@ def detect_kind(data: Any) -> str | None:
 
 def _kind_issue(doc: Document, expected: str | None) -> Issue:
     data = doc.data
+    want = expected or "network' or 'kind: cluster"
     if data is None:
-        return Issue("$", "the file is empty: expected a YAML mapping with 'kind: network' "
-                          "or 'kind: cluster'")
+        return Issue("$", f"the file is empty: expected a YAML mapping with 'kind: {want}'")
     if not isinstance(data, dict):
-        return Issue("$", "expected a YAML mapping at the top level (with 'kind: network' "
-                          "or 'kind: cluster')")
+        return Issue("$", f"expected a YAML mapping at the top level (with 'kind: {want}')")
     kind = data.get("kind")
     if kind is not None and kind not in KINDS:
         return Issue("$.kind", f"unknown kind {kind!r}; expected one of "
                                f"{', '.join(KINDS)}")
-    want = expected or "network' or 'kind: cluster"
     return Issue("$", f"cannot tell what this file is; add 'kind: {want}' at the top")
 
 

@@ -293,20 +293,24 @@ def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistributio
 _GRID = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
 
 
-def parse_grid(text: str, gpus: int) -> tuple[int, int]:
-    """``'32x16'`` → ``(32, 16)``, checked against the device count."""
+def parse_grid(text: str, gpus: int, count: str = "--gpus") -> tuple[int, int]:
+    """``'32x16'`` → ``(32, 16)``, checked against the device count.
+
+    ``count`` names where the device count came from in messages (``--gpus`` on the
+    command line, ``gpus`` in a training configuration).
+    """
     m = _GRID.match(text)
     if m is None:
         raise UsageError(f"planner: error: invalid grid {text[:40]!r}: expected PRxPC, e.g. "
                          "32x16")
     if max(len(m.group(1)), len(m.group(2))) > 100:  # int() refuses 4,300 digits
         raise UsageError(f"planner: error: invalid grid {text[:40]!r}: more devices than "
-                         f"--gpus {gpus}")
+                         f"{count} {gpus}")
     pr, pc = int(m.group(1)), int(m.group(2))
     if pr < 1 or pc < 1:
         raise UsageError(f"planner: error: invalid grid {text!r}: both sides must be ≥ 1")
     if pr * pc != gpus:
-        raise UsageError(f"planner: error: grid {pr}x{pc} has {pr * pc} devices but --gpus "
+        raise UsageError(f"planner: error: grid {pr}x{pc} has {pr * pc} devices but {count} "
                          f"is {gpus}; P_r × P_c must equal the device count")
     return pr, pc
 
@@ -321,23 +325,23 @@ class Pin:
     text: str
 
 
-def parse_pin(text: str, gpus: int) -> Pin:
-    """Parse one ``--pin`` value."""
+def parse_pin(text: str, gpus: int, count: str = "--gpus", what: str = "--pin") -> Pin:
+    """Parse one ``--pin`` value (``what`` and ``count`` name its source in messages)."""
     if "=" not in text:
-        raise UsageError(f"planner: error: invalid --pin {text!r}: expected GLOB=MODE[:PRxPC], "
+        raise UsageError(f"planner: error: invalid {what} {text!r}: expected GLOB=MODE[:PRxPC], "
                          "e.g. 'conv*=data' or 'fc*=model:32x16'")
     pattern, _, rhs = text.partition("=")
     pattern = pattern.strip()
     mode, _, grid_text = rhs.partition(":")
     mode = mode.strip()
     if not pattern:
-        raise UsageError(f"planner: error: invalid --pin {text!r}: the layer pattern is empty")
+        raise UsageError(f"planner: error: invalid {what} {text!r}: the layer pattern is empty")
     if mode not in MODES:
-        raise UsageError(f"planner: error: invalid --pin {text!r}: mode must be one of "
+        raise UsageError(f"planner: error: invalid {what} {text!r}: mode must be one of "
                          f"{', '.join(MODES)}")
-    grid = parse_grid(grid_text, gpus) if grid_text.strip() else None
+    grid = parse_grid(grid_text, gpus, count) if grid_text.strip() else None
     if mode == "data" and grid is not None and grid[0] != 1:
-        raise UsageError(f"planner: error: invalid --pin {text!r}: data parallelism is the "
+        raise UsageError(f"planner: error: invalid {what} {text!r}: data parallelism is the "
                          f"grid 1x{gpus}")
     return Pin(pattern, mode, grid, text)
 

@@ -138,13 +138,21 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
             strategy["grid"] = sf.req("grid", string)
             if strategy["grid"] is not None and gpus is not None:
                 try:
-                    parse_grid(strategy["grid"], gpus)
+                    parse_grid(strategy["grid"], gpus, "gpus")
                 except PlannerError as exc:
                     sf.error("grid", str(exc).removeprefix("planner: error: "))
             strategy["mode"] = sf.opt("mode", choice(("data", "model", "domain")), "model")
             strategy["placement"] = sf.opt("placement", choice(("rows", "cols")), "rows")
         elif sf.has("pins"):
             strategy["pins"] = sf.req("pins", _pins)
+            for i, text in enumerate(strategy["pins"] or []):
+                if gpus is None:
+                    break
+                try:  # as `check` parses them, so `validate` reports the same
+                    parse_pin(text, gpus, "gpus", "pin")
+                except PlannerError as exc:
+                    issues.append(Issue(f"{sf.at('pins')}[{i}]",
+                                        str(exc).removeprefix("planner: error: ")))
             strategy["placement"] = sf.opt("placement", choice(("rows", "cols")), "rows")
         sf.finish()
     else:
@@ -324,12 +332,12 @@ def _strategy_assignment(cfg: TrainingConfig, net: Network) -> dict[int, Layout]
     grid = mode = None
     pins = []
     if "grid" in cfg.strategy:
-        grid = parse_grid(cfg.strategy["grid"], p)  # checked when the config was loaded
+        grid = parse_grid(cfg.strategy["grid"], p, "gpus")  # checked when the config was loaded
         mode = cfg.strategy["mode"]
     else:
         for i, text in enumerate(cfg.strategy["pins"]):
             try:
-                pins.append(parse_pin(text, p))
+                pins.append(parse_pin(text, p, "gpus", "pin"))
             except PlannerError as exc:
                 raise _config_error(cfg, f"$.strategy.pins[{i}]", str(exc).removeprefix(
                     "planner: error: ")) from None

@@ -190,6 +190,29 @@ def test_validate_accepts_training_configs(runner, monkeypatch):
     assert result.exit_code == 0 and "ok (training" in result.stdout
 
 
+@pytest.mark.parametrize("command", ["validate", "check"])
+def test_training_pin_errors_name_the_file_key(runner, tmp_path, command):
+    """A pin's grid is checked when the configuration is read (so `validate` finds what
+    `check` would), at the pin's line, against the file's `gpus:` (not `--gpus`)."""
+    cfg = tmp_path / "pins.yaml"
+    cfg.write_text("kind: training\n"
+                   f"network: {EXAMPLES / 'networks' / 'alexnet.yaml'}\n"
+                   f"cluster: {EXAMPLES / 'clusters' / 'dgx-h100.yaml'}\n"
+                   "gpus: 16\nbatch: 256\nstrategy:\n  pins:\n"
+                   "    - 'conv*=data'\n"
+                   "    - 'fc*=model:4x2'\n"
+                   "    - 'fc8=sideways'\n")
+    result = invoke(runner, command, str(cfg))
+    assert result.exit_code == 2, result.stdout + result.stderr
+    lines = [x for x in result.stderr.splitlines() if ": error: " in x]
+    assert lines == [
+        f"{cfg}:9:7: error: grid 4x2 has 8 devices but gpus is 16; P_r × P_c must equal the "
+        "device count (at $.strategy.pins[1])",
+        f"{cfg}:10:7: error: invalid pin 'fc8=sideways': mode must be one of data, model, "
+        "domain (at $.strategy.pins[2])"], result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("kind", ["torchrun", "slurm", "env"])
 def test_launch(runner, kind, monkeypatch):
     monkeypatch.chdir(ROOT)

@@ -338,6 +338,39 @@ def test_comm_fit_several_systems_needs_a_choice_for_a_cluster(runner, tmp_path)
     assert len(systems) == 5 and all(s["errors"] for s in systems)
 
 
+def test_comm_fit_cluster_may_lack_the_tier_the_fit_supplies(runner, tmp_path):
+    """A two-node cluster without its inter-node tier yet is what a user calibrating
+    their own cluster writes first: the merged cluster is valid, so it is accepted. An
+    error the fit does not repair is still reported at its line of the user's file, and
+    an empty file is asked to be a cluster (not a network)."""
+    two = tmp_path / "two.yaml"
+    text = ("kind: cluster\nname: two\nnodes: 2\ndevices_per_node: 8\ndevice: H100-SXM\n"
+            "network:\n  intra_node: {latency: 3 us, bandwidth: 300 GB/s}\n")
+    two.write_text(text)
+    out = tmp_path / "fitted.yaml"
+    multi = NCCL / "all_reduce_perf_2x8xh100.txt"
+    r = invoke(runner, "comm", "fit", multi, "--cluster", two, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    fitted = yaml.safe_load(out.read_text())
+    assert fitted["network"]["intra_node"] == {"latency": "3 us", "bandwidth": "300 GB/s"}
+    assert fitted["network"]["inter_node"]["name"] == "fitted: NVIDIA H100 80GB HBM3"
+    assert invoke(runner, "validate", out).exit_code == 0
+    assert two.read_text() == text  # the input is never touched
+    two.write_text(text.replace("nodes: 2\n", "nodes: 2\nbogus: 1\n"))
+    r = invoke(runner, "comm", "fit", multi, "--cluster", two)
+    assert r.exit_code == 2 and f"{two}:4:1: error: unknown key 'bogus'" in r.stderr
+    # a single-node sweep fits the intra-node tier only: the gap stays, and is the error
+    two.write_text(text)
+    r = invoke(runner, "comm", "fit", NCCL / "all_reduce_perf_8xh100.txt", "--cluster", two)
+    assert r.exit_code == 2 and "missing required key 'inter_node'" in r.stderr
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    r = invoke(runner, "comm", "fit", multi, "--cluster", empty)
+    assert r.exit_code == 2
+    assert f"{empty}:1:1: error: the file is empty: expected a YAML mapping with " \
+           "'kind: cluster'" in r.stderr
+
+
 def test_comm_fit_bad_csv(runner, tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("gpu,bytes,n_gpus,n_nodes,mean_time_ms\nX,1000,8,1,fast\n")

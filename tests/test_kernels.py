@@ -989,6 +989,14 @@ def test_fit_command_members_and_hidden(runner, tmp_path):
     assert doc["fit"]["options"]["families"] == {"gemm": {"hidden": [4, 4], "members": 3,
                                                           "monotone_weight": 10.0}}
     assert doc["fit"]["reports"][0]["members"] == 3
+    # the whole model directory, manifest included, is the same bytes on a second fit
+    again = tmp_path / "again"
+    r = invoke(runner, "kernels", "fit", data, "-o", again, "--max-iter", "20", "--members",
+               "3", "--hidden", "4,4", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in again.iterdir())
+    for path in out.iterdir():
+        assert path.read_bytes() == (again / path.name).read_bytes(), path.name
     for bad in ("4,x", "0", "1,2,3,4,5"):
         r = invoke(runner, "kernels", "fit", data, "-o", tmp_path / "n", "--hidden", bad)
         assert r.exit_code == 2 and "--hidden" in r.stderr, r.stderr
