@@ -135,11 +135,23 @@ def console(stderr: bool = False) -> Any:
 
 
 def print_fitted(con: Any, renderable: Any) -> None:
-    """Print tables that fit ``con`` without cutting a number (:mod:`.tables`)."""
+    """Print tables that fit ``con`` without cutting a number (:mod:`.tables`). A table
+    that must print wider than the console does so alone: the text around it keeps the
+    console's width."""
+    from rich.console import Group
+
     from .tables import fit
 
+    if isinstance(renderable, Group):
+        for part in renderable.renderables:
+            print_fitted(con, part)
+        return
+    width = con.width
     con.width = fit(con, renderable)
-    con.print(renderable)
+    try:
+        con.print(renderable)
+    finally:
+        con.width = width
 
 
 def format_for(output: str | None) -> str:

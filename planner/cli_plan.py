@@ -451,26 +451,33 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
 
 
 def _sweep_table(rows: list[dict[str, Any]]) -> Any:
-    from rich import box
-    from rich.table import Table
+    import textwrap
 
+    from rich import box
+
+    from .tables import FitTable
     from .units import format_bytes, format_time
 
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    for col in ("devices", "batch", "iteration", "samples/s", "exposed comm", "memory",
-                "vs data", "layouts"):
-        t.add_column(col, justify="left" if col == "layouts" else "right",
-                     no_wrap=col != "layouts")
+    # the layouts on one line where the table fits, else one layout a line (a layout
+    # such as "3× model 32x2" is never broken) and samples/s (batch / iteration) left out
+    t = FitTable(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False,
+                 wide=("samples/s", "layouts"), narrow=("layouts-lines",))
+    for col in ("devices", "batch", "iteration", "samples/s", "exposed", "memory",
+                "vs data"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("layouts", no_wrap=False)
+    t.add_column("layouts", key="layouts-lines", no_wrap=True)
     for r in rows:
         if not r["feasible"]:
-            t.add_row(str(r["gpus"]), str(r["batch"]), "no plan", "", "", "", "",
-                      r["reason"].split(";")[0].replace("planner: ", ""))
+            reason = r["reason"].split(";")[0].replace("planner: ", "")
+            t.add_row(str(r["gpus"]), str(r["batch"]), "no plan", "", "", "", "", reason,
+                      textwrap.fill(reason, 16, break_long_words=False))
             continue
-        lay = ", ".join(f"{n}× {k}" for k, n in r["layouts"].items())
+        lay = [f"{n}× {k}" for k, n in r["layouts"].items()]
         vs = f"{r['speedup_vs_data']:.3g}x" if "speedup_vs_data" in r else "n/a"
         t.add_row(str(r["gpus"]), str(r["batch"]), format_time(r["time_s"]),
                   f"{r['samples_per_s']:.4g}", format_time(r["exposed_comm_s"]),
-                  format_bytes(r["peak_bytes"]), vs, lay)
+                  format_bytes(r["peak_bytes"]), vs, ", ".join(lay), "\n".join(lay))
     return t
 
 

@@ -379,6 +379,11 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     time_s = finish + optimizer_s
     compute_s = fwd_compute + bwd_compute + optimizer_s
     comm_s = fwd_comm + bwd_comm + weight_grad_s
+    # the same compute summed in two orders differs in its last bits: on one device the
+    # difference read as 1e-17 s of exposed communication
+    exposed = min(comm_s, max(0.0, time_s - compute_s))
+    if exposed <= 1e-12 * time_s:
+        exposed = 0.0
     return Evaluation(
         layers=results,
         time_s=time_s,
@@ -387,7 +392,7 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         optimizer_s=optimizer_s,
         compute_s=compute_s,
         comm_s=comm_s,
-        exposed_comm_s=max(0.0, time_s - compute_s),
+        exposed_comm_s=exposed,
         weight_grad_s=weight_grad_s,
         memory=memory,
         buckets=buckets,

@@ -29,6 +29,12 @@ class FitTable(Table):
         self.wide = wide
         self.narrow = narrow
 
+    def add_column(self, *args: Any, key: str | None = None, **kwargs: Any) -> None:
+        """As rich's, with ``key``: the name ``wide`` and ``narrow`` know the column by
+        (its header by default), so two forms of a column may share a header."""
+        super().add_column(*args, **kwargs)
+        self.columns[-1].fit_key = key  # type: ignore[attr-defined]
+
 
 def _tables(renderable: Any) -> Iterator[Table]:
     if isinstance(renderable, Table):
@@ -42,8 +48,14 @@ def _natural(console: Console, renderable: Any) -> int:
     return Measurement.get(console, console.options.update_width(100_000), renderable).maximum
 
 
+def _key(column: Any) -> str:
+    return getattr(column, "fit_key", None) or str(column.header)
+
+
 def _drop(table: Table, names: tuple[str, ...]) -> None:
-    table.columns[:] = [c for c in table.columns if str(c.header) not in names]
+    table.columns[:] = [c for c in table.columns if _key(c) not in names]
+    for i, column in enumerate(table.columns):  # rich pads the edges by this index
+        column._index = i
 
 
 def fit(console: Console, renderable: Any) -> int:
