@@ -55,7 +55,10 @@ class PlannerGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; report errors without tracebacks unless --debug."""
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a full disk or a closed stdout is reported here
+            return result
         except PlannerError as exc:
             if _debug(ctx):
                 raise
@@ -66,6 +69,13 @@ class PlannerGroup(click.Group):
             raise click.Abort() from None
         except BrokenPipeError:
             _quiet_broken_pipe()
+        except OSError as exc:  # the environment, not planner: a full disk, a closed stream
+            if _debug(ctx):
+                raise
+            where = exc.filename if exc.filename is not None else "standard output"
+            _discard_stdout()
+            raise Reported(f"planner: error: cannot write to {where}: "
+                           f"{exc.strerror or exc}", EXIT_INPUT) from None
         except RecursionError:
             if _debug(ctx):
                 raise
@@ -91,10 +101,58 @@ def _debug(ctx: click.Context) -> bool:
 
 
 def _quiet_broken_pipe() -> NoReturn:
-    # Python flushes stdout at exit; point it at devnull so that raises nothing more.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    _discard_stdout()
     raise click.exceptions.Exit(1)
+
+
+def _discard_stdout() -> None:
+    """Python flushes stdout at exit; point it at devnull so that raises nothing more."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        sys.stdout = _Closed(report=False)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+
+
+def _closed(stream: Any) -> bool:
+    """Whether a standard stream was closed by the shell (``>&-``, ``2>&-``)."""
+    if stream is None:
+        return True
+    try:
+        os.fstat(stream.fileno())
+    except OSError:
+        return True
+    except (AttributeError, ValueError):  # not backed by a file (a test's capture)
+        return False
+    return False
+
+
+class _Closed:
+    """Stands for a standard stream the shell closed (``>&-``): writing to stdout fails
+    with an error the command reports (exit 2, not a silent success); what is written to
+    a closed stderr is dropped (it has nowhere to go, and the exit code still tells)."""
+
+    encoding = "utf-8"
+    errors = "strict"
+
+    def __init__(self, report: bool) -> None:
+        self.report = report
+
+    def write(self, text: str) -> int:
+        if self.report:
+            import errno
+
+            raise OSError(errno.EBADF, "it is closed")
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+    def isatty(self) -> bool:
+        """Never a terminal."""
+        return False
 
 
 def fail(message: str) -> NoReturn:
@@ -129,7 +187,7 @@ def console(stderr: bool = False) -> Any:
 
     stream = sys.stderr if stderr else sys.stdout
     width = None
-    if "COLUMNS" not in os.environ and not stream.isatty():
+    if "COLUMNS" not in os.environ and (stream is None or not stream.isatty()):
         width = 120  # piped or captured: do not squeeze tables into 80 columns
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
@@ -300,6 +358,10 @@ _attach_command_groups()
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``planner`` console script."""
+    if _closed(sys.stdout):
+        sys.stdout = _Closed(report=True)
+    if _closed(sys.stderr):
+        sys.stderr = _Closed(report=False)
     _tolerant_streams()
     _one_blas_thread()
     cli.main(args=argv, prog_name="planner")

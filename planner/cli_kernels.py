@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,8 @@ def kernels() -> None:
               help="Fit without any row of this GPU (repeatable): leave-one-GPU-out.")
 @click.option("--max-iter", type=click.IntRange(1, 100_000), default=None,
               help="L-BFGS iterations per model (default 1000).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Weight init seed.")
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
+              help="Weight init seed.")
 @click.option("--only", type=click.Choice(("gemm", "conv")), default=None,
               help="Fit one family only (GEMM and bmm, or the convolution passes).")
 @click.option("--members", type=click.IntRange(1, 64), default=None,
@@ -95,6 +97,7 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
     from .kernels.pipeline import fit_models
     from .kernels.train import FitOptions
 
+    _check_model_dir(out_dir, data)
     if only is not None:
         _keep_other_families(out_dir, only)
     opts = FitOptions(seed=seed, members=members, hidden=hidden, mono_weight=monotone_weight)
@@ -112,6 +115,26 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
     results = [r.record() for r in outcome.accuracy]
     render_data({"results": results}, fmt, None,
                 lambda: _results_table(results, "held-out accuracy (split test)"))
+
+
+def _check_model_dir(out_dir: str, data: tuple[str, ...]) -> None:
+    """Refuse, before fitting, an output folder that cannot be one (empty, a file, under
+    a file) or whose model files would replace a training file."""
+    from .kernels.store import MANIFEST
+
+    if not out_dir.strip():
+        raise click.BadParameter("needs a folder name", param_hint="'-o'")
+    path = Path(out_dir)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            raise click.BadParameter(f"{part} is not a folder; -o names the folder the "
+                                     "models are written to", param_hint="'-o'")
+    for name in (MANIFEST, "gemm.npz", "conv.npz"):
+        target = path / name
+        if target.exists() and any(os.path.exists(d) and os.path.samefile(target, d)
+                                   for d in data):
+            raise UsageError(f"planner: error: refusing to write {target}: it is one of the "
+                             "training files; choose another output folder")
 
 
 def _keep_other_families(out_dir: str, only: str) -> None:

@@ -93,6 +93,22 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     return Question(net, cl, network, cluster, options, ctx, est.name)
 
 
+def inputs_of(network: str, cluster: str, kw: dict[str, Any]) -> tuple[str, ...]:
+    """The files a pricing or planning command reads, which -o and --plot must never
+    replace: the network, the cluster and, unless the roofline is asked for, the kernel
+    models' files (a plan written over models/manifest.yaml broke every later run)."""
+    if kw.get("estimator") == "roofline":
+        return (network, cluster)
+    from .errors import ModelDataError
+    from .kernels import find_models_dir
+
+    try:
+        folder = find_models_dir(kw.get("models_dir"))
+    except ModelDataError:
+        return (network, cluster)  # reported when the models are loaded
+    return (network, cluster, *sorted(str(f) for f in folder.iterdir() if f.is_file()))
+
+
 def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
     """The kernel-time estimator a command asked for."""
     from .costs.compute import Roofline
@@ -180,14 +196,15 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     from .evaluate import evaluate
     from .plan import placement_record, plan_document, plan_table
 
-    check_output(output, (network, cluster))
+    ins = inputs_of(network, cluster, kw)
+    check_output(output, ins)
     q = load_question(network, cluster, gpus, batch, **kw)
     assignment = layout_assignment(q, grid, mode, pins, placement)
     ev = evaluate(q.ctx, q.options, assignment)
     ranks = placement_record(ev, q.options.gpus, q.cluster.devices_per_node, False)
     doc = plan_document("cost", q.network, network, q.cluster.name, cluster, q.options, ev,
                         q.estimator_name, nodes_used(q), {"placement": ranks})
-    render_data(doc, fmt, output, lambda: plan_table(doc, all_layers), (network, cluster))
+    render_data(doc, fmt, output, lambda: plan_table(doc, all_layers), ins)
     if not ev.memory.fits:
         from .units import format_bytes
 
@@ -295,7 +312,8 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
     """
     from .plan import baselines_table, plan_table
 
-    check_output(output, (network, cluster))
+    ins = inputs_of(network, cluster, kw)
+    check_output(output, ins)
     q = load_question(network, cluster, gpus, batch, **kw)
     result = run_search(q, objective, pins)
     doc = plan_doc(q, result, objective, expand_ranks)
@@ -305,7 +323,7 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
 
         return Group(plan_table(doc, all_layers), baselines_table(doc))
 
-    render_data(doc, fmt, output, table, (network, cluster))
+    render_data(doc, fmt, output, table, ins)
 
 
 @click.command()
@@ -321,7 +339,8 @@ def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
     """The baselines and the searched plan side by side."""
     from .plan import baselines_table
 
-    check_output(output, (network, cluster))
+    ins = inputs_of(network, cluster, kw)
+    check_output(output, ins)
     q = load_question(network, cluster, gpus, batch, **kw)
     result = run_search(q, objective, pins)
     doc = plan_doc(q, result, objective, False)
@@ -330,7 +349,7 @@ def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
                 k: doc["memory"][k] for k in ("peak_bytes", "capacity_bytes", "fits")},
                 "layouts": _layout_summary(doc)},
             "baselines": doc["baselines"]}
-    render_data(data, fmt, output, lambda: baselines_table(doc), (network, cluster))
+    render_data(data, fmt, output, lambda: baselines_table(doc), ins)
 
 
 def _layout_summary(doc: dict[str, Any]) -> dict[str, int]:
@@ -389,9 +408,13 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
         raise click.BadParameter(
             f"{len(gpus_values)} device counts × {len(batch_values)} batch sizes is more than "
             f"{MAX_SWEEP:,} plans; split the sweep", param_hint="'--gpus' / '--batch'")
-    check_output(output, (network, cluster))
+    ins = inputs_of(network, cluster, kw)
+    check_output(output, ins)
     if plot:
-        check_output(plot, (network, cluster))
+        if os.path.splitext(plot)[1].lower() != ".png":
+            raise click.BadParameter(f"{plot!r}: the plot is a PNG image; name the file "
+                                     "*.png", param_hint="'--plot'")
+        check_output(plot, ins)
         if output not in (None, "-") and os.path.abspath(plot) == os.path.abspath(output):
             raise UsageError(f"planner: error: --plot and -o name the same file {plot}; "
                              "give them different names")
@@ -443,8 +466,8 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     data = rounded({"network": network, "cluster": cluster, "objective": objective,
                     "results": rows}, 4)
     if plot:
-        _plot(data["results"], plot, (network, cluster))
-    render_data(data, fmt, output, lambda: _sweep_table(data["results"]), (network, cluster))
+        _plot(data["results"], plot, ins)
+    render_data(data, fmt, output, lambda: _sweep_table(data["results"]), ins)
     if not any(r["feasible"] for r in rows):
         raise NoFeasiblePlan("planner: no device count and batch size of the sweep has a "
                              "feasible plan")
@@ -482,6 +505,7 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
 
 
 def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = ()) -> None:
+    os.environ.pop("MPLBACKEND", None)  # the plot is drawn off screen whatever it says
     try:
         import matplotlib
 
@@ -508,7 +532,8 @@ def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = ()) 
         ax.set_xlabel("devices")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        if ax.lines:  # no feasible point: an empty plot, without matplotlib's warning
+            ax.legend()
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, metadata={"Software": None})

@@ -273,8 +273,8 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
     eff_c, eff_m = (base.compute_efficiency, base.memory_efficiency) if base else (0.8, 0.85)
     if f.has("achievable"):
         af = Fields(f.raw("achievable"), f.at("achievable"), issues, "achievable")
-        eff_c = af.opt("compute", number(0.0, 1.0, exclusive_min=True), eff_c)
-        eff_m = af.opt("memory", number(0.0, 1.0, exclusive_min=True), eff_m)
+        eff_c = af.opt("compute", number(0.01, 1.0), eff_c)  # 1e-300 gave 5.8e281 Ps
+        eff_m = af.opt("memory", number(0.01, 1.0), eff_m)
         af.finish()
     vendor = f.opt("vendor", string, base.vendor if base else "")
     arch = f.opt("architecture", string, base.architecture if base else "")

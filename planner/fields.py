@@ -141,11 +141,12 @@ def quantity(kind: Kind, *, positive: bool = True, minimum: float = 0.0,
 
 
 _UNIT = {"time": "s", "bytes": "B", "bandwidth": "B/s", "flop_rate": "FLOP/s",
-         "frequency": "Hz", "number": ""}
+         "frequency": "Hz", "power": "W", "number": ""}
 _NOUN = {"time": "time", "bytes": "size", "bandwidth": "bandwidth", "flop_rate": "FLOP rate",
-         "frequency": "frequency", "number": "number"}
+         "frequency": "frequency", "power": "power", "number": "number"}
 _EXAMPLE = {"time": "'2 us'", "bytes": "'80 GiB'", "bandwidth": "'400 Gbit/s'",
-            "flop_rate": "'989 TFLOPS'", "frequency": "'1980 MHz'", "number": "42"}
+            "flop_rate": "'989 TFLOPS'", "frequency": "'1980 MHz'", "power": "'700 W'",
+            "number": "42"}
 
 
 MAX_TEXT = 10_000  #: characters in a name or description (they end up in every table)

@@ -87,8 +87,9 @@ class Layout:
         return node_group((self.c_digit,), self.p, per_node_devices)
 
     def all_group(self, per_node_devices: int) -> Group:
-        """All ``P`` devices."""
-        return Group(self.p, min(self.p, per_node_devices))
+        """All ``P`` devices (as the other groups, the worst-placed: 12 devices on 8-GPU
+        nodes are 8 + 4, priced as two nodes of 6, not one node and a half of 8)."""
+        return node_group(((1, self.p),), self.p, per_node_devices)
 
     def output_dist(self) -> Dist:
         """Where the layer's output lives (model/data: replicated over the row group).

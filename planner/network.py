@@ -118,13 +118,14 @@ class ConvGeom:
 
     def problem(self, batch: int, phase: str = "fwd", *, out_channels: int | None = None,
                 in_height: int | None = None, groups: int | None = None,
-                in_channels: int | None = None) -> Conv:
+                in_channels: int | None = None, pad_height: int | None = None) -> Conv:
         """The cuDNN problem for ``batch`` samples, optionally sharded."""
         return Conv(
             n=batch, c=in_channels or self.in_channels, h=in_height or self.in_hw[0],
             w=self.in_hw[1], k=out_channels or self.out_channels, r=self.kernel[0],
             s=self.kernel[1], stride_h=self.stride[0], stride_w=self.stride[1],
-            pad_h=self.padding[0], pad_w=self.padding[1], dil_h=self.dilation[0],
+            pad_h=self.padding[0] if pad_height is None else pad_height,
+            pad_w=self.padding[1], dil_h=self.dilation[0],
             dil_w=self.dilation[1], groups=groups or self.groups,
             phase=phase,  # type: ignore[arg-type]
         )
@@ -304,15 +305,21 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
             c_local = (c.in_channels // g) * g_local
         else:
             g_local, c_local = g, c.in_channels
-        # a height split: each device owns ceil(H / split) input rows; halo rows are
-        # treated like padding, so the local problem keeps the layer's padding
-        h_in = -(-c.in_hw[0] // max(1, height_split))
+        # a height split: the busiest device computes ceil(H_out / split) output rows
+        # from the input rows they read, halo included; timed as the layer's padding
+        # around the rows inside the image, or, where the halo is more than the padding
+        # (an unpadded or strided filter), as those rows unpadded
+        h_in, pad_h = c.in_hw[0], c.padding[0]
+        if height_split > 1:
+            rows = -(-c.out_hw[0] // height_split)
+            reach = (rows - 1) * c.stride[0] + c.dilation[0] * (c.kernel[0] - 1) + 1
+            h_in, pad_h = (reach - 2 * pad_h, pad_h) if reach > 2 * pad_h else (reach, 0)
         for phase, key in (("fwd", "forward"), ("bwd_data", "backward_data"),
                            ("bwd_filter", "backward_weight")):
             if phase == "bwd_data" and layer.inputs == (-1,):
                 continue  # the network input needs no gradient
             out[key].append(c.problem(batch, phase, out_channels=k_local, in_height=h_in,
-                                      groups=g_local, in_channels=c_local))
+                                      groups=g_local, in_channels=c_local, pad_height=pad_h))
         return out
     if layer.linear is not None:
         lin = layer.linear

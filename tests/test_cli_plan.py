@@ -146,6 +146,20 @@ def test_sweep_table_at_80_columns(runner, monkeypatch):
     assert any(line.split()[:3] == ["1", "256", "no"] for line in lines)
 
 
+def test_sweep_plot_is_a_png(runner, tmp_path, monkeypatch):
+    """--plot x.pdf wrote PNG bytes under that name; a bad $MPLBACKEND was an internal
+    error (the plot is drawn off screen whatever it says)."""
+    r = invoke(runner, "sweep", ALEX, DGX, "-p", "8", "-b", "64", "--plot", tmp_path / "x.pdf",
+               "--estimator", "roofline")
+    assert r.exit_code == 2 and "name the file *.png" in r.stderr
+    assert not (tmp_path / "x.pdf").exists()
+    monkeypatch.setenv("MPLBACKEND", "nonexistent")
+    r = invoke(runner, "sweep", ALEX, DGX, "-p", "8", "-b", "64", "--plot", tmp_path / "x.png",
+               "--estimator", "roofline")
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_sweep_bad_list(runner):
     result = invoke(runner, "sweep", ALEX, DGX, "--gpus", "8,x", "--batch", "256")
     assert result.exit_code == 2

@@ -253,3 +253,40 @@ def test_follower_layers_pay_only_what_they_need(alexnet):
     assert by_name["norm1"].cost.terms == []          # LRN works across channels
     fc6 = by_name["fc6"].cost.terms
     assert any(t.phase == "redistribute" for t in fc6)  # domain → data gathers rows
+
+
+def test_domain_shard_kernel_reads_its_halo(alexnet):
+    """A height split times the busiest device's rows: ⌈H_out / P_r⌉ output rows from
+    the input rows they read (stride and halo included). AlexNet conv1 (11×11, stride 4,
+    no padding, 227 → 55 rows) split 8 ways computes 7 output rows from (7 − 1)·4 + 11 =
+    35 input rows; ⌈227 / 8⌉ = 29 rows with no padding gave 5 rows (29% of the work
+    lost), and at 48 ways 5 rows gave a negative output height and negative FLOPs."""
+    from planner.network import layer_kernels
+
+    conv1 = alexnet.by_name("conv1")
+    whole = layer_kernels(conv1, 32, 4)["forward"][0]
+    for split, rows, h in ((8, 7, 35), (48, 2, 15), (55, 1, 11)):
+        k = layer_kernels(conv1, 32, 4, height_split=split)["forward"][0]
+        assert (k.h, k.pad_h, k.out_h, k.out_w) == (h, 0, rows, 55), split
+        assert k.flops == pytest.approx(whole.flops * rows / 55, rel=1e-12)
+    # a padded stride-1 filter: the halo is the padding's size, so the shard keeps the
+    # layer's padding around its own rows (13 rows over 4: 4 rows, padded by 1)
+    conv3 = alexnet.by_name("conv3")
+    k = layer_kernels(conv3, 32, 4, height_split=4)["forward"][0]
+    assert (k.h, k.pad_h, k.out_h) == (4, 1, 4)
+    # every pass times the same shard
+    assert {(x.h, x.pad_h) for ks in layer_kernels(conv3, 32, 4, height_split=4).values()
+            for x in ks} == {(4, 1)}
+
+
+def test_all_device_group_is_priced_where_it_is_worst():
+    """12 devices on 8-GPU nodes are 8 + 4: the data-parallel gradient all-reduce is
+    priced as the row and column groups are (the worst-placed member: two nodes of 6),
+    not as one node of 8 and a half."""
+    net = mlp([64, 128, 32])
+    ctx, _ = _ctx(net, cluster(per_node=8), 12, 48)
+    (t,) = weighted_terms(net.by_name("fc2"), make_layout("data", 1, 12), ctx)
+    assert t.group == Group(12, 6)
+    ctx, _ = _ctx(net, cluster(per_node=8), 16, 48)
+    (t,) = weighted_terms(net.by_name("fc2"), make_layout("data", 1, 16), ctx)
+    assert t.group == Group(16, 8)

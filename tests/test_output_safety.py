@@ -122,6 +122,46 @@ def test_disk_full_is_a_message_not_a_crash(runner, tmp_path, monkeypatch):
     _untouched(out)
 
 
+def _run_closed(args: list[str], close: tuple[int, ...], stdout: object = None):
+    """``planner ARGS`` in a fresh interpreter with the given descriptors closed (as the
+    shell's ``>&-`` leaves them); the real binary, not a shim that would reuse fd 2."""
+    import subprocess
+    import sys
+
+    def closing() -> None:
+        for fd in close:
+            os.close(fd)
+
+    return subprocess.run([sys.executable, "-m", "planner", *args], preexec_fn=closing,
+                          stdout=stdout, stderr=None if 2 in close else subprocess.PIPE,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_closed_or_full_stdout_is_an_error_not_a_silent_success(tmp_path):
+    """`plan >&-` used to crash (exit 3: no isatty on None) and `--format yaml >&-` to
+    exit 0 having written nothing; a full disk under stdout was an internal error. Each
+    is exit 2 with a message. A closed stderr does not change the exit code: a plan
+    written with -o is a success (exit 0, not 1), an invalid input still exit 2."""
+    alex = [str(NETWORKS / "alexnet.yaml"), str(CLUSTERS / "dgx-h100.yaml"), "-p", "8",
+            "-b", "64"]
+    for extra in ([], ["--format", "yaml"]):
+        r = _run_closed(["plan", *alex, *extra], close=(1,))
+        assert r.returncode == 2, r.stderr
+        assert r.stderr == b"planner: error: cannot write to standard output: it is closed\n"
+    with open("/dev/full", "w") as full:
+        r = _run_closed(["devices"], close=(), stdout=full)
+    assert r.returncode == 2
+    assert r.stderr == b"planner: error: cannot write to standard output: No space left on " \
+                       b"device\n"
+    out = tmp_path / "plan.yaml"
+    r = _run_closed(["plan", *alex, "-o", str(out)], close=(2,))
+    assert r.returncode == 0 and out.read_text().startswith("planner: ")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: cluster\n")
+    assert _run_closed(["validate", str(bad)], close=(2,)).returncode == 2
+
+
 def test_unwritable_folder_is_a_message(runner, tmp_path, monkeypatch):
     import tempfile
 
@@ -133,6 +173,32 @@ def test_unwritable_folder_is_a_message(runner, tmp_path, monkeypatch):
     assert result.exit_code == 2
     assert result.stderr.endswith("plan.yaml: Permission denied\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_kernel_model_files_are_inputs_too(runner, tmp_path, monkeypatch):
+    """A plan, a cost, a comparison or a sweep plot written over the kernel models it
+    reads (models/manifest.yaml) broke every later run; they are inputs like the
+    network and cluster, whichever way the models were chosen."""
+    import shutil
+
+    models = tmp_path / "models"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "models", models,
+                    ignore=shutil.ignore_patterns("data"))
+    before = {f.name: f.read_bytes() for f in models.iterdir() if f.is_file()}
+    alex = [NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml", "-p", "8", "-b", "64"]
+    for cmd, extra in (("plan", ["-o", models / "manifest.yaml"]),
+                       ("cost", ["-o", models / "conv.npz"]),
+                       ("compare", ["-o", models / "gemm.npz"]),
+                       ("sweep", ["--plot", models / "gemm.npz"])):
+        r = invoke(runner, cmd, *alex, "--models-dir", models, *extra)
+        assert r.exit_code == 2 and "it is one of this command's inputs" in r.stderr, cmd
+    monkeypatch.setenv("PLANNER_MODELS", str(models))
+    r = invoke(runner, "plan", *alex, "-o", models / "manifest.yaml")
+    assert r.exit_code == 2 and "it is one of this command's inputs" in r.stderr
+    assert {f.name: f.read_bytes() for f in models.iterdir() if f.is_file()} == before
+    # the roofline reads no models: writing beside them is allowed
+    r = invoke(runner, "cost", *alex, "--estimator", "roofline", "-o", models / "x.yaml")
+    assert r.exit_code == 0, r.stderr
 
 
 def _other_names(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:

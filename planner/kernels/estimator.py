@@ -370,6 +370,8 @@ class LearnedEstimator:
                 why = f"no {family} model" if model is None else f"no {dtype} data"
                 for i in idx:
                     source[i] = f"roofline ({why})"
+                    if model is not None:  # a float64 kernel launches like any other
+                        floor[i] = min(m.floor_s for m in model.members)
                 continue
             sub = [kernels[i] for i in idx]
             ops = [k.op for k in sub]
