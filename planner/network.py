@@ -418,6 +418,18 @@ class Network:
         """Forward FLOPs per sample."""
         return sum(layer.flops for layer in self.layers)
 
+    @functools.cached_property
+    def ties(self) -> dict[int, tuple[int, ...]]:
+        """Layers that share their weights (``tie:``): the owner's index → the indices of
+        the layers tied to it. A tied pair keeps one layout (one copy of the weight)."""
+        index = {layer.name: layer.index for layer in self.layers}
+        out: dict[int, tuple[int, ...]] = {}
+        for layer in self.layers:
+            if layer.tied_to is not None and layer.tied_to in index:
+                owner = index[layer.tied_to]
+                out[owner] = (*out.get(owner, ()), layer.index)
+        return out
+
     def by_name(self, name: str) -> Layer | None:
         """The layer called ``name``, if any."""
         for layer in self.layers:

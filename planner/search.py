@@ -11,8 +11,9 @@ paying what that distribution needs (halos, a gather). Inside a residual block t
 is a pair: the distribution at the block's entry travels along with the current one (and
 the body's output along the shortcut), so the add pays the shortcut's real
 redistribution. The optimum over these states is exact for any objective that is a sum
-over layers: iteration time without overlap, or communication time (``--objective
-comm``); the brute-force tests check it against every combination of layouts.
+over layers: iteration time or communication time (``--objective comm``) without
+overlap (with it, gradient buckets fuse neighbouring layers' all-reduces); the
+brute-force tests check it against every combination of layouts.
 
 **Overlap and memory.** With ``overlap: gradients`` the iteration time is not a sum over
 layers (gradient all-reduces queue on one channel behind the backward pass). The search
@@ -48,7 +49,7 @@ from .costs.layer import (
     weighted_terms,
 )
 from .costs.memory import param_bytes
-from .errors import NoFeasiblePlan, Shortfall
+from .errors import NoFeasiblePlan, Shortfall, UsageError
 from .evaluate import EvalCache, Evaluation, Options, evaluate
 from .layout import Dist, Layout, divisors, make_layout
 from .network import Layer
@@ -103,6 +104,24 @@ class Space:
                 self.candidates[layer.index] = list(pins[layer.index])
             else:
                 self.candidates[layer.index] = list(candidate_layouts(layer, p, b, paper))
+        # layers that share a weight keep one layout: each group's candidates are the
+        # layouts valid (and pinned) for all its members
+        self.ties: list[tuple[int, ...]] = []
+        for owner, tied in net.ties.items():
+            group = (owner, *(t for t in tied if t in self.candidates))
+            if owner not in self.candidates or len(group) < 2:
+                continue
+            common = [lay for lay in self.candidates[owner]
+                      if all(lay in self.candidates[t] for t in group[1:])]
+            if not common:
+                names = ", ".join(f"'{self.layers[t].name}'" for t in group[1:])
+                raise UsageError(
+                    f"planner: error: {names} share the weights of "
+                    f"'{self.layers[owner].name}' (tie) and so its layout, but no layout "
+                    "is allowed for all of them; pin them alike (or not at all)")
+            for t in group:
+                self.candidates[t] = list(common)
+            self.ties.append(group)
         empty = [self.layers[i].name for i, c in self.candidates.items() if not c]
         if empty:
             prime = f"; {p} is prime, so the only grids are 1x{p} and {p}x1" if len(
@@ -180,8 +199,9 @@ class Space:
                 ks = seen[shape_key]
                 kernels.extend(ks)
                 owners.extend([(key, j)] * len(ks))
-                kernels.append(self._optimizer_kernel(params_local))
-                owners.append((key, j))
+                if params_local > 0:  # as the evaluation: a tied head updates nothing
+                    kernels.append(self._optimizer_kernel(params_local))
+                    owners.append((key, j))
         if kernels:
             secs = ctx.estimator.estimate(kernels, ctx.cluster.device, ctx.network.dtype).seconds
             for (key, j), s in zip(owners, secs, strict=True):
@@ -400,13 +420,15 @@ def _events(space: Space) -> dict[int, list[tuple[str, Any]]]:
 
 
 def dynamic_program(space: Space, w: Weights, origin: int | None = None,
-                    ) -> tuple[float, dict[int, Layout]]:
+                    fixed: dict[int, int] | None = None) -> tuple[float, dict[int, Layout]]:
     """Minimise the weighted sum of the parts over the whole network.
 
     ``origin`` fixes the input distribution (the data loader delivers the input in the
     first weighted layer's input distribution); None lets the first layer choose.
-    Returns the optimum and the layout of every layer with weights.
+    ``fixed`` holds layers to one candidate (layer index → its position). Returns the
+    optimum and the layout of every layer with weights.
     """
+    fixed = fixed or {}
     n = len(space.dists)
     cost = np.full((1, n), INF)
     if origin is None:
@@ -430,7 +452,8 @@ def dynamic_program(space: Space, w: Weights, origin: int | None = None,
                 cost = cost.T.copy()
         if layer.has_weights:
             cost = _weighted_step(space, layer, cost, w, steps,
-                                  restrict=origin if layer.index == first_weighted else None)
+                                  restrict=origin if layer.index == first_weighted else None,
+                                  only=fixed.get(layer.index))
         elif layer.type == "add":
             cost = _add_step(space, layer, cost, w, steps, blocks[layer.index])
         else:
@@ -443,11 +466,14 @@ def dynamic_program(space: Space, w: Weights, origin: int | None = None,
 
 
 def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
-                   steps: list[_Step], restrict: int | None) -> np.ndarray:
+                   steps: list[_Step], restrict: int | None,
+                   only: int | None = None) -> np.ndarray:
     own = space.weighted_own(layer, w)
     in_idx = space.dist_indices(layer)[0]
     if restrict is not None:
         own = np.where(in_idx == restrict, own, INF)
+    if only is not None:
+        own = np.where(np.arange(len(own)) == only, own, INF)
     trans = space.entry_transitions(layer) * w.activation  # (D, J)
     k, n = cost.shape
     total = cost[:, :, None] + trans[None, :, :]  # (K, D, J)
@@ -718,10 +744,29 @@ def _origins(space: Space) -> Sequence[int | None]:
 
 
 def solve(space: Space, w: Weights) -> tuple[float, dict[int, Layout]]:
-    """The dynamic program over every input distribution that matters."""
+    """The dynamic program over every input distribution that matters. Layers that share
+    a weight (a tied embedding and output head) are far apart in the sequence, so their
+    common layout is not a state: each candidate of the group is tried in turn, one
+    dynamic program each (exact for one group; several groups are fixed one after the
+    other, the later ones free while the earlier are chosen)."""
+    fixed: dict[int, int] = {}
+    best: tuple[float, dict[int, Layout]] = (INF, {})
+    for group in space.ties:
+        best = (INF, {})
+        choice = 0
+        for j in range(len(space.candidates[group[0]])):
+            value, assignment = _solve_origins(space, w, {**fixed, **dict.fromkeys(group, j)})
+            if value < best[0]:
+                best, choice = (value, assignment), j
+        fixed.update(dict.fromkeys(group, choice))
+    return best if space.ties else _solve_origins(space, w, fixed)
+
+
+def _solve_origins(space: Space, w: Weights, fixed: dict[int, int],
+                   ) -> tuple[float, dict[int, Layout]]:
     best: tuple[float, dict[int, Layout]] = (INF, {})
     for origin in _origins(space):
-        value, assignment = dynamic_program(space, w, origin)
+        value, assignment = dynamic_program(space, w, origin, fixed)
         if value < best[0]:
             best = (value, assignment)
     return best

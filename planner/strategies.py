@@ -137,6 +137,7 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
         pr, pc = 1, gpus
     used = [False] * len(pins)
     out: dict[int, Layout] = {}
+    owner_of = {t: o for o, tied in network.ties.items() for t in tied}
     for layer in network.layers:
         if not layer.has_weights:
             continue
@@ -146,6 +147,16 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
             if fnmatch.fnmatchcase(layer.name, pin.pattern):
                 chosen, source, used[i] = pin_layout(pin, gpus, placement), i, True
                 break
+        owner = owner_of.get(layer.index)
+        if owner is not None and owner in out:
+            # one weight, one layout: a tied layer takes its owner's unless a pin
+            # asks for the same; a pin asking for another is an error
+            if chosen is not None and chosen != out[owner]:
+                raise StrategyError(
+                    f"layer '{layer.name}' shares its weights with "
+                    f"'{network.layers[owner].name}' (tie) and takes its layout, "
+                    f"{out[owner].label()}; the pin asks for {chosen.label()}", source)
+            chosen = out[owner]
         if chosen is None:
             chosen = grid_layout(layer, gpus, pr, pc, mode, placement)
         reason = why_invalid(layer, chosen, batch, paper)

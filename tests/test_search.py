@@ -4,6 +4,7 @@ memory, placement."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,7 @@ from planner.layout import make_layout
 from planner.plan import group_ranks
 from planner.search import Space, Weights, search, solve
 
-from .conftest import CLUSTERS, NETWORKS
+from .conftest import CLUSTERS, NETWORKS, invoke
 from .helpers import FixedEstimator, cluster
 
 
@@ -49,6 +50,8 @@ def _brute_force(ctx, opts, space, objective):
     best = None
     for combo in itertools.product(*(space.candidates[lay.index] for lay in weighted)):
         assignment = {lay.index: c for lay, c in zip(weighted, combo, strict=True)}
+        if any(len({assignment[i] for i in group}) > 1 for group in space.ties):
+            continue  # a shared weight has one layout
         ev = evaluate(ctx, opts, assignment, cache)
         score = ev.comm_s if objective == "comm" else ev.time_s
         if best is None or score < best[0]:
@@ -92,6 +95,65 @@ def test_dynamic_program_equals_brute_force(net_i, p, batch, per_node, objective
     assert value == pytest.approx(got, rel=1e-9)
     best, _ = _brute_force(ctx, opts, space, objective)
     assert got == pytest.approx(best, rel=1e-9)
+
+
+TIED_LM = """kind: network
+name: tied
+input: [16]
+layers:
+  - {name: wte, type: embedding, vocab: 512, dim: 64}
+  - {type: linear, out_features: 256}
+  - {type: relu}
+  - {type: linear, out_features: 64}
+  - {name: head, type: linear, out_features: 512, bias: false, tie: wte}
+"""
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.sampled_from([2, 4, 8]), batch=st.sampled_from([4, 16, 64]),
+       per_node=st.sampled_from([2, 8]), objective=st.sampled_from(["time", "comm"]),
+       bw=st.sampled_from([1e8, 1e10, 1e12]))
+def test_tied_layers_share_one_layout_and_the_search_stays_exact(p, batch, per_node,
+                                                                  objective, bw):
+    """An output head that shares its embedding's table keeps the embedding's layout (a
+    data-parallel head beside a model-parallel table had nobody reduce its gradient or
+    hold its weight: the plan for GPT-2 on 64 GPUs took that as a free 3%). The search
+    tries each common layout in turn and equals brute force over consistent choices."""
+    net = load_network_text(TIED_LM)
+    assert net.ties == {0: (4,)}
+    cl = cluster(per_node=per_node, intra=(1e-6, bw * 10), inter=(5e-6, bw))
+    opts = Options(gpus=p, batch=batch, overlap="none")
+    ctx = make_context(net, cl, opts, FixedEstimator(1e-5))
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    value, assignment = solve(space, Weights(0.0, 1.0, 1.0) if objective == "comm"
+                              else Weights())
+    assert assignment[0] == assignment[4]
+    ev = evaluate(ctx, opts, assignment)
+    got = ev.comm_s if objective == "comm" else ev.time_s
+    assert value == pytest.approx(got, rel=1e-9)
+    assert got == pytest.approx(_brute_force(ctx, opts, space, objective)[0], rel=1e-9)
+
+
+def test_tied_layers_in_plans_costs_and_pins(runner):
+    gpt2 = [NETWORKS / "gpt2-small.yaml", CLUSTERS / "dgx-h100.yaml", "-b", "64"]
+    for p in ("64", "256"):
+        doc = json.loads(invoke(runner, "plan", *gpt2, "-p", p, "--format", "json").stdout)
+        by = {rec["name"]: rec for rec in doc["layers"]}
+        assert (by["wte"]["mode"], by["wte"]["grid"]) == (by["lm_head"]["mode"],
+                                                          by["lm_head"]["grid"]), p
+    # a pin on the table moves the head with it; a pin that parts them is an error
+    doc = json.loads(invoke(runner, "cost", *gpt2, "-p", "64", "--pin", "wte=model:4x16",
+                            "--format", "json").stdout)
+    head = next(rec for rec in doc["layers"] if rec["name"] == "lm_head")
+    assert (head["mode"], head["grid"]) == ("model", [4, 16])
+    r = invoke(runner, "cost", *gpt2, "-p", "64", "--pin", "wte=model:4x16",
+               "--pin", "lm_head=data")
+    assert r.exit_code == 2
+    assert "'lm_head' shares its weights with 'wte' (tie) and takes its layout" in r.stderr
+    r = invoke(runner, "plan", *gpt2, "-p", "64", "--pin", "wte=model:4x16",
+               "--pin", "lm_head=data")
+    assert r.exit_code == 2 and "no layout is allowed for all of them" in r.stderr
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -126,7 +126,10 @@ def cost_signature(layer: Layer) -> tuple[object, ...]:
     return (layer.type, layer.input_shape, layer.output_shape, layer.params,
             layer.weight_elems, layer.conv, layer.pool, layer.linear, layer.attention,
             layer.embedding, layer.inputs == (-1,), layer.saves_input, layer.saves_output,
-            layer.saved_internal, layer.saved_bytes_extra)
+            layer.saved_internal, layer.saved_bytes_extra,
+            # an embedding's forward depends on whether a head shares its table (few
+            # embeddings: none shares another's costs)
+            layer.index if layer.embedding is not None else None)
 
 
 def _alpha_beta(ctx: Context, group: Group) -> tuple[float, float]:
@@ -195,7 +198,12 @@ def weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]
             _add(terms, term(ctx, "weight_grad", "all_reduce", col,
                              layer.weight_elems / layout.pr * e))
             return terms
-        fwd_op: Collective = "all_reduce" if layer.attention is not None else "all_gather"
+        # attention sums its heads' projections; an embedding whose table an output
+        # head shares is split by vocabulary rows, as the head splits it (Megatron's
+        # vocabulary-parallel embedding), and sums the rows each device looked up
+        tied_table = layer.embedding is not None and layer.index in ctx.network.ties
+        fwd_op: Collective = "all_reduce" if layer.attention is not None or tied_table \
+            else "all_gather"
         _add(terms, term(ctx, "forward", fwd_op, row, b * layer.out_elems * e))
         if _needs_input_grad(layer):
             _add(terms, term(ctx, "backward_data", "all_reduce", row, b * layer.in_elems * e))
