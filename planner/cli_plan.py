@@ -411,10 +411,10 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     ins = inputs_of(network, cluster, kw)
     check_output(output, ins)
     if plot:
+        check_output(plot, ins)  # an input named is refused first, whatever its suffix
         if os.path.splitext(plot)[1].lower() != ".png":
             raise click.BadParameter(f"{plot!r}: the plot is a PNG image; name the file "
                                      "*.png", param_hint="'--plot'")
-        check_output(plot, ins)
         if output not in (None, "-") and os.path.abspath(plot) == os.path.abspath(output):
             raise UsageError(f"planner: error: --plot and -o name the same file {plot}; "
                              "give them different names")
