@@ -258,6 +258,11 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
         pf.finish()
         if pf.ok and not peaks and len(issues) == before:
             f.error("peak_flops", "give at least one rate, e.g. fp32: '19.5 TFLOPS'")
+        elif pf.ok and "fp32" not in peaks and len(issues) == before:
+            # every other rate falls back to fp32; without it a float32 network was
+            # planned at the fastest rate given (fp16 tensor cores)
+            f.error("peak_flops", "give the fp32 rate too (e.g. fp32: '19.5 TFLOPS'): "
+                                  "dtypes without a rate of their own are timed at it")
     elif base is None:
         f.error(None, "missing required key 'peak_flops' in a device (e.g. {fp32: '19.5 "
                       "TFLOPS', bf16: '312 TFLOPS'})")
