@@ -146,10 +146,9 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         elif sf.has("pins"):
             strategy["pins"] = sf.req("pins", _pins)
             for i, text in enumerate(strategy["pins"] or []):
-                if gpus is None:
-                    break
                 try:  # as `check` parses them, so `validate` reports the same
-                    parse_pin(text, gpus, "gpus", "pin")
+                    if gpus is not None:
+                        parse_pin(text, gpus, "gpus", "pin")
                 except PlannerError as exc:
                     issues.append(Issue(f"{sf.at('pins')}[{i}]",
                                         str(exc).removeprefix("planner: error: ")))
@@ -334,13 +333,8 @@ def _strategy_assignment(cfg: TrainingConfig, net: Network) -> dict[int, Layout]
     if "grid" in cfg.strategy:
         grid = parse_grid(cfg.strategy["grid"], p, "gpus")  # checked when the config was loaded
         mode = cfg.strategy["mode"]
-    else:
-        for i, text in enumerate(cfg.strategy["pins"]):
-            try:
-                pins.append(parse_pin(text, p, "gpus", "pin"))
-            except PlannerError as exc:
-                raise _config_error(cfg, f"$.strategy.pins[{i}]", str(exc).removeprefix(
-                    "planner: error: ")) from None
+    else:  # checked when the config was loaded
+        pins = [parse_pin(text, p, "gpus", "pin") for text in cfg.strategy["pins"]]
     try:
         return fixed_assignment(net, p, b, cfg.cost_model == "gholami2018", grid, mode, pins,
                                 placement)
