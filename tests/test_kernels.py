@@ -288,10 +288,12 @@ def test_every_kernel_names_its_estimator(est):
 
 def test_out_of_range_falls_back_to_the_roofline(est):
     dev = lookup_device("V100-SXM2")
-    huge = Gemm(2**22, 2**22, 2**22)  # far beyond every measured dimension
+    # a 15 x 15 filter: beyond every measured filter, and no split shrinks a filter (a
+    # GEMM too large is always split: its rows, columns, batch and reduction all split)
+    huge = Conv(32, 64, 56, 56, 64, 15, 15, 1, 1, 7, 7)
     times = est.estimate([huge], dev, "float32")
     assert times.source == ("roofline (out of range)",)
-    floor = min(x.floor_s for x in est.models.get("gemm").members)  # a launch is not free
+    floor = min(x.floor_s for x in est.models.get("conv").members)  # a launch is not free
     np.testing.assert_allclose(times.seconds, roofline_seconds(
         np.array([huge.flops]), np.array([huge.bytes_moved(4)]), dev, "float32") + floor,
         rtol=1e-12)
@@ -426,11 +428,65 @@ def test_an_image_beyond_the_data_is_timed_on_bands_of_output_rows(est):
     assert 0.9 < t[0] / t[1] < 1.1
 
 
-def test_what_batch_scaling_cannot_bring_in_stays_on_the_roofline(est):
+def test_what_no_split_can_bring_in_stays_on_the_roofline(est):
     dev = lookup_device("H100-SXM")
-    # channels far beyond the data: no batch size makes this convolution answerable
-    wide = Conv(512, 65536, 14, 14, 64, 3, 3, 1, 1, 1, 1)
+    # a 15 x 15 filter (225 taps against the data's 100, answered to 200): neither the
+    # batch, the image nor the channels make this convolution answerable
+    wide = Conv(512, 64, 56, 56, 64, 15, 15, 1, 1, 7, 7)
     assert est.estimate([wide], dev, "float32").source == ("roofline (out of range)",)
+
+
+@pytest.mark.parametrize("phase", ["fwd", "bwd_data", "bwd_filter"])
+@pytest.mark.parametrize("dim", ["c", "k"])
+def test_channels_beyond_the_data_are_split_and_scaled(est, phase, dim):
+    # The data's widest convolution has 2,048 channels, answered to 4,096. A wider one is
+    # timed as the 4,096-channel part and scaled by the channels (a sum of partial
+    # convolutions, or independent ones): doubling the channels beyond the data doubles
+    # the time exactly. Before, it fell back to the roofline: the review found a
+    # bwd_filter pass predicted 7.6x faster for twice the input channels.
+    dev = lookup_device("H100-SXM")
+    t = []
+    for ch in (4096, 8192, 16384, 65536):
+        kw = {"c": 64, "k": 64, dim: ch}
+        k = Conv(16, kw["c"], 14, 14, kw["k"], 1, 1, phase=phase)
+        times = est.estimate([k], dev, "bfloat16")
+        label = f"mlp:conv_{phase}-bf16"
+        assert times.source[0] == (label if ch == 4096 else f"{label} (scaled)")
+        t.append(float(times.seconds[0]))
+    np.testing.assert_allclose(np.array(t[1:]) / t[0], [2.0, 4.0, 16.0], rtol=1e-12)
+
+
+def test_a_convolution_whose_filter_makes_its_gemm_too_wide_is_split_by_channels(est):
+    # 1,024 input channels of a 7 x 7 backward-filter pass: each channel count is in
+    # range but the implicit GEMM's C·R·S = 50,176 is beyond the answered 41,600 (2 x
+    # 20,800); the input channels are split until it is in, and the time scaled back
+    dev = lookup_device("V100-SXM2")
+    model = est.models.get("conv")
+    k = Conv(1, 1024, 8, 8, 512, 7, 7, 1, 1, 3, 3, phase="bwd_filter")
+    factor, part = scale_rows(model, conv_rows([k]), [k.op],
+                              DeviceSpecs.single(dev, "float32", 1))
+    # the most channels in range: 848 · 49 = 41,552 (849 · 49 = 41,601 is not)
+    assert part[0, 1] == 848 and part[0].tolist()[2:] == conv_rows([k])[0].tolist()[2:]
+    assert factor[0] == 1024 / 848
+    small = Conv(1, 848, 8, 8, 512, 7, 7, 1, 1, 3, 3, phase="bwd_filter")
+    t = est.estimate([k, small], dev, "float32")
+    assert t.source == ("mlp:conv_bwd_filter-fp32 (scaled)", "mlp:conv_bwd_filter-fp32")
+    np.testing.assert_allclose(t.seconds[0], 1024 / 848 * t.seconds[1], rtol=1e-12)
+
+
+def test_a_gemm_reduction_beyond_the_data_is_split(est):
+    # A weight gradient over 2 M tokens (K = 2^21 against the data's 500,000, answered
+    # to 1 M): timed as parts of the largest K answered and scaled; it was on the roofline
+    dev = lookup_device("H100-SXM")
+    model = est.models.get("gemm")
+    factor, part = scale_rows(model, np.array([[1024, 1024, 2 ** 21, 1]]), ["gemm"],
+                              DeviceSpecs.single(dev, "bfloat16", 1))
+    cap_k = 1_000_000  # twice the data's largest K, 500,000
+    assert part.tolist() == [[1024, 1024, cap_k, 1]] and factor[0] == 2 ** 21 / cap_k
+    big = Gemm(1024, 1024, 2 ** 21)
+    t = est.estimate([big, Gemm(1024, 1024, cap_k)], dev, "bfloat16")
+    assert t.source == ("mlp:gemm-bf16 (scaled)", "mlp:gemm-bf16")
+    np.testing.assert_allclose(t.seconds[0], 2 ** 21 / cap_k * t.seconds[1], rtol=1e-12)
 
 
 @pytest.mark.parametrize("device", ["T4", "A100-PCIe-40GB", "H100-SXM", "H200", "L4"])

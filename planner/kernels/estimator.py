@@ -90,6 +90,16 @@ BATCH_DIMS: dict[str, tuple[tuple[int, str], ...]] = {
     "conv": ((0, "log2_n"),),
     "gemm": ((0, "log2_m"), (1, "log2_n"), (3, "log2_batch")),
 }
+#: family → (column, feature) of the dimensions a kernel splits along into kernels of
+#: proportionally less work whose results are summed: a convolution's input channels
+#: (the reduction of its forward and backward-filter passes, the independent outputs of
+#: its backward-data pass) and output channels (the reverse), a GEMM's reduction ``k``.
+#: The partial sums cost an elementwise add over the output, which is left out: it is
+#: the output's bytes once per part, against the part's full kernel.
+SPLIT_DIMS: dict[str, tuple[tuple[int, str], ...]] = {
+    "conv": ((1, "log2_c"), (4, "log2_k")),
+    "gemm": ((2, "log2_k"),),
+}
 #: range-checked features that grow with those dimensions (the implicit-GEMM rows of a
 #: convolution's forward and backward-data pass and the reduction of its backward-filter
 #: pass are ``N·P·Q`` or ``N·H·W``)
@@ -98,15 +108,16 @@ _GROWING = ("log2_flops", "log2_bytes", "log2_gemm_m", "log2_gemm_k")
 
 def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
                spec: DeviceSpecs) -> tuple[FloatArray, IntArray]:
-    """(factor, part rows): each kernel's batch-like dimensions (:data:`BATCH_DIMS`)
-    reduced to the largest the model answers for (the training maximum widened by
-    :meth:`~.model.KernelModel.tolerance`), and further until the features that grow
-    with them (FLOPs, bytes, a convolution's implicit-GEMM sizes) are in range too (a
-    convolution's image is first cut into bands stacked into the batch,
-    :func:`_fold_images`; what is still too large is cut further, :func:`_split_rows`),
-    with the factor by which the work was reduced (1 where nothing was). Whether a part
-    is then in range is the model's call: a dimension that cannot be scaled (a
-    convolution's channels) may still be out of it."""
+    """(factor, part rows): each kernel's batch-like and reduction dimensions
+    (:data:`BATCH_DIMS`, :data:`SPLIT_DIMS`) reduced to the largest the model answers
+    for (the training maximum widened by :meth:`~.model.KernelModel.tolerance`), the
+    batch-like ones further until the features that grow with them (FLOPs, bytes, a
+    convolution's implicit-GEMM sizes) are in range too (a convolution's image is first
+    cut into bands stacked into the batch, :func:`_fold_images`; what is still too large
+    is cut further, :func:`_split_rows`), with the factor by which the work was reduced
+    (1 where nothing was). Whether a part is then in range is the model's call: a
+    feature no split changes (a convolution's filter size, groups, dilation) may still
+    be out of it."""
     first = model.first
     names = first.features
     cap = first.hi + first.tolerance()
@@ -115,7 +126,7 @@ def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
     if first.family == "conv":
         _fold_images(out, factor, first, cap)
     dims = BATCH_DIMS[first.family]
-    for col, feat in dims:
+    for col, feat in dims + SPLIT_DIMS[first.family]:
         part = np.minimum(out[:, col], max(int(np.floor(2.0 ** cap[names.index(feat)]
                                                         + 1e-6)), 1))
         factor *= out[:, col] / np.maximum(part, 1)
@@ -136,8 +147,53 @@ def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
         factor[over] *= old / new
         out[over, col] = new
     if first.family == "conv":
+        _split_channels(out, factor, ops, spec, first, cap)
         _split_rows(out, factor, ops, spec, first, cap)
     return factor, out
+
+
+#: features of a convolution's implicit GEMM that only its channels (and filter) drive:
+#: the forward pass's ``K`` and ``C·R·S``, the backward-data pass's ``C`` and ``K·R·S``,
+#: the backward-filter pass's ``C·R·S`` (its other sizes grow with the batch and image)
+_CHANNEL_GROWING = ("log2_gemm_n", "log2_gemm_k")
+
+
+def _split_channels(out: IntArray, factor: FloatArray, ops: Sequence[str], spec: DeviceSpecs,
+                    first: KernelModel, cap: FloatArray) -> None:
+    """Convolutions whose implicit-GEMM sizes are beyond the data once each channel count
+    is in range (1,024 input channels of a 7 × 7 backward-filter pass: ``C·R·S`` = 50,176
+    against 41,600 answered), timed on a part of their input or output channels
+    (:data:`SPLIT_DIMS`), whichever brings them furthest in, and scaled by the channels
+    left out: ``out`` and ``factor`` are updated in place."""
+    names = first.features
+    grow = [names.index(f) for f in _CHANNEL_GROWING if f in names]
+    for _ in range(6):
+        x, _, _ = features("conv", out, ops, spec)
+        excess = np.max(x[:, grow] - cap[grow], axis=1)
+        over = np.flatnonzero(np.isfinite(excess) & (excess > 0))
+        if not len(over):
+            return
+        best = excess[over].copy()
+        pick = np.full(len(over), -1)
+        parts = []
+        for j, (col, _) in enumerate(SPLIT_DIMS["conv"]):
+            trial = out[over].copy()
+            trial[:, col] = np.maximum(np.floor(trial[:, col] / 2.0 ** excess[over]), 1)
+            parts.append(trial[:, col])
+            xt, _, _ = features("conv", trial, [ops[i] for i in over.tolist()],
+                                spec.rows(over))
+            left = np.max(xt[:, grow] - cap[grow], axis=1)
+            better = left < best - 1e-9
+            best[better] = left[better]
+            pick[better] = j
+        moved = np.flatnonzero(pick >= 0)
+        if not len(moved):
+            return  # what is left over is not the channels' (the filter's size)
+        for i in moved.tolist():
+            col = SPLIT_DIMS["conv"][pick[i]][0]
+            row = over[i]
+            factor[row] *= out[row, col] / parts[pick[i]][i]
+            out[row, col] = parts[pick[i]][i]
 
 
 #: family → (column, feature) of the dimensions :func:`pad_rows` raises to the least the
@@ -470,8 +526,14 @@ def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Devi
             continue
         pick = miss[sel]
         k = len(pick)
-        t_part, _, ok_part = model.predict_raw(
-            sub[sel], [ops[i] for i in pick.tolist()], spec.rows(pick), names[:k], dts[:k])
+        part_ops = [ops[i] for i in pick.tolist()]
+        t_part, _, ok_part = model.predict_raw(sub[sel], part_ops, spec.rows(pick),
+                                               names[:k], dts[:k])
+        if scaled and not ok_part.all():
+            # a part too small in what the split left alone (4,096 channels of a 4 × 4
+            # image): each part padded, as a small kernel is, and the parts summed
+            _pad_parts(model, sub[sel], part_ops, spec.rows(pick), names[:k], dts[:k],
+                       t_part, ok_part)
         good = pick[ok_part]
         t[good] = (f[sel][ok_part] if scaled else 1.0) * t_part[ok_part]
         factor[good] = f[sel][ok_part]
@@ -479,5 +541,24 @@ def _time_rows(model: Ensemble, rows: IntArray, ops: Sequence[str], device: Devi
     return t, bound, factor, ok
 
 
-__all__ = ["BATCH_DIMS", "LearnedEstimator", "Prediction", "model_dtype", "pad_rows",
+def _pad_parts(model: Ensemble, parts: IntArray, ops: Sequence[str], spec: DeviceSpecs,
+               names: list[str], dts: list[str], t: FloatArray,
+               ok: NDArray[np.bool_]) -> None:
+    """Time the parts of scaled kernels the model does not answer for by padding them
+    (:func:`pad_rows`), updating ``t`` and ``ok`` in place."""
+    miss = np.flatnonzero(~ok)
+    f, padded = pad_rows(model, parts[miss], [ops[i] for i in miss.tolist()],
+                         spec.rows(miss))
+    sel = np.flatnonzero(f < 1.0)
+    if not len(sel):
+        return
+    pick = miss[sel]
+    k = len(pick)
+    t_pad, _, ok_pad = model.predict_raw(padded[sel], [ops[i] for i in pick.tolist()],
+                                         spec.rows(pick), names[:k], dts[:k])
+    t[pick[ok_pad]] = t_pad[ok_pad]
+    ok[pick[ok_pad]] = True
+
+
+__all__ = ["BATCH_DIMS", "SPLIT_DIMS", "LearnedEstimator", "Prediction", "model_dtype", "pad_rows",
            "scale_rows"]
