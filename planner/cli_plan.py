@@ -272,7 +272,7 @@ def plan_doc(q: Question, result: Any, objective: str, expand: bool) -> dict[str
     extra = {
         "objective": objective,
         "search": {"evaluated": result.explored, "chosen": result.best.name,
-                   "notes": result.notes},
+                   "lower_bound_s": result.lower_bound_s, "notes": result.notes},
         "placement": placement_record(ev, q.options.gpus, q.cluster.devices_per_node, expand),
         "baselines": rounded(bases, 4),
     }

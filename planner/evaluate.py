@@ -151,6 +151,26 @@ def evaluate(ctx: Context, options: Options, assignment: dict[int, Layout],
     """Evaluate layouts for every layer with weights (``assignment``: layer index →
     layout); layers without weights follow the distribution they receive."""
     cache = cache if cache is not None else EvalCache()
+    results = _layer_results(ctx, assignment, cache)
+    memory = memory_report(ctx, options, results)
+    return _timeline(ctx, options, results, memory, cache)
+
+
+def time_and_comm(ctx: Context, options: Options, assignment: dict[int, Layout],
+                  cache: EvalCache) -> tuple[float, float]:
+    """``(time_s, comm_s)`` of :func:`evaluate` without its memory report (a local
+    search ranks many assignments and reports few)."""
+    results = _layer_results(ctx, assignment, cache)
+    ev = _timeline(ctx, options, results, _UNREPORTED, cache)
+    return ev.time_s, ev.comm_s
+
+
+#: stands in for the memory report where only times are wanted (never shown)
+_UNREPORTED = MemoryReport(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def _layer_results(ctx: Context, assignment: dict[int, Layout],
+                   cache: EvalCache) -> list[LayerResult]:
     net = ctx.network
     results: list[LayerResult] = []
     first = next((layer for layer in net.layers if layer.has_weights), None)
@@ -217,8 +237,7 @@ def evaluate(ctx: Context, options: Options, assignment: dict[int, Layout],
         results.append(LayerResult(layer, current[0], current[1], cost, dist_in=fhit[1],
                                    dist_out=fhit[2]))
         out_dist[layer.index] = fhit[2]
-    memory = memory_report(ctx, options, results)
-    return _timeline(ctx, options, results, memory, cache)
+    return results
 
 
 def _local_elems(elems: int, dist: Dist | None, batch: int) -> float:

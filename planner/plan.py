@@ -173,6 +173,11 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     head.append(f"{format_time(it['time_s'])}  (compute {format_time(it['compute_s'])}, "
                 f"communication {format_time(it['comm_s'])}, exposed "
                 f"{format_time(it['exposed_comm_s'])}; {it['samples_per_s']:.4g} samples/s)\n")
+    low = doc.get("search", {}).get("lower_bound_s")
+    if low:
+        head.append("lower bound ", style="bold")
+        head.append(f"{format_time(low)}  (no layouts are faster: compute and critical-path "
+                    "communication, gradients hidden)\n")
     fits = "fits" if mem["fits"] else "DOES NOT FIT"
     head.append("memory ", style="bold")
     head.append(f"{format_bytes(mem['peak_bytes'])} of {format_bytes(mem['capacity_bytes'])} "

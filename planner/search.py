@@ -20,7 +20,9 @@ layers (gradient all-reduces queue on one channel behind the backward pass). The
 then solves the additive problem for weights ``κ`` of the gradient term (1: no hiding,
 0: perfect hiding; and 0.5, 0.25 when those two disagree), scores each answer with the
 real timeline
-(:mod:`planner.evaluate`) and keeps the best. Memory per device is a constraint: when
+(:mod:`planner.evaluate`) and keeps the best, which a local search on the timeline then
+improves one layer at a time (:func:`improve`); the optimum at κ = 0 is a lower bound on
+every assignment's time, recorded in the plan. Memory per device is a constraint: when
 the optimum does not fit, a Lagrangian weight on each layer's memory is raised (by
 bisection) until the answer fits. The baselines (pure data, pure model, the best single
 grid, Gholami's scheme) are scored the same way, and the plan returned is never slower
@@ -50,7 +52,7 @@ from .costs.layer import (
 )
 from .costs.memory import param_bytes
 from .errors import NoFeasiblePlan, Shortfall, UsageError
-from .evaluate import EvalCache, Evaluation, Options, evaluate
+from .evaluate import EvalCache, Evaluation, Options, evaluate, time_and_comm
 from .layout import Dist, Layout, divisors, make_layout
 from .network import Layer
 from .ops import Elementwise, Kernel
@@ -650,6 +652,9 @@ class SearchResult:
     objective: str
     explored: int = 0
     notes: list[str] = field(default_factory=list)
+    #: no assignment is faster: the critical path's least (``overlap: gradients``,
+    #: objective time; None otherwise)
+    lower_bound_s: float | None = None
 
 
 def _assign(space: Space, choose: Any) -> dict[int, Layout] | str:
@@ -796,7 +801,11 @@ def search(ctx: Context, options: Options, objective: str = "time",
         cands.append(cand)
         return cand
 
-    answers = [solve(space, w)[1] for w in variants]
+    solved = [solve(space, w) for w in variants]
+    answers = [a for _, a in solved]
+    # with gradients overlapped, no assignment takes less than its critical path: the
+    # compute and activation traffic, the dynamic program's objective at κ = 0
+    lower = solved[1][0] if objective == "time" and len(solved) == 2 else None
     for a in answers:
         consider("search", a)
     if len(answers) == 2 and answers[0] != answers[1]:
@@ -816,9 +825,85 @@ def search(ctx: Context, options: Options, objective: str = "time",
     if not pool:
         raise _no_plan(space, cands, bases)
     best = min(pool, key=lambda c: (c.score(objective), c.name != "search", c.name))
+    moves = 0
+    if options.overlap != "none":
+        better, moves = improve(space, best, objective, lower)
+        if better is not best:
+            consider("search", better.assignment)
+            best = better
+            notes.append("a local search on the overlapped timeline improved the dynamic "
+                         "program's plan")
     if best.name != "search":
         notes.append(f"the {best.name} baseline was best; the plan uses it")
-    return SearchResult(best, bases, objective, len(cands), notes)
+    return SearchResult(best, bases, objective, len(cands) + moves, notes, lower)
+
+
+#: how much evaluation the local search may spend: layers evaluated in all (a network of
+#: 20 layers may try 500 assignments, one of 1,000 layers 10)
+LOCAL_BUDGET = 10_000
+#: the local search is skipped when the plan is this close to the lower bound (relative)
+LOCAL_GAP = 1e-2
+
+
+def improve(space: Space, start: Candidate, objective: str,
+            lower: float | None) -> tuple[Candidate, int]:
+    """Improve a plan on the real timeline by changing one layer's layout at a time
+    (layers that share a weight together), keeping a change when the plan still fits and
+    scores better, until no change helps or :data:`LOCAL_BUDGET` is spent.
+
+    Under ``overlap: gradients`` the dynamic program's additive objective cannot see
+    what the timeline does with gradient buckets (a bucket leaves when its last gradient
+    is ready; layers in another process group start another bucket), so it is solved for
+    a few fixed weights of the gradient term and the best answer scored. This pass
+    starts from that answer. It is skipped when the plan is within :data:`LOCAL_GAP` of
+    ``lower`` (no assignment is faster than its compute and activation traffic). Passes
+    visit the layers from the output back, then forward, alternating, each layer's
+    layouts in order of their own cost with the gradient term halved; every order is
+    fixed, so the result is deterministic. Returns the best candidate (``start``
+    itself if nothing helped) and the assignments evaluated."""
+    if not start.evaluation.memory.fits:
+        return start, 0
+    best, score = start, start.score(objective)
+    if lower is not None and score - lower <= LOCAL_GAP * score:
+        return start, 0
+    ctx, options = space.ctx, space.options
+    tied = {i for g in space.ties for i in g}
+    groups = [*space.ties, *((i,) for i, lays in space.candidates.items()
+                             if i not in tied and len(lays) > 1)]
+    half = Weights(gradient=0.5)
+    order: dict[tuple[int, ...], list[Layout]] = {}
+    for g in groups:
+        own = space.weighted_own(space.layers[g[0]], half)
+        lays = space.candidates[g[0]]
+        order[g] = [lays[j] for j in sorted(range(len(lays)), key=lambda j: (own[j], j))]
+    budget = LOCAL_BUDGET // max(len(space.layers), 1)
+    spent = 0
+    # passes alternate direction, from the output back first (the order in which the
+    # backward pass readies gradients), until a pass each way changes nothing
+    groups.sort(key=lambda g: -g[0])
+    quiet = 0
+    while quiet < 2 and spent < budget:
+        improved = False
+        for g in groups:
+            current = best.assignment[g[0]]
+            for lay in order[g]:
+                if lay == current:
+                    continue
+                if spent >= budget:
+                    break
+                trial = dict(best.assignment)
+                for i in g:
+                    trial[i] = lay
+                spent += 1
+                time_s, comm_s = time_and_comm(ctx, options, trial, space.cache)
+                if (comm_s if objective == "comm" else time_s) >= score * (1 - 1e-9):
+                    continue
+                cand = Candidate("search", trial, evaluate(ctx, options, trial, space.cache))
+                if cand.evaluation.memory.fits:
+                    best, score, improved = cand, cand.score(objective), True
+        quiet = 0 if improved else quiet + 1
+        groups.reverse()
+    return best, spent
 
 
 def _fit_memory(space: Space, base: Weights, consider: Any) -> list[Candidate]:
