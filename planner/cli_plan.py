@@ -400,7 +400,7 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     """Plan for every combination of device counts and batch sizes."""
     import time
 
-    from .errors import NoFeasiblePlan, PlannerError
+    from .errors import NoFeasiblePlan
 
     gpus_values = _int_list(gpus_list, "--gpus", MAX_GPUS)
     batch_values = _int_list(batch_list, "--batch", MAX_BATCH)
@@ -418,6 +418,18 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
         if output not in (None, "-") and os.path.abspath(plot) == os.path.abspath(output):
             raise UsageError(f"planner: error: --plot and -o name the same file {plot}; "
                              "give them different names")
+    from .inputs import load_cluster
+
+    cl = load_cluster(cluster)  # a device count the cluster cannot hold is asked wrongly
+    limit = cl.max_devices()
+    beyond = [p for p in gpus_values if limit is not None and p > limit]
+    if beyond:
+        raise UsageError(
+            f"planner: error: --gpus {', '.join(map(str, beyond))} "
+            f"{'is' if len(beyond) == 1 else 'are'} more than the cluster has "
+            f"({cl.nodes} node{'s' if cl.nodes != 1 else ''} × {cl.devices_per_node} = "
+            f"{limit}); drop {'it' if len(beyond) == 1 else 'them'} from the sweep, or raise "
+            "'nodes' in the cluster file or remove it")
     rows: list[dict[str, Any]] = []
     combos = [(b, p) for b in batch_values for p in gpus_values]
     start = time.monotonic()
@@ -450,12 +462,6 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                 rows.append(row)
             except NoFeasiblePlan as exc:
                 rows.append({"gpus": p, "batch": b, "feasible": False, "reason": str(exc)})
-            except PlannerError as exc:
-                if "more than the cluster has" in str(exc):
-                    rows.append({"gpus": p, "batch": b, "feasible": False,
-                                 "reason": str(exc)})
-                else:
-                    raise
             if progress is not None and task is not None:
                 progress.update(task, completed=i + 1)
     finally:

@@ -271,8 +271,8 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
                     halo = sum(layer.halo_forward)
                     size *= (rows + halo) / rows
                 kept[key] = size
-        if layer.saves_output:
-            key = (net.storage_of(layer.index), r.dist_out)
+        if layer.saves_output or layer.index == len(net.layers) - 1:  # the loss keeps
+            key = (net.storage_of(layer.index), r.dist_out)         # the network's output
             kept.setdefault(key, _local_elems(layer.out_elems, r.dist_out, batch) * e)
         extra = _local_elems(layer.saved_internal, r.dist_in, batch) * e
         if layer.has_weights and r.layout.mode == "model":

@@ -468,6 +468,10 @@ class Network:
                     kept[self.storage_of(src)] = size
             if layer.saves_output:
                 kept[self.storage_of(layer.index)] = layer.out_elems
+        # the loss keeps the network's output for backward (softmax cross-entropy keeps
+        # its probabilities: GPT-2's logits, 50,257 a token, or a segmentation's map)
+        last = self.layers[-1]
+        kept.setdefault(self.storage_of(last.index), last.out_elems)
         return kept
 
     def activation_bytes(self, layer: Layer) -> int:

@@ -290,6 +290,17 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, options: Options,
                                                f"{' and others' if len(missing) > 1 else ''}",
                                 "$.strategy.plan"))
         return None
+    for owner, tied in net.ties.items():
+        for t in tied:
+            if t in assignment and assignment[t] != assignment[owner]:
+                findings.append(Finding(
+                    "plan", False,
+                    f"layer '{net.layers[t].name}' shares its weights with "
+                    f"'{net.layers[owner].name}' (tie), so one layout serves both, but the "
+                    f"plan gives it {assignment[t].label()} and '{net.layers[owner].name}' "
+                    f"{assignment[owner].label()} (a plan made before ties kept one layout; "
+                    "re-run `planner plan` and commit the new plan)", "$.strategy.plan"))
+                return None
     findings.append(Finding("plan", True, "the plan matches its network, cluster and question",
                             "$.strategy.plan"))
     return assignment

@@ -332,3 +332,26 @@ def test_malformed_plans_are_input_errors(runner, tmp_path, old, new, said):
         r = invoke(runner, *args)
         assert r.exit_code == 2, (args, r.stdout, r.stderr)
         assert r.stderr.startswith(f"{bad}:") and said in r.stderr, (args, r.stderr)
+
+
+def test_a_plan_that_parts_tied_layers_fails(runner, tmp_path):
+    """A plan made before tied layers kept one layout could give GPT-2's lm_head another
+    layout than the wte table it shares: check says so (exit 1) rather than pass it."""
+    plan = tmp_path / "plans" / "gpt2.yaml"
+    plan.parent.mkdir()
+    gpt2 = [EXAMPLES / "networks/gpt2-small.yaml", EXAMPLES / "clusters/dgx-h100.yaml"]
+    assert invoke(runner, "plan", *gpt2, "-p", "64", "-b", "64", "-o", plan).exit_code == 0
+    cfg = tmp_path / "ci" / "c.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(f"kind: training\nnetwork: {gpt2[0]}\ncluster: {gpt2[1]}\ngpus: 64\n"
+                   "batch: 64\nstrategy: {plan: ../plans/gpt2.yaml}\n")
+    assert invoke(runner, "check", cfg).exit_code == 0
+    text = plan.read_text()
+    head = "- name: lm_head\n  type: linear\n  mode: data\n  grid: [1, 64]\n"
+    assert text.count(head) == 1
+    plan.write_text(text.replace(head, head.replace("mode: data\n  grid: [1, 64]",
+                                                    "mode: model\n  grid: [4, 16]")))
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 1
+    assert ("layer 'lm_head' shares its weights with 'wte' (tie), so one layout serves both, "
+            "but the plan gives it model 4x16 and 'wte' data 1x64") in result.stdout

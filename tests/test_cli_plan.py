@@ -114,12 +114,21 @@ def test_compare(runner):
 
 def test_sweep_table_json_and_plot(runner, tmp_path):
     png = tmp_path / "sweep.png"
-    result = invoke(runner, "sweep", ALEX, DGX, "--gpus", "8,16,4096", "--batch", "256,1024",
+    # a device count beyond the cluster (128 nodes of 8) is an error, as it is for plan,
+    # before anything is planned or written
+    result = invoke(runner, "sweep", ALEX, DGX, "--gpus", "8,2048,4096", "--batch", "256",
+                    "-o", tmp_path / "out.json", "--plot", png)
+    assert result.exit_code == 2 and not png.exists() and not (tmp_path / "out.json").exists()
+    assert result.stderr == (
+        "planner: error: --gpus 2048, 4096 are more than the cluster has (128 nodes × 8 = "
+        "1024); drop them from the sweep, or raise 'nodes' in the cluster file or remove "
+        "it\n")
+    result = invoke(runner, "sweep", ALEX, DGX, "--gpus", "8,16,1024", "--batch", "256,1024",
                     "--format", "json", "--plot", png, "--estimator", "roofline")
     assert result.exit_code == 0, result.stderr
     rows = json.loads(result.stdout)["results"]
     assert [(r["gpus"], r["batch"]) for r in rows] == [
-        (8, 256), (16, 256), (4096, 256), (8, 1024), (16, 1024), (4096, 1024)]
+        (8, 256), (16, 256), (1024, 256), (8, 1024), (16, 1024), (1024, 1024)]
     assert all(r["feasible"] for r in rows if r["gpus"] <= 16)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = invoke(runner, "sweep", ALEX, DGX, "-p", "8,16", "-b", "256",

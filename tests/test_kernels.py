@@ -1163,6 +1163,29 @@ def test_eval_unrecognised_header_exits_2(runner, tmp_path):
     assert r.stderr.startswith(f"{bad}:1:1: error: unrecognised CSV header")
 
 
+def test_eval_refuses_what_it_would_have_to_guess_at(runner, tmp_path):
+    # a header naming a column twice (which copy is the time?), a time no kernel takes
+    # (1e300 ms), the same file named twice (its rows would count twice): exit 2, located
+    twice = tmp_path / "twice.csv"
+    twice.write_text("gpu,precision,M,N,K,time_ms,time_ms\nTesla T4,fp32,16,16,16,0.01,5\n")
+    r = invoke(runner, "kernels", "eval", twice)
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"{twice}:1:29: error: column 'time_ms' appears twice in the "
+                               "header; keep one")
+    huge = tmp_path / "huge.csv"
+    huge.write_text("gpu,precision,M,N,K,time_ms\nTesla T4,fp32,16,16,16,1e300\n")
+    r = invoke(runner, "kernels", "eval", huge)
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"{huge}:2:24: error: expected a positive time in milliseconds "
+                               "up to 1,000,000 (one kernel), got '1e300'")
+    good = tmp_path / "good.csv"
+    good.write_text("gpu,precision,M,N,K,time_ms\nTesla T4,fp32,64,64,64,0.01\n")
+    assert invoke(runner, "kernels", "eval", good).exit_code == 0
+    r = invoke(runner, "kernels", "eval", good, str(tmp_path / "." / "good.csv"))
+    assert r.exit_code == 2
+    assert "good.csv:1:1: error: this file is named twice; name it once" in r.stderr
+
+
 def test_predict_json(runner):
     r = invoke(runner, "kernels", "predict", "--device", "H100", "--gemm", "4096,4096,4096",
                "--dtype", "bf16", "--format", "json")

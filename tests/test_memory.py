@@ -38,13 +38,14 @@ def test_mlp_data_parallel_by_hand():
     m = ev.memory
     params = 1000 * 1000 + 1000 + 1000 * 10 + 10
     assert (m.weights, m.gradients, m.optimizer) == (params * 4, params * 4, params * 4)
-    # fc1 keeps its input, relu1 its output (which fc2 keeps too): 2 tensors of 16×1000
-    assert m.activations == 2 * 16 * 1000 * 4
+    # fc1 keeps its input, relu1 its output (which fc2 keeps too): 2 tensors of 16×1000;
+    # the loss keeps the network's output, 16×10
+    assert m.activations == 2 * 16 * 1000 * 4 + 16 * 10 * 4
     # busiest layer in backward: fc1 or relu1, ΔY and ΔX of 16×1000 each
     assert m.workspace == 2 * 16 * 1000 * 4
     # largest message: fc1's gradient all-reduce
     assert m.comm_buffers == (1000 * 1000 + 1000) * 4
-    assert m.peak == pytest.approx(12 * params + 2 * 64000 + 128000 + 4004000)
+    assert m.peak == pytest.approx(12 * params + 2 * 64000 + 640 + 128000 + 4004000)
 
 
 def test_model_split_shards_parameters():
@@ -92,3 +93,16 @@ def test_does_not_fit_is_reported():
     ev2 = _eval(net, small, {lay.index: make_layout("model", 2, 1) for lay in net.layers
                              if lay.has_weights}, 2, 8)
     assert ev2.memory.weights == pytest.approx(ev.memory.weights / 2, rel=1e-4)
+
+
+def test_the_loss_keeps_the_networks_output():
+    # GPT-2's logits: softmax cross-entropy keeps them for backward (log-softmax's
+    # output, as test_memory_torch checks against autograd), 1,024 tokens × 50,257
+    # classes a sample, 8 samples a device: 1.53 GiB in float32, which plans missed
+    net = load_network(NETWORKS / "gpt2-small.yaml")
+    cl = load_cluster(CLUSTERS / "dgx-h100.yaml")
+    ev = _eval(net, cl, {lay.index: make_layout("data", 1, 8) for lay in net.layers
+                         if lay.has_weights}, 8, 64)
+    head = next(r for r in ev.layers if r.layer.name == "lm_head")
+    assert head.layer.index == len(net.layers) - 1 and head.layer.saved_internal == 0
+    assert head.activation_bytes == 8 * 1024 * 50257 * 4

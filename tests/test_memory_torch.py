@@ -1,9 +1,9 @@
 """The activation memory the planner predicts is what PyTorch's autograd really keeps.
 
 Builds small networks in PyTorch (the ``torch`` extra, CPU), runs a forward pass under
-``torch.autograd.graph.saved_tensors_hooks`` and counts the bytes of every distinct
-tensor autograd saves for backward, parameters excluded; compares with
-``Network.saved_tensors`` and each layer's masks and indices."""
+``torch.autograd.graph.saved_tensors_hooks`` and a cross-entropy loss, and counts the
+bytes of every distinct tensor autograd saves for backward, parameters excluded; compares
+with ``Network.saved_tensors`` and each layer's masks and indices."""
 
 from __future__ import annotations
 
@@ -30,7 +30,10 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x.requires_grad_(False))
+        out = model(x.requires_grad_(False))
+        # the loss, as in training: log-softmax keeps its output for backward (the
+        # planner counts the network's output once for it)
+        nn.functional.cross_entropy(out, torch.zeros(out.shape[0], dtype=torch.long))
     return sum(seen.values())
 
 

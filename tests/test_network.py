@@ -125,8 +125,9 @@ layers:
   - {name: c2, type: conv2d, out_channels: 4, kernel: 3, padding: 1}
 """)
     kept = net.saved_tensors()
-    # c1 keeps the input, r1 keeps its output, c2 keeps the same tensor as its input
-    assert kept == {-1: 256, 1: 256}
+    # c1 keeps the input, r1 keeps its output, c2 keeps the same tensor as its input;
+    # the loss keeps the network's output, c2's
+    assert kept == {-1: 256, 1: 256, 2: 256}
 
 
 def test_gqa_parameters():

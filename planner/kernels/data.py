@@ -69,6 +69,9 @@ CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
 HARNESSES = ("neusight", "deepbench", "profile")
 HOLDOUT_PERCENT = 30
 MAX_CSV_BYTES = 64 * 2**20
+#: the longest time a row may give for one kernel (1,000 s; the data's longest is 12 s,
+#: a NeuSight GEMM)
+MAX_KERNEL_MS = 1e6
 
 #: sha256 of NeuSight's own measurement runs as copied into ``models/data/neusight``.
 #: Their rows carry the nuisances of those runs (the drift along the conv sweep, the
@@ -272,8 +275,9 @@ class _Reader:
         except ValueError:
             self.error(name, f"expected a time in milliseconds, got {text!r}")
             return None
-        if not np.isfinite(value) or value <= 0:
-            self.error(name, f"expected a positive time in milliseconds, got {text!r}")
+        if not np.isfinite(value) or value <= 0 or value > MAX_KERNEL_MS:
+            self.error(name, f"expected a positive time in milliseconds up to "
+                             f"{MAX_KERNEL_MS:,.0f} (one kernel), got {text!r}")
             return None
         return value * 1e-3
 
@@ -344,6 +348,15 @@ def parse_csv(text: str, display: str) -> Dataset:
                                   "$")]) from None
     except csv.Error as exc:
         raise InputError([Located(display, 1, 1, f"not valid CSV: {exc}", "$")]) from None
+    seen: set[str] = set()
+    for i, name in enumerate(header):
+        if name in seen:  # which copy a row's value came from would be a guess
+            first = text.splitlines()[0]
+            col = len(",".join(first.split(",")[:i])) + 2 if i else 1
+            raise InputError([Located(
+                display, 1, col, f"column {name!r} appears twice in the header; keep one",
+                "$", first[:160])])
+        seen.add(name)
     layout = detect_layout(header)
     if layout is None:
         want = "; ".join(f"{name}: {', '.join(cols)}" for name, cols in LAYOUTS.items())
@@ -510,7 +523,14 @@ def read_files(paths: Iterable[str | Path]) -> Dataset:
     """Read several CSV files into one dataset; all files' problems are reported at once."""
     out = Dataset()
     problems: list[Located] = []
+    given: set[Path] = set()
     for p in paths:
+        where = Path(p).resolve()
+        if where in given:  # its rows would count twice in the fit and the errors
+            problems.append(Located(str(p), 1, 1, "this file is named twice; name it once",
+                                    "$"))
+            continue
+        given.add(where)
         try:
             ds = read_csv(p)
         except InputError as exc:
