@@ -49,6 +49,24 @@ class Finite(click.FloatRange):
         return out
 
 
+def plain_whole(text: str) -> bool:
+    """Whether ``text`` is a whole number as a person types it: ASCII digits with an
+    optional sign (Python's ``int`` also takes ``1_000`` and full-width digits)."""
+    import re
+
+    return re.fullmatch(r"\s*[+-]?[0-9]+\s*", text) is not None
+
+
+class Whole(click.IntRange):
+    """An integer range that takes ASCII digits only (see :func:`plain_whole`)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not plain_whole(value):
+            self.fail(f"{value!r} is not a whole number (digits 0-9)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class PlannerGroup(click.Group):
     """A click group that turns planner errors into messages and exit codes."""
 
@@ -311,7 +329,7 @@ def _describe(kind: str, obj: Any) -> str:
 
 @cli.command()
 @click.argument("network", type=click.Path(dir_okay=True))
-@click.option("--batch", "-b", type=click.IntRange(1, 2**40), default=1, show_default=True,
+@click.option("--batch", "-b", type=Whole(1, 2**40), default=1, show_default=True,
               help="Batch size for the product shapes (counts stay per sample).")
 @format_option
 @output_option

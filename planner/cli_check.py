@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from .cli import Finite, emit, output_option
+from .cli import Finite, Whole, emit, output_option
 from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError
 
 
@@ -82,7 +82,7 @@ def _estimator_for(cfg: Any, name: str, make: Any) -> Any:
 @click.option("--script", default="train.py", show_default=True,
               help="The training program each rank runs (it reads the plan: see "
                    "examples/launch/).")
-@click.option("--master-port", type=click.IntRange(1, 65535), default=29500,
+@click.option("--master-port", type=Whole(1, 65535), default=29500,
               show_default=True, help="Rendezvous port.")
 @output_option
 def launch(plan_file: str, kind: str, script: str, master_port: int,

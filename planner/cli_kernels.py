@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .cli import Finite, check_output, emit, render_data
+from .cli import Finite, Whole, check_output, emit, render_data
 from .errors import UsageError, printable
 
 TABLE_JSON = ("table", "json")
@@ -66,13 +66,13 @@ def kernels() -> None:
               help="Directory to write manifest.yaml and the weights into.")
 @click.option("--leave-out", multiple=True, metavar="DEVICE",
               help="Fit without any row of this GPU (repeatable): leave-one-GPU-out.")
-@click.option("--max-iter", type=click.IntRange(1, 100_000), default=None,
+@click.option("--max-iter", type=Whole(1, 100_000), default=None,
               help="L-BFGS iterations per model (default 1000).")
-@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
+@click.option("--seed", type=Whole(0, 2**32 - 1), default=0, show_default=True,
               help="Weight init seed.")
 @click.option("--only", type=click.Choice(("gemm", "conv")), default=None,
               help="Fit one family only (GEMM and bmm, or the convolution passes).")
-@click.option("--members", type=click.IntRange(1, 64), default=None,
+@click.option("--members", type=Whole(1, 64), default=None,
               help="Networks per family, averaged (default: 1 for GEMM, 5 for "
                    "convolutions; more cost fit time, not accuracy on plenty of shapes).")
 @click.option("--hidden", callback=_widths, default=None, metavar="W[,W...]",
@@ -315,7 +315,7 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
 @click.option("--dtype", type=click.Choice(("float32", "float16", "bfloat16")),
               default="float32", show_default=True)
 @click.option("--quick", is_flag=True, help="A small sweep (seconds; for trying it out).")
-@click.option("--repeats", type=click.IntRange(1, 100_000), default=None,
+@click.option("--repeats", type=Whole(1, 100_000), default=None,
               help="Timed calls per shape (default 50 on a GPU, 3 on a CPU).")
 @click.option("--name", default=None, help="Device name written to the CSV (default: what "
               "PyTorch reports); must be a catalog name or alias for fit/eval.")

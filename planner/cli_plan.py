@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .cli import check_output, format_option, output_option, render_data
+from .cli import Whole, check_output, format_option, output_option, plain_whole, render_data
 from .errors import UsageError
 
 ESTIMATORS = ("auto", "roofline", "learned")
@@ -160,9 +160,9 @@ def nodes_used(q: Question) -> int:
 
 
 MAX_GPUS, MAX_BATCH = 2**30, 2**40
-gpus_option = click.option("--gpus", "-p", type=click.IntRange(1, MAX_GPUS), required=True,
+gpus_option = click.option("--gpus", "-p", type=Whole(1, MAX_GPUS), required=True,
                            help="Number of devices P.")
-batch_option = click.option("--batch", "-b", type=click.IntRange(1, MAX_BATCH), required=True,
+batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=True,
                             help="Global batch size B (samples per iteration).")
 
 
@@ -370,7 +370,10 @@ def _int_list(value: str, option: str, maximum: int) -> list[int]:
     """Comma-separated integers in ``[1, maximum]`` (the bounds of ``plan``'s option)."""
     hint = f"'{option}'"
     try:
-        items = [int(x) for x in value.split(",") if x.strip()]
+        parts = [x for x in value.split(",") if x.strip()]
+        if not all(plain_whole(x) for x in parts):
+            raise ValueError(value)
+        items = [int(x) for x in parts]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}",
                                  param_hint=hint) from None

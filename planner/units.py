@@ -13,8 +13,8 @@ frequency      ``"1980 MHz"``, ``"1.4 GHz"``                                 Hz
 power          ``"700 W"``, ``"0.7 kW"``                                     W
 =============  ===========================================================  ==========
 
-Decimal prefixes (k, M, G, T, P) are powers of 1000 and binary ones (Ki, Mi, Gi, Ti)
-powers of 1024. A lowercase ``b`` or ``bit`` means bits, an uppercase ``B`` bytes.
+Decimal prefixes (k, M, G, T, P, E) are powers of 1000 and binary ones (Ki, Mi, Gi, Ti,
+Pi, Ei) powers of 1024. A lowercase ``b`` or ``bit`` means bits, an uppercase ``B`` bytes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Literal
 Kind = Literal["time", "bytes", "bandwidth", "flop_rate", "frequency", "power", "number"]
 
 _DEC = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-_BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+_BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
 
 _EXAMPLE = {
     "time": "'2 us'",
@@ -154,8 +154,8 @@ def format_si(value: float, unit: str, digits: int = 4) -> str:
 def format_bytes(value: float, digits: int = 4) -> str:
     """Format a byte count with binary prefixes, e.g. ``'80 GiB'``."""
     mag = abs(value)
-    for scale, p in ((2.0**50, "PiB"), (2.0**40, "TiB"), (2.0**30, "GiB"), (2.0**20, "MiB"),
-                     (2.0**10, "KiB")):
+    for scale, p in ((2.0**60, "EiB"), (2.0**50, "PiB"), (2.0**40, "TiB"), (2.0**30, "GiB"),
+                     (2.0**20, "MiB"), (2.0**10, "KiB")):
         if mag >= scale:
             return f"{value / scale:.{digits}g} {p}"
     return f"{value:.{digits}g} B"

@@ -228,3 +228,18 @@ def test_plan_pin_shadowed_by_an_earlier_pin(runner):
     assert result.stderr == ("planner: error: --pin 'fc7=data' matches only layers an "
                              "earlier pin sets (fc7 by 'fc*=model'); the first pin that "
                              "matches a layer wins: put the narrower pin first\n")
+
+
+def test_counts_are_plain_digits(runner):
+    # Python's int() takes "1_000" and full-width digits; a count is typed in 0-9
+    for args, said in (
+            (("plan", ALEX, DGX, "-p", "1_000", "-b", "64"),
+             "Invalid value for '--gpus' / '-p': '1_000' is not a whole number (digits 0-9)"),
+            (("plan", ALEX, DGX, "-p", "8", "-b", "６４"),
+             "Invalid value for '--batch' / '-b': '６４' is not a whole number (digits 0-9)"),
+            (("sweep", ALEX, DGX, "-p", "8,1_6", "-b", "64"),
+             "Invalid value for '--gpus': expected comma-separated integers, got '8,1_6'")):
+        r = invoke(runner, *args)
+        assert r.exit_code == 2 and said in r.stderr, r.stderr
+    r = invoke(runner, "plan", ALEX, DGX, "-p", " 8", "-b", "+64", "--estimator", "roofline")
+    assert r.exit_code == 0, r.stderr

@@ -23,6 +23,8 @@ from planner.units import UnitError, format_bytes, format_si, parse_quantity
         ("80 GiB", "bytes", 80 * 2**30),
         ("80 GB", "bytes", 80e9),
         ("512 KiB", "bytes", 512 * 1024),
+        ("1 EiB", "bytes", 2**60),
+        ("2 EB", "bytes", 2e18),
         ("989 TFLOPS", "flop_rate", 989e12),
         ("67 TFLOP/s", "flop_rate", 67e12),
         ("1980 MHz", "frequency", 1.98e9),
@@ -67,4 +69,5 @@ def test_format():
     assert format_si(6e9, "B/s") == "6 GB/s"
     assert format_si(2e-6, "s") == "2 µs"
     assert format_bytes(80 * 2**30) == "80 GiB"
+    assert format_bytes(3 * 2**60) == "3 EiB" and format_bytes(2**59) == "512 PiB"
     assert format_bytes(12) == "12 B"
