@@ -136,9 +136,7 @@ def scale_rows(model: Ensemble, rows: IntArray, ops: Sequence[str],
     grow = [names.index(f) for f in _GROWING if f in names]
     cols = np.array([c for c, _ in dims])
     for _ in range(6):
-        x, _, _ = features(first.family, out, ops, spec)
-        excess = np.max(x[:, grow] - cap[grow], axis=1)
-        over = np.flatnonzero(np.isfinite(excess) & (excess > 0))
+        excess, over = _excess(first.family, out, ops, spec, grow, cap)
         if not len(over):
             break
         col = cols[np.argmax(out[over][:, cols], axis=1)]
@@ -168,9 +166,7 @@ def _split_channels(out: IntArray, factor: FloatArray, ops: Sequence[str], spec:
     names = first.features
     grow = [names.index(f) for f in _CHANNEL_GROWING if f in names]
     for _ in range(6):
-        x, _, _ = features("conv", out, ops, spec)
-        excess = np.max(x[:, grow] - cap[grow], axis=1)
-        over = np.flatnonzero(np.isfinite(excess) & (excess > 0))
+        excess, over = _excess("conv", out, ops, spec, grow, cap)
         if not len(over):
             return
         best = excess[over].copy()
@@ -194,6 +190,15 @@ def _split_channels(out: IntArray, factor: FloatArray, ops: Sequence[str], spec:
             row = over[i]
             factor[row] *= out[row, col] / parts[pick[i]][i]
             out[row, col] = parts[pick[i]][i]
+
+
+def _excess(family: str, rows: IntArray, ops: Sequence[str], spec: DeviceSpecs,
+            grow: list[int], cap: FloatArray) -> tuple[FloatArray, IntArray]:
+    """How far (log2) each kernel's features ``grow`` are beyond ``cap`` at most, and the
+    rows where that is positive."""
+    x, _, _ = features(family, rows, ops, spec)
+    excess: FloatArray = np.max(x[:, grow] - cap[grow], axis=1)
+    return excess, np.flatnonzero(np.isfinite(excess) & (excess > 0))
 
 
 #: family → (column, feature) of the dimensions :func:`pad_rows` raises to the least the
@@ -324,9 +329,7 @@ def _split_rows(out: IntArray, factor: FloatArray, ops: Sequence[str], spec: Dev
     names = first.features
     grow = [names.index(f) for f in _SPATIAL_GROWING if f in names]
     for _ in range(8):
-        x, _, _ = features("conv", out, ops, spec)
-        excess = np.max(x[:, grow] - cap[grow], axis=1)
-        over = np.flatnonzero(np.isfinite(excess) & (excess > 0))
+        excess, over = _excess("conv", out, ops, spec, grow, cap)
         if not len(over):
             return
         geo = _Bands.of(out[over])
