@@ -421,18 +421,11 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
         if output not in (None, "-") and os.path.abspath(plot) == os.path.abspath(output):
             raise UsageError(f"planner: error: --plot and -o name the same file {plot}; "
                              "give them different names")
+    from .evaluate import beyond_cluster
     from .inputs import load_cluster
 
-    cl = load_cluster(cluster)  # a device count the cluster cannot hold is asked wrongly
-    limit = cl.max_devices()
-    beyond = [p for p in gpus_values if limit is not None and p > limit]
-    if beyond:
-        raise UsageError(
-            f"planner: error: --gpus {', '.join(map(str, beyond))} "
-            f"{'is' if len(beyond) == 1 else 'are'} more than the cluster has "
-            f"({cl.nodes} node{'s' if cl.nodes != 1 else ''} × {cl.devices_per_node} = "
-            f"{limit}); drop {'it' if len(beyond) == 1 else 'them'} from the sweep, or raise "
-            "'nodes' in the cluster file or remove it")
+    # a device count the cluster cannot hold is asked wrongly: before anything is planned
+    beyond_cluster(load_cluster(cluster), gpus_values, sweep=True)
     rows: list[dict[str, Any]] = []
     combos = [(b, p) for b in batch_values for p in gpus_values]
     start = time.monotonic()

@@ -109,11 +109,21 @@ def check_question(network: Network, cluster: Cluster, options: Options) -> None
     """Usage problems of the question itself (exit 2)."""
     if options.gpus < 1:
         raise UsageError("planner: error: --gpus must be at least 1")
+    beyond_cluster(cluster, [options.gpus])
+
+
+def beyond_cluster(cluster: Cluster, counts: list[int], sweep: bool = False) -> None:
+    """Raise the usage error for device counts the cluster cannot hold (a sweep's may
+    also be dropped from it)."""
     limit = cluster.max_devices()
-    if limit is not None and options.gpus > limit:
-        raise UsageError(f"planner: error: --gpus {options.gpus} is more than the cluster has "
+    beyond = [p for p in counts if limit is not None and p > limit]
+    if beyond:
+        drop = f"drop {'it' if len(beyond) == 1 else 'them'} from the sweep, or " if sweep \
+            else ""
+        raise UsageError(f"planner: error: --gpus {', '.join(map(str, beyond))} "
+                         f"{'is' if len(beyond) == 1 else 'are'} more than the cluster has "
                          f"({cluster.nodes} node{'s' if cluster.nodes != 1 else ''} × "
-                         f"{cluster.devices_per_node} = {limit}); "
+                         f"{cluster.devices_per_node} = {limit}); {drop}"
                          "raise 'nodes' in the cluster file or remove it")
 
 
@@ -271,8 +281,8 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
                     halo = sum(layer.halo_forward)
                     size *= (rows + halo) / rows
                 kept[key] = size
-        if layer.saves_output or layer.index == len(net.layers) - 1:  # the loss keeps
-            key = (net.storage_of(layer.index), r.dist_out)         # the network's output
+        if layer.saves_output:
+            key = (net.storage_of(layer.index), r.dist_out)
             kept.setdefault(key, _local_elems(layer.out_elems, r.dist_out, batch) * e)
         extra = _local_elems(layer.saved_internal, r.dist_in, batch) * e
         if layer.has_weights and r.layout.mode == "model":

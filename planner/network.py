@@ -194,7 +194,7 @@ class Layer:
     flops: int  #: forward FLOPs: 2 per multiply-accumulate + elementwise arithmetic
     inputs: tuple[int, ...]  #: producer layer indices (-1: the network input)
     saves_input: bool = False  #: keeps its input for backward
-    saves_output: bool = False  #: keeps its output for backward
+    saves_output: bool = False  #: keeps its output for backward (the last layer: the loss)
     saved_internal: int = 0  #: other elements kept for backward (attention Q, K, V, ...)
     saved_bytes_extra: int = 0  #: masks and indices kept for backward, in bytes
     conv: ConvGeom | None = None
@@ -468,10 +468,6 @@ class Network:
                     kept[self.storage_of(src)] = size
             if layer.saves_output:
                 kept[self.storage_of(layer.index)] = layer.out_elems
-        # the loss keeps the network's output for backward (softmax cross-entropy keeps
-        # its probabilities: GPT-2's logits, 50,257 a token, or a segmentation's map)
-        last = self.layers[-1]
-        kept.setdefault(self.storage_of(last.index), last.out_elems)
         return kept
 
     def activation_bytes(self, layer: Layer) -> int:
@@ -1075,6 +1071,9 @@ def network_from_data(data: object, issues: list[Issue]) -> Network | None:
         issues.append(Issue("$.layers", "the network has no layer with weights (conv2d, "
                                         "linear, attention or embedding): nothing to plan"))
         return None
+    # the loss keeps the network's output for backward (softmax cross-entropy keeps its
+    # probabilities: GPT-2's logits, 50,257 a token, or a segmentation's map)
+    b.layers[-1] = dataclasses.replace(b.layers[-1], saves_output=True)
     return Network(name=name, dtype=dtype, input_shape=shape, layers=tuple(b.layers),
                    blocks=tuple(b.blocks), input_kind=b.input_kind)
 

@@ -145,7 +145,7 @@ class Space:
             self._dist(Dist(d.p, d.batch, None))
         self.pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
         self._weighted: dict[tuple[Any, ...], np.ndarray] = {}
-        self._follow: dict[tuple[tuple[Any, ...], int, bool], tuple[np.ndarray, int]] = {}
+        self._follow: dict[tuple[tuple[Any, ...], int], tuple[np.ndarray, int]] = {}
         self._trans: dict[float, np.ndarray] = {}
         self._follow_arrays: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
         self._by_layer: dict[int, np.ndarray] = {}
@@ -173,7 +173,7 @@ class Space:
         todo: list[tuple[tuple[Any, ...], Layer, list[Layout]]] = []
         for idx, lays in self.candidates.items():
             layer = self.layers[idx]
-            key = (cost_signature(layer), tuple(lays), self._is_last(layer))
+            key = (cost_signature(layer), tuple(lays))
             if key not in self._weighted:
                 self._weighted[key] = np.zeros((len(lays), 4))
                 todo.append((key, layer, lays))
@@ -213,17 +213,11 @@ class Space:
         return Elementwise(params_local * self.pb.update_traffic, params_local * 4.0,
                            "optimizer")
 
-    def _is_last(self, layer: Layer) -> bool:
-        """Whether ``layer`` is the network's last, whose output the loss keeps (its
-        memory, unlike its time, is not shared with layers of the same signature)."""
-        return layer.index == len(self.layers) - 1
-
     def _saved_bytes(self, layer: Layer, lay: Layout) -> float:
         b = -(-self.options.batch // lay.pc)
         frac = 1.0 / lay.pr if lay.mode == "domain" else 1.0
-        kept = layer.in_elems if layer.saves_input else 0
-        if self._is_last(layer):  # the loss keeps the network's output
-            kept += layer.out_elems
+        kept = (layer.in_elems if layer.saves_input else 0) + (
+            layer.out_elems if layer.saves_output else 0)  # the last layer's: the loss's
         internal = layer.saved_internal / (lay.pr if lay.mode == "model" else 1)
         return (kept + internal) * b * frac * self.ctx.elem_bytes
 
@@ -231,8 +225,7 @@ class Space:
         """Part vectors ``(n_layouts, 4)`` of a layer with weights."""
         hit = self._by_layer.get(layer.index)
         if hit is None:
-            hit = self._weighted[(cost_signature(layer), tuple(self.candidates[layer.index]),
-                                  self._is_last(layer))]
+            hit = self._weighted[(cost_signature(layer), tuple(self.candidates[layer.index]))]
             self._by_layer[layer.index] = hit
         return hit
 
@@ -284,7 +277,7 @@ class Space:
     def follower(self, layer: Layer, d: int) -> tuple[np.ndarray, int]:
         """Part vector of a layer without weights on distribution ``d``, and the
         distribution it leaves."""
-        key = (cost_signature(layer), d, self._is_last(layer))
+        key = (cost_signature(layer), d)
         hit = self._follow.get(key)
         if hit is not None:
             return hit
@@ -307,8 +300,7 @@ class Space:
                                                       ctx.network.dtype).seconds.sum())
         b = -(-self.options.batch // work.batch[1])
         h = work.height[1] if work.height else 1
-        kept = (layer.out_elems if layer.saves_output or self._is_last(layer) else 0) + \
-            layer.saved_internal  # the loss keeps the network's output
+        kept = (layer.out_elems if layer.saves_output else 0) + layer.saved_internal
         parts[_M] = layer.params * self.pb.total + kept * b / h * ctx.elem_bytes
         result = (parts, self._dist(out))
         self._follow[key] = result
@@ -317,7 +309,7 @@ class Space:
     def follower_arrays(self, layer: Layer, w: Weights) -> tuple[np.ndarray, np.ndarray]:
         """For every distribution: where a layer without weights leaves it, and its
         weighted cost there."""
-        key = (self._sig[layer.index], w, self._is_last(layer))
+        key = (self._sig[layer.index], w)
         hit = self._follow_arrays.get(key)
         if hit is None:
             n = len(self.dists)
