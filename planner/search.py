@@ -423,26 +423,52 @@ def _events(space: Space) -> dict[int, list[tuple[str, Any]]]:
 
 
 def dynamic_program(space: Space, w: Weights, origin: int | None = None,
-                    fixed: dict[int, int] | None = None) -> tuple[float, dict[int, Layout]]:
+                    fixed: dict[int, int] | None = None, probe: int | None = None,
+                    probe_state: list[np.ndarray] | None = None,
+                    ) -> tuple[float, dict[int, Layout]]:
     """Minimise the weighted sum of the parts over the whole network.
 
     ``origin`` fixes the input distribution (the data loader delivers the input in the
     first weighted layer's input distribution); None lets the first layer choose.
     ``fixed`` holds layers to one candidate (layer index → its position). Returns the
-    optimum and the layout of every layer with weights.
+    optimum and the layout of every layer with weights. With ``probe`` (a layer index),
+    the state before that layer is appended to ``probe_state``.
     """
+    steps: list[_Step] = []
     fixed = fixed or {}
-    n = len(space.dists)
-    cost = np.full((1, n), INF)
+    cost = _start(space, origin)
+    if probe is not None and probe_state is not None:  # the state before ``probe``
+        pos = _position(space, probe)
+        cost = _advance(space, w, cost, 0, pos, steps, origin, fixed)
+        probe_state.append(cost)
+        cost = _advance(space, w, cost, pos, len(space.layers), steps, origin, fixed)
+    else:
+        cost = _advance(space, w, cost, 0, len(space.layers), steps, origin, fixed)
+    best = int(np.argmin(cost[0]))
+    value = float(cost[0, best])
+    if not math.isfinite(value):
+        return INF, {}
+    return value, _backtrack(space, steps, best)
+
+
+def _start(space: Space, origin: int | None) -> np.ndarray:
+    cost = np.full((1, len(space.dists)), INF)
     if origin is None:
         cost[0, :] = 0.0
     else:
         cost[0, origin] = 0.0
-    steps: list[_Step] = []
+    return cost
+
+
+def _advance(space: Space, w: Weights, cost: np.ndarray, lo: int, hi: int,
+             steps: list[_Step], origin: int | None, fixed: dict[int, int]) -> np.ndarray:
+    """Run the layers ``space.layers[lo:hi]`` (and the block events before each) from the
+    state ``cost``, appending their back-pointers to ``steps``."""
+    n = len(space.dists)
     events = _events(space)
     blocks = {blk.add: blk for blk in space.ctx.network.blocks}
     first_weighted = next(lay.index for lay in space.layers if lay.has_weights)
-    for layer in space.layers:
+    for layer in space.layers[lo:hi]:
         for kind, _blk in events.get(layer.index, []):
             if kind == "begin":
                 new = np.full((n, n), INF)
@@ -461,11 +487,30 @@ def dynamic_program(space: Space, w: Weights, origin: int | None = None,
             cost = _add_step(space, layer, cost, w, steps, blocks[layer.index])
         else:
             cost = _follower_step(space, layer, cost, w, steps)
-    best = int(np.argmin(cost[0]))
-    value = float(cost[0, best])
-    if not math.isfinite(value):
-        return INF, {}
-    return value, _backtrack(space, steps, best)
+    return cost
+
+
+def _position(space: Space, index: int) -> int:
+    return next(k for k, lay in enumerate(space.layers) if lay.index == index)
+
+
+def _member_bounds(space: Space, w: Weights, origin: int | None, fixed: dict[int, int],
+                   member: int, head: np.ndarray | None = None) -> np.ndarray:
+    """For every candidate ``j`` of ``member``, the optimum with only ``member`` held to
+    ``j`` (and ``fixed``): a relaxation of holding its whole tied group to ``j``, so a
+    lower bound of that problem, exact in floating point as well (a path's cost is summed
+    in the same order in both, and the relaxation only minimises over more paths). One
+    run up to ``member`` (or its state ``head`` from a run already made), then one run of
+    the layers from it on per candidate."""
+    pos = _position(space, member)
+    if head is None:
+        head = _advance(space, w, _start(space, origin), 0, pos, [], origin, fixed)
+    out = np.full(len(space.candidates[member]), INF)
+    for j in range(len(out)):
+        tail = _advance(space, w, head, pos, len(space.layers), [], origin,
+                        {**fixed, member: j})
+        out[j] = float(tail[0].min())
+    return out
 
 
 def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
@@ -761,27 +806,40 @@ def solve(space: Space, w: Weights) -> tuple[float, dict[int, Layout]]:
     # layout, it is the optimum with them (one dynamic program, where trying every
     # common layout takes one each: 21 for a transformer on 65,536 devices, and the
     # memory search solves twenty times)
-    free = _solve_origins(space, w, {})
+    heads: list[np.ndarray] = []
+    free = _solve_origins(space, w, {}, probe=max(space.ties[0]), probe_state=heads)
     if all(len({free[1][i] for i in group}) == 1 for group in space.ties):
         return free
     fixed: dict[int, int] = {}
     best: tuple[float, dict[int, Layout]] = (INF, {})
-    for group in space.ties:
+    for g, group in enumerate(space.ties):
+        # a lower bound per common layout (the last member held alone: one run of the
+        # network, for the first group the free run above, and one of its tail each):
+        # layouts are tried best bound first, and the search stops at a bound above the
+        # best found. The answer is the one trying every layout in order gives (ties: the
+        # first layout), at a few dynamic programs
+        member = max(group)
+        bounds = np.min([_member_bounds(space, w, origin, fixed, member,
+                                        heads[k] if g == 0 else None)
+                         for k, origin in enumerate(_origins(space))], axis=0)
         best = (INF, {})
         choice = 0
-        for j in range(len(space.candidates[group[0]])):
+        for j in sorted(range(len(bounds)), key=lambda k: (bounds[k], k)):
+            if bounds[j] > best[0] or not math.isfinite(bounds[j]):
+                break
             value, assignment = _solve_origins(space, w, {**fixed, **dict.fromkeys(group, j)})
-            if value < best[0]:
+            if value < best[0] or (value == best[0] and math.isfinite(value) and j < choice):
                 best, choice = (value, assignment), j
         fixed.update(dict.fromkeys(group, choice))
     return best
 
 
-def _solve_origins(space: Space, w: Weights, fixed: dict[int, int],
+def _solve_origins(space: Space, w: Weights, fixed: dict[int, int], probe: int | None = None,
+                   probe_state: list[np.ndarray] | None = None,
                    ) -> tuple[float, dict[int, Layout]]:
     best: tuple[float, dict[int, Layout]] = (INF, {})
     for origin in _origins(space):
-        value, assignment = dynamic_program(space, w, origin, fixed)
+        value, assignment = dynamic_program(space, w, origin, fixed, probe, probe_state)
         if value < best[0]:
             best = (value, assignment)
     return best

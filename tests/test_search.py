@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -136,6 +137,68 @@ def test_tied_layers_share_one_layout_and_the_search_stays_exact(p, batch, per_n
     got = ev.comm_s if objective == "comm" else ev.time_s
     assert value == pytest.approx(got, rel=1e-9)
     assert got == pytest.approx(_brute_force(ctx, opts, space, objective)[0], rel=1e-9)
+
+
+def _every_common_layout(space, w):
+    """The tie search before the bounds: one dynamic program per common layout, in order,
+    the first of the cheapest kept (the reference the bounded search must equal)."""
+    group = space.ties[0]
+    best, choice = (math.inf, {}), 0
+    for j in range(len(space.candidates[group[0]])):
+        value, assignment = search_module._solve_origins(space, w, dict.fromkeys(group, j))
+        if value < best[0]:
+            best, choice = (value, assignment), j
+    return best, choice
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.sampled_from([4, 8, 16, 32]), batch=st.sampled_from([32, 128, 512]),
+       blocks=st.sampled_from([1, 3]), memory=st.sampled_from([0.0, 1e-10, 1e-8]),
+       bw=st.sampled_from([1e9, 1e11]))
+def test_tie_search_bounds_hold_and_equal_trying_every_layout(p, batch, blocks, memory, bw):
+    """The tie search tries common layouts best lower bound first and stops at a bound
+    above the best found. Each bound (the head held alone) is at most the exact optimum
+    with the whole group held, compared exactly (no tolerance: the relaxation sums each
+    path in the same order), and the answer, value and assignment, is the one the
+    exhaustive loop gives (same first-layout tie rule), on transformer blocks with
+    residuals, under memory weights as the memory search uses them."""
+    net = load_network_text(_transformer_text(blocks))
+    cl = cluster(per_node=8, intra=(1e-6, bw * 10), inter=(5e-6, bw))
+    opts = Options(gpus=p, batch=batch)
+    ctx = make_context(net, cl, opts, FixedEstimator(1e-5))
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    w = Weights(memory=memory)
+    group = space.ties[0]
+    bounds = search_module._member_bounds(space, w, None, {}, max(group))
+    for j, bound in enumerate(bounds):
+        exact = search_module._solve_origins(space, w, dict.fromkeys(group, j))[0]
+        assert bound <= exact
+    reference, _ = _every_common_layout(space, w)
+    free = search_module._solve_origins(space, w, {})
+    if len({free[1][i] for i in group}) == 1:  # the free optimum keeps the tie: taken
+        assert solve(space, w) == free and free[0] == reference[0]
+    else:  # (most draws: 122 of the 144 combinations)
+        assert solve(space, w) == reference
+
+
+def _transformer_text(blocks: int) -> str:
+    body = "\n".join(
+        "  - {type: residual, body: [{type: layernorm}, {type: attention, heads: 16, "
+        "causal: true}]}\n"
+        "  - {type: residual, body: [{type: layernorm}, {type: linear, "
+        "out_features: 256}, {type: gelu}, {type: linear, out_features: 64}]}"
+        for _ in range(blocks))
+    return f"""kind: network
+name: tied-blocks
+input: [32]
+layers:
+  - {{name: wte, type: embedding, vocab: 1024, dim: 64}}
+  - {{type: positional_embedding, positions: 32}}
+{body}
+  - {{type: layernorm}}
+  - {{name: head, type: linear, out_features: 1024, bias: false, tie: wte}}
+"""
 
 
 def test_tied_layers_in_plans_costs_and_pins(runner):
