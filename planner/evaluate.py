@@ -31,7 +31,6 @@ from .costs.layer import (
     cost_signature,
     follower_kernels,
     follower_terms,
-    input_dist,
     local_params,
     redistribute_terms,
     time_kernels,
@@ -40,7 +39,7 @@ from .costs.layer import (
 )
 from .costs.memory import MemoryReport, param_bytes
 from .errors import UsageError
-from .layout import Dist, Layout
+from .layout import Dist, Layout, input_dist
 from .network import Layer, Network
 from .ops import Elementwise
 
@@ -254,8 +253,7 @@ def _local_elems(elems: int, dist: Dist | None, batch: int) -> float:
     if dist is None:
         return float(elems * batch)
     b = -(-batch // dist.batch[1])
-    h = dist.height[1] if dist.height else 1
-    return elems * b / h
+    return elems * b / dist.split
 
 
 def memory_report(ctx: Context, options: Options, results: list[LayerResult]) -> MemoryReport:

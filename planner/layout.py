@@ -7,7 +7,13 @@ SPAA 2018, REFERENCES §1):
 * ``data``: ``P_r = 1``, the batch split over all ``P`` devices;
 * ``model``: the layer's output features / channels / heads split over ``P_r``, the batch
   over ``P_c`` (Eq. 8; ``P_c = 1`` is pure model parallelism, Eq. 3);
-* ``domain``: the image height split over ``P_r``, the batch over ``P_c`` (Eq. 7, 9).
+* ``domain``: the image height split over ``P_r``, the batch over ``P_c`` (Eq. 7, 9);
+* ``column`` and ``row``: the pair of Megatron-LM's tensor parallelism (Shoeybi et al.
+  2019) for linear layers, not in the paper: ``column`` splits the output features over
+  ``P_r`` as ``model`` does but leaves its output split by features (no all-gather);
+  ``row`` takes its input split by features, multiplies by its ``1/P_r`` of the weight's
+  rows and all-reduces the partial outputs. Between a ``column`` and a ``row`` layer
+  only feature-wise layers (activations, dropout) may run.
 
 **Placement** maps grid coordinates to devices ``k = 0 … P−1`` (device ``k`` is local GPU
 ``k mod g`` of node ``k div g``): with ``rows`` the row groups (the ``P_r`` devices that
@@ -18,8 +24,11 @@ devices that share a weight shard: gradient all-reduces) are consecutive,
 
 An activation **distribution** follows from a layout: batch block ``c`` of ``P_c`` on
 every device (model and data layouts all-gather their output, so it is replicated across
-the row group), plus height block ``r`` of ``P_r`` for domain layouts. Each block index is
-a digit ``(k div stride) mod count`` of the device number, and **redistribution** between
+the row group), plus height block ``r`` of ``P_r`` for domain layouts, or feature block
+``r`` of ``P_r`` for a ``column`` layout's output and a ``row`` layout's input. Each block
+index is
+a digit ``(k div stride) mod count`` of the device number, and **redistribution**
+between
 two distributions is the real data movement: every device receives the part of its new
 block that it does not already hold.
 """
@@ -37,8 +46,10 @@ import numpy as np
 from .costs.comm import Group
 from .errors import UsageError
 
-Mode = Literal["data", "model", "domain"]
-MODES: tuple[str, ...] = ("data", "model", "domain")
+Mode = Literal["data", "model", "domain", "column", "row"]
+MODES: tuple[str, ...] = ("data", "model", "domain", "column", "row")
+#: the modes that split a layer's weight over ``P_r`` (each device holds ``1/P_r``)
+SHARDED_MODES: tuple[str, ...] = ("model", "column", "row")
 PLACEMENTS: tuple[str, ...] = ("rows", "cols")
 BRUTE_FORCE_MAX_P = 65536
 
@@ -105,7 +116,20 @@ class Layout:
 def _output_dist(layout: Layout) -> Dist:
     if layout.mode == "domain":
         return Dist(layout.p, layout.c_digit, layout.r_digit)
+    if layout.mode == "column":
+        return Dist(layout.p, layout.c_digit, None, layout.r_digit)
     return Dist(layout.p, layout.c_digit, None)
+
+
+def input_dist(layout: Layout) -> Dist:
+    """The distribution a layer with weights needs its input in: a ``row`` layout's split
+    by features, a ``column`` layout's replicated over the row group, the others' where
+    their output lives."""
+    if layout.mode == "row":
+        return Dist(layout.p, layout.c_digit, None, layout.r_digit)
+    if layout.mode == "column":
+        return Dist(layout.p, layout.c_digit, None)
+    return layout.output_dist()
 
 
 def make_layout(mode: str, pr: int, pc: int, placement: str = "rows") -> Layout:
@@ -159,17 +183,25 @@ def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: in
 
 @dataclass(frozen=True)
 class Dist:
-    """An activation distribution over ``p`` devices: batch digit and optional height
-    digit (``(stride, count)``); replicated over the remaining digits."""
+    """An activation distribution over ``p`` devices: batch digit, optional height digit
+    and optional feature digit (each ``(stride, count)``); replicated over the remaining
+    digits."""
 
     p: int
     batch: tuple[int, int]
     height: tuple[int, int] | None
+    feature: tuple[int, int] | None = None
+
+    @property
+    def split(self) -> int:
+        """Blocks of one sample's activation: the height or feature split (1: whole)."""
+        return (self.height[1] if self.height else 1) * (
+            self.feature[1] if self.feature else 1)
 
     @property
     def fraction(self) -> float:
         """The fraction of the whole activation (batch × features) one device holds."""
-        return 1.0 / (self.batch[1] * (self.height[1] if self.height else 1))
+        return 1.0 / (self.batch[1] * self.split)
 
 
 @dataclass(frozen=True)
@@ -259,29 +291,29 @@ def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistributio
     need = dst.fraction
     if src == dst:
         return Redistribution("none", 0.0, need)
-    ax_b, ax_h = _axis(src.batch, dst.batch), _axis(src.height, dst.height)
-    if ax_b is not None and ax_h is not None:
-        overlap = ax_b[0] * ax_h[0]
-        strides = tuple(d for _, d in (ax_b, ax_h) if d is not None)
+    axes = [(src.batch, dst.batch), (src.height, dst.height), (src.feature, dst.feature)]
+    found = [_axis(a, z) for a, z in axes]
+    if all(ax is not None for ax in found):
+        aligned = [ax for ax in found if ax is not None]
+        overlap = math.prod(ov for ov, _ in aligned)
+        strides = tuple(d for _, d in aligned if d is not None)
         if not strides:
             return Redistribution("none", 0.0, need)
         return Redistribution("gather", max(0.0, need - overlap), need,
                               node_group(strides, src.p, per_node_devices))
     # Misaligned blocks: the worst device's overlap, exactly where we can.
     p = src.p
-    if all(_pow2(x) for d in (src.batch, dst.batch, src.height or (1, 1),
-                              dst.height or (1, 1)) for x in d):
-        ov = _axis_min_overlap_pow2(src.batch, dst.batch) * _axis_min_overlap_pow2(
-            src.height, dst.height)
+    if all(_pow2(x) for a, z in axes for d in (a or (1, 1), z or (1, 1)) for x in d):
+        ov = math.prod(_axis_min_overlap_pow2(a, z) for a, z in axes)
     elif p <= BRUTE_FORCE_MAX_P:
         k = np.arange(p)
-        ov = float(np.min(_axis_overlap(k, src.batch, dst.batch) *
-                          _axis_overlap(k, src.height, dst.height)))
+        ov = float(np.min(math.prod(_axis_overlap(k, a, z) for a, z in axes)))
     else:
         ov = 0.0  # conservative: the whole new block may have to arrive
     sources = -(-src.batch[1] // dst.batch[1]) + 1
-    if src.height is not None:
-        sources *= -(-src.height[1] // (dst.height[1] if dst.height else 1)) + 1
+    for a, z in axes[1:]:
+        if a is not None:
+            sources *= -(-a[1] // (z[1] if z else 1)) + 1
     sources = max(1, min(sources, p - 1))
     return Redistribution("exchange", max(0.0, need - ov), need,
                           Group(p, min(p, per_node_devices)), sources)

@@ -286,12 +286,15 @@ class Layer:
 
 
 def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int = 1,
-                  height_split: int = 1) -> dict[str, list[Kernel]]:
+                  height_split: int = 1, input_split: int = 1,
+                  feature_split: int = 1) -> dict[str, list[Kernel]]:
     """The kernels of ``layer`` on one device's shard.
 
     ``batch`` is the local batch; ``model_split`` divides output channels, features or
     heads (rounded up: the busiest device); ``height_split`` divides the image height,
-    the input shard including the forward halo rows.
+    the input shard including the forward halo rows; ``input_split`` divides a linear
+    layer's input features (a row-parallel shard: the reduction of its forward GEMM);
+    ``feature_split`` divides the features an activation or dropout works on.
     """
     out: dict[str, list[Kernel]] = {"forward": [], "backward_data": [], "backward_weight": []}
     ms = max(1, model_split)
@@ -325,10 +328,11 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         lin = layer.linear
         t = batch * lin.tokens
         n_local = -(-lin.out_features // ms)
-        out["forward"].append(Gemm(t, n_local, lin.in_features))
+        k_local = -(-lin.in_features // max(1, input_split))
+        out["forward"].append(Gemm(t, n_local, k_local))
         if layer.inputs != (-1,):
-            out["backward_data"].append(Gemm(t, lin.in_features, n_local))
-        out["backward_weight"].append(Gemm(n_local, lin.in_features, t))
+            out["backward_data"].append(Gemm(t, k_local, n_local))
+        out["backward_weight"].append(Gemm(n_local, k_local, t))
         return out
     if layer.attention is not None:
         a = layer.attention
@@ -357,8 +361,9 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
             t * d_local), "scatter-add"))
         return out
     # elementwise, normalisation, pooling: memory-bound passes
-    elems_in = layer.in_elems * batch / (height_split if layer.is_spatial else 1)
-    elems_out = layer.out_elems * batch / (height_split if layer.is_spatial else 1)
+    split = (height_split if layer.is_spatial else 1) * max(1, feature_split)
+    elems_in = layer.in_elems * batch / split
+    elems_out = layer.out_elems * batch / split
     if layer.type in ("flatten", "identity"):
         return out
     per = _ELEMENTWISE_FLOPS.get(layer.type, 1)

@@ -16,7 +16,7 @@ digits, so the same inputs give byte-identical files)::
     memory: {peak_bytes, capacity_bytes, fits, breakdown: {weights, gradients, optimizer,
              activations, comm_buffers, workspace}}
     layers:                       # every layer, in execution order
-      - name, type, mode (data|model|domain), grid: [P_r, P_c], placement (rows|cols),
+      - name, type, mode (data|model|domain|column|row), grid: [P_r, P_c], placement (rows|cols),
         follows (for layers without weights: whose layout they follow),
         compute_s, compute: {forward_s, backward_s, estimator},
         comm: {forward_s, backward_data_s, weight_grad_s, redistribute_s,

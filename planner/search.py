@@ -44,7 +44,6 @@ from .costs.layer import (
     cost_signature,
     follower_kernels,
     follower_terms,
-    input_dist,
     local_params,
     redistribute_seconds,
     weighted_kernels,
@@ -53,7 +52,7 @@ from .costs.layer import (
 from .costs.memory import param_bytes
 from .errors import NoFeasiblePlan, Shortfall, UsageError
 from .evaluate import EvalCache, Evaluation, Options, evaluate, time_and_comm
-from .layout import Dist, Layout, divisors, make_layout
+from .layout import Dist, Layout, divisors, input_dist, make_layout
 from .network import Layer
 from .ops import Elementwise, Kernel
 from .strategies import candidate_layouts, why_invalid
@@ -215,11 +214,11 @@ class Space:
 
     def _saved_bytes(self, layer: Layer, lay: Layout) -> float:
         b = -(-self.options.batch // lay.pc)
-        frac = 1.0 / lay.pr if lay.mode == "domain" else 1.0
-        kept = (layer.in_elems if layer.saves_input else 0) + (
-            layer.out_elems if layer.saves_output else 0)  # the last layer's: the loss's
-        internal = layer.saved_internal / (lay.pr if lay.mode == "model" else 1)
-        return (kept + internal) * b * frac * self.ctx.elem_bytes
+        split_in, split_out = input_dist(lay).split, lay.output_dist().split
+        kept = (layer.in_elems / split_in if layer.saves_input else 0) + (
+            layer.out_elems / split_out if layer.saves_output else 0)  # last: the loss's
+        internal = layer.saved_internal / split_in / (lay.pr if lay.mode == "model" else 1)
+        return (kept + internal) * b * self.ctx.elem_bytes
 
     def weighted(self, layer: Layer) -> np.ndarray:
         """Part vectors ``(n_layouts, 4)`` of a layer with weights."""
@@ -299,9 +298,8 @@ class Space:
             parts[_C] = float(ctx.estimator.estimate(ks, ctx.cluster.device,
                                                       ctx.network.dtype).seconds.sum())
         b = -(-self.options.batch // work.batch[1])
-        h = work.height[1] if work.height else 1
         kept = (layer.out_elems if layer.saves_output else 0) + layer.saved_internal
-        parts[_M] = layer.params * self.pb.total + kept * b / h * ctx.elem_bytes
+        parts[_M] = layer.params * self.pb.total + kept * b / work.split * ctx.elem_bytes
         result = (parts, self._dist(out))
         self._follow[key] = result
         return result

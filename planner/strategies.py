@@ -8,6 +8,9 @@ A layer with weights on ``P = P_r × P_c`` devices admits
   features / channels / heads and ``P_c ≤ B``;
 * ``domain P_r×P_c`` for convolutions whose input and output heights are at least ``P_r``
   (the paper's analytic accounting, ``gholami2018``, splits any convolution);
+* for linear layers (not under ``gholami2018``, which has no such layouts) ``column`` and
+  ``row P_r×P_c``, Megatron's pair: ``P_r`` at most the output features (column) or the
+  input features (row);
 
 each grid with both dimensions above one in the two placements (rows or columns inside a
 node).
@@ -33,6 +36,18 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False) -
             "output channels" if layer.conv is not None else "output features")
         if layout.pr > limit:
             return f"it has {limit} {what}, fewer than P_r={layout.pr}"
+    if layout.mode in ("column", "row"):
+        if layer.linear is None or layer.linear.tied_to is not None:
+            return (f"{layout.mode}-parallel layouts (Megatron's pair) split a linear layer "
+                    "that owns its weight; this layer is not one")
+        if paper:
+            return (f"the paper's accounting (--cost-model gholami2018) has no "
+                    f"{layout.mode}-parallel layout")
+        limit = layer.linear.out_features if layout.mode == "column" else \
+            layer.linear.in_features
+        side = "output" if layout.mode == "column" else "input"
+        if layout.pr > limit:
+            return f"it has {limit} {side} features, fewer than P_r={layout.pr}"
     if layout.mode == "domain":
         if layer.conv is None:
             return "domain parallelism splits the height of a convolution; this layer has none"
@@ -51,6 +66,8 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
     if gpus <= batch:
         yield make_layout("data", 1, gpus)
     limit = layer.model_split_limit
+    lin = layer.linear
+    megatron = lin is not None and lin.tied_to is None and not paper
     spatial_rows = min(layer.input_shape[1], layer.output_shape[1]) if layer.is_spatial else 0
     for pr in divisors(gpus):
         if pr == 1:
@@ -62,6 +79,11 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
         if pr <= limit:
             for pl in placements if both else ("rows",):
                 yield make_layout("model", pr, pc, pl)
+        if lin is not None and megatron:
+            for mode, most in (("column", lin.out_features), ("row", lin.in_features)):
+                if pr <= most:
+                    for pl in placements if both else ("rows",):
+                        yield make_layout(mode, pr, pc, pl)
         if layer.conv is not None and (paper or pr <= spatial_rows):
             for pl in placements if both else ("rows",):
                 yield make_layout("domain", pr, pc, pl)

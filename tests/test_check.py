@@ -141,7 +141,7 @@ def test_plan_for_another_training_setup_is_stale(runner, tmp_path, setting, sai
     ("mode: data\n  grid: [3, 3]", ":4:9: error: grid 3x3 has 9 devices; the configuration "
                                    "has gpus=64"),
     ("mode: banana\n  grid: [1, 64]", ":3:9: error: expected mode one of data, model, "
-                                      "domain, got 'banana'"),
+                                      "domain, column, row, got 'banana'"),
     ("mode: data\n  grid: [1, 64.5]", ":4:9: error: expected grid: [P_r, P_c], two whole "
                                       "numbers >= 1"),
     ("mode: domain\n  grid: [2, 32]", ":4:9: error: layer fc cannot use domain 2x32: "
@@ -209,7 +209,7 @@ def test_training_pin_errors_name_the_file_key(runner, tmp_path, command):
         f"{cfg}:9:7: error: grid 4x2 has 8 devices but gpus is 16; P_r × P_c must equal the "
         "device count (at $.strategy.pins[1])",
         f"{cfg}:10:7: error: invalid pin 'fc8=sideways': mode must be one of data, model, "
-        "domain (at $.strategy.pins[2])"], result.stderr
+        "domain, column, row (at $.strategy.pins[2])"], result.stderr
     assert "Traceback" not in result.stderr
 
 

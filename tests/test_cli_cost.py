@@ -73,7 +73,7 @@ def test_one_grid_domain(runner):
      "relu4, relu5 and 2 more)"),
     (["--pin", "conv1=model:512x1"], "layer 'conv1' cannot use model 512x1: it has 96 "
      "output channels, fewer than P_r=512 (--pin 'conv1=model:512x1')"),
-    (["--pin", "fc*=sideways"], "mode must be one of data, model, domain"),
+    (["--pin", "fc*=sideways"], "mode must be one of data, model, domain, column, row"),
     (["--grid", "16x32", "--mode", "data"], "--mode data is the grid 1x512; --grid 16x32 "
                                             "needs --mode model or domain"),
 ])

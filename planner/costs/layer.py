@@ -40,6 +40,8 @@ from .compute import Estimator, FloatArray
 
 ELEMENTWISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout", "add", "lrn",
                "flatten")
+#: layers that work on each feature alone, so on features split by a column layout
+FEATURE_WISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout")
 COST_MODELS = ("exact", "gholami2018")
 
 
@@ -190,6 +192,20 @@ def weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]
     if layout.mode == "data":
         _add(terms, term(ctx, "weight_grad", "all_reduce", allg, own * e))
         return terms
+    if layout.mode == "column":
+        # Megatron's column-parallel linear: the output stays split by features; the
+        # input gradient's partial sums are all-reduced over the row group
+        if _needs_input_grad(layer):
+            _add(terms, term(ctx, "backward_data", "all_reduce", row, b * layer.in_elems * e))
+        _add(terms, term(ctx, "weight_grad", "all_reduce", col, own / layout.pr * e))
+        return terms
+    if layout.mode == "row":
+        # Megatron's row-parallel linear: partial outputs all-reduced; the input gradient
+        # is split by features as the input is; the bias is whole on every device
+        _add(terms, term(ctx, "forward", "all_reduce", row, b * layer.out_elems * e))
+        _add(terms, term(ctx, "weight_grad", "all_reduce", col,
+                         local_params(layer, layout) * e))
+        return terms
     if layout.mode == "model":
         if ctx.paper:
             d_i = layer.out_elems * b * e
@@ -241,11 +257,6 @@ def halo_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[Com
         _add(terms, term(ctx, "backward_data", "p2p", group,
                          b * (top_b + bottom_b) * w_out * c_out * e, "halo"))
     return terms
-
-
-def input_dist(layout: Layout) -> Dist:
-    """The distribution a layer with weights needs its input in."""
-    return layout.output_dist()
 
 
 @dataclass(frozen=True)
@@ -329,6 +340,13 @@ def follower_terms(layer: Layer, dist: Dist, ctx: Context) -> tuple[list[CommTer
     b = ctx.batch / dist.batch[1]
     if ctx.paper:
         return terms, dist, dist
+    if dist.feature is not None:
+        if layer.type in FEATURE_WISE:  # between a column and a row layer
+            return terms, dist, dist
+        # anything else needs whole features (a norm, a softmax, a shortcut's add)
+        whole = Dist(dist.p, dist.batch, dist.height)
+        terms += redistribute_terms(dist, whole, layer.in_elems, ctx, "gather features")
+        dist = whole
     work = dist
     h = dist.height
     if h is not None and h[1] > 1:
@@ -388,8 +406,10 @@ def _ceil_div(a: int, b: int) -> int:
 def weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, list[Kernel]]:
     """Kernels of a layer with weights on the busiest device of ``layout``."""
     b = _ceil_div(ctx.batch, layout.pc)
-    if layout.mode == "model":
+    if layout.mode in ("model", "column"):
         return layer_kernels(layer, b, ctx.elem_bytes, model_split=layout.pr)
+    if layout.mode == "row":
+        return layer_kernels(layer, b, ctx.elem_bytes, input_split=layout.pr)
     if layout.mode == "domain":
         return layer_kernels(layer, b, ctx.elem_bytes, height_split=layout.pr)
     return layer_kernels(layer, b, ctx.elem_bytes)
@@ -399,7 +419,8 @@ def follower_kernels(layer: Layer, dist: Dist, ctx: Context) -> dict[str, list[K
     """Kernels of a layer without weights on the distribution it computes on."""
     b = _ceil_div(ctx.batch, dist.batch[1])
     n_h = dist.height[1] if dist.height else 1
-    return layer_kernels(layer, b, ctx.elem_bytes, height_split=n_h)
+    n_f = dist.feature[1] if dist.feature else 1
+    return layer_kernels(layer, b, ctx.elem_bytes, height_split=n_h, feature_split=n_f)
 
 
 def time_kernels(kernels: dict[str, list[Kernel]], ctx: Context) -> tuple[float, float, str]:
@@ -416,7 +437,12 @@ def time_kernels(kernels: dict[str, list[Kernel]], ctx: Context) -> tuple[float,
 
 
 def local_params(layer: Layer, layout: Layout | None) -> float:
-    """Parameter elements one device holds for the layer (model mode: its 1/P_r shard)."""
-    if layout is not None and layout.mode == "model" and layer.has_weights:
+    """Parameter elements one device holds for the layer (model and column: its 1/P_r
+    shard; row: 1/P_r of the weight and the whole bias)."""
+    if layout is not None and layout.mode in ("model", "column") and layer.has_weights:
         return layer.params / layout.pr
+    if layout is not None and layout.mode == "row" and layer.linear is not None:
+        lin = layer.linear
+        bias = lin.out_features if lin.bias else 0
+        return (layer.params - bias) / layout.pr + bias
     return float(layer.params)

@@ -1,0 +1,173 @@
+"""Megatron-LM's column/row pair for linear layers (Shoeybi et al. 2019, arXiv 1909.08053,
+§3 and Fig. 3a): the first linear of an MLP split by output features keeps its output
+split, the second takes it split by input features and all-reduces its partial outputs,
+so the pair pays one all-reduce forward (the row layer's, of its output) and one backward
+(the column layer's, of its input gradient), and nothing between them."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.costs.layer import (
+    follower_kernels,
+    follower_terms,
+    redistribute_terms,
+    weighted_terms,
+)
+from planner.evaluate import Options, evaluate, make_context
+from planner.inputs import load_network_text
+from planner.layout import Dist, input_dist, make_layout, redistribution
+from planner.network import layer_kernels
+from planner.ops import Gemm
+from planner.search import Space, Weights, search, solve
+from planner.strategies import candidate_layouts, why_invalid
+
+from .helpers import FixedEstimator, cluster, mlp
+
+B, E = 16, 4  # batch, bytes per element (fp32)
+
+
+def _ctx(net, p, b=B, per_node=8, **kw):
+    opts = Options(gpus=p, batch=b, overlap="none", **kw)
+    return make_context(net, cluster(per_node=per_node), opts, FixedEstimator(1e-5)), opts
+
+
+def _terms(terms):
+    return {(t.phase, t.collective): (t.group.size, t.bytes) for t in terms}
+
+
+def test_column_and_row_terms_by_hand():
+    """fc2 (128 → 256) column-parallel and fc3 (256 → 32) row-parallel on a 2×2 grid:
+    b = B/P_c = 8 samples a batch block; bytes derived from the layer sizes."""
+    net = mlp([64, 128, 256, 32])
+    ctx, _ = _ctx(net, 4)
+    b = B / 2
+    fc2, fc3 = net.by_name("fc2"), net.by_name("fc3")
+    assert _terms(weighted_terms(fc2, make_layout("column", 2, 2), ctx)) == {
+        ("backward_data", "all_reduce"): (2, b * 128 * E),   # ΔX partial sums, d_{i-1}
+        ("weight_grad", "all_reduce"): (2, (128 * 256 + 256) / 2 * E),  # |W|/P_r over P_c
+    }
+    assert _terms(weighted_terms(fc3, make_layout("row", 2, 2), ctx)) == {
+        ("forward", "all_reduce"): (2, b * 32 * E),          # Y partial sums, d_i
+        ("weight_grad", "all_reduce"): (2, (256 * 32 / 2 + 32) * E),  # W rows/P_r, bias whole
+    }
+    # the row layer's GEMMs reduce over its 1/P_r of the input features
+    ks = layer_kernels(fc3, 8, E, input_split=2)
+    assert ks["forward"] == [Gemm(8, 32, 128)]
+    assert ks["backward_data"] == [Gemm(8, 128, 32)]
+    assert ks["backward_weight"] == [Gemm(32, 128, 8)]
+
+
+def test_the_pair_pays_one_all_reduce_each_way_and_nothing_between():
+    """fc2 column, relu on the split features, fc3 row (4×1): the activation traffic is
+    exactly Megatron's two all-reduces; the gathered pair (model, model) pays an
+    all-gather of each output and an all-reduce of each input gradient."""
+    net = mlp([64, 128, 256, 32])
+    ctx, opts = _ctx(net, 4)
+    base = {net.by_name("fc1").index: make_layout("data", 1, 4)}
+    pair = {**base, net.by_name("fc2").index: make_layout("column", 4, 1),
+            net.by_name("fc3").index: make_layout("row", 4, 1)}
+    ev = evaluate(ctx, opts, pair)
+    moved = [(r.layer.name, t.phase, t.collective, t.bytes) for r in ev.layers
+             for t in r.cost.terms if t.phase != "weight_grad"]
+    fwd_moves = [m for m in moved if m[0] not in ("fc2", "fc3")]
+    # data → column: the input is whole on every device already (a slice, no traffic);
+    # fc1 is data parallel, so its output is gathered into fc2's replicated input
+    assert all(m[1] == "redistribute" for m in fwd_moves)
+    assert ("fc2", "backward_data", "all_reduce", B * 128 * E) in moved
+    assert ("fc3", "forward", "all_reduce", B * 32 * E) in moved
+    assert not [m for m in moved if m[0] in ("relu2", "fc3") and m[1] == "redistribute"]
+    relu = next(r for r in ev.layers if r.layer.name == "relu2")
+    assert relu.dist_in == relu.dist_out == Dist(4, (4, 1), None, (1, 4))
+    # the relu works on a quarter of the features
+    quarter = follower_kernels(relu.layer, relu.dist_in, ctx)["forward"][0]
+    whole = follower_kernels(relu.layer, Dist(4, (4, 1), None), ctx)["forward"][0]
+    assert quarter.bytes == whole.bytes / 4 and quarter.flops == whole.flops / 4
+    gathered = evaluate(ctx, opts, {**base, net.by_name("fc2").index: make_layout("model", 4, 1),
+                                    net.by_name("fc3").index: make_layout("model", 4, 1)})
+    assert ev.activation_comm_s < gathered.activation_comm_s
+
+
+def test_feature_split_redistribution_and_followers():
+    """A column layout's output gathered over its feature digit (3/4 of the whole arrives
+    on 4 devices); a replicated activation sliced for a row layout moves nothing forward
+    and gathers its gradient backward; a layer norm gathers the features first."""
+    col = make_layout("column", 4, 2)
+    split = col.output_dist()
+    whole = input_dist(col)
+    assert split == Dist(8, (4, 2), None, (1, 4)) and whole == Dist(8, (4, 2), None)
+    r = redistribution(split, whole, 8)
+    assert (r.kind, r.received, r.need) == ("gather", pytest.approx(0.5 * 3 / 4), 0.5)
+    assert r.group.size == 4
+    assert redistribution(whole, split, 8).kind == "none"
+    assert input_dist(make_layout("row", 4, 2)) == split
+    net = mlp([64, 128, 256, 32])
+    ctx, _ = _ctx(net, 8)
+    terms = redistribute_terms(whole, split, 256, ctx, "input")
+    assert [t.note for t in terms] == ["input (backward)"]
+    ln = load_network_text("kind: network\nname: n\ninput: [64]\nlayers:\n"
+                           "  - {type: linear, out_features: 128}\n"
+                           "  - {type: layernorm}\n  - {type: gelu}\n")
+    lctx, _ = _ctx(ln, 8)
+    terms, work, out = follower_terms(ln.layers[1], split, lctx)
+    assert work == out == whole
+    assert [t.note for t in terms if t.phase == "redistribute"] == [
+        "gather features (forward)"]
+    terms, work, out = follower_terms(ln.layers[2], split, lctx)
+    assert terms == [] and work == out == split
+
+
+def test_which_layers_admit_the_pair():
+    net = mlp([64, 128, 256, 32])
+    fc3 = net.by_name("fc3")
+    modes = {lay.mode for lay in candidate_layouts(fc3, 8, 64)}
+    assert modes == {"data", "model", "column", "row"}
+    assert not {"column", "row"} & {lay.mode for lay in candidate_layouts(fc3, 8, 64,
+                                                                         paper=True)}
+    assert "256 input features" in why_invalid(fc3, make_layout("row", 512, 1), 512)
+    assert "32 output features" in why_invalid(fc3, make_layout("column", 64, 1), 64)
+    assert "gholami2018" in why_invalid(fc3, make_layout("row", 4, 1), 4, paper=True)
+    conv = load_network_text("kind: network\nname: c\ninput: [3, 8, 8]\nlayers:\n"
+                             "  - {type: conv2d, out_channels: 8, kernel: 3}\n")
+    assert "linear" in why_invalid(conv.layers[0], make_layout("column", 2, 1), 8)
+
+
+def test_memory_of_the_pair():
+    """The row layer keeps its input split by features (1/P_r: the relu's output, which
+    the relu keeps too, counted once), where the gathered pair keeps it whole; weights
+    1/P_r each, the row layer's bias whole."""
+    net = mlp([64, 128, 256, 32])
+    ctx, opts = _ctx(net, 4)
+    first = {net.by_name("fc1").index: make_layout("data", 1, 4)}
+
+    def run(m2, m3):
+        ev = evaluate(ctx, opts, {**first, net.by_name("fc2").index: make_layout(m2, 4, 1),
+                                  net.by_name("fc3").index: make_layout(m3, 4, 1)})
+        return {r.layer.name: r for r in ev.layers}
+
+    pair, gathered = run("column", "row"), run("model", "model")
+    assert pair["relu2"].activation_bytes == B * 256 * E / 4
+    assert gathered["relu2"].activation_bytes == B * 256 * E
+    assert pair["fc3"].cost.params_local == 256 * 32 / 4 + 32
+    assert pair["fc2"].cost.params_local == (128 * 256 + 256) / 4
+
+
+def test_search_pairs_an_mlp_when_weights_must_be_split():
+    """Two 8,192-wide linears with a GELU between them on 8 GPUs: the search splits the
+    pair column then row, and the dynamic program's value is the plan's time."""
+    net = load_network_text("kind: network\nname: mlp\ninput: [512, 2048]\nlayers:\n"
+                            "  - {type: layernorm}\n"
+                            "  - {type: linear, out_features: 8192}\n"
+                            "  - {type: gelu}\n"
+                            "  - {type: linear, out_features: 2048}\n"
+                            "  - {type: layernorm}\n")
+    ctx, opts = _ctx(net, 8, b=8)
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    value, assignment = solve(space, Weights())
+    modes = [assignment[i].mode for i in (1, 3)]
+    assert modes == ["column", "row"]
+    assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-9)
+    result = search(ctx, opts)
+    assert [r.layout.mode for r in result.best.evaluation.layers if r.follows is None] == \
+        ["column", "row"]
