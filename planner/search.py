@@ -45,6 +45,7 @@ from .costs.layer import (
     follower_kernels,
     follower_terms,
     local_params,
+    redistribute_key,
     redistribute_seconds,
     weighted_kernels,
     weighted_terms,
@@ -345,10 +346,15 @@ class Space:
         n = len(self.dists)
         arr = np.array(sizes)
         cube = np.zeros((len(sizes), n, n))
+        priced: dict[tuple[object, ...], np.ndarray] = {}  # most pairs share their moves
         for i, a in enumerate(self.dists):
             for j, z in enumerate(self.dists):
                 if i != j:
-                    cube[:, i, j] = redistribute_seconds(a, z, arr, self.ctx)
+                    key = redistribute_key(a, z, self.ctx)
+                    hit = priced.get(key)
+                    if hit is None:
+                        hit = priced[key] = redistribute_seconds(a, z, arr, self.ctx)
+                    cube[:, i, j] = hit
         for k, s in enumerate(sizes):
             self._trans[s] = cube[k]
 
@@ -541,7 +547,8 @@ class _Groups:
 
     single_src: np.ndarray
     single_dst: np.ndarray
-    multi: tuple[tuple[int, np.ndarray], ...]
+    #: per group size ``s``: the targets ``(G,)`` and their columns ``(G, s)``, ascending
+    multi: tuple[tuple[np.ndarray, np.ndarray], ...]
     identity: bool  #: every column leads to the state of the same index
 
 
@@ -550,8 +557,13 @@ def _group(targets: np.ndarray) -> _Groups:
     for src, dst in enumerate(targets.tolist()):
         by_dst.setdefault(dst, []).append(src)
     singles = [(srcs[0], dst) for dst, srcs in by_dst.items() if len(srcs) == 1]
-    multi = tuple((dst, np.array(srcs, dtype=np.int64)) for dst, srcs in by_dst.items()
-                  if len(srcs) > 1)
+    by_size: dict[int, list[tuple[int, list[int]]]] = {}
+    for dst, srcs in by_dst.items():
+        if len(srcs) > 1:
+            by_size.setdefault(len(srcs), []).append((dst, srcs))
+    multi = tuple((np.array([d for d, _ in groups], dtype=np.int64),
+                   np.array([srcs for _, srcs in groups], dtype=np.int64))
+                  for _, groups in sorted(by_size.items()))
     identity = all(src == dst for src, dst in enumerate(targets.tolist()))
     return _Groups(np.array([s for s, _ in singles], dtype=np.int64),
                    np.array([d for _, d in singles], dtype=np.int64), multi, identity)
@@ -571,12 +583,12 @@ def _scatter_min(values: np.ndarray, prev: np.ndarray | None, groups: _Groups,
         bp_prev[:, dst] = src[None, :] if prev is None else prev[:, src]
         if bp_src is not None:
             bp_src[:, dst] = src[None, :]
-    for target, srcs in groups.multi:
-        sub = values[:, srcs]
-        pick = np.argmin(sub, axis=1)
-        new[:, target] = sub[rows, pick]
-        won = srcs[pick]
-        bp_prev[:, target] = won if prev is None else prev[rows, won]
+    for target, srcs in groups.multi:  # every group of one size at once
+        sub = values[:, srcs]  # (K, G, s)
+        pick = np.argmin(sub, axis=2)  # (K, G): the first of the cheapest
+        won = np.take_along_axis(srcs[None, :, :], pick[:, :, None], axis=2)[:, :, 0]
+        new[:, target] = np.take_along_axis(sub, pick[:, :, None], axis=2)[:, :, 0]
+        bp_prev[:, target] = won if prev is None else prev[rows[:, None], won]
         if bp_src is not None:
             bp_src[:, target] = won
 

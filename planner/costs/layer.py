@@ -313,6 +313,13 @@ def redistribute_terms(src: Dist, dst: Dist, elems_per_sample: int, ctx: Context
     return terms
 
 
+def redistribute_key(src: Dist, dst: Dist, ctx: Context) -> tuple[object, ...]:
+    """What :func:`redistribute_seconds` depends on besides the sizes: pairs of
+    distributions with the same key cost the same (the search prices each key once)."""
+    return tuple((part.kind, part.group, part.share, part.sources)
+                 for part in _parts(src, dst, ctx.per_node, ctx.paper))
+
+
 def redistribute_seconds(src: Dist, dst: Dist, totals: FloatArray, ctx: Context,
                          ) -> FloatArray:
     """Seconds of :func:`redistribute_terms` for many activation sizes at once
