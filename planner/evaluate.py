@@ -32,6 +32,7 @@ from .costs.layer import (
     follower_kernels,
     follower_terms,
     local_params,
+    loss_cost,
     redistribute_terms,
     time_kernels,
     weighted_kernels,
@@ -246,6 +247,21 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
         results.append(LayerResult(layer, current[0], current[1], cost, dist_in=fhit[1],
                                    dist_out=fhit[2]))
         out_dist[layer.index] = fhit[2]
+    # the loss, on the last layer's output where it lives: its own line in the last
+    # layer's costs
+    last = results[-1]
+    assert last.dist_out is not None
+    lkey = ("loss", last.dist_out)
+    lhit = cache.follower.get(lkey)
+    if lhit is None:
+        kernels, terms = loss_cost(last.layer, last.dist_out, ctx)
+        fwd, bwd, est = time_kernels(kernels, ctx)
+        lhit = (tuple(terms), last.dist_out, last.dist_out, fwd, bwd, est)
+        cache.follower[lkey] = lhit
+    c = last.cost
+    labels = ", ".join(sorted({*c.estimator.split(", "), *lhit[5].split(", ")} - {""}))
+    last.cost = LayerCost(c.forward_s + lhit[3], c.backward_s + lhit[4], labels,
+                          c.terms + list(lhit[0]), c.params_local)
     return results
 
 

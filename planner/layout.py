@@ -132,6 +132,18 @@ def input_dist(layout: Layout) -> Dist:
     return layout.output_dist()
 
 
+def holds_alike(a: Layout, b: Layout) -> bool:
+    """Whether an embedding in layout ``a`` and the output head that shares its table in
+    ``b`` hold the table alike: the same layout, or the embedding split by vocabulary
+    rows (``model``) and the head split by output features, which are those rows, with
+    its logits left split (``column``: Megatron's vocabulary-parallel embedding, head
+    and cross-entropy), on the same grid."""
+    if a == b:
+        return True
+    return (a.mode, b.mode) == ("model", "column") and (a.pr, a.pc, a.placement) == (
+        b.pr, b.pc, b.placement)
+
+
 def make_layout(mode: str, pr: int, pc: int, placement: str = "rows") -> Layout:
     """A canonical layout: ``P_r = 1`` is ``data``; a one-dimensional grid has no
     placement choice (``rows``)."""

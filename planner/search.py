@@ -31,6 +31,7 @@ than a baseline that fits.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from .costs.layer import (
     follower_kernels,
     follower_terms,
     local_params,
+    loss_cost,
     redistribute_key,
     redistribute_seconds,
     weighted_kernels,
@@ -53,7 +55,7 @@ from .costs.layer import (
 from .costs.memory import param_bytes
 from .errors import NoFeasiblePlan, Shortfall, UsageError
 from .evaluate import EvalCache, Evaluation, Options, evaluate, time_and_comm
-from .layout import Dist, Layout, divisors, input_dist, make_layout
+from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
 from .network import Layer
 from .ops import Elementwise, Kernel
 from .strategies import candidate_layouts, why_invalid
@@ -106,23 +108,27 @@ class Space:
                 self.candidates[layer.index] = list(pins[layer.index])
             else:
                 self.candidates[layer.index] = list(candidate_layouts(layer, p, b, paper))
-        # layers that share a weight keep one layout: each group's candidates are the
-        # layouts valid (and pinned) for all its members
+        # layers that share a weight hold it alike: each group's candidate lists are
+        # aligned, position j of every member one way of holding it (valid and pinned
+        # for all), so the owner may repeat a layout (a model-split embedding goes with
+        # a model or a column head, see holds_alike)
         self.ties: list[tuple[int, ...]] = []
         for owner, tied in net.ties.items():
             group = (owner, *(t for t in tied if t in self.candidates))
             if owner not in self.candidates or len(group) < 2:
                 continue
-            common = [lay for lay in self.candidates[owner]
-                      if all(lay in self.candidates[t] for t in group[1:])]
+            common = [(o, *combo) for o in self.candidates[owner]
+                      for combo in itertools.product(*(
+                          [m for m in self.candidates[t] if holds_alike(o, m)]
+                          for t in group[1:]))]
             if not common:
                 names = ", ".join(f"'{self.layers[t].name}'" for t in group[1:])
                 raise UsageError(
                     f"planner: error: {names} share the weights of "
                     f"'{self.layers[owner].name}' (tie) and so its layout, but no layout "
                     "is allowed for all of them; pin them alike (or not at all)")
-            for t in group:
-                self.candidates[t] = list(common)
+            for k, t in enumerate(group):
+                self.candidates[t] = [row[k] for row in common]
             self.ties.append(group)
         empty = [self.layers[i].name for i, c in self.candidates.items() if not c]
         if empty:
@@ -156,7 +162,15 @@ class Space:
         self._own: dict[tuple[int, Weights], np.ndarray] = {}
         self._positions: dict[int, dict[Layout, int]] = {}
         self._kinds: list[int] | None = None
+        self._loss_parts: np.ndarray | None = None
+        self._terminal: dict[Weights, np.ndarray] = {}
         self._precompute()
+
+    def holds_alike(self, group: tuple[int, ...], assignment: dict[int, Layout]) -> bool:
+        """Whether ``assignment`` holds a tied group's weight alike (one position of the
+        group's aligned candidate lists)."""
+        return any(all(self.candidates[i][j] == assignment[i] for i in group)
+                   for j in range(len(self.candidates[group[0]])))
 
     def _dist(self, d: Dist) -> int:
         if d not in self.index:
@@ -322,6 +336,32 @@ class Space:
             self._follow_arrays[key] = hit
         return hit
 
+    def terminal(self, w: Weights) -> np.ndarray:
+        """The loss's weighted cost on each distribution the last layer may leave (see
+        :func:`loss_cost`); the evaluation books it on the last layer."""
+        if self._loss_parts is None:
+            last = self.layers[-1]
+            n = len(self.dists)
+            parts = np.zeros((n, 4))
+            kernels: list[Kernel] = []
+            owners: list[int] = []
+            for d, dist in enumerate(self.dists):
+                ks, terms = loss_cost(last, dist, self.ctx)
+                for t in terms:
+                    parts[d, _A] += t.seconds
+                flat = ks["forward"] + ks["backward_data"] + ks["backward_weight"]
+                kernels.extend(flat)
+                owners.extend([d] * len(flat))
+            secs = self.ctx.estimator.estimate(kernels, self.ctx.cluster.device,
+                                               self.ctx.network.dtype).seconds
+            for d, sec in zip(owners, secs, strict=True):
+                parts[d, _C] += float(sec)
+            self._loss_parts = parts
+        hit = self._terminal.get(w)
+        if hit is None:
+            hit = self._terminal[w] = _score(self._loss_parts, w)
+        return hit
+
     def transitions(self, elems: int) -> np.ndarray:
         """Seconds to move an activation of ``elems`` per sample between every pair of
         distributions: ``T[src, dst]``."""
@@ -389,7 +429,7 @@ class Space:
                 out_map, own = self.follower_arrays(layer, w)
                 total += float(own[d])
                 state[layer.index] = int(out_map[d])
-        return total
+        return total + float(self.terminal(w)[state[self.layers[-1].index]])
 
     def position(self, index: int) -> dict[Layout, int]:
         """Where each candidate layout of layer ``index`` sits in its list (the first
@@ -448,6 +488,7 @@ def dynamic_program(space: Space, w: Weights, origin: int | None = None,
         cost = _advance(space, w, cost, pos, len(space.layers), steps, origin, fixed)
     else:
         cost = _advance(space, w, cost, 0, len(space.layers), steps, origin, fixed)
+    cost = cost + space.terminal(w)[None, :]  # the loss
     best = int(np.argmin(cost[0]))
     value = float(cost[0, best])
     if not math.isfinite(value):
@@ -513,7 +554,7 @@ def _member_bounds(space: Space, w: Weights, origin: int | None, fixed: dict[int
     for j in range(len(out)):
         tail = _advance(space, w, head, pos, len(space.layers), [], origin,
                         {**fixed, member: j})
-        out[j] = float(tail[0].min())
+        out[j] = float((tail[0] + space.terminal(w)).min())
     return out
 
 
@@ -818,7 +859,7 @@ def solve(space: Space, w: Weights) -> tuple[float, dict[int, Layout]]:
     # memory search solves twenty times)
     heads: list[np.ndarray] = []
     free = _solve_origins(space, w, {}, probe=max(space.ties[0]), probe_state=heads)
-    if all(len({free[1][i] for i in group}) == 1 for group in space.ties):
+    if all(space.holds_alike(group, free[1]) for group in space.ties):
         return free
     fixed: dict[int, int] = {}
     best: tuple[float, dict[int, Layout]] = (INF, {})
@@ -949,11 +990,10 @@ def improve(space: Space, start: Candidate, objective: str,
     groups = [*space.ties, *((i,) for i, lays in space.candidates.items()
                              if i not in tied and len(lays) > 1)]
     half = Weights(gradient=0.5)
-    order: dict[tuple[int, ...], list[Layout]] = {}
+    order: dict[tuple[int, ...], list[int]] = {}  # positions in the (aligned) candidates
     for g in groups:
-        own = space.weighted_own(space.layers[g[0]], half)
-        lays = space.candidates[g[0]]
-        order[g] = [lays[j] for j in sorted(range(len(lays)), key=lambda j: (own[j], j))]
+        own = np.sum([space.weighted_own(space.layers[i], half) for i in g], axis=0)
+        order[g] = sorted(range(len(own)), key=lambda j: (own[j], j))
     budget = LOCAL_BUDGET // max(len(space.layers), 1)
     spent = 0
     # passes alternate direction, from the output back first (the order in which the
@@ -963,15 +1003,14 @@ def improve(space: Space, start: Candidate, objective: str,
     while quiet < 2 and spent < budget:
         improved = False
         for g in groups:
-            current = best.assignment[g[0]]
-            for lay in order[g]:
-                if lay == current:
+            for j in order[g]:
+                if all(best.assignment[i] == space.candidates[i][j] for i in g):
                     continue
                 if spent >= budget:
                     break
                 trial = dict(best.assignment)
                 for i in g:
-                    trial[i] = lay
+                    trial[i] = space.candidates[i][j]
                 spent += 1
                 time_s, comm_s = time_and_comm(ctx, options, trial, space.cache)
                 if (comm_s if objective == "comm" else time_s) >= score * (1 - 1e-9):
@@ -985,8 +1024,9 @@ def improve(space: Space, start: Candidate, objective: str,
 
 
 def _fit_memory(space: Space, base: Weights, consider: Any) -> list[Candidate]:
-    """Raise a Lagrangian weight on memory until the dynamic program's answer fits, then
-    bisect back towards the smallest weight that still fits (less time given up)."""
+    """The leanest assignment (memory alone); if it fits, raise a Lagrangian weight on
+    memory until the dynamic program's answer fits, then bisect back towards the
+    smallest weight that still fits (less time given up)."""
     found: list[Candidate] = []
 
     def attempt(lam: float) -> bool:
@@ -1000,6 +1040,15 @@ def _fit_memory(space: Space, base: Weights, consider: Any) -> list[Candidate]:
             return True
         return False
 
+    # the leanest assignment first (memory alone): when even it does not fit, the
+    # weights in between are not tried (about 20 solves, most of the time of a question
+    # that fits nowhere; the dynamic program's memory is the evaluation's up to tensors
+    # two layers keep, which it counts twice)
+    leanest = consider("search", solve(space, Weights(0.0, 0.0, 0.0, 1.0))[1])
+    if leanest is not None and not leanest.evaluation.memory.fits:
+        return found
+    if leanest is not None:
+        found.append(leanest)
     lo, hi = 0.0, 0.0
     lam = 1e-15
     while lam < 1e-2:
@@ -1008,11 +1057,7 @@ def _fit_memory(space: Space, base: Weights, consider: Any) -> list[Candidate]:
             break
         lo = lam
         lam *= 4
-    if not found:
-        attempt_only = solve(space, Weights(0.0, 0.0, 0.0, 1.0))[1]
-        cand = consider("search", attempt_only)
-        if cand is not None and cand.evaluation.memory.fits:
-            found.append(cand)
+    if hi == 0.0:
         return found
     for _ in range(12):
         mid = math.sqrt(lo * hi) if lo > 0 else hi / 4

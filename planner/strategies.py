@@ -21,7 +21,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterator
 
-from .layout import Layout, Pin, divisors, make_layout, pin_layout
+from .layout import Layout, Pin, divisors, holds_alike, make_layout, pin_layout
 from .network import Layer, Network
 
 
@@ -37,9 +37,12 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False) -
         if layout.pr > limit:
             return f"it has {limit} {what}, fewer than P_r={layout.pr}"
     if layout.mode in ("column", "row"):
-        if layer.linear is None or layer.linear.tied_to is not None:
-            return (f"{layout.mode}-parallel layouts (Megatron's pair) split a linear layer "
-                    "that owns its weight; this layer is not one")
+        if layer.linear is None:
+            return (f"{layout.mode}-parallel layouts (Megatron's pair) split a linear layer; "
+                    "this layer is not one")
+        if layer.linear.tied_to is not None and layout.mode == "row":
+            return ("an output head that shares its embedding's table splits it by "
+                    "vocabulary rows (model or column), not by its input features (row)")
         if paper:
             return (f"the paper's accounting (--cost-model gholami2018) has no "
                     f"{layout.mode}-parallel layout")
@@ -67,7 +70,7 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
         yield make_layout("data", 1, gpus)
     limit = layer.model_split_limit
     lin = layer.linear
-    megatron = lin is not None and lin.tied_to is None and not paper
+    megatron = lin is not None and not paper
     spatial_rows = min(layer.input_shape[1], layer.output_shape[1]) if layer.is_spatial else 0
     for pr in divisors(gpus):
         if pr == 1:
@@ -81,7 +84,7 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
                 yield make_layout("model", pr, pc, pl)
         if lin is not None and megatron:
             for mode, most in (("column", lin.out_features), ("row", lin.in_features)):
-                if pr <= most:
+                if pr <= most and not (mode == "row" and lin.tied_to is not None):
                     for pl in placements if both else ("rows",):
                         yield make_layout(mode, pr, pc, pl)
         if layer.conv is not None and (paper or pr <= spatial_rows):
@@ -171,14 +174,15 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
                 break
         owner = owner_of.get(layer.index)
         if owner is not None and owner in out:
-            # one weight, one layout: a tied layer takes its owner's unless a pin
-            # asks for the same; a pin asking for another is an error
-            if chosen is not None and chosen != out[owner]:
+            # one weight, held alike: a tied layer takes its owner's layout unless a pin
+            # asks for one that holds it alike (a column head under a model-split
+            # table); a pin asking for another is an error
+            if chosen is not None and not holds_alike(out[owner], chosen):
                 raise StrategyError(
                     f"layer '{layer.name}' shares its weights with "
                     f"'{network.layers[owner].name}' (tie) and takes its layout, "
                     f"{out[owner].label()}; the pin asks for {chosen.label()}", source)
-            chosen = out[owner]
+            chosen = chosen or out[owner]
         if chosen is None:
             chosen = grid_layout(layer, gpus, pr, pc, mode, placement)
         reason = why_invalid(layer, chosen, batch, paper)

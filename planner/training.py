@@ -35,7 +35,15 @@ from .errors import InputError, Issue, NoFeasiblePlan, PlannerError
 from .evaluate import DEFAULT_BUCKET_BYTES, OVERLAPS, Evaluation, Options, evaluate, make_context
 from .fields import Fields, Invalid, boolean, choice, integer, number, quantity, string
 from .inputs import cluster_from_document, network_from_document
-from .layout import MODES, PLACEMENTS, Layout, make_layout, parse_grid, parse_pin
+from .layout import (
+    MODES,
+    PLACEMENTS,
+    Layout,
+    holds_alike,
+    make_layout,
+    parse_grid,
+    parse_pin,
+)
 from .loading import Document, Mark, load_file
 from .network import DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
 from .strategies import StrategyError, fixed_assignment, why_invalid
@@ -292,7 +300,7 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, options: Options,
         return None
     for owner, tied in net.ties.items():
         for t in tied:
-            if t in assignment and assignment[t] != assignment[owner]:
+            if t in assignment and not holds_alike(assignment[owner], assignment[t]):
                 findings.append(Finding(
                     "plan", False,
                     f"layer '{net.layers[t].name}' shares its weights with "

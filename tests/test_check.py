@@ -347,11 +347,13 @@ def test_a_plan_that_parts_tied_layers_fails(runner, tmp_path):
                    "batch: 64\nstrategy: {plan: ../plans/gpt2.yaml}\n")
     assert invoke(runner, "check", cfg).exit_code == 0
     text = plan.read_text()
-    head = "- name: lm_head\n  type: linear\n  mode: data\n  grid: [1, 64]\n"
+    # the plan splits the table by vocabulary rows and the head alike (model, column)
+    head = "- name: lm_head\n  type: linear\n  mode: column\n  grid: [4, 16]\n"
     assert text.count(head) == 1
-    plan.write_text(text.replace(head, head.replace("mode: data\n  grid: [1, 64]",
-                                                    "mode: model\n  grid: [4, 16]")))
+    assert text.count("- name: wte\n  type: embedding\n  mode: model\n  grid: [4, 16]\n") == 1
+    plan.write_text(text.replace(head, head.replace("mode: column\n  grid: [4, 16]",
+                                                    "mode: data\n  grid: [1, 64]")))
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 1
     assert ("layer 'lm_head' shares its weights with 'wte' (tie), so one layout serves both, "
-            "but the plan gives it model 4x16 and 'wte' data 1x64") in result.stdout
+            "but the plan gives it data 1x64 and 'wte' model 4x16") in result.stdout

@@ -11,17 +11,19 @@ import pytest
 from planner.costs.layer import (
     follower_kernels,
     follower_terms,
+    loss_cost,
     redistribute_terms,
     weighted_terms,
 )
 from planner.evaluate import Options, evaluate, make_context
-from planner.inputs import load_network_text
-from planner.layout import Dist, input_dist, make_layout, redistribution
+from planner.inputs import load_cluster, load_network, load_network_text
+from planner.layout import Dist, holds_alike, input_dist, make_layout, redistribution
 from planner.network import layer_kernels
 from planner.ops import Gemm
 from planner.search import Space, Weights, search, solve
 from planner.strategies import candidate_layouts, why_invalid
 
+from .conftest import CLUSTERS, NETWORKS
 from .helpers import FixedEstimator, cluster, mlp
 
 B, E = 16, 4  # batch, bytes per element (fp32)
@@ -171,3 +173,56 @@ def test_search_pairs_an_mlp_when_weights_must_be_split():
     result = search(ctx, opts)
     assert [r.layout.mode for r in result.best.evaluation.layers if r.follows is None] == \
         ["column", "row"]
+
+
+def test_the_loss_is_timed_on_the_output_where_it_lives():
+    """Softmax cross-entropy over the last layer's output: two passes over the local
+    logits forward, four backward (bytes by hand); split by features (a column layer
+    last), three all-reduces of one fp32 number per token over the feature group, which
+    Megatron's vocabulary-parallel cross-entropy needs (max, target logit, sum of exp)."""
+    net = load_network_text("kind: network\nname: lm\ninput: [128, 64]\nlayers:\n"
+                            "  - {type: linear, out_features: 1000}\n")
+    ctx, opts = _ctx(net, 8, b=16)
+    head = net.layers[0]
+    whole = Dist(8, (1, 8), None)  # data 1x8: 2 samples a device
+    ks, terms = loss_cost(head, whole, ctx)
+    elems = 2 * 128 * 1000
+    assert [k.bytes for k in ks["forward"]] == [2 * elems * E]
+    assert [k.bytes for k in ks["backward_data"]] == [4 * elems * E]
+    assert terms == []
+    split = make_layout("column", 4, 2).output_dist()  # 8 samples, a quarter of the vocab
+    ks, terms = loss_cost(head, split, ctx)
+    assert [k.bytes for k in ks["forward"]] == [2 * 8 * 128 * 1000 / 4 * E]
+    assert [(t.phase, t.collective, t.group.size, t.bytes) for t in terms] == [
+        ("forward", "all_reduce", 4, 3 * 8 * 128 * 4)]
+    # in the evaluation, on the last layer (the fixed estimator: 1e-5 s a kernel)
+    ev = evaluate(ctx, opts, {0: make_layout("column", 4, 2)})
+    cost = ev.layers[-1].cost
+    # forward: the GEMM and the loss; backward: the weight gradient (the input needs
+    # none) and the loss
+    assert cost.forward_s == pytest.approx(2e-5) and cost.backward_s == pytest.approx(2e-5)
+    assert [t.note for t in cost.terms if t.phase == "forward"] == ["loss"]
+
+
+def test_a_tied_head_column_split_keeps_its_logits_split():
+    """GPT-2's head shares the token table; under a model-split table (vocabulary rows)
+    the head may be column-split on the same grid: no all-gather of the logits (a model
+    head's forward moves B/P_c × 1,024 × 50,257 elements), the loss's three per-token
+    all-reduces instead, and a quarter of the logits kept per device."""
+    net = load_network(NETWORKS / "gpt2-small.yaml")
+    opts = Options(gpus=8, batch=8, overlap="none")
+    ctx = make_context(net, load_cluster(CLUSTERS / "dgx-h100.yaml"), opts)
+    wte, head = net.by_name("wte"), net.by_name("lm_head")
+    base = {lay.index: make_layout("model", 4, 2) for lay in net.layers if lay.has_weights}
+    gathered = evaluate(ctx, opts, base)
+    split = evaluate(ctx, opts, {**base, head.index: make_layout("column", 4, 2)})
+    g_head, s_head = gathered.layers[head.index], split.layers[head.index]
+    b, vocab, seq = 4, 50257, 1024
+    assert [(t.collective, t.bytes) for t in g_head.cost.terms if t.phase == "forward"] == [
+        ("all_gather", b * seq * vocab * E)]
+    assert [(t.collective, t.bytes, t.note) for t in s_head.cost.terms
+            if t.phase == "forward"] == [("all_reduce", 3 * b * seq * 4, "loss")]
+    assert s_head.activation_bytes == pytest.approx(g_head.activation_bytes / 4, rel=0.01)
+    assert split.time_s < gathered.time_s
+    assert holds_alike(base[wte.index], make_layout("column", 4, 2))
+    assert not holds_alike(make_layout("model", 4, 2), make_layout("column", 2, 4))

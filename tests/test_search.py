@@ -17,7 +17,7 @@ from planner.cli_plan import load_question
 from planner.errors import NoFeasiblePlan
 from planner.evaluate import EvalCache, Options, evaluate, make_context
 from planner.inputs import load_cluster, load_network, load_network_text
-from planner.layout import SHARDED_MODES, make_layout
+from planner.layout import SHARDED_MODES, holds_alike, make_layout
 from planner.plan import group_ranks
 from planner.search import LOCAL_GAP, Space, Weights, search, solve
 
@@ -54,8 +54,9 @@ def _brute_force(ctx, opts, space, objective):
     best = None
     for combo in itertools.product(*(space.candidates[lay.index] for lay in weighted)):
         assignment = {lay.index: c for lay, c in zip(weighted, combo, strict=True)}
-        if any(len({assignment[i] for i in group}) > 1 for group in space.ties):
-            continue  # a shared weight has one layout
+        if not all(holds_alike(assignment[g[0]], assignment[t])
+                   for g in space.ties for t in g[1:]):
+            continue  # a shared weight is held alike
         ev = evaluate(ctx, opts, assignment, cache)
         score = ev.comm_s if objective == "comm" else ev.time_s
         if best is None or score < best[0]:
@@ -132,7 +133,7 @@ def test_tied_layers_share_one_layout_and_the_search_stays_exact(p, batch, per_n
     space.prepare_transitions()
     value, assignment = solve(space, Weights(0.0, 1.0, 1.0) if objective == "comm"
                               else Weights())
-    assert assignment[0] == assignment[4]
+    assert holds_alike(assignment[0], assignment[4])
     ev = evaluate(ctx, opts, assignment)
     got = ev.comm_s if objective == "comm" else ev.time_s
     assert value == pytest.approx(got, rel=1e-9)
@@ -176,7 +177,7 @@ def test_tie_search_bounds_hold_and_equal_trying_every_layout(p, batch, blocks, 
         assert bound <= exact
     reference, _ = _every_common_layout(space, w)
     free = search_module._solve_origins(space, w, {})
-    if len({free[1][i] for i in group}) == 1:  # the free optimum keeps the tie: taken
+    if space.holds_alike(group, free[1]):  # the free optimum keeps the tie: taken
         assert solve(space, w) == free and free[0] == reference[0]
     else:  # (most draws: 122 of the 144 combinations)
         assert solve(space, w) == reference
@@ -206,13 +207,23 @@ def test_tied_layers_in_plans_costs_and_pins(runner):
     for p in ("64", "256"):
         doc = json.loads(invoke(runner, "plan", *gpt2, "-p", p, "--format", "json").stdout)
         by = {rec["name"]: rec for rec in doc["layers"]}
-        assert (by["wte"]["mode"], by["wte"]["grid"]) == (by["lm_head"]["mode"],
-                                                          by["lm_head"]["grid"]), p
+        # the table split by vocabulary rows, the head by the same rows with its logits
+        # left split for the loss (Megatron's vocabulary-parallel pair), on one grid
+        assert (by["wte"]["mode"], by["lm_head"]["mode"]) in {
+            ("data", "data"), ("model", "model"), ("model", "column")}, p
+        assert by["wte"]["grid"] == by["lm_head"]["grid"], p
     # a pin on the table moves the head with it; a pin that parts them is an error
     doc = json.loads(invoke(runner, "cost", *gpt2, "-p", "64", "--pin", "wte=model:4x16",
                             "--format", "json").stdout)
     head = next(rec for rec in doc["layers"] if rec["name"] == "lm_head")
     assert (head["mode"], head["grid"]) == ("model", [4, 16])
+    doc = json.loads(invoke(runner, "cost", *gpt2, "-p", "64", "--pin", "wte=model:4x16",
+                            "--pin", "lm_head=column:4x16", "--format", "json").stdout)
+    head = next(rec for rec in doc["layers"] if rec["name"] == "lm_head")
+    assert (head["mode"], head["grid"]) == ("column", [4, 16])
+    r = invoke(runner, "cost", *gpt2, "-p", "64", "--pin", "wte=model:4x16",
+               "--pin", "lm_head=row:4x16")
+    assert r.exit_code == 2
     r = invoke(runner, "cost", *gpt2, "-p", "64", "--pin", "wte=model:4x16",
                "--pin", "lm_head=data")
     assert r.exit_code == 2

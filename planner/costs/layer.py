@@ -34,7 +34,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..layout import Dist, Layout, node_group, redistribution
 from ..network import Layer, Network, layer_kernels
-from ..ops import Kernel
+from ..ops import Elementwise, Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
 from .compute import Estimator, FloatArray
 
@@ -392,6 +392,31 @@ def follower_terms(layer: Layer, dist: Dist, ctx: Context) -> tuple[list[CommTer
         terms += redistribute_terms(dist, work, layer.in_elems, ctx, "gather height")
     _add(terms, _params_term(layer, work, ctx))
     return terms, work, work
+
+
+def loss_cost(layer: Layer, dist: Dist, ctx: Context,
+              ) -> tuple[dict[str, list[Kernel]], list[CommTerm]]:
+    """The loss over the network's output (``layer``, the last, on ``dist``): a softmax
+    cross-entropy over its last dimension, two memory-bound passes forward (read the
+    logits, write their log-softmax) and four backward (the loss's dense gradient, then
+    the log-softmax's: read it and the saved output, write the input gradient), on the
+    elements this device holds. Logits split by features (a column layer last, as
+    Megatron's vocabulary-parallel cross-entropy) need each token's maximum, target
+    logit and sum of exponentials from the whole row: three all-reduces of one fp32
+    number per token over the feature group, forward."""
+    b = _ceil_div(ctx.batch, dist.batch[1])
+    elems = layer.out_elems * b / dist.split
+    e = ctx.elem_bytes
+    kernels: dict[str, list[Kernel]] = {
+        "forward": [Elementwise(2.0 * elems * e, 5.0 * elems, "loss")],
+        "backward_data": [Elementwise(4.0 * elems * e, 2.0 * elems, "loss")],
+        "backward_weight": []}
+    terms: list[CommTerm] = []
+    if dist.feature is not None and not ctx.paper:
+        tokens = layer.out_elems // layer.output_shape[-1]
+        group = node_group((dist.feature,), dist.p, ctx.per_node)
+        _add(terms, term(ctx, "forward", "all_reduce", group, 3.0 * b * tokens * 4, "loss"))
+    return kernels, terms
 
 
 def _params_term(layer: Layer, dist: Dist, ctx: Context) -> CommTerm | None:
