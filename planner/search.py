@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .costs.layer import (
+    FEATURE_WISE,
     CommTerm,
     Context,
     cost_signature,
@@ -56,7 +57,7 @@ from .costs.memory import param_bytes
 from .errors import NoFeasiblePlan, Shortfall, UsageError
 from .evaluate import EvalCache, Evaluation, Options, evaluate, time_and_comm
 from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
-from .network import Layer
+from .network import Layer, Network
 from .ops import Elementwise, Kernel
 from .strategies import candidate_layouts, why_invalid
 from .units import format_bytes
@@ -832,7 +833,48 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
                                     if layer.conv is not None else lay)))
     result.append(best_of("gholami", "Gholami et al.: convolutions data parallel, the other "
                                      "layers on the best grid", gh_opts))
+    pairs = megatron_modes(space.ctx.network)
+    if "row" in pairs.values() and not ctx.paper:
+        mg_opts: list[tuple[str, dict[int, Layout] | str]] = []
+        for pr, pc in _grids(p):
+            if pr == 1:
+                continue
+            for pl in (("rows", "cols") if pc > 1 else ("rows",)):
+                mg_opts.append((f"column/row pairs, model elsewhere, {pr}x{pc}"
+                                f"{' (cols)' if pl == 'cols' else ''}",
+                                _assign(space, lambda layer, pr=pr, pc=pc, pl=pl: make_layout(
+                                    pairs.get(layer.index, "model"), pr, pc, pl))))
+        result.append(best_of("megatron", "Megatron-LM: linear layers in column/row pairs, "
+                                          "the other layers model-split, on the best grid",
+                              mg_opts))
     return result
+
+
+def megatron_modes(network: Network) -> dict[int, str]:
+    """Megatron-LM's tensor parallelism for a network's linear layers: a linear whose
+    output reaches another linear through feature-wise layers only is ``column``, that
+    other one ``row``; an output head that shares its embedding's table ``column`` (the
+    others are left out: model-split)."""
+    consumers: dict[int, list[int]] = {}
+    for layer in network.layers:
+        for i in layer.inputs:
+            consumers.setdefault(i, []).append(layer.index)
+    modes: dict[int, str] = {}
+    for layer in network.layers:
+        if layer.linear is None or layer.index in modes:
+            continue
+        if layer.linear.tied_to is not None:
+            modes[layer.index] = "column"
+            continue
+        nxt = consumers.get(layer.index, [])
+        while len(nxt) == 1 and network.layers[nxt[0]].type in FEATURE_WISE:
+            nxt = consumers.get(nxt[0], [])
+        if len(nxt) == 1:
+            target = network.layers[nxt[0]]
+            if target.linear is not None and target.linear.tied_to is None:
+                modes[layer.index] = "column"
+                modes[target.index] = "row"
+    return modes
 
 
 def _origins(space: Space) -> Sequence[int | None]:

@@ -25,7 +25,7 @@ def test_plan_paper_grids(runner):
     assert grids["conv1"] == ("data", [1, 512])
     assert grids["fc6"] == grids["fc7"] == grids["fc8"] == ("model", [32, 16])
     names = [b["name"] for b in doc["baselines"]]
-    assert names == ["data", "model", "single-grid", "gholami"]
+    assert names == ["data", "model", "single-grid", "gholami"]  # no column/row here
     data = doc["baselines"][0]
     assert data["speedup"] > 5  # the plan beats data parallelism on communication
     for b in doc["baselines"]:
