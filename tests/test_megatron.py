@@ -26,6 +26,7 @@ from planner.strategies import candidate_layouts, why_invalid
 from .benchmarks.generate import transformer
 from .conftest import CLUSTERS, NETWORKS
 from .helpers import FixedEstimator, cluster, mlp
+from .test_search import _transformer_text
 
 B, E = 16, 4  # batch, bytes per element (fp32)
 
@@ -251,3 +252,19 @@ def test_the_megatron_baseline_pairs_each_mlp():
     assert result.best.assignment == megatron.candidate.assignment
     data = next(b for b in result.baselines if b.name == "data")
     assert not data.candidate.evaluation.memory.fits
+
+
+@pytest.mark.parametrize(("p", "batch", "bw"), [(4, 32, 1e9), (8, 128, 1e11), (16, 32, 1e11),
+                                                (16, 128, 1e9)])
+def test_dynamic_program_equals_the_evaluation_on_residual_blocks(p, batch, bw):
+    """Transformer blocks with residuals and a tied head, the learned kernel models, no
+    overlap: the dynamic program's value is the evaluated time of its answer (relative
+    1e-12: float sums), whatever split activations cross the shortcuts."""
+    net = load_network_text(_transformer_text(2))
+    cl = cluster(per_node=8, intra=(1e-6, bw * 10), inter=(5e-6, bw))
+    opts = Options(gpus=p, batch=batch, overlap="none")
+    ctx = make_context(net, cl, opts)
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    value, assignment = solve(space, Weights())
+    assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
