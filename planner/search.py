@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 
 from .costs.layer import (
-    FEATURE_WISE,
     CommTerm,
     Context,
     cost_signature,
@@ -57,9 +56,9 @@ from .costs.memory import param_bytes
 from .errors import NoFeasiblePlan, Shortfall, UsageError
 from .evaluate import EvalCache, Evaluation, Options, evaluate, time_and_comm
 from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
-from .network import Layer, Network
+from .network import Layer
 from .ops import Elementwise, Kernel
-from .strategies import candidate_layouts, why_invalid
+from .strategies import candidate_layouts, megatron_modes, why_invalid
 from .units import format_bytes
 
 INF = math.inf
@@ -848,33 +847,6 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
                                           "the other layers model-split, on the best grid",
                               mg_opts))
     return result
-
-
-def megatron_modes(network: Network) -> dict[int, str]:
-    """Megatron-LM's tensor parallelism for a network's linear layers: a linear whose
-    output reaches another linear through feature-wise layers only is ``column``, that
-    other one ``row``; an output head that shares its embedding's table ``column`` (the
-    others are left out: model-split)."""
-    consumers: dict[int, list[int]] = {}
-    for layer in network.layers:
-        for i in layer.inputs:
-            consumers.setdefault(i, []).append(layer.index)
-    modes: dict[int, str] = {}
-    for layer in network.layers:
-        if layer.linear is None or layer.index in modes:
-            continue
-        if layer.linear.tied_to is not None:
-            modes[layer.index] = "column"
-            continue
-        nxt = consumers.get(layer.index, [])
-        while len(nxt) == 1 and network.layers[nxt[0]].type in FEATURE_WISE:
-            nxt = consumers.get(nxt[0], [])
-        if len(nxt) == 1:
-            target = network.layers[nxt[0]]
-            if target.linear is not None and target.linear.tied_to is None:
-                modes[layer.index] = "column"
-                modes[target.index] = "row"
-    return modes
 
 
 def _origins(space: Space) -> Sequence[int | None]:

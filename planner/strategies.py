@@ -21,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterator
 
+from .costs.layer import FEATURE_WISE
 from .layout import Layout, Pin, divisors, holds_alike, make_layout, pin_layout
 from .network import Layer, Network
 
@@ -101,14 +102,45 @@ class StrategyError(ValueError):
 
 
 def grid_layout(layer: Layer, gpus: int, pr: int, pc: int, mode: str | None,
-                placement: str) -> Layout:
+                placement: str, pairs: dict[int, str] | None = None) -> Layout:
     """The layout one grid for every layer gives ``layer``: data when ``P_r = 1``; with
-    ``mode: domain``, convolutions split their height and the other layers model."""
+    ``mode: domain``, convolutions split their height and the other layers model; with
+    ``mode: megatron``, linear layers take ``pairs`` (:func:`megatron_modes`) and the
+    other layers model."""
     if pr == 1 or mode == "data":
         return make_layout("data", 1, gpus)
     if mode == "domain" and layer.conv is not None:
         return make_layout("domain", pr, pc, placement)
+    if mode == "megatron" and pairs:
+        return make_layout(pairs.get(layer.index, "model"), pr, pc, placement)
     return make_layout("model", pr, pc, placement)
+
+
+def megatron_modes(network: Network) -> dict[int, str]:
+    """Megatron-LM's tensor parallelism for a network's linear layers: a linear whose
+    output reaches another linear through feature-wise layers only is ``column``, that
+    other one ``row``; an output head that shares its embedding's table ``column`` (the
+    others are left out: model-split)."""
+    consumers: dict[int, list[int]] = {}
+    for layer in network.layers:
+        for i in layer.inputs:
+            consumers.setdefault(i, []).append(layer.index)
+    modes: dict[int, str] = {}
+    for layer in network.layers:
+        if layer.linear is None or layer.index in modes:
+            continue
+        if layer.linear.tied_to is not None:
+            modes[layer.index] = "column"
+            continue
+        nxt = consumers.get(layer.index, [])
+        while len(nxt) == 1 and network.layers[nxt[0]].type in FEATURE_WISE:
+            nxt = consumers.get(nxt[0], [])
+        if len(nxt) == 1:
+            target = network.layers[nxt[0]]
+            if target.linear is not None and target.linear.tied_to is None:
+                modes[layer.index] = "column"
+                modes[target.index] = "row"
+    return modes
 
 
 def _listed(names: list[str]) -> str:
@@ -155,14 +187,15 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
         pr, pc = grid
         if mode == "data" and pr != 1:
             raise StrategyError(f"--mode data is the grid 1x{gpus}; --grid {pr}x{pc} needs "
-                                "--mode model or domain", "grid")
-    elif mode in ("model", "domain"):
+                                "--mode model, domain or megatron", "grid")
+    elif mode in ("model", "domain", "megatron"):
         pr, pc = gpus, 1
     else:
         pr, pc = 1, gpus
     used = [False] * len(pins)
     out: dict[int, Layout] = {}
     owner_of = {t: o for o, tied in network.ties.items() for t in tied}
+    pairs = megatron_modes(network) if mode == "megatron" else None
     for layer in network.layers:
         if not layer.has_weights:
             continue
@@ -182,9 +215,11 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
                     f"layer '{layer.name}' shares its weights with "
                     f"'{network.layers[owner].name}' (tie) and takes its layout, "
                     f"{out[owner].label()}; the pin asks for {chosen.label()}", source)
-            chosen = chosen or out[owner]
+            if chosen is None:
+                on_grid = grid_layout(layer, gpus, pr, pc, mode, placement, pairs)
+                chosen = on_grid if holds_alike(out[owner], on_grid) else out[owner]
         if chosen is None:
-            chosen = grid_layout(layer, gpus, pr, pc, mode, placement)
+            chosen = grid_layout(layer, gpus, pr, pc, mode, placement, pairs)
         reason = why_invalid(layer, chosen, batch, paper)
         if reason is not None:
             raise StrategyError(f"layer '{layer.name}' cannot use {chosen.label()}: {reason}",

@@ -14,7 +14,7 @@ team chose: a plan file, one grid for every layer, or pins::
     precision: float32           # the dtype of weights and activations (default: the network's)
     overlap: gradients           # none | gradients
     strategy:
-      plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain), or: pins: [...]
+      plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron), or: pins: [...]
     max_slowdown: 1.10           # allowed ratio to the searched optimum
 
 Checks: the strategy fits in memory on every device; its predicted iteration time is
@@ -149,7 +149,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                     parse_grid(strategy["grid"], gpus, "gpus")
                 except PlannerError as exc:
                     sf.error("grid", str(exc).removeprefix("planner: error: "))
-            strategy["mode"] = sf.opt("mode", choice(("data", "model", "domain")), "model")
+            strategy["mode"] = sf.opt("mode", choice(("data", "model", "domain", "megatron")),
+                                      "model")
             strategy["placement"] = sf.opt("placement", choice(("rows", "cols")), "rows")
         elif sf.has("pins"):
             strategy["pins"] = sf.req("pins", _pins)

@@ -75,7 +75,7 @@ def test_one_grid_domain(runner):
      "output channels, fewer than P_r=512 (--pin 'conv1=model:512x1')"),
     (["--pin", "fc*=sideways"], "mode must be one of data, model, domain, column, row"),
     (["--grid", "16x32", "--mode", "data"], "--mode data is the grid 1x512; --grid 16x32 "
-                                            "needs --mode model or domain"),
+                                            "needs --mode model, domain or megatron"),
 ])
 def test_usage_errors(runner, args, message):
     result = invoke(runner, "cost", ALEX, KNL, *PAPER, *args)

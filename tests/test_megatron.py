@@ -6,6 +6,8 @@ so the pair pays one all-reduce forward (the row layer's, of its output) and one
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from planner.costs.layer import (
@@ -20,11 +22,11 @@ from planner.inputs import load_cluster, load_network, load_network_text
 from planner.layout import Dist, holds_alike, input_dist, make_layout, redistribution
 from planner.network import layer_kernels
 from planner.ops import Gemm
-from planner.search import Space, Weights, megatron_modes, search, solve
-from planner.strategies import candidate_layouts, why_invalid
+from planner.search import Space, Weights, search, solve
+from planner.strategies import candidate_layouts, megatron_modes, why_invalid
 
 from .benchmarks.generate import transformer
-from .conftest import CLUSTERS, NETWORKS
+from .conftest import CLUSTERS, NETWORKS, invoke
 from .helpers import FixedEstimator, cluster, mlp
 from .test_search import _transformer_text
 
@@ -268,3 +270,25 @@ def test_dynamic_program_equals_the_evaluation_on_residual_blocks(p, batch, bw):
     space.prepare_transitions()
     value, assignment = solve(space, Weights())
     assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
+
+
+def test_cost_and_check_take_the_megatron_mode(runner, tmp_path):
+    """`cost --grid 4x2 --mode megatron` prices Megatron's assignment on that grid (the
+    tied head column under the model-split table); a training configuration may ask for
+    it too, and --mode data with a 4x2 grid names megatron among the modes that fit."""
+    gpt2 = [NETWORKS / "gpt2-small.yaml", CLUSTERS / "dgx-h100.yaml", "-p", "8", "-b", "8"]
+    r = invoke(runner, "cost", *gpt2, "--grid", "4x2", "--mode", "megatron", "--format",
+               "json")
+    assert r.exit_code == 0, r.stderr
+    by = {rec["name"]: (rec["mode"], rec["grid"]) for rec in json.loads(r.stdout)["layers"]
+          if "follows" not in rec}
+    assert by["h.0.mlp.c_fc"] == ("column", [4, 2]) and by["h.0.mlp.c_proj"] == ("row", [4, 2])
+    assert by["wte"] == ("model", [4, 2]) and by["lm_head"] == ("column", [4, 2])
+    assert by["h.0.attn.attn"] == ("model", [4, 2])
+    r = invoke(runner, "cost", *gpt2, "--grid", "4x2", "--mode", "data")
+    assert r.exit_code == 2 and "--mode model, domain or megatron" in r.stderr
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"kind: training\nnetwork: {gpt2[0]}\ncluster: {gpt2[1]}\ngpus: 8\n"
+                   "batch: 8\nstrategy: {grid: 4x2, mode: megatron}\n")
+    r = invoke(runner, "check", cfg)
+    assert "[memory]" in r.stdout and r.exit_code in (0, 1), r.stdout + r.stderr
