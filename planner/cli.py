@@ -205,8 +205,12 @@ def console(stderr: bool = False) -> Any:
 
     stream = sys.stderr if stderr else sys.stdout
     width = None
-    if "COLUMNS" not in os.environ and (stream is None or not stream.isatty()):
+    columns = os.environ.get("COLUMNS", "")
+    given = columns.isascii() and columns.isdigit() and int(columns) > 0
+    if not given and (stream is None or not stream.isatty()):
         width = 120  # piped or captured: do not squeeze tables into 80 columns
+    elif not given and columns:  # $COLUMNS that is not a width ("abc"): the terminal's
+        width = os.get_terminal_size(stream.fileno()).columns
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 

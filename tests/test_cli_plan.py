@@ -244,3 +244,14 @@ def test_counts_are_plain_digits(runner):
         assert r.exit_code == 2 and said in r.stderr, r.stderr
     r = invoke(runner, "plan", ALEX, DGX, "-p", " 8", "-b", "+64", "--estimator", "roofline")
     assert r.exit_code == 0, r.stderr
+
+
+def test_columns_that_is_not_a_width_is_ignored(runner, monkeypatch):
+    """$COLUMNS=abc (or 0) is not a width: the output is what it is with $COLUMNS unset
+    (120 columns when captured), not rich's 80-column fallback."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    plain = invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64").stdout
+    assert max(len(line) for line in plain.splitlines()) > 80
+    for bad in ("abc", "0", "-5", "８０"):
+        monkeypatch.setenv("COLUMNS", bad)
+        assert invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64").stdout == plain, bad
