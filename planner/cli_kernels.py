@@ -114,7 +114,9 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
                f"({outcome.seconds:.1f} s in all)", err=True)
     results = [r.record() for r in outcome.accuracy]
     render_data({"results": results}, fmt, None,
-                lambda: _results_table(results, "held-out accuracy (split test)"))
+                lambda: _results_table(results, "held-out accuracy (split test)") if results
+                else "held-out accuracy: no held-out rows (every row of these files was "
+                     "used for fitting, as in NeuSight's 'train' split)")
 
 
 def _check_model_dir(out_dir: str, data: tuple[str, ...]) -> None:

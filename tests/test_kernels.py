@@ -1287,3 +1287,19 @@ def test_profile_without_torch_is_a_clear_error(runner, tmp_path, monkeypatch):
     r = invoke(runner, "kernels", "profile", "-o", tmp_path / "x.csv")
     assert r.exit_code == 2
     assert "needs PyTorch" in r.stderr and not (tmp_path / "x.csv").exists()
+
+
+def test_fit_with_no_held_out_rows_says_so(runner, tmp_path):
+    """NeuSight's 'train' rows are never held out: a fit on them alone has no held-out
+    accuracy to print, and says so in a line rather than an empty table."""
+    data = tmp_path / "train.csv"
+    lines = LINEAR.read_text().splitlines()
+    train = [x for x in lines[1:] if x.startswith("train,")][:400]
+    data.write_text("\n".join([lines[0], *train]) + "\n")
+    r = invoke(runner, "kernels", "fit", data, "--only", "gemm", "-o", tmp_path / "m",
+               "--max-iter", "5")
+    assert r.exit_code == 0, r.stderr
+    assert "no held-out rows" in r.stdout and "┃" not in r.stdout
+    r = invoke(runner, "kernels", "fit", data, "--only", "gemm", "-o", tmp_path / "m2",
+               "--max-iter", "5", "--format", "json")
+    assert json.loads(r.stdout) == {"results": []}
