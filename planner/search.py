@@ -569,8 +569,16 @@ def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
         own = np.where(np.arange(len(own)) == only, own, INF)
     trans = space.entry_transitions(layer) * w.activation  # (D, J)
     k, n = cost.shape
-    total = cost[:, :, None] + trans[None, :, :]  # (K, D, J)
-    prev = np.argmin(total, axis=1)  # (K, J)
+    # only the distributions some state holds (a norm gathers split features, so after
+    # it they are out of reach): the same minima, the first of the cheapest as before
+    live = np.flatnonzero(np.isfinite(cost).any(axis=0))
+    if 0 < len(live) < n:
+        total = cost[:, live, None] + trans[None, live, :]  # (K, D', J)
+        pick = np.argmin(total, axis=1)
+        prev = live[pick]
+    else:
+        total = cost[:, :, None] + trans[None, :, :]  # (K, D, J)
+        prev = np.argmin(total, axis=1)  # (K, J)
     best = total.min(axis=1) + own[None, :]
     new = np.full((k, n), INF)
     bp_cur = np.zeros((k, n), dtype=np.int64)
