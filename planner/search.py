@@ -31,6 +31,7 @@ than a baseline that fits.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -166,11 +167,13 @@ class Space:
         self._terminal: dict[Weights, np.ndarray] = {}
         self._precompute()
 
-    def holds_alike(self, group: tuple[int, ...], assignment: dict[int, Layout]) -> bool:
-        """Whether ``assignment`` holds a tied group's weight alike (one position of the
-        group's aligned candidate lists)."""
-        return any(all(self.candidates[i][j] == assignment[i] for i in group)
-                   for j in range(len(self.candidates[group[0]])))
+    @functools.cached_property
+    def structure(self) -> tuple[dict[int, list[tuple[str, Any]]], dict[int, Any], int]:
+        """What the dynamic program's runs share: the block events before each layer,
+        the blocks by their closing add, the first layer with weights."""
+        net = self.ctx.network
+        return (_events(self), {blk.add: blk for blk in net.blocks},
+                next(lay.index for lay in self.layers if lay.has_weights))
 
     def _dist(self, d: Dist) -> int:
         if d not in self.index:
@@ -480,14 +483,12 @@ def dynamic_program(space: Space, w: Weights, origin: int | None = None,
     """
     steps: list[_Step] = []
     fixed = fixed or {}
-    cost = _start(space, origin)
-    if probe is not None and probe_state is not None:  # the state before ``probe``
-        pos = _position(space, probe)
-        cost = _advance(space, w, cost, 0, pos, steps, origin, fixed)
+    end = len(space.layers)
+    pos = probe if probe is not None and probe_state is not None else end  # index = place
+    cost = _advance(space, w, _start(space, origin), 0, pos, steps, origin, fixed)
+    if pos < end and probe_state is not None:  # the state before ``probe``
         probe_state.append(cost)
-        cost = _advance(space, w, cost, pos, len(space.layers), steps, origin, fixed)
-    else:
-        cost = _advance(space, w, cost, 0, len(space.layers), steps, origin, fixed)
+    cost = _advance(space, w, cost, pos, end, steps, origin, fixed)
     cost = cost + space.terminal(w)[None, :]  # the loss
     best = int(np.argmin(cost[0]))
     value = float(cost[0, best])
@@ -510,9 +511,7 @@ def _advance(space: Space, w: Weights, cost: np.ndarray, lo: int, hi: int,
     """Run the layers ``space.layers[lo:hi]`` (and the block events before each) from the
     state ``cost``, appending their back-pointers to ``steps``."""
     n = len(space.dists)
-    events = _events(space)
-    blocks = {blk.add: blk for blk in space.ctx.network.blocks}
-    first_weighted = next(lay.index for lay in space.layers if lay.has_weights)
+    events, blocks, first_weighted = space.structure
     for layer in space.layers[lo:hi]:
         for kind, _blk in events.get(layer.index, []):
             if kind == "begin":
@@ -535,10 +534,6 @@ def _advance(space: Space, w: Weights, cost: np.ndarray, lo: int, hi: int,
     return cost
 
 
-def _position(space: Space, index: int) -> int:
-    return next(k for k, lay in enumerate(space.layers) if lay.index == index)
-
-
 def _member_bounds(space: Space, w: Weights, origin: int | None, fixed: dict[int, int],
                    member: int, head: np.ndarray | None = None) -> np.ndarray:
     """For every candidate ``j`` of ``member``, the optimum with only ``member`` held to
@@ -547,7 +542,7 @@ def _member_bounds(space: Space, w: Weights, origin: int | None, fixed: dict[int
     in the same order in both, and the relaxation only minimises over more paths). One
     run up to ``member`` (or its state ``head`` from a run already made), then one run of
     the layers from it on per candidate."""
-    pos = _position(space, member)
+    pos = member  # a layer's index is its place in the network
     if head is None:
         head = _advance(space, w, _start(space, origin), 0, pos, [], origin, fixed)
     out = np.full(len(space.candidates[member]), INF)
@@ -881,7 +876,7 @@ def solve(space: Space, w: Weights) -> tuple[float, dict[int, Layout]]:
     # memory search solves twenty times)
     heads: list[np.ndarray] = []
     free = _solve_origins(space, w, {}, probe=max(space.ties[0]), probe_state=heads)
-    if all(space.holds_alike(group, free[1]) for group in space.ties):
+    if all(holds_alike(free[1][g[0]], free[1][t]) for g in space.ties for t in g[1:]):
         return free
     fixed: dict[int, int] = {}
     best: tuple[float, dict[int, Layout]] = (INF, {})

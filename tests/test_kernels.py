@@ -386,9 +386,14 @@ def test_a_convolution_is_scaled_when_its_implicit_gemm_outgrows_the_data(est):
     assert part[0, 0] == 64 * 862048 * 2 // (64 * 224 * 224) == 34
     assert factor[0] == 64 / 34
     small = Conv(34, 3, 224, 224, 64, 3, 3, 1, 1, 1, 1, phase="bwd_filter")
-    t = est.estimate([k, small], dev, "float32")
+    _scaled_from(est, k, small, dev, 64 / 34)
+
+
+def _scaled_from(est, big, small, dev, ratio):
+    """``big`` is timed as the backward-filter pass ``small`` times ``ratio`` (fp32)."""
+    t = est.estimate([big, small], dev, "float32")
     assert t.source == ("mlp:conv_bwd_filter-fp32 (scaled)", "mlp:conv_bwd_filter-fp32")
-    np.testing.assert_allclose(t.seconds[0], 64 / 34 * t.seconds[1], rtol=1e-12)
+    np.testing.assert_allclose(t.seconds[0], ratio * t.seconds[1], rtol=1e-12)
 
 
 def test_an_image_beyond_the_data_is_timed_on_bands_of_output_rows(est):
@@ -469,9 +474,7 @@ def test_a_convolution_whose_filter_makes_its_gemm_too_wide_is_split_by_channels
     assert part[0, 1] == 848 and part[0].tolist()[2:] == conv_rows([k])[0].tolist()[2:]
     assert factor[0] == 1024 / 848
     small = Conv(1, 848, 8, 8, 512, 7, 7, 1, 1, 3, 3, phase="bwd_filter")
-    t = est.estimate([k, small], dev, "float32")
-    assert t.source == ("mlp:conv_bwd_filter-fp32 (scaled)", "mlp:conv_bwd_filter-fp32")
-    np.testing.assert_allclose(t.seconds[0], 1024 / 848 * t.seconds[1], rtol=1e-12)
+    _scaled_from(est, k, small, dev, 1024 / 848)
 
 
 def test_a_gemm_reduction_beyond_the_data_is_split(est):
