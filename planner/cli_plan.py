@@ -46,6 +46,10 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Optimizer state kept per parameter."),
         click.option("--master-weights/--no-master-weights", default=None,
                      help="Keep fp32 master weights (default: for 16-bit dtypes)."),
+        click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+                     help="ZeRO stage: shard the optimizer state (1), the gradients too "
+                          "(2) or the weights too (3) over each layer's data-parallel "
+                          "replicas."),
         click.option("--algorithm",
                       type=click.Choice(("auto", "ring", "tree", "recursive", "hierarchical")),
                       default=None, help="Collective algorithm (default: the cluster's)."),
@@ -77,7 +81,8 @@ class Question:
 
 def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model: str,
                   overlap: str, bucket: str, optimizer: str, master_weights: bool | None,
-                  algorithm: str | None, estimator: str, models_dir: str | None) -> Question:
+                  algorithm: str | None, estimator: str, models_dir: str | None,
+                  zero: int = 0) -> Question:
     """Load both files, build the options and the cost context."""
     from .evaluate import Options, check_question, make_context
     from .inputs import load_cluster, load_network
@@ -86,7 +91,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     cl = load_cluster(cluster)
     options = Options(gpus=gpus, batch=batch, cost_model=cost_model, overlap=overlap,
                       bucket_bytes=_size(bucket), optimizer=optimizer,
-                      master_weights=master_weights, algorithm=algorithm)
+                      master_weights=master_weights, algorithm=algorithm, zero=zero)
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cluster import Cluster
-from .costs.comm import Group, collective_time, paper_all_reduce
+from .costs.comm import Collective, Group, collective_time, paper_all_reduce
 from .costs.compute import Estimator, Roofline
 from .costs.layer import (
     CommTerm,
@@ -33,18 +33,20 @@ from .costs.layer import (
     follower_terms,
     local_params,
     loss_cost,
+    optimizer_kernel,
     redistribute_terms,
+    replicas,
     time_kernels,
     weighted_kernels,
     weighted_terms,
 )
-from .costs.memory import MemoryReport, param_bytes
+from .costs.memory import MemoryReport, param_bytes, sharded
 from .errors import UsageError
 from .layout import Dist, Layout, input_dist
 from .network import Layer, Network
-from .ops import Elementwise
 
 OVERLAPS = ("none", "gradients")
+ZERO_STAGES = (0, 1, 2, 3)
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb = 25
 
 
@@ -60,6 +62,7 @@ class Options:
     optimizer: str = "momentum"
     master_weights: bool | None = None
     algorithm: str | None = None
+    zero: int = 0  #: ZeRO stage (0: none; 1: optimizer state, 2: + gradients, 3: + weights)
 
 
 @dataclass
@@ -90,11 +93,13 @@ class Evaluation:
     weight_grad_s: float
     memory: MemoryReport
     buckets: list[dict[str, Any]] = field(default_factory=list)
+    parameters_s: float = 0.0  #: ZeRO's all-gathers of parameters (all on the critical path)
 
     @property
     def activation_comm_s(self) -> float:
-        """Communication on the critical path (everything but weight gradients)."""
-        return self.comm_s - self.weight_grad_s
+        """Activation traffic (everything but weight gradients and ZeRO's parameter
+        gathers), all on the critical path."""
+        return self.comm_s - self.weight_grad_s - self.parameters_s
 
 
 def make_context(network: Network, cluster: Cluster, options: Options,
@@ -102,13 +107,20 @@ def make_context(network: Network, cluster: Cluster, options: Options,
     """The cost context of a question."""
     return Context(network=network, cluster=cluster, gpus=options.gpus, batch=options.batch,
                    estimator=estimator or Roofline(), cost_model=options.cost_model,
-                   algorithm=options.algorithm)
+                   algorithm=options.algorithm, zero=options.zero)
 
 
 def check_question(network: Network, cluster: Cluster, options: Options) -> None:
     """Usage problems of the question itself (exit 2)."""
     if options.gpus < 1:
         raise UsageError("planner: error: --gpus must be at least 1")
+    if options.zero not in ZERO_STAGES:
+        raise UsageError(f"planner: error: ZeRO stage {options.zero} does not exist; use "
+                         "0, 1, 2 or 3")
+    if options.zero and options.cost_model == "gholami2018":
+        raise UsageError("planner: error: --zero needs --cost-model exact: the paper's "
+                         "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
+                         "--zero or the cost model")
     beyond_cluster(cluster, [options.gpus])
 
 
@@ -137,7 +149,7 @@ class EvalCache:
     follower: dict[Any, tuple[tuple[CommTerm, ...], Dist, Dist, float, float, str]] = field(
         default_factory=dict)
     moves: dict[Any, tuple[CommTerm, ...]] = field(default_factory=dict)
-    buckets: dict[tuple[float, Group], float] = field(default_factory=dict)
+    buckets: dict[tuple[Collective, float, Group], float] = field(default_factory=dict)
     #: a small integer per distinct cost signature of ``network``'s layers (cheap keys)
     signatures: list[int] = field(default_factory=list)
     network: Network | None = None
@@ -277,6 +289,14 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     e = ctx.elem_bytes
     pb = param_bytes(options.optimizer, e, options.master_weights)
     params = sum(r.cost.params_local for r in results)
+    grads = params * pb.gradients
+    if options.zero:
+        shares = [(r.cost.params_local, sharded(pb, options.zero, replicas(r.cost.terms)))
+                  for r in results]
+        held = (sum(n * s.weights for n, s in shares), sum(n * s.gradients for n, s in shares),
+                sum(n * s.optimizer for n, s in shares))
+    else:
+        held = (params * pb.weights, grads, params * pb.optimizer)
     kept: dict[tuple[int, Dist | None], float] = {}
     per_layer: dict[int, float] = {}
     batch = ctx.batch
@@ -315,12 +335,12 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     workspace = max((_local_elems(r.layer.out_elems, r.dist_out, batch)
                      + _local_elems(r.layer.in_elems, r.dist_in, batch)) * e for r in results)
     largest = max((t.bytes for r in results for t in r.cost.terms), default=0.0)
-    grads = params * pb.gradients
+    # buckets fill with whole gradients before they are reduced (or reduce-scattered)
     buckets = min(grads, 2 * options.bucket_bytes) if options.overlap == "gradients" else 0.0
     return MemoryReport(
-        weights=params * pb.weights,
-        gradients=grads,
-        optimizer=params * pb.optimizer,
+        weights=held[0],
+        gradients=held[1],
+        optimizer=held[2],
         activations=activations,
         comm_buffers=largest + buckets,
         workspace=workspace,
@@ -328,19 +348,67 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     )
 
 
-def _bucket_time(ctx: Context, nbytes: float, group: Group,
-                 cache: dict[tuple[float, Group], float] | None = None) -> float:
+def _bucket_time(ctx: Context, op: Collective, nbytes: float, group: Group,
+                 cache: dict[tuple[Collective, float, Group], float] | None = None) -> float:
     if cache is not None:
-        hit = cache.get((nbytes, group))
+        hit = cache.get((op, nbytes, group))
         if hit is None:
-            hit = cache[(nbytes, group)] = _bucket_time(ctx, nbytes, group)
+            hit = cache[(op, nbytes, group)] = _bucket_time(ctx, op, nbytes, group)
         return hit
     if ctx.paper:
         link = ctx.cluster.inter if group.spans_nodes else ctx.cluster.intra
         e = ctx.elem_bytes
         return float(paper_all_reduce(nbytes / e, group.size, link.latency_s,
                                       e / link.bandwidth))
-    return float(collective_time("all_reduce", nbytes, group, ctx.cluster, ctx.algorithm)[0])
+    return float(collective_time(op, nbytes, group, ctx.cluster, ctx.algorithm)[0])
+
+
+def _bucketed(ctx: Context, results: list[LayerResult], items: list[tuple[int, int]],
+              bucket_bytes: float | None, cache: EvalCache,
+              ) -> list[tuple[list[tuple[int, int]], float, float]]:
+    """Collectives joined into buckets: consecutive terms (``(layer position, term
+    position)`` in ``items``) over the same group, until a bucket holds ``bucket_bytes``
+    (PyTorch DDP's rule); ``None``: each term alone. Returns ``(members, bytes,
+    seconds)`` per bucket, and gives each member its share of its bucket's time (by
+    bytes) in place of its own."""
+    runs: list[tuple[list[tuple[int, int]], float, float]] = []
+    pending: list[tuple[int, int]] = []
+    pending_bytes = 0.0
+
+    def at(item: tuple[int, int]) -> CommTerm:
+        return results[item[0]].cost.terms[item[1]]
+
+    def flush() -> None:
+        nonlocal pending_bytes
+        if not pending:
+            return
+        first = at(pending[0])
+        secs = _bucket_time(ctx, first.collective, pending_bytes, first.group,  # type: ignore[arg-type]
+                            cache.buckets) if len(pending) > 1 else first.seconds
+        runs.append((list(pending), pending_bytes, secs))
+        if bucket_bytes is not None:  # each layer carries its share of its bucket (by bytes)
+            for x in pending:
+                t = at(x)
+                share = secs * t.bytes / pending_bytes if pending_bytes else 0.0
+                results[x[0]].cost.terms[x[1]] = CommTerm(
+                    t.phase, t.collective, t.group, t.bytes, share, t.algorithm,
+                    (t.note + " bucketed").strip())
+        pending.clear()
+        pending_bytes = 0.0
+
+    for item in items:
+        t = at(item)
+        if bucket_bytes is None:
+            runs.append(([item], t.bytes, t.seconds))
+            continue
+        if pending and (t.group != at(pending[0]).group or pending_bytes >= bucket_bytes):
+            flush()
+        pending.append(item)
+        pending_bytes += t.bytes
+        if pending_bytes >= bucket_bytes:
+            flush()
+    flush()
+    return runs
 
 
 def _timeline(ctx: Context, options: Options, results: list[LayerResult],
@@ -350,9 +418,11 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     fwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "forward")
     bwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "backward")
     pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
-    # the optimizer step: one memory-bound pass over each layer's parameter shard
-    updates = [Elementwise(r.cost.params_local * pb.update_traffic, r.cost.params_local * 4.0,
-                           "optimizer") for r in results if r.cost.params_local > 0]
+    # the optimizer step: one memory-bound pass over each layer's parameter shard (with
+    # ZeRO, over the 1/R of it whose optimizer state this device keeps)
+    updates = [optimizer_kernel(r.cost.params_local / (replicas(r.cost.terms) if ctx.zero
+                                                       else 1), pb)
+               for r in results if r.cost.params_local > 0]
     optimizer_s = float(ctx.estimator.estimate(updates, ctx.cluster.device,
                                                ctx.network.dtype).seconds.sum()) if updates \
         else 0.0
@@ -368,60 +438,36 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
                 grad_terms.append((clock, pos, j))
     end_backward = clock
     buckets: list[dict[str, Any]] = []
-
-    def grad(item: tuple[float, int, int]) -> CommTerm:
-        return results[item[1]].cost.terms[item[2]]
-
-    if options.overlap == "none":
-        weight_grad_s = sum(grad(x).seconds for x in grad_terms)
+    bucketing = options.overlap == "gradients"
+    grad_runs = _bucketed(ctx, results, [(p, j) for _, p, j in grad_terms],
+                          options.bucket_bytes if bucketing else None, cache)
+    if not bucketing:
+        weight_grad_s = sum(run[2] for run in grad_runs)
         finish = end_backward + weight_grad_s
     else:
         weight_grad_s = 0.0
         channel = 0.0
-        pending: list[tuple[float, int, int]] = []
-        pending_bytes = 0.0
-        attributed: dict[tuple[int, int], float] = {}
-
-        def flush() -> None:
-            nonlocal channel, weight_grad_s, pending_bytes
-            if not pending:
-                return
-            ready = pending[-1][0]
-            group = grad(pending[0]).group
-            nbytes = pending_bytes
-            secs = _bucket_time(ctx, nbytes, group, cache.buckets) if len(pending) > 1 else \
-                grad(pending[0]).seconds
+        k = 0
+        for members, nbytes, secs in grad_runs:
+            ready = grad_terms[k + len(members) - 1][0]
+            k += len(members)
             start = max(ready, channel)
             channel = start + secs
             weight_grad_s += secs
-            for x in pending:
-                attributed[(x[1], x[2])] = secs * grad(x).bytes / nbytes if nbytes else 0.0
-            buckets.append({"index": len(buckets), "layers": len(pending), "bytes": nbytes,
-                            "group": group.size, "ready_s": ready, "start_s": start,
-                            "end_s": channel})
-            pending.clear()
-            pending_bytes = 0.0
-
-        for item in grad_terms:
-            t = grad(item)
-            if pending and (t.group != grad(pending[0]).group or
-                            pending_bytes >= options.bucket_bytes):
-                flush()
-            pending.append(item)
-            pending_bytes += t.bytes
-            if pending_bytes >= options.bucket_bytes:
-                flush()
-        flush()
+            buckets.append({"index": len(buckets), "layers": len(members), "bytes": nbytes,
+                            "group": results[members[0][0]].cost.terms[members[0][1]].group.size,
+                            "ready_s": ready, "start_s": start, "end_s": channel})
         finish = max(end_backward, channel)
-        # each layer carries its share of its bucket's all-reduce (by bytes)
-        for (pos, j), secs in attributed.items():
-            terms = results[pos].cost.terms
-            t = terms[j]
-            terms[j] = CommTerm(t.phase, t.collective, t.group, t.bytes, secs, t.algorithm,
-                                (t.note + " bucketed").strip())
-    time_s = finish + optimizer_s
+    # ZeRO stages 1-2: the updated parameters all-gathered after the step, in buckets
+    # as the gradients were
+    upd_items = [(p, j) for p, r in enumerate(results) for j, t in enumerate(r.cost.terms)
+                 if t.when == "update"]
+    upd_comm = sum(run[2] for run in _bucketed(ctx, results, upd_items,
+                                               options.bucket_bytes if bucketing else None,
+                                               cache))
+    time_s = finish + optimizer_s + upd_comm
     compute_s = fwd_compute + bwd_compute + optimizer_s
-    comm_s = fwd_comm + bwd_comm + weight_grad_s
+    comm_s = fwd_comm + bwd_comm + weight_grad_s + upd_comm
     # the same compute summed in two orders differs in its last bits: on one device the
     # difference read as 1e-17 s of exposed communication
     exposed = min(comm_s, max(0.0, time_s - compute_s))
@@ -439,4 +485,6 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         weight_grad_s=weight_grad_s,
         memory=memory,
         buckets=buckets,
+        parameters_s=sum(t.seconds for r in results for t in r.cost.terms
+                         if t.phase == "parameters"),
     )

@@ -10,18 +10,23 @@ digits, so the same inputs give byte-identical files)::
       network: {file, name, sha256}
       cluster: {file, name, sha256}
     problem: {gpus, batch, dtype, cost_model, overlap, bucket_bytes, optimizer,
-              master_weights, estimator, algorithm, nodes}
+              master_weights, zero, estimator, algorithm, nodes}
     iteration: {time_s, compute_s, comm_s, exposed_comm_s, forward_s, backward_s,
-                optimizer_s, weight_grad_s, activation_comm_s, samples_per_s}
+                optimizer_s, weight_grad_s, activation_comm_s, parameters_comm_s,
+                samples_per_s}
     memory: {peak_bytes, capacity_bytes, fits, breakdown: {weights, gradients, optimizer,
              activations, comm_buffers, workspace}}
     layers:                       # every layer, in execution order
       - name, type, mode (data|model|domain|column|row), grid: [P_r, P_c], placement (rows|cols),
         follows (for layers without weights: whose layout they follow),
         compute_s, compute: {forward_s, backward_s, estimator},
-        comm: {forward_s, backward_data_s, weight_grad_s, redistribute_s,
+        comm: {forward_s, backward_data_s, weight_grad_s, redistribute_s, parameters_s,
                terms: [{phase, collective, group, per_node, bytes, seconds, algorithm, note}]},
-        memory: {params_bytes, activation_bytes}
+        memory: {params_bytes, activation_bytes}   # params_bytes: what this device keeps
+
+    ZeRO (``problem.zero`` 1-3) turns each weight-gradient all-reduce into a reduce-scatter
+    and adds ``parameters`` terms: an all-gather after the optimizer step (stages 1-2), or
+    before the forward and the backward (stage 3).
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .costs.layer import CommTerm
-from .costs.memory import param_bytes, uses_master_weights
+from .costs.layer import CommTerm, replicas
+from .costs.memory import param_bytes, sharded, uses_master_weights
 from .evaluate import Evaluation, LayerResult, Options
 from .network import Network
 from .output import rounded
@@ -60,10 +65,12 @@ def _term(t: CommTerm) -> dict[str, Any]:
 
 
 def layer_record(r: LayerResult, elem_bytes: int, optimizer: str,
-                 master: bool | None) -> dict[str, Any]:
+                 master: bool | None, zero: int = 0) -> dict[str, Any]:
     """One layer of the plan document."""
     c = r.cost
     pb = param_bytes(optimizer, elem_bytes, master)
+    if zero:
+        pb = sharded(pb, zero, replicas(c.terms))
     rec: dict[str, Any] = {
         "name": r.layer.name,
         "type": r.layer.type,
@@ -81,6 +88,7 @@ def layer_record(r: LayerResult, elem_bytes: int, optimizer: str,
         "backward_data_s": c.comm("backward_data"),
         "weight_grad_s": c.comm("weight_grad"),
         "redistribute_s": c.comm("redistribute"),
+        "parameters_s": c.comm("parameters"),
         "terms": [_term(t) for t in c.terms],
     }
     rec["memory"] = {"params_bytes": c.params_local * pb.total,
@@ -100,6 +108,7 @@ def iteration_record(ev: Evaluation, batch: int) -> dict[str, Any]:
         "optimizer_s": ev.optimizer_s,
         "weight_grad_s": ev.weight_grad_s,
         "activation_comm_s": ev.activation_comm_s,
+        "parameters_comm_s": ev.parameters_s,
         "samples_per_s": batch / ev.time_s if ev.time_s > 0 else 0.0,
     }
 
@@ -117,6 +126,7 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
         "bucket_bytes": options.bucket_bytes,
         "optimizer": options.optimizer,
         "master_weights": uses_master_weights(network.elem_bytes, options.master_weights),
+        "zero": options.zero,
     }
 
 
@@ -141,7 +151,7 @@ def plan_document(command: str, network: Network, network_file: str, cluster_nam
     if extra:
         doc.update(extra)
     doc["layers"] = [layer_record(r, network.elem_bytes, options.optimizer,
-                                  options.master_weights) for r in ev.layers]
+                                  options.master_weights, options.zero) for r in ev.layers]
     return rounded(doc, 4)  # type: ignore[no-any-return]
 
 

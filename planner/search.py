@@ -48,12 +48,14 @@ from .costs.layer import (
     follower_terms,
     local_params,
     loss_cost,
+    optimizer_kernel,
     redistribute_key,
     redistribute_seconds,
+    replicas,
     weighted_kernels,
     weighted_terms,
 )
-from .costs.memory import param_bytes
+from .costs.memory import ParamBytes, param_bytes, sharded
 from .errors import NoFeasiblePlan, Shortfall, UsageError
 from .evaluate import EvalCache, Evaluation, Options, evaluate, time_and_comm
 from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
@@ -201,7 +203,8 @@ class Space:
             seen: dict[tuple[str, int, int], list[Kernel]] = {}
             for j, lay in enumerate(lays):
                 comm_a = comm_g = 0.0
-                for t in weighted_terms(layer, lay, ctx):
+                terms = weighted_terms(layer, lay, ctx)
+                for t in terms:
                     if t.when == "gradient":
                         comm_g += t.seconds
                     else:
@@ -209,7 +212,8 @@ class Space:
                 arr[j, _A] = comm_a
                 arr[j, _G] = comm_g
                 params_local = local_params(layer, lay)
-                arr[j, _M] = params_local * self.pb.total + self._saved_bytes(layer, lay)
+                share = self._share(terms)
+                arr[j, _M] = params_local * share.total + self._saved_bytes(layer, lay)
                 shape_key = (lay.mode, lay.pr, lay.pc)
                 if shape_key not in seen:
                     prods = weighted_kernels(layer, lay, ctx)
@@ -219,16 +223,24 @@ class Space:
                 kernels.extend(ks)
                 owners.extend([(key, j)] * len(ks))
                 if params_local > 0:  # as the evaluation: a tied head updates nothing
-                    kernels.append(self._optimizer_kernel(params_local))
+                    kernels.append(self._optimizer_kernel(params_local, terms))
                     owners.append((key, j))
         if kernels:
             secs = ctx.estimator.estimate(kernels, ctx.cluster.device, ctx.network.dtype).seconds
             for (key, j), s in zip(owners, secs, strict=True):
                 self._weighted[key][j, _C] += float(s)
 
-    def _optimizer_kernel(self, params_local: float) -> Elementwise:
-        return Elementwise(params_local * self.pb.update_traffic, params_local * 4.0,
-                           "optimizer")
+    def _optimizer_kernel(self, params_local: float, terms: list[CommTerm]) -> Elementwise:
+        """The step over this device's parameters (with ZeRO, the 1/R whose state it
+        keeps), as the evaluation times it."""
+        share = replicas(terms) if self.options.zero else 1
+        return optimizer_kernel(params_local / share, self.pb)
+
+    def _share(self, terms: list[CommTerm]) -> ParamBytes:
+        """Bytes per parameter element this device keeps (ZeRO shards them)."""
+        if not self.options.zero:
+            return self.pb
+        return sharded(self.pb, self.options.zero, replicas(terms))
 
     def _saved_bytes(self, layer: Layer, lay: Layout) -> float:
         b = -(-self.options.batch // lay.pc)
@@ -311,13 +323,14 @@ class Space:
         prods = follower_kernels(layer, work, ctx)
         ks = prods["forward"] + prods["backward_data"] + prods["backward_weight"]
         if layer.params:
-            ks.append(self._optimizer_kernel(float(layer.params)))
+            ks.append(self._optimizer_kernel(float(layer.params), terms))
         if ks:
             parts[_C] = float(ctx.estimator.estimate(ks, ctx.cluster.device,
                                                       ctx.network.dtype).seconds.sum())
         b = -(-self.options.batch // work.batch[1])
         kept = (layer.out_elems if layer.saves_output else 0) + layer.saved_internal
-        parts[_M] = layer.params * self.pb.total + kept * b / work.split * ctx.elem_bytes
+        parts[_M] = layer.params * self._share(terms).total + \
+            kept * b / work.split * ctx.elem_bytes
         result = (parts, self._dist(out))
         self._follow[key] = result
         return result
@@ -1109,6 +1122,10 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     else:
         tips.append(f"more devices ({more}): parameters, gradients and "
                     f"optimizer state take {format_bytes(params)}")
+        if opts.zero < 3 and opts.cost_model == "exact":
+            what = ("the optimizer state", "the gradients too", "the weights too")[opts.zero]
+            tips.append(f"--zero {opts.zero + 1} (shards {what} over the data-parallel "
+                        "replicas)")
         if opts.optimizer == "adam":
             tips.append("a lighter optimizer (--optimizer momentum or sgd)")
         tips.append(f"a smaller batch (--batch {max(1, opts.batch // 2)})")

@@ -13,6 +13,7 @@ team chose: a plan file, one grid for every layer, or pins::
     optimizer: momentum          # sgd | momentum | adam
     precision: float32           # the dtype of weights and activations (default: the network's)
     overlap: gradients           # none | gradients
+    zero: 0                      # ZeRO stage 0-3: optimizer state / + gradients / + weights sharded
     strategy:
       plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron), or: pins: [...]
     max_slowdown: 1.10           # allowed ratio to the searched optimum
@@ -66,6 +67,7 @@ class TrainingConfig:
     bucket_bytes: float
     cost_model: str
     strategy: dict[str, Any]
+    zero: int
     max_slowdown: float
     document: Document = field(compare=False, repr=False)
 
@@ -126,6 +128,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     overlap = f.opt("overlap", choice(OVERLAPS), "gradients")
     bucket = f.opt("bucket_size", quantity("bytes", positive=False), float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
+    zero = f.opt("zero", integer(0, 3), 0)
+    if zero and cost_model == "gholami2018":
+        f.error("zero", "ZeRO needs 'cost_model: exact': the paper's accounting (Gholami "
+                        "et al. 2018) has no sharded optimizer")
     slowdown = f.opt("max_slowdown", number(1.0, 1e6), 1.10)
     strategy: dict[str, Any] = {}
     if f.has("strategy"):
@@ -173,7 +179,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           cluster_path=paths["cluster"], gpus=gpus, batch=batch,
                           optimizer=optimizer, precision=precision, master_weights=master,
                           overlap=overlap, bucket_bytes=bucket, cost_model=cost_model,
-                          strategy=strategy, max_slowdown=slowdown, document=doc)
+                          strategy=strategy, zero=zero, max_slowdown=slowdown, document=doc)
 
 
 def load_training(path: str | Path) -> TrainingConfig:
@@ -271,9 +277,10 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, options: Options,
     from .plan import problem_record
 
     for key, value in rounded(problem_record(net, options), 4).items():
-        if prob.get(key) != value:
-            problems.append(f"the plan is for {key}={prob.get(key)}, the configuration says "
-                            f"{value}")
+        # a plan made before ZeRO was modelled had none
+        had = prob.get(key, 0 if key == "zero" else None)
+        if had != value:
+            problems.append(f"the plan is for {key}={had}, the configuration says {value}")
     if problems:
         findings.append(Finding("plan", False, "the plan is stale: " + "; ".join(problems) +
                                 " (re-run `planner plan` and commit the new plan)",
@@ -374,7 +381,8 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     net, cl = _network_for(cfg)
     options = Options(gpus=cfg.gpus, batch=cfg.batch, cost_model=cfg.cost_model,
                       overlap=cfg.overlap, bucket_bytes=cfg.bucket_bytes,
-                      optimizer=cfg.optimizer, master_weights=cfg.master_weights)
+                      optimizer=cfg.optimizer, master_weights=cfg.master_weights,
+                      zero=cfg.zero)
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "

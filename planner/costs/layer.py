@@ -37,6 +37,7 @@ from ..network import Layer, Network, layer_kernels
 from ..ops import Elementwise, Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
 from .compute import Estimator, FloatArray
+from .memory import ParamBytes
 
 ELEMENTWISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout", "add", "lrn",
                "flatten")
@@ -59,11 +60,14 @@ class CommTerm:
 
     @functools.cached_property
     def when(self) -> str:
-        """Where it sits in the timeline: ``forward``, ``backward`` (on the critical path)
-        or ``gradient`` (a weight-gradient reduction that may overlap). Cached: the
+        """Where it sits in the timeline: ``forward``, ``backward`` (on the critical path),
+        ``gradient`` (a weight-gradient reduction that may overlap) or ``update`` (after
+        the optimizer step: ZeRO's all-gather of the updated parameters). Cached: the
         timeline asks for every term of every evaluation."""
         if self.phase == "weight_grad":
             return "gradient"
+        if self.note.endswith("(update)"):
+            return "update"
         if self.phase == "forward" or self.note.endswith("(forward)"):
             return "forward"
         return "backward"
@@ -80,6 +84,7 @@ class Context:
     estimator: Estimator
     cost_model: str = "exact"
     algorithm: str | None = None
+    zero: int = 0  #: ZeRO stage: parameters, gradients, optimizer state sharded
 
     @property
     def elem_bytes(self) -> int:
@@ -190,21 +195,20 @@ def weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]
     terms: list[CommTerm] = []
     own = layer.params  # a tied head's shared weight is reduced once, by its embedding
     if layout.mode == "data":
-        _add(terms, term(ctx, "weight_grad", "all_reduce", allg, own * e))
+        terms += gradient_terms(ctx, allg, own * e)
         return terms
     if layout.mode == "column":
         # Megatron's column-parallel linear: the output stays split by features; the
         # input gradient's partial sums are all-reduced over the row group
         if _needs_input_grad(layer):
             _add(terms, term(ctx, "backward_data", "all_reduce", row, b * layer.in_elems * e))
-        _add(terms, term(ctx, "weight_grad", "all_reduce", col, own / layout.pr * e))
+        terms += gradient_terms(ctx, col, own / layout.pr * e)
         return terms
     if layout.mode == "row":
         # Megatron's row-parallel linear: partial outputs all-reduced; the input gradient
         # is split by features as the input is; the bias is whole on every device
         _add(terms, term(ctx, "forward", "all_reduce", row, b * layer.out_elems * e))
-        _add(terms, term(ctx, "weight_grad", "all_reduce", col,
-                         local_params(layer, layout) * e))
+        terms += gradient_terms(ctx, col, local_params(layer, layout) * e)
         return terms
     if layout.mode == "model":
         if ctx.paper:
@@ -223,12 +227,12 @@ def weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]
         _add(terms, term(ctx, "forward", fwd_op, row, b * layer.out_elems * e))
         if _needs_input_grad(layer):
             _add(terms, term(ctx, "backward_data", "all_reduce", row, b * layer.in_elems * e))
-        _add(terms, term(ctx, "weight_grad", "all_reduce", col, own / layout.pr * e))
+        terms += gradient_terms(ctx, col, own / layout.pr * e)
         return terms
     # domain: halo rows, weights replicated on all P
     terms += halo_terms(layer, layout, ctx, b)
     wg = layer.weight_elems if ctx.paper else own
-    _add(terms, term(ctx, "weight_grad", "all_reduce", allg, wg * e))
+    terms += gradient_terms(ctx, allg, wg * e)
     return terms
 
 
@@ -365,7 +369,7 @@ def follower_terms(layer: Layer, dist: Dist, ctx: Context) -> tuple[list[CommTer
             _add(terms, term(ctx, "forward", "all_reduce", row, b * layer.out_elems * e,
                              "pool"))
             out = Dist(dist.p, dist.batch, None)
-            _add(terms, _params_term(layer, dist, ctx))
+            terms += _params_terms(layer, dist, ctx)
             return terms, work, out
         if spatial_in and layer.out_height >= n_h and layer.type in ("maxpool", "avgpool"):
             layout_row = row
@@ -383,14 +387,14 @@ def follower_terms(layer: Layer, dist: Dist, ctx: Context) -> tuple[list[CommTer
             stats = 2 * layer.input_shape[0] * 4
             _add(terms, term(ctx, "forward", "all_reduce", row, stats, "statistics"))
             _add(terms, term(ctx, "backward_data", "all_reduce", row, stats, "statistics"))
-            _add(terms, _params_term(layer, dist, ctx))
+            terms += _params_terms(layer, dist, ctx)
             return terms, work, dist
         if layer.type in ELEMENTWISE and (spatial_in or not layer.is_spatial):
             return terms, work, dist
         # cannot compute on a split height: gather the height first
         work = Dist(dist.p, dist.batch, None)
         terms += redistribute_terms(dist, work, layer.in_elems, ctx, "gather height")
-    _add(terms, _params_term(layer, work, ctx))
+    terms += _params_terms(layer, work, ctx)
     return terms, work, work
 
 
@@ -419,16 +423,55 @@ def loss_cost(layer: Layer, dist: Dist, ctx: Context,
     return kernels, terms
 
 
-def _params_term(layer: Layer, dist: Dist, ctx: Context) -> CommTerm | None:
-    """Weight-gradient all-reduce of a follower's own parameters (norm scales, learned
+def _params_terms(layer: Layer, dist: Dist, ctx: Context) -> list[CommTerm]:
+    """Weight-gradient reduction of a follower's own parameters (norm scales, learned
     positions) over the devices that hold different samples or rows of them."""
     if layer.params <= 0:
-        return None
+        return []
     digits = (dist.batch,) + ((dist.height,) if dist.height else ())
     grp = node_group(digits, dist.p, ctx.per_node)
-    if grp.size <= 1:
-        return None
-    return term(ctx, "weight_grad", "all_reduce", grp, layer.params * ctx.elem_bytes)
+    return gradient_terms(ctx, grp, layer.params * ctx.elem_bytes)
+
+
+def gradient_terms(ctx: Context, group: Group, nbytes: float) -> list[CommTerm]:
+    """The collectives of ``nbytes`` of weight gradient summed over ``group``, the
+    devices that hold the same parameters (its data-parallel replicas).
+
+    Without ZeRO, one all-reduce, which may overlap the backward pass. With ZeRO
+    (Rajbhandari et al., SC'20), each of the ``R`` replicas keeps the optimizer state of
+    ``1/R`` of the parameters (stage 1), and of the gradients (stage 2) and the
+    parameters themselves (stage 3): the gradient is reduce-scattered instead (it may
+    overlap as the all-reduce did), and at stages 1 and 2 the updated parameters are
+    all-gathered after the optimizer step, on the critical path (the same bytes on the
+    wire as a ring all-reduce's two halves; §7.2.1 of the paper). At stage 3 the
+    parameters are all-gathered before the layer's forward and again before its
+    backward, both on the critical path: the prefetch that FSDP and DeepSpeed use to
+    hide them behind the previous layer's compute is not modelled."""
+    if group.size <= 1 or nbytes <= 0:
+        return []
+    if ctx.zero == 0:
+        return [t for t in (term(ctx, "weight_grad", "all_reduce", group, nbytes),) if t]
+    terms: list[CommTerm] = []
+    if ctx.zero >= 3:
+        _add(terms, term(ctx, "parameters", "all_gather", group, nbytes, "gather (forward)"))
+        _add(terms, term(ctx, "parameters", "all_gather", group, nbytes,
+                         "gather (backward)"))
+    _add(terms, term(ctx, "weight_grad", "reduce_scatter", group, nbytes))
+    if ctx.zero < 3:
+        _add(terms, term(ctx, "parameters", "all_gather", group, nbytes, "gather (update)"))
+    return terms
+
+
+def optimizer_kernel(elems: float, pb: ParamBytes) -> Elementwise:
+    """The optimizer step over ``elems`` parameter elements: one memory-bound pass (read
+    and write the weights and states, read the gradient), four FLOPs an element."""
+    return Elementwise(elems * pb.update_traffic, elems * 4.0, "optimizer")
+
+
+def replicas(terms: list[CommTerm]) -> int:
+    """The devices that hold the same parameters as this one, from its weight-gradient
+    terms (1 when nothing is reduced)."""
+    return max((t.group.size for t in terms if t.phase == "weight_grad"), default=1)
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -14,7 +14,9 @@ adam                        e         e          2e           (first and second 
 
 So fp32 Adam is 16 bytes per parameter and bf16 Adam with fp32 master weights is
 2 + 2 + 12 = 16 (Rajbhandari et al., ZeRO, SC'20, §3.1). Master weights are the default
-for 16-bit dtypes.
+for 16-bit dtypes. ZeRO divides columns by the ``R`` devices that hold the same
+parameters (:func:`sharded`): stage 1 the optimizer state (with master weights, the fp32
+copy is part of it, as in the paper), stage 2 the gradients too, stage 3 the weights too.
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ class ParamBytes:
         """Bytes the optimizer step moves per parameter: read and write the weights and
         states, read the gradient."""
         return 2 * self.weights + self.gradients + 2 * self.optimizer
+
+
+def sharded(pb: ParamBytes, zero: int, replicas: int) -> ParamBytes:
+    """The bytes per parameter element one device keeps when ZeRO stage ``zero`` shards
+    them over the ``replicas`` devices that hold the same parameters (Rajbhandari et al.,
+    SC'20, §5): stage 1 the optimizer state, stage 2 the gradients too, stage 3 the
+    weights too."""
+    r = float(max(replicas, 1))
+    return ParamBytes(pb.weights / (r if zero >= 3 else 1.0),
+                      pb.gradients / (r if zero >= 2 else 1.0),
+                      pb.optimizer / (r if zero >= 1 else 1.0))
 
 
 def param_bytes(optimizer: str, elem_bytes: int, master_weights: bool | None = None

@@ -1,0 +1,258 @@
+"""ZeRO (Rajbhandari et al., "ZeRO: memory optimizations toward training trillion
+parameter models", SC'20): the ``R`` devices that hold the same parameters (a layer's
+data-parallel replicas) each keep the optimizer state of ``1/R`` of them (stage 1), and
+of the gradients (stage 2) and the weights (stage 3). The gradient is reduce-scattered
+instead of all-reduced; stages 1-2 all-gather the updated parameters after the step,
+stage 3 gathers them before each layer's forward and backward (§7.2: stages 1-2 move
+what an all-reduce moves, stage 3 1.5 times that)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.costs.layer import follower_terms, replicas, weighted_terms
+from planner.costs.memory import param_bytes, sharded
+from planner.errors import NoFeasiblePlan
+from planner.evaluate import Options, evaluate, make_context
+from planner.inputs import load_network_text
+from planner.layout import make_layout
+from planner.search import Space, Weights, search, solve
+
+from .conftest import CLUSTERS, NETWORKS, invoke
+from .helpers import FixedEstimator, cluster, mlp
+from .test_search import _transformer_text
+
+E = 4  # fp32
+ALPHA, BW = 2e-6, 100e9  # helpers.cluster's intra-node tier
+
+
+def _ctx(net, p, zero, b=16, overlap="none", optimizer="adam", cl=None, **kw):
+    opts = Options(gpus=p, batch=b, overlap=overlap, optimizer=optimizer, zero=zero, **kw)
+    cl = cl or cluster(per_node=8, algorithm="ring")
+    return make_context(net, cl, opts, FixedEstimator(1e-5)), opts
+
+
+def _ring(p, nbytes, halves=1):
+    """A ring all-gather or reduce-scatter inside a node, by hand (Thakur et al. 2005):
+    (p − 1)α + (p − 1)/p · n/B; an all-reduce is two of them."""
+    return halves * ((p - 1) * ALPHA + (p - 1) / p * nbytes / BW)
+
+
+def test_terms_by_hand():
+    """fc1 (64 → 128, 8,320 parameters) data parallel on 8 GPUs of one node."""
+    net = mlp([64, 128, 32])
+    fc1 = net.by_name("fc1")
+    n = 8320 * E
+    lay = make_layout("data", 1, 8)
+    got = {}
+    for zero in (0, 1, 2, 3):
+        ctx, _ = _ctx(net, 8, zero)
+        got[zero] = [(t.phase, t.collective, t.when, t.group.size, t.bytes, t.seconds)
+                     for t in weighted_terms(fc1, lay, ctx)]
+    assert got[0] == [("weight_grad", "all_reduce", "gradient", 8, n,
+                       pytest.approx(_ring(8, n, 2), rel=1e-12))]
+    stage12 = [("weight_grad", "reduce_scatter", "gradient", 8, n,
+                pytest.approx(_ring(8, n), rel=1e-12)),
+               ("parameters", "all_gather", "update", 8, n,
+                pytest.approx(_ring(8, n), rel=1e-12))]
+    assert got[1] == stage12 and got[2] == stage12
+    gather = pytest.approx(_ring(8, n), rel=1e-12)
+    assert got[3] == [("parameters", "all_gather", "forward", 8, n, gather),
+                      ("parameters", "all_gather", "backward", 8, n, gather),
+                      ("weight_grad", "reduce_scatter", "gradient", 8, n, gather)]
+
+
+def test_replicas_are_the_devices_that_reduce_the_same_gradient():
+    """Model 2x4: a shard is held by the 4 devices of its column group; data 1x8: by all
+    8; a layer norm after a 2x4 layout: by the 4 batch blocks (its features are whole)."""
+    net = mlp([64, 128, 32], extra="  - {name: ln, type: layernorm}\n")
+    ctx, _ = _ctx(net, 8, 1)
+    fc1 = net.by_name("fc1")
+    assert replicas(weighted_terms(fc1, make_layout("model", 2, 4), ctx)) == 4
+    assert replicas(weighted_terms(fc1, make_layout("data", 1, 8), ctx)) == 8
+    assert replicas(weighted_terms(fc1, make_layout("model", 8, 1), ctx)) == 1
+    dist = make_layout("model", 2, 4).output_dist()
+    terms, _, _ = follower_terms(net.by_name("ln"), dist, ctx)
+    assert replicas(terms) == 4
+
+
+def test_sharded_bytes_per_parameter():
+    """fp32 Adam: 4 + 4 + 8 bytes; bf16 Adam with fp32 master weights: 2 + 2 + 12
+    (ZeRO §3.1: K = 12). Stage s divides the first s columns, from the right, by R."""
+    pb = param_bytes("adam", 4)
+    assert (pb.weights, pb.gradients, pb.optimizer) == (4, 4, 8)
+    s = [sharded(pb, z, 4) for z in range(4)]
+    assert [(x.weights, x.gradients, x.optimizer) for x in s] == [
+        (4, 4, 8), (4, 4, 2), (4, 1, 2), (1, 1, 2)]
+    half = param_bytes("adam", 2)
+    # ZeRO's Figure 1 example: Ψ = 7.5 B parameters, N_d = 64, K = 12: 120 GB without,
+    # 31.4 GB at stage 1 (P_os), 16.6 GB at stage 2, 1.9 GB at stage 3
+    psi = 7.5e9
+    per = [psi * sharded(half, z, 64).total / 1e9 for z in range(4)]
+    assert per == pytest.approx([120.0, 31.40625, 16.640625, 1.875], rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_memory_report_by_hand(zero):
+    """Two linears on a 2x4 model grid and a layer norm (its 2·32 parameters held by the
+    4 batch blocks): each device keeps 1/2 of each linear's parameters, and ZeRO divides
+    the sharded columns by R = 4."""
+    net = mlp([64, 128, 32], extra="  - {name: ln, type: layernorm}\n")
+    ctx, opts = _ctx(net, 8, zero)
+    lay = make_layout("model", 2, 4)
+    assignment = {net.by_name(n).index: lay for n in ("fc1", "fc2")}
+    mem = evaluate(ctx, opts, assignment).memory
+    local = (64 * 128 + 128) / 2 + (128 * 32 + 32) / 2 + 2 * 32
+    r = 4
+    assert mem.weights == pytest.approx(local * 4 / (r if zero >= 3 else 1), rel=1e-12)
+    assert mem.gradients == pytest.approx(local * 4 / (r if zero >= 2 else 1), rel=1e-12)
+    assert mem.optimizer == pytest.approx(local * 8 / r, rel=1e-12)
+
+
+def test_stages_one_and_two_move_what_an_all_reduce_moves():
+    """With ring collectives and no overlap, a reduce-scatter plus an all-gather takes
+    exactly the ring all-reduce's time (ZeRO §7.2.1), so stages 1-2 change the iteration
+    only by the optimizer step (the same single kernel time here); stage 3 adds one
+    all-gather per layer (1.5 times the volume, §7.2.2)."""
+    net = mlp([64, 128, 256, 32])
+    lay = make_layout("data", 1, 8)
+    times = {}
+    for zero in range(4):
+        ctx, opts = _ctx(net, 8, zero)
+        assignment = {lay_.index: lay for lay_ in net.layers if lay_.has_weights}
+        times[zero] = evaluate(ctx, opts, assignment)
+    gathers = sum(_ring(8, n * E) for n in (64 * 128 + 128, 128 * 256 + 256, 256 * 32 + 32))
+    assert times[1].time_s == pytest.approx(times[0].time_s, rel=1e-12)
+    assert times[2].time_s == pytest.approx(times[0].time_s, rel=1e-12)
+    assert times[1].parameters_s == pytest.approx(gathers, rel=1e-12)
+    assert times[1].weight_grad_s == pytest.approx(gathers, rel=1e-12)
+    assert times[3].time_s == pytest.approx(times[0].time_s + gathers, rel=1e-12)
+    assert times[3].parameters_s == pytest.approx(2 * gathers, rel=1e-12)
+    assert times[1].activation_comm_s == pytest.approx(times[0].activation_comm_s, abs=1e-15)
+
+
+def test_update_gathers_are_bucketed_like_the_gradients():
+    """Under --overlap gradients all three layers' gradients fill one 25 MiB bucket over
+    the same 8 devices, and so do their updated parameters after the step: one
+    all-gather of their sum (not three, each paying the latency)."""
+    net = mlp([64, 128, 256, 32])
+    ctx, opts = _ctx(net, 8, 1, overlap="gradients")
+    lay = make_layout("data", 1, 8)
+    ev = evaluate(ctx, opts, {x.index: lay for x in net.layers if x.has_weights})
+    total = (64 * 128 + 128 + 128 * 256 + 256 + 256 * 32 + 32) * E
+    assert ev.parameters_s == pytest.approx(_ring(8, total), rel=1e-12)
+    assert ev.weight_grad_s == pytest.approx(_ring(8, total), rel=1e-12)
+    assert len(ev.buckets) == 1
+    notes = [t.note for r in ev.layers for t in r.cost.terms if t.phase == "parameters"]
+    assert notes == ["gather (update) bucketed"] * 3
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+@pytest.mark.parametrize(("p", "batch"), [(4, 32), (16, 128)])
+def test_dynamic_program_equals_the_evaluation(zero, p, batch):
+    """The search's dynamic program prices ZeRO's terms, memory and sharded optimizer step
+    as the evaluation does (transformer blocks, learned kernel models, no overlap)."""
+    net = load_network_text(_transformer_text(2))
+    cl = cluster(per_node=8, intra=(1e-6, 1e11), inter=(5e-6, 1e10))
+    opts = Options(gpus=p, batch=batch, overlap="none", optimizer="adam", zero=zero)
+    ctx = make_context(net, cl, opts)
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    value, assignment = solve(space, Weights())
+    assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
+
+
+def _wide(width=40960, layers=4):
+    return mlp([width] * (layers + 1), relu=False)
+
+
+def test_zero_lets_data_parallelism_fit():
+    """Four 40,960-wide linears (6.7 G parameters, 107 GB of fp32 Adam state) on 8 H100s
+    (80 GB each): data parallel does not fit without ZeRO; at stage 1 each device keeps
+    weights and gradients (8 bytes a parameter) and 1/8 of the optimizer state."""
+    net = _wide()
+    params = 4 * (40960 * 40960 + 40960)
+    lay = make_layout("data", 1, 8)
+    assignment = {x.index: lay for x in net.layers if x.has_weights}
+    mem = {}
+    for zero in (0, 1):
+        ctx, opts = _ctx(net, 8, zero, b=8)
+        mem[zero] = evaluate(ctx, opts, assignment).memory
+    assert not mem[0].fits and mem[1].fits
+    assert mem[1].optimizer == pytest.approx(params * 8 / 8, rel=1e-12)
+    assert mem[1].weights + mem[1].gradients == pytest.approx(params * 8, rel=1e-12)
+
+
+def test_no_plan_suggests_the_next_stage():
+    """Six 16,384-wide linears (1.6 G parameters, 26 GB of fp32 Adam state) on two 8 GB
+    P4s: nothing fits, and the message names the next ZeRO stage."""
+    net = mlp([16384] * 7, relu=False)
+    for zero, want in ((0, "--zero 1 (shards the optimizer state"),
+                       (2, "--zero 3 (shards the weights too")):
+        ctx, opts = _ctx(net, 2, zero, b=2, cl=cluster(per_node=2, device="P4"))
+        with pytest.raises(NoFeasiblePlan) as err:
+            search(ctx, opts)
+        assert want in str(err.value)
+
+
+def test_cli_and_plan_document(runner, tmp_path):
+    net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
+    args = ["cost", net, cl, "-p", "16", "-b", "16", "--optimizer", "adam", "--format", "json"]
+    plain = json.loads(invoke(runner, *args).output)
+    res = invoke(runner, *args, "--zero", "2")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert plain["problem"]["zero"] == 0 and doc["problem"]["zero"] == 2
+    b0, b2 = plain["memory"]["breakdown"], doc["memory"]["breakdown"]
+    assert b2["weights"] == b0["weights"]
+    assert b2["gradients"] == pytest.approx(b0["gradients"] / 16, rel=1e-3)
+    assert b2["optimizer"] == pytest.approx(b0["optimizer"] / 16, rel=1e-3)
+    assert doc["iteration"]["parameters_comm_s"] > 0 == plain["iteration"]["parameters_comm_s"]
+    layer = next(x for x in doc["layers"] if x["comm"]["terms"])
+    kinds = {t["collective"] for t in layer["comm"]["terms"]}
+    assert "reduce_scatter" in kinds and "all_reduce" not in kinds
+    bad = invoke(runner, *args, "--zero", "1", "--cost-model", "gholami2018")
+    assert bad.exit_code == 2 and "--zero needs --cost-model exact" in bad.output
+    assert "Traceback" not in bad.output
+    assert invoke(runner, *args, "--zero", "4").exit_code == 2
+
+
+def _config(tmp_path, extra):
+    path = tmp_path / "train.yaml"
+    path.write_text(f"kind: training\nnetwork: {NETWORKS / 'gpt2-small.yaml'}\n"
+                    f"cluster: {CLUSTERS / 'dgx-h100.yaml'}\ngpus: 8\nbatch: 8\n"
+                    f"optimizer: adam\nstrategy:\n  grid: 1x8\n{extra}")
+    return path
+
+
+def test_training_configuration_takes_zero(runner, tmp_path):
+    ok = invoke(runner, "check", str(_config(tmp_path, "zero: 2\n")), "--format", "json")
+    assert ok.exit_code in (0, 1), ok.output
+    assert "Traceback" not in ok.output
+    bad = invoke(runner, "check", str(_config(tmp_path, "zero: 5\n")))
+    assert bad.exit_code == 2
+    assert "train.yaml:9:7" in bad.output and "zero" in bad.output
+    paper = invoke(runner, "check", str(_config(tmp_path,
+                                                 "zero: 1\ncost_model: gholami2018\n")))
+    assert paper.exit_code == 2 and "ZeRO needs 'cost_model: exact'" in paper.output
+
+
+def test_a_plan_made_before_zero_reads_as_stage_zero(runner, tmp_path):
+    """Plans written before the ``zero`` field existed are not stale for a configuration
+    without ZeRO, and are for one with it."""
+    net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
+    plan = tmp_path / "plan.json"
+    res = invoke(runner, "plan", net, cl, "-p", "8", "-b", "8", "--optimizer", "adam",
+                          "--format", "json", "-o", str(plan))
+    assert res.exit_code == 0, res.output
+    doc = json.loads(plan.read_text())
+    del doc["problem"]["zero"]
+    plan.write_text(json.dumps(doc))
+    for extra, stale in (("", False), ("zero: 1\n", True)):
+        path = tmp_path / "train.yaml"
+        path.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\nbatch: 8\n"
+                        f"optimizer: adam\nstrategy:\n  plan: {plan}\n{extra}")
+        out = invoke(runner, "check", str(path), "--format", "json").output
+        assert ("the plan is for zero=0, the configuration says 1" in out) == stale, out
