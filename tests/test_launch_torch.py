@@ -1,7 +1,7 @@
 """The cost model is the truth: run one training step of the launch example on PyTorch
-distributed (CPU, gloo, 4 and 8 processes) under plans from ``planner cost``, count the
-bytes every collective moves, and compare them with the plan, term by term; check the
-updated weights against single-process training.
+distributed (CPU, gloo, 4 and 8 processes) under plans from ``planner cost``, with and
+without ZeRO, count the bytes every collective moves, and compare them with the plan, term
+by term; check the updated weights against single-process training.
 
 Needs the ``torch`` extra (the test extra installs ``torch==2.13.0``, the CPU build)."""
 
@@ -33,6 +33,14 @@ CASES = {
     "2x4": (8, ["--grid", "2x4", "--mode", "model"]),
     "mixed8": (8, ["--pin", "fc1=data", "--pin", "fc2=model:2x4", "--pin", "fc3=model:8x1",
                    "--pin", "fc4=model:4x2"]),
+    # ZeRO: gradients reduce-scattered, parameters gathered after the step (stage 1) or
+    # before each forward and backward (stage 3)
+    "1x4-zero1": (4, ["--grid", "1x4", "--zero", "1"]),
+    "2x2-zero3": (4, ["--grid", "2x2", "--mode", "model", "--zero", "3"]),
+    "mixed8-zero2": (8, ["--pin", "fc1=data", "--pin", "fc2=model:2x4", "--pin",
+                         "fc3=model:8x1", "--pin", "fc4=model:4x2", "--zero", "2"]),
+    "mixed8-zero3": (8, ["--pin", "fc1=data", "--pin", "fc2=model:2x4", "--pin",
+                         "fc3=model:8x1", "--pin", "fc4=model:4x2", "--zero", "3"]),
 }
 
 
@@ -85,7 +93,7 @@ def _predicted(plan: Path) -> Counter:
     for rec in doc["layers"]:
         for t in rec["comm"]["terms"]:
             assert t["collective"] != "exchange", "the example moves aligned blocks only"
-            note = t.get("note", "") if t["phase"] == "redistribute" else ""
+            note = t.get("note", "") if t["phase"] in ("redistribute", "parameters") else ""
             got[(rec["name"], t["phase"], t["collective"], int(t["bytes"]), t["group"],
                  note)] += 1
     return got

@@ -18,6 +18,13 @@ With --out DIR every rank records each collective it calls (layer, phase, bytes,
 size) and rank 0 writes the updated weights, so a test can compare them with the plan
 and with single-process training (tests/test_launch_torch.py does).
 
+A plan made with ``--zero`` (ZeRO, Rajbhandari et al., SC'20) is run as it says: each
+weight gradient is reduce-scattered over the column group, and each rank steps its 1/P_c
+of the layer's flat parameters (weights, then bias); at stages 1-2 the updated chunks are
+all-gathered, at stage 3 each rank keeps only its chunk and gathers the shard before the
+layer's forward and again before its backward (plain SGD has no optimizer state, so
+stages 1 and 2 run alike).
+
 The program keeps the backward pass explicit (no autograd) so every collective is visible.
 """
 
@@ -60,6 +67,39 @@ def all_gather_cat(t: torch.Tensor, group: Any, size: int, dim: int, layer: str,
     out = torch.cat(parts, dim=dim)
     REC.add(layer, phase, "all_gather", out.numel() * out.element_size(), size, note)
     return out
+
+
+def reduce_scatter(t: torch.Tensor, group: Any, size: int, layer: str) -> torch.Tensor:
+    """Sum the flat ``t`` over ``group``; this rank keeps its 1/size of the sum (chunk
+    ``group rank``), as ZeRO does with weight gradients."""
+    if size == 1:
+        return t
+    if t.numel() % size:
+        raise SystemExit(f"{layer}: {t.numel()} parameters do not split {size} ways")
+    out = torch.empty(t.numel() // size, dtype=t.dtype, device=t.device)
+    dist.reduce_scatter_tensor(out, t.contiguous(), group=group)
+    REC.add(layer, "weight_grad", "reduce_scatter", t.numel() * t.element_size(), size)
+    return out
+
+
+def gather_flat(chunk: torch.Tensor, group: Any, size: int, layer: str,
+                note: str) -> torch.Tensor:
+    """All-gather the flat parameter chunks of ``group`` (ZeRO's parameter gather)."""
+    if size == 1:
+        return chunk
+    out = torch.empty(chunk.numel() * size, dtype=chunk.dtype, device=chunk.device)
+    dist.all_gather_into_tensor(out, chunk.contiguous(), group=group)
+    REC.add(layer, "parameters", "all_gather", out.numel() * out.element_size(), size, note)
+    return out
+
+
+def my_chunk(flat: torch.Tensor, group: Any, size: int) -> torch.Tensor:
+    """This rank's 1/size of a flat vector (its place in ``group``)."""
+    if size == 1:
+        return flat
+    k = flat.numel() // size
+    i = dist.get_group_rank(group, dist.get_rank())
+    return flat[i * k:(i + 1) * k].clone()
 
 
 def all_reduce(t: torch.Tensor, group: Any, size: int, layer: str, phase: str) -> torch.Tensor:
@@ -165,6 +205,7 @@ def main() -> None:
 
     net = load_network(args.network or plan["inputs"]["network"]["file"])
     batch = int(plan["problem"]["batch"])
+    zero = int(plan["problem"].get("zero", 0))
     layouts = {rec["name"]: rec for rec in plan["layers"]}
     dev = torch.device(args.device)
 
@@ -197,6 +238,23 @@ def main() -> None:
         sl = slice(gr.r * rows, (gr.r + 1) * rows)
         shards[lay.name] = (full_w[lay.name][sl].clone().to(dev),
                             full_b[lay.name][sl].clone().to(dev))
+    # ZeRO stage 3 keeps only this rank's 1/P_c of its shard, flat (weights, then bias)
+    owned: dict[str, torch.Tensor] = {}
+    if zero >= 3:
+        for lay in linears:
+            gr = grid_of(lay.name)
+            w, b = shards[lay.name]
+            owned[lay.name] = my_chunk(torch.cat([w.reshape(-1), b]), gr.col, gr.pc)
+
+    def weights(name: str, note: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's shard (at stage 3 gathered from the column group first)."""
+        if zero < 3:
+            return shards[name]
+        gr = grid_of(name)
+        w_shape = shards[name][0].shape
+        flat = gather_flat(owned[name], gr.col, gr.pc, name, note)
+        n_w = w_shape[0] * w_shape[1]
+        return flat[:n_w].reshape(w_shape), flat[n_w:]
 
     for _ in range(args.steps):
         REC.calls.clear()
@@ -213,7 +271,7 @@ def main() -> None:
             gr = grid_of(lay.name)
             if prev is not None:
                 h = move(h, prev, gr, batch, lay.name, "redistribute", "input (forward)")
-            w, b = shards[lay.name]
+            w, b = weights(lay.name, "gather (forward)")
             y = h @ w.T + b  # this device's rows of the output
             y = all_gather_cat(y, gr.row, gr.pr, 1, lay.name, "forward")
             saved.append(("linear", lay, h, prev))
@@ -223,20 +281,25 @@ def main() -> None:
         target = t_all[last.block(rank) * bl:(last.block(rank) + 1) * bl].to(dev)
         grad = 2.0 * (h - target) / (batch * target.shape[1])  # d(mean squared error)
         updates: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        grad_chunks: dict[str, torch.Tensor] = {}
         for item in reversed(saved):
             if item[0] == "relu":
                 grad = grad * item[1]
                 continue
             _, lay, x_in, src_grid = item
             gr = grid_of(lay.name)
-            w, b = shards[lay.name]
+            w, b = weights(lay.name, "gather (backward)")
             rows = w.shape[0]
             g_rows = grad[:, gr.r * rows:(gr.r + 1) * rows]  # this device's output rows
             dw = g_rows.T @ x_in
             db = g_rows.sum(0)
             flat = torch.cat([dw.reshape(-1), db])
-            all_reduce(flat, gr.col, gr.pc, lay.name, "weight_grad")
-            updates[lay.name] = (flat[:dw.numel()].reshape(dw.shape), flat[dw.numel():])
+            if zero:
+                # ZeRO: this rank keeps (and updates) its 1/P_c of the summed gradient
+                grad_chunks[lay.name] = reduce_scatter(flat, gr.col, gr.pc, lay.name)
+            else:
+                all_reduce(flat, gr.col, gr.pc, lay.name, "weight_grad")
+                updates[lay.name] = (flat[:dw.numel()].reshape(dw.shape), flat[dw.numel():])
             if lay.inputs == (-1,):
                 continue  # the network input needs no gradient
             grad = g_rows @ w
@@ -248,6 +311,16 @@ def main() -> None:
             w, b = shards[name]
             w -= args.lr * dw
             b -= args.lr * db
+        for name, g_chunk in grad_chunks.items():  # ZeRO: step on the owned chunk
+            gr = grid_of(name)
+            if zero >= 3:
+                owned[name] -= args.lr * g_chunk
+                continue
+            w, b = shards[name]
+            mine = my_chunk(torch.cat([w.reshape(-1), b]), gr.col, gr.pc) - args.lr * g_chunk
+            flat = gather_flat(mine, gr.col, gr.pc, name, "gather (update)")
+            w.copy_(flat[:w.numel()].reshape(w.shape))
+            b.copy_(flat[w.numel():])
 
     if args.out:
         out = Path(args.out)
@@ -256,7 +329,10 @@ def main() -> None:
         full: dict[str, Any] = {}
         for lay in linears:  # reassemble each layer's weights on rank 0 (not recorded)
             gr = grid_of(lay.name)
-            w, b = shards[lay.name]
+            if zero >= 3:
+                w, b = weights(lay.name, "")
+            else:
+                w, b = shards[lay.name]
             ws = [torch.empty_like(w) for _ in range(gr.pr)]
             bs = [torch.empty_like(b) for _ in range(gr.pr)]
             dist.all_gather(ws, w.contiguous(), group=gr.row)

@@ -1,0 +1,51 @@
+"""What ZeRO stages cost and save on a 6.6 B-parameter transformer (not a test module).
+
+    python tests/benchmarks/zero.py
+
+A generated transformer (32 blocks, width 4,096, 32 heads, 2,048 tokens, bf16; see
+``generate.py``), Adam, the batch equal to the device count, on the example DGX H100
+cluster, planned with ZeRO stages 0, 1 and 3 on one node and on eight. Prints the table
+of the README's *Compute, memory, overlap*: the layouts the search chose, the iteration
+time, the weight-gradient and parameter communication and the peak memory per device.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from pathlib import Path
+
+import planner.cli  # noqa: F401  (loads the command modules in their order)
+from planner.cli_plan import make_estimator
+from planner.evaluate import Options, make_context
+from planner.inputs import load_cluster, load_network_text
+from planner.search import search
+
+sys.path.insert(0, str(Path(__file__).parent))
+from generate import transformer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> None:
+    net = load_network_text(transformer(324, width=4096, heads=32, seq=2048))
+    cl = load_cluster(ROOT / "examples" / "clusters" / "dgx-h100.yaml")
+    print("| GPUs | stage | plan | iteration | gradient / parameter comm | peak memory |")
+    print("|---|---|---|---|---|---|")
+    for p in (8, 64):
+        for zero in (0, 1, 3):
+            opts = Options(gpus=p, batch=p, optimizer="adam", zero=zero)
+            ctx = make_context(net, cl, opts, make_estimator("auto", None, cl.device))
+            ev = search(ctx, opts).best.evaluation
+            grids = collections.Counter(f"{r.layout.pr}×{r.layout.pc}" for r in ev.layers
+                                        if r.follows is None)
+            modes = sorted({r.layout.mode for r in ev.layers if r.follows is None})
+            plan = ("Megatron " if {"column", "row"} <= set(modes) else "/".join(modes) + " ") \
+                + ", ".join(grids)
+            print(f"| {p} | {zero} | {plan} | {ev.time_s * 1e3:.1f} ms | "
+                  f"{ev.weight_grad_s * 1e3:.1f} / {ev.parameters_s * 1e3:.1f} ms | "
+                  f"{ev.memory.peak / 2**30:.1f} GiB |")
+
+
+if __name__ == "__main__":
+    main()
