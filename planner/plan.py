@@ -177,8 +177,10 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     head = Text()
     head.append(f"{doc['inputs']['network']['name']} on {doc['inputs']['cluster']['name']}: ",
                 style="bold")
+    zero = int(prob.get("zero", 0))
     head.append(f"{prob['gpus']} devices, batch {prob['batch']}, {prob['dtype']}, "
-                f"cost model {prob['cost_model']}, overlap {prob['overlap']}\n")
+                f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
+                + (f", ZeRO stage {zero}" if zero else "") + "\n")
     head.append("iteration ", style="bold")
     head.append(f"{format_time(it['time_s'])}  (compute {format_time(it['compute_s'])}, "
                 f"communication {format_time(it['comm_s'])}, exposed "
@@ -198,23 +200,28 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 f"{format_bytes(b['gradients'])}, optimizer {format_bytes(b['optimizer'])}, "
                 f"activations {format_bytes(b['activations'])}, buffers "
                 f"{format_bytes(b['comm_buffers'] + b['workspace'])})")
-    breakdown = ("forward", "bwd data", "weight grad", "redistrib.")
+    # ZeRO's parameter gathers get a column of their own where the plan has them
+    breakdown = ("forward", "bwd data", "weight grad", "redistrib.") + (
+        ("param gather",) if zero else ())
     t = FitTable(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), wide=breakdown,
                  narrow=("communication",))
     t.add_column("layer", overflow="fold", min_width=10)
     for col in ("type", "layout", "compute", *breakdown, "communication", "total"):
         t.add_column(col, justify="left" if col in ("type", "layout") else "right",
                      no_wrap=True)
-    hidden = [0, 0.0, 0.0]
+    hidden = [0, 0.0, 0.0, 0.0, 0.0]
     for rec in doc["layers"]:
         c = rec["comm"]
+        gathers = c.get("parameters_s", 0.0)
         moves = c["forward_s"] + c["backward_data_s"] + c["redistribute_s"]
-        comm = moves + c["weight_grad_s"]
+        comm = moves + c["weight_grad_s"] + gathers
         total = rec["compute_s"] + comm
         if not all_layers and "follows" in rec and moves == 0:
             hidden[0] += 1
             hidden[1] += rec["compute_s"]
             hidden[2] += comm
+            hidden[3] += c["weight_grad_s"]
+            hidden[4] += gathers
             continue
         layout = f"{rec['mode']} {rec['grid'][0]}x{rec['grid'][1]}"
         if rec["placement"] == "cols":
@@ -223,14 +230,16 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
             layout = Text(layout, style="dim")  # type: ignore[assignment]
         t.add_row(rec["name"], rec["type"], layout, _ms(rec["compute_s"]),
                   _ms(c["forward_s"]), _ms(c["backward_data_s"]), _ms(c["weight_grad_s"]),
-                  _ms(c["redistribute_s"]), _ms(comm), _ms(total))
+                  _ms(c["redistribute_s"]), *((_ms(gathers),) if zero else ()), _ms(comm),
+                  _ms(total))
     if hidden[0]:
         others = f"({int(hidden[0])} others)"
         t.caption = (f"{others}: layers that follow a neighbour's layout and move no "
                      "activations; --all-layers lists them")
         t.caption_justify = "left"
         t.add_row(Text(others, style="dim"), "", "", _ms(hidden[1]), "", "",
-                  _ms(hidden[2]), "", _ms(hidden[2]), _ms(hidden[1] + hidden[2]))
+                  _ms(hidden[3]), "", *((_ms(hidden[4]),) if zero else ()), _ms(hidden[2]),
+                  _ms(hidden[1] + hidden[2]))
     parts: list[Any] = [head, t]
     if t.caption:
         parts.append(Text(""))  # the caption's last line is not the table's blank line

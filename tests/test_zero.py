@@ -256,3 +256,24 @@ def test_a_plan_made_before_zero_reads_as_stage_zero(runner, tmp_path):
                         f"optimizer: adam\nstrategy:\n  plan: {plan}\n{extra}")
         out = invoke(runner, "check", str(path), "--format", "json").output
         assert ("the plan is for zero=0, the configuration says 1" in out) == stale, out
+
+
+def test_the_table_shows_the_parameter_gathers(runner):
+    """A plan with ZeRO says so in its heading and gives the gathers a column, counted in
+    each layer's total; a plan without ZeRO keeps its columns."""
+    net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
+    args = ["cost", net, cl, "-p", "16", "-b", "16", "--optimizer", "adam"]
+    runner.env = {"COLUMNS": "200"}
+    plain = invoke(runner, *args).output
+    assert "param gather" not in plain and "ZeRO" not in plain
+    three = invoke(runner, *args, "--zero", "3").output
+    assert "overlap gradients, ZeRO stage 3" in three
+    assert any("param gather" in line for line in three.splitlines())
+    row = next(line for line in three.splitlines() if line.split()[:1] == ["h.0.mlp.c_fc"])
+    doc = json.loads(invoke(runner, *args, "--zero", "3", "--format", "json").output)
+    rec = next(x for x in doc["layers"] if x["name"] == "h.0.mlp.c_fc")
+    gathers = rec["comm"]["parameters_s"]
+    assert gathers > 0
+    assert f"{gathers * 1e6:.3g} µs" in row
+    total = rec["compute_s"] + gathers + rec["comm"]["weight_grad_s"]
+    assert f"{total * 1e6:.3g} µs" in row
