@@ -105,6 +105,7 @@ class Evaluation:
 def make_context(network: Network, cluster: Cluster, options: Options,
                  estimator: Estimator | None = None) -> Context:
     """The cost context of a question."""
+    _check_zero(options)
     return Context(network=network, cluster=cluster, gpus=options.gpus, batch=options.batch,
                    estimator=estimator or Roofline(), cost_model=options.cost_model,
                    algorithm=options.algorithm, zero=options.zero)
@@ -114,6 +115,12 @@ def check_question(network: Network, cluster: Cluster, options: Options) -> None
     """Usage problems of the question itself (exit 2)."""
     if options.gpus < 1:
         raise UsageError("planner: error: --gpus must be at least 1")
+    _check_zero(options)
+    beyond_cluster(cluster, [options.gpus])
+
+
+def _check_zero(options: Options) -> None:
+    """A ZeRO stage that exists, under an accounting that can price it."""
     if options.zero not in ZERO_STAGES:
         raise UsageError(f"planner: error: ZeRO stage {options.zero} does not exist; use "
                          "0, 1, 2 or 3")
@@ -121,7 +128,6 @@ def check_question(network: Network, cluster: Cluster, options: Options) -> None
         raise UsageError("planner: error: --zero needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
                          "--zero or the cost model")
-    beyond_cluster(cluster, [options.gpus])
 
 
 def beyond_cluster(cluster: Cluster, counts: list[int], sweep: bool = False) -> None:

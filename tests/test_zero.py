@@ -227,6 +227,17 @@ def _config(tmp_path, extra):
     return path
 
 
+def test_the_library_refuses_zero_under_the_paper_accounting():
+    """make_context checks what the command line checks: the paper's Eq. 3-9 have no
+    reduce-scatter to price a sharded gradient with."""
+    from planner.errors import UsageError
+
+    with pytest.raises(UsageError, match="--zero needs --cost-model exact"):
+        _ctx(mlp([8, 8]), 2, 1, cost_model="gholami2018")
+    with pytest.raises(UsageError, match="ZeRO stage 4 does not exist"):
+        _ctx(mlp([8, 8]), 2, 4)
+
+
 def test_training_configuration_takes_zero(runner, tmp_path):
     ok = invoke(runner, "check", str(_config(tmp_path, "zero: 2\n")), "--format", "json")
     assert ok.exit_code in (0, 1), ok.output
