@@ -31,16 +31,17 @@ from .costs.layer import (
     cost_signature,
     follower_kernels,
     follower_terms,
+    held,
     local_params,
     loss_cost,
     optimizer_kernel,
     redistribute_terms,
-    replicas,
+    stepped,
     time_kernels,
     weighted_kernels,
     weighted_terms,
 )
-from .costs.memory import MemoryReport, param_bytes, sharded
+from .costs.memory import MemoryReport, param_bytes
 from .errors import UsageError
 from .layout import Dist, Layout, input_dist
 from .network import Layer, Network
@@ -297,12 +298,11 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     params = sum(r.cost.params_local for r in results)
     grads = params * pb.gradients
     if options.zero:
-        shares = [(r.cost.params_local, sharded(pb, options.zero, replicas(r.cost.terms)))
-                  for r in results]
-        held = (sum(n * s.weights for n, s in shares), sum(n * s.gradients for n, s in shares),
-                sum(n * s.optimizer for n, s in shares))
+        shares = [(r.cost.params_local, held(pb, options.zero, r.cost.terms)) for r in results]
+        owned = (sum(n * s.weights for n, s in shares), sum(n * s.gradients for n, s in shares),
+                 sum(n * s.optimizer for n, s in shares))
     else:
-        held = (params * pb.weights, grads, params * pb.optimizer)
+        owned = (params * pb.weights, grads, params * pb.optimizer)
     kept: dict[tuple[int, Dist | None], float] = {}
     per_layer: dict[int, float] = {}
     batch = ctx.batch
@@ -344,9 +344,9 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     # buckets fill with whole gradients before they are reduced (or reduce-scattered)
     buckets = min(grads, 2 * options.bucket_bytes) if options.overlap == "gradients" else 0.0
     return MemoryReport(
-        weights=held[0],
-        gradients=held[1],
-        optimizer=held[2],
+        weights=owned[0],
+        gradients=owned[1],
+        optimizer=owned[2],
         activations=activations,
         comm_buffers=largest + buckets,
         workspace=workspace,
@@ -426,8 +426,7 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
     # the optimizer step: one memory-bound pass over each layer's parameter shard (with
     # ZeRO, over the 1/R of it whose optimizer state this device keeps)
-    updates = [optimizer_kernel(r.cost.params_local / (replicas(r.cost.terms) if ctx.zero
-                                                       else 1), pb)
+    updates = [optimizer_kernel(stepped(r.cost.params_local, ctx.zero, r.cost.terms), pb)
                for r in results if r.cost.params_local > 0]
     optimizer_s = float(ctx.estimator.estimate(updates, ctx.cluster.device,
                                                ctx.network.dtype).seconds.sum()) if updates \
@@ -467,7 +466,7 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     # ZeRO stages 1-2: the updated parameters all-gathered after the step, in buckets
     # as the gradients were
     upd_items = [(p, j) for p, r in enumerate(results) for j, t in enumerate(r.cost.terms)
-                 if t.when == "update"]
+                 if t.when == "update"] if ctx.zero else []
     upd_comm = sum(run[2] for run in _bucketed(ctx, results, upd_items,
                                                options.bucket_bytes if bucketing else None,
                                                cache))
@@ -492,5 +491,5 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         memory=memory,
         buckets=buckets,
         parameters_s=sum(t.seconds for r in results for t in r.cost.terms
-                         if t.phase == "parameters"),
+                         if t.phase == "parameters") if ctx.zero else 0,
     )

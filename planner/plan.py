@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .costs.layer import CommTerm, replicas
-from .costs.memory import param_bytes, sharded, uses_master_weights
+from .costs.layer import CommTerm, held
+from .costs.memory import param_bytes, uses_master_weights
 from .evaluate import Evaluation, LayerResult, Options
 from .network import Network
 from .output import rounded
@@ -68,9 +68,7 @@ def layer_record(r: LayerResult, elem_bytes: int, optimizer: str,
                  master: bool | None, zero: int = 0) -> dict[str, Any]:
     """One layer of the plan document."""
     c = r.cost
-    pb = param_bytes(optimizer, elem_bytes, master)
-    if zero:
-        pb = sharded(pb, zero, replicas(c.terms))
+    pb = held(param_bytes(optimizer, elem_bytes, master), zero, c.terms)
     rec: dict[str, Any] = {
         "name": r.layer.name,
         "type": r.layer.type,

@@ -46,16 +46,17 @@ from .costs.layer import (
     cost_signature,
     follower_kernels,
     follower_terms,
+    held,
     local_params,
     loss_cost,
     optimizer_kernel,
     redistribute_key,
     redistribute_seconds,
-    replicas,
+    stepped,
     weighted_kernels,
     weighted_terms,
 )
-from .costs.memory import ParamBytes, param_bytes, sharded
+from .costs.memory import param_bytes
 from .errors import NoFeasiblePlan, Shortfall, UsageError
 from .evaluate import EvalCache, Evaluation, Options, evaluate, time_and_comm
 from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
@@ -212,7 +213,7 @@ class Space:
                 arr[j, _A] = comm_a
                 arr[j, _G] = comm_g
                 params_local = local_params(layer, lay)
-                share = self._share(terms)
+                share = held(self.pb, self.options.zero, terms)
                 arr[j, _M] = params_local * share.total + self._saved_bytes(layer, lay)
                 shape_key = (lay.mode, lay.pr, lay.pc)
                 if shape_key not in seen:
@@ -231,16 +232,8 @@ class Space:
                 self._weighted[key][j, _C] += float(s)
 
     def _optimizer_kernel(self, params_local: float, terms: list[CommTerm]) -> Elementwise:
-        """The step over this device's parameters (with ZeRO, the 1/R whose state it
-        keeps), as the evaluation times it."""
-        share = replicas(terms) if self.options.zero else 1
-        return optimizer_kernel(params_local / share, self.pb)
-
-    def _share(self, terms: list[CommTerm]) -> ParamBytes:
-        """Bytes per parameter element this device keeps (ZeRO shards them)."""
-        if not self.options.zero:
-            return self.pb
-        return sharded(self.pb, self.options.zero, replicas(terms))
+        """The step over this device's parameters, as the evaluation times it."""
+        return optimizer_kernel(stepped(params_local, self.options.zero, terms), self.pb)
 
     def _saved_bytes(self, layer: Layer, lay: Layout) -> float:
         b = -(-self.options.batch // lay.pc)
@@ -329,7 +322,7 @@ class Space:
                                                       ctx.network.dtype).seconds.sum())
         b = -(-self.options.batch // work.batch[1])
         kept = (layer.out_elems if layer.saves_output else 0) + layer.saved_internal
-        parts[_M] = layer.params * self._share(terms).total + \
+        parts[_M] = layer.params * held(self.pb, self.options.zero, terms).total + \
             kept * b / work.split * ctx.elem_bytes
         result = (parts, self._dist(out))
         self._follow[key] = result

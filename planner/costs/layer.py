@@ -37,7 +37,7 @@ from ..network import Layer, Network, layer_kernels
 from ..ops import Elementwise, Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
 from .compute import Estimator, FloatArray
-from .memory import ParamBytes
+from .memory import ParamBytes, sharded
 
 ELEMENTWISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout", "add", "lrn",
                "flatten")
@@ -447,11 +447,10 @@ def gradient_terms(ctx: Context, group: Group, nbytes: float) -> list[CommTerm]:
     parameters are all-gathered before the layer's forward and again before its
     backward, both on the critical path: the prefetch that FSDP and DeepSpeed use to
     hide them behind the previous layer's compute is not modelled."""
-    if group.size <= 1 or nbytes <= 0:
-        return []
-    if ctx.zero == 0:
-        return [t for t in (term(ctx, "weight_grad", "all_reduce", group, nbytes),) if t]
     terms: list[CommTerm] = []
+    if ctx.zero == 0:
+        _add(terms, term(ctx, "weight_grad", "all_reduce", group, nbytes))
+        return terms
     if ctx.zero >= 3:
         _add(terms, term(ctx, "parameters", "all_gather", group, nbytes, "gather (forward)"))
         _add(terms, term(ctx, "parameters", "all_gather", group, nbytes,
@@ -472,6 +471,18 @@ def replicas(terms: list[CommTerm]) -> int:
     """The devices that hold the same parameters as this one, from its weight-gradient
     terms (1 when nothing is reduced)."""
     return max((t.group.size for t in terms if t.phase == "weight_grad"), default=1)
+
+
+def held(pb: ParamBytes, zero: int, terms: list[CommTerm]) -> ParamBytes:
+    """Bytes per parameter element a device keeps for a layer with these terms: ``pb``,
+    or with ZeRO its share over the layer's replicas."""
+    return sharded(pb, zero, replicas(terms)) if zero else pb
+
+
+def stepped(params_local: float, zero: int, terms: list[CommTerm]) -> float:
+    """Parameter elements the device's optimizer step updates: its shard, or with ZeRO
+    the 1/R of it whose state it keeps."""
+    return params_local / replicas(terms) if zero else params_local
 
 
 def _ceil_div(a: int, b: int) -> int:
