@@ -46,10 +46,11 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Optimizer state kept per parameter."),
         click.option("--master-weights/--no-master-weights", default=None,
                      help="Keep fp32 master weights (default: for 16-bit dtypes)."),
-        click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+        click.option("--zero", type=click.Choice(("0", "1", "2", "3", "auto")),
+                     default="0", show_default=True,
                      help="ZeRO stage: shard the optimizer state (1), the gradients too "
                           "(2) or the weights too (3) over each layer's data-parallel "
-                          "replicas."),
+                          "replicas; auto: the fastest stage that fits."),
         click.option("--algorithm",
                       type=click.Choice(("auto", "ring", "tree", "recursive", "hierarchical")),
                       default=None, help="Collective algorithm (default: the cluster's)."),
@@ -77,25 +78,33 @@ class Question:
     options: Any
     ctx: Any
     estimator_name: str
+    zero_auto: bool = False  #: --zero auto: the search picks the stage
 
 
 def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model: str,
                   overlap: str, bucket: str, optimizer: str, master_weights: bool | None,
                   algorithm: str | None, estimator: str, models_dir: str | None,
-                  zero: int = 0) -> Question:
-    """Load both files, build the options and the cost context."""
+                  zero: int | str = 0) -> Question:
+    """Load both files, build the options and the cost context (``zero="auto"``: stage
+    0 until the search picks one)."""
     from .evaluate import Options, check_question, make_context
     from .inputs import load_cluster, load_network
 
+    auto = zero == "auto"
+    if auto and cost_model == "gholami2018":
+        raise UsageError("planner: error: --zero auto needs --cost-model exact: the paper's "
+                         "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
+                         "--zero or the cost model")
     net = load_network(network)
     cl = load_cluster(cluster)
     options = Options(gpus=gpus, batch=batch, cost_model=cost_model, overlap=overlap,
                       bucket_bytes=_size(bucket), optimizer=optimizer,
-                      master_weights=master_weights, algorithm=algorithm, zero=zero)
+                      master_weights=master_weights, algorithm=algorithm,
+                      zero=0 if auto else int(zero))
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)
-    return Question(net, cl, network, cluster, options, ctx, est.name)
+    return Question(net, cl, network, cluster, options, ctx, est.name, auto)
 
 
 def inputs_of(network: str, cluster: str, kw: dict[str, Any]) -> tuple[str, ...]:
@@ -208,10 +217,14 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     check_output(output, ins)
     q = load_question(network, cluster, gpus, batch, **kw)
     assignment = layout_assignment(q, grid, mode, pins, placement)
-    ev = evaluate(q.ctx, q.options, assignment)
-    ranks = placement_record(ev, q.options.gpus, q.cluster.devices_per_node, False)
+    extra: dict[str, Any] = {}
+    if q.zero_auto:
+        ev, extra["zero_auto"] = _cost_zero(q, assignment)
+    else:
+        ev = evaluate(q.ctx, q.options, assignment)
+    extra["placement"] = placement_record(ev, q.options.gpus, q.cluster.devices_per_node, False)
     doc = plan_document("cost", q.network, network, q.cluster.name, cluster, q.options, ev,
-                        q.estimator_name, nodes_used(q), {"placement": ranks})
+                        q.estimator_name, nodes_used(q), extra)
     render_data(doc, fmt, output, lambda: plan_table(doc, all_layers), ins)
     if not ev.memory.fits:
         from .units import format_bytes
@@ -220,6 +233,27 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
                    f"needed per device, {format_bytes(ev.memory.capacity)} available",
                    err=True)
         raise click.exceptions.Exit(1)
+
+
+def _cost_zero(q: Question, assignment: dict[int, Any]) -> tuple[Any, list[dict[str, Any]]]:
+    """``cost --zero auto``: the layout priced at every ZeRO stage; the question takes the
+    fastest stage that fits (the lower on a tie), or the leanest when none does."""
+    import dataclasses
+
+    from .evaluate import ZERO_STAGES, evaluate
+    from .search import ZeroTrial
+
+    evs = []
+    for stage in ZERO_STAGES:
+        opts = dataclasses.replace(q.options, zero=stage)
+        evs.append((evaluate(dataclasses.replace(q.ctx, zero=stage), opts, assignment), opts))
+    fitting = [(ev.time_s, o.zero) for ev, o in evs if ev.memory.fits]
+    stage = min(fitting)[1] if fitting else min((ev.memory.peak, o.zero) for ev, o in evs)[1]
+    ev, q.options = evs[stage]
+    q.ctx = dataclasses.replace(q.ctx, zero=stage)
+    trials = [ZeroTrial(o.zero, "fits" if e.memory.fits else "does not fit", e.time_s,
+                        e.comm_s, e.memory.peak).to_data() for e, o in evs]
+    return ev, trials
 
 
 def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
@@ -259,10 +293,15 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
 
 
 def run_search(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
-    """Search a question (raises NoFeasiblePlan)."""
-    from .search import search
+    """Search a question (raises NoFeasiblePlan). With --zero auto the question takes
+    the stage the search chose."""
+    from .search import search, search_zero
 
-    return search(q.ctx, q.options, objective, pin_candidates(q, pins))
+    if not q.zero_auto:
+        return search(q.ctx, q.options, objective, pin_candidates(q, pins))
+    result, q.ctx, q.options = search_zero(q.ctx, q.options, objective,
+                                           pin_candidates(q, pins))
+    return result
 
 
 def plan_doc(q: Question, result: Any, objective: str, expand: bool) -> dict[str, Any]:
@@ -284,6 +323,8 @@ def plan_doc(q: Question, result: Any, objective: str, expand: bool) -> dict[str
         "placement": placement_record(ev, q.options.gpus, q.cluster.devices_per_node, expand),
         "baselines": rounded(bases, 4),
     }
+    if result.zero_trials:
+        extra["zero_auto"] = [t.to_data() for t in result.zero_trials]
     return plan_document("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
                          q.options, ev, q.estimator_name, nodes_used(q), extra)
 
@@ -461,6 +502,8 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                     "peak_bytes": ev.memory.peak,
                     "layouts": _layout_summary(plan_doc(q, result, objective, False)),
                 }
+                if q.zero_auto:
+                    row["zero"] = q.options.zero
                 if data_base is not None and data_base.candidate is not None:
                     row["speedup_vs_data"] = data_base.candidate.evaluation.time_s / ev.time_s
                 rows.append(row)
@@ -495,22 +538,25 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     # such as "3× model 32x2" is never broken) and samples/s (batch / iteration) left out
     t = FitTable(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False,
                  wide=("samples/s", "layouts"), narrow=("layouts-lines",))
+    auto = any("zero" in r for r in rows)  # --zero auto: the stage each plan uses
     for col in ("devices", "batch", "iteration", "samples/s", "exposed", "memory",
-                "vs data"):
+                *(("ZeRO",) if auto else ()), "vs data"):
         t.add_column(col, justify="right", no_wrap=True)
     t.add_column("layouts", no_wrap=False)
     t.add_column("layouts", key="layouts-lines", no_wrap=True)
     for r in rows:
         if not r["feasible"]:
             reason = r["reason"].split(";")[0].replace("planner: ", "")
-            t.add_row(str(r["gpus"]), str(r["batch"]), "no plan", "", "", "", "", reason,
+            t.add_row(str(r["gpus"]), str(r["batch"]), "no plan", "", "", "",
+                      *(("",) if auto else ()), "", reason,
                       textwrap.fill(reason, 16, break_long_words=False))
             continue
         lay = [f"{n}× {k}" for k, n in r["layouts"].items()]
         vs = f"{r['speedup_vs_data']:.3g}x" if "speedup_vs_data" in r else "n/a"
         t.add_row(str(r["gpus"]), str(r["batch"]), format_time(r["time_s"]),
                   f"{r['samples_per_s']:.4g}", format_time(r["exposed_comm_s"]),
-                  format_bytes(r["peak_bytes"]), vs, ", ".join(lay), "\n".join(lay))
+                  format_bytes(r["peak_bytes"]), *((str(r["zero"]),) if auto else ()), vs,
+                  ", ".join(lay), "\n".join(lay))
     return t
 
 

@@ -183,6 +183,15 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     head.append(f"{format_time(it['time_s'])}  (compute {format_time(it['compute_s'])}, "
                 f"communication {format_time(it['comm_s'])}, exposed "
                 f"{format_time(it['exposed_comm_s'])}; {it['samples_per_s']:.4g} samples/s)\n")
+    stages = doc.get("zero_auto")
+    if stages:
+        head.append("ZeRO auto ", style="bold")
+        head.append("  ".join(
+            f"stage {t['stage']}: " + (t["outcome"] if t["time_s"] is None else
+                                       format_time(t["time_s"]) + ("" if t["outcome"] in
+                                       ("plan", "fits") else f" ({t['outcome']})"))
+            + (" (chosen)" if t["stage"] == zero else "")
+            for t in stages) + "\n")
     low = doc.get("search", {}).get("lower_bound_s")
     if low:
         head.append("lower bound ", style="bold")

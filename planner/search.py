@@ -58,12 +58,12 @@ from .costs.layer import (
 )
 from .costs.memory import param_bytes
 from .errors import NoFeasiblePlan, Shortfall, UsageError
-from .evaluate import EvalCache, Evaluation, Options, evaluate, time_and_comm
+from .evaluate import ZERO_STAGES, EvalCache, Evaluation, Options, evaluate, time_and_comm
 from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
 from .network import Layer
 from .ops import Elementwise, Kernel
 from .strategies import candidate_layouts, megatron_modes, why_invalid
-from .units import format_bytes
+from .units import format_bytes, format_time
 
 INF = math.inf
 OBJECTIVES = ("time", "comm")
@@ -749,6 +749,25 @@ class Baseline:
                 "peak_bytes": ev.memory.peak, "fits": ev.memory.fits}
 
 
+@dataclass(frozen=True)
+class ZeroTrial:
+    """One ZeRO stage as ``--zero auto`` tried it."""
+
+    stage: int
+    #: "plan": searched, with a plan; "no plan": searched, nothing fits; "same as N"
+    #: (stage 2), "not faster than N" (stage 3): not searched, since stage N's plan fits
+    #: unconstrained. ``cost --zero auto`` prices one layout: "fits", "does not fit"
+    outcome: str
+    time_s: float | None = None
+    comm_s: float | None = None
+    peak_bytes: float | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data for the plan document."""
+        return {"stage": self.stage, "outcome": self.outcome, "time_s": self.time_s,
+                "comm_s": self.comm_s, "peak_bytes": self.peak_bytes}
+
+
 @dataclass
 class SearchResult:
     """The chosen plan and everything it was compared with."""
@@ -761,6 +780,10 @@ class SearchResult:
     #: no assignment is faster: the critical path's least (``overlap: gradients``,
     #: objective time; None otherwise)
     lower_bound_s: float | None = None
+    #: the unconstrained optimum did not fit: the plan trades time for memory
+    constrained: bool = False
+    #: ``--zero auto``: every stage tried (see :func:`search_zero`); empty otherwise
+    zero_trials: list[ZeroTrial] = field(default_factory=list)
 
 
 def _assign(space: Space, choose: Any) -> dict[int, Layout] | str:
@@ -957,6 +980,7 @@ def search(ctx: Context, options: Options, objective: str = "time",
     bases = baselines(space, objective, variants[0])
     fitting = [c for c in cands if c.evaluation.memory.fits]
     notes: list[str] = []
+    constrained = not fitting
     if not fitting:
         fitting = _fit_memory(space, variants[0], consider)
         if fitting:
@@ -977,7 +1001,60 @@ def search(ctx: Context, options: Options, objective: str = "time",
                          "program's plan")
     if best.name != "search":
         notes.append(f"the {best.name} baseline was best; the plan uses it")
-    return SearchResult(best, bases, objective, len(cands) + moves, notes, lower)
+    return SearchResult(best, bases, objective, len(cands) + moves, notes, lower,
+                        constrained)
+
+
+def search_zero(ctx: Context, options: Options, objective: str = "time",
+                pins: dict[int, list[Layout]] | None = None
+                ) -> tuple[SearchResult, Context, Options]:
+    """``--zero auto``: the best plan over the ZeRO stages, with the context and options
+    of the stage it uses.
+
+    Stages 0 and 1 are always searched: stage 1 trades the gradient all-reduce for a
+    reduce-scatter plus a gather of the updated parameters, and steps 1/R of the
+    optimizer state, so either may be faster. Stage 2 prices every layout exactly as
+    stage 1 does (it only keeps less), and stage 3 adds parameter gathers to it, so each
+    is searched only when the stage before it had no plan within memory or had to trade
+    time for memory; otherwise it could not be faster. The fastest plan wins (the lower
+    stage on a tie); when no stage fits, the error is stage 3's.
+    """
+    import dataclasses
+
+    trials: list[ZeroTrial] = []
+    found: list[tuple[SearchResult, Context, Options]] = []
+    failure: NoFeasiblePlan | None = None
+    for stage in ZERO_STAGES:
+        if stage >= 2:
+            prev = trials[-1]
+            if prev.outcome != "no plan" and not (prev.outcome == "plan"
+                                                  and found[-1][0].constrained):
+                # the stage before fitted unconstrained (or was itself skipped)
+                base = prev.stage if prev.outcome == "plan" else 1
+                trials.append(ZeroTrial(stage, f"same as {base}" if stage == 2
+                                        else f"not faster than {base}"))
+                continue
+        opts = dataclasses.replace(options, zero=stage)
+        sctx = dataclasses.replace(ctx, zero=stage)
+        try:
+            res = search(sctx, opts, objective, pins)
+        except NoFeasiblePlan as exc:
+            failure = exc
+            trials.append(ZeroTrial(stage, "no plan"))
+            continue
+        ev = res.best.evaluation
+        trials.append(ZeroTrial(stage, "plan", ev.time_s, ev.comm_s, ev.memory.peak))
+        found.append((res, sctx, opts))
+    if not found:
+        assert failure is not None
+        raise failure
+    res, sctx, opts = min(found, key=lambda f: (f[0].best.score(objective), f[2].zero))
+    res.zero_trials = trials
+    scored = [f"stage {t.stage} {format_time(t.time_s)}" for t in trials
+              if t.outcome == "plan" and t.stage != opts.zero and t.time_s is not None]
+    res.notes.append(f"--zero auto chose stage {opts.zero}"
+                     + (f" (searched: {', '.join(scored)})" if scored else ""))
+    return res, sctx, opts
 
 
 #: how much evaluation the local search may spend: layers evaluated in all (a network of

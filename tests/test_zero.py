@@ -288,3 +288,108 @@ def test_the_table_shows_the_parameter_gathers(runner):
     assert f"{gathers * 1e6:.3g} µs" in row
     total = rec["compute_s"] + gathers + rec["comm"]["weight_grad_s"]
     assert f"{total * 1e6:.3g} µs" in row
+
+
+# --zero auto ---------------------------------------------------------------------------
+
+def _roofline_ctx(net, p, b, zero=0, device="P4"):
+    from planner.costs.compute import Roofline
+
+    opts = Options(gpus=p, batch=b, optimizer="adam", zero=zero)
+    return make_context(net, cluster(per_node=8, device=device), opts, Roofline()), opts
+
+
+def _explicit(net, p, b, pins=None):
+    """Every stage searched on its own: (time, constrained) or None where nothing fits."""
+    out = {}
+    for zero in (0, 1, 2, 3):
+        ctx, opts = _roofline_ctx(net, p, b, zero)
+        try:
+            res = search(ctx, opts, "time", pins)
+        except NoFeasiblePlan:
+            out[zero] = None
+            continue
+        out[zero] = (res.best.evaluation.time_s, res.constrained)
+    return out
+
+
+@pytest.mark.parametrize("width, depth, batch, data, want", [
+    (8192, 6, 4096, False, 1),    # a quarter of the Adam step beats the exposed gathers
+    (16384, 6, 1024, False, 0),   # all model parallel: no replicas, a tie, stage 0
+    (12288, 16, 4096, False, 2),  # stage 1's optimum does not fit; stage 2's does
+    (12288, 20, 4096, False, 3),  # only stage 3's optimum fits unconstrained
+    (12288, 6, 8, True, 2),       # pinned data parallel: fits from stage 2 on
+])
+def test_auto_is_the_fastest_stage(width, depth, batch, data, want):
+    """``search_zero`` returns the fastest of the four stages searched one by one (the
+    lower on a tie), on linear stacks on eight 8 GB P4s with roofline kernel times; a
+    stage it does not search is never faster than the one it chose."""
+    from planner.search import search_zero
+
+    net = mlp([width] * (depth + 1), relu=False)
+    pins = {x.index: [make_layout("data", 1, 8)] for x in net.layers if x.has_weights} \
+        if data else None
+    ctx, opts = _roofline_ctx(net, 8, batch)
+    res, sctx, sopts = search_zero(ctx, opts, "time", pins)
+    assert sopts.zero == sctx.zero == want
+    explicit = _explicit(net, 8, batch, pins)
+    times = {z: t[0] for z, t in explicit.items() if t is not None}
+    assert res.best.evaluation.time_s == pytest.approx(min(times.values()), rel=1e-12)
+    assert want == min(times, key=lambda z: (times[z], z))
+    for trial in res.zero_trials:
+        if trial.outcome == "plan":
+            assert trial.time_s == pytest.approx(times[trial.stage], rel=1e-12)
+        elif trial.outcome == "no plan":
+            assert explicit[trial.stage] is None
+        else:  # skipped: explicitly searched, it would not have won
+            assert trial.outcome in ("same as 1", "not faster than 1", "not faster than 2")
+            got = explicit[trial.stage]
+            assert got is not None and got[0] >= res.best.evaluation.time_s * (1 - 1e-12)
+            if trial.outcome == "same as 1":
+                assert got[0] == pytest.approx(times[1], rel=1e-12)
+    assert res.notes[-1].startswith(f"--zero auto chose stage {want}")
+
+
+def test_auto_with_nothing_fitting_gives_stage_three_error():
+    """Twenty-eight 12,288-wide linears (4.2 G parameters) on eight 8 GB P4s: no stage
+    fits, and the error is stage 3's (no ZeRO stage left to suggest)."""
+    from planner.search import search_zero
+
+    ctx, opts = _roofline_ctx(mlp([12288] * 29, relu=False), 8, 4096)
+    with pytest.raises(NoFeasiblePlan) as err:
+        search_zero(ctx, opts)
+    assert "no plan fits in memory" in str(err.value) and "--zero" not in str(err.value)
+
+
+def test_auto_on_the_command_line(runner, tmp_path):
+    """``plan``, ``cost`` and ``sweep`` take ``--zero auto``: the plan is the chosen
+    stage's (``problem.zero``), lists what each stage gave, and the table says it."""
+    net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
+    base = [net, cl, "-p", "8", "-b", "8", "--optimizer", "adam"]
+    res = invoke(runner, "plan", *base, "--zero", "auto", "--format", "json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    stages = doc["zero_auto"]
+    assert [t["stage"] for t in stages] == [0, 1, 2, 3]
+    chosen = doc["problem"]["zero"]
+    searched = {t["stage"]: t["time_s"] for t in stages if t["outcome"] == "plan"}
+    assert doc["iteration"]["time_s"] == min(searched.values()) == searched[chosen]
+    fixed = json.loads(invoke(runner, "plan", *base, "--zero", str(chosen), "--format",
+                              "json").output)
+    assert fixed["layers"] == doc["layers"] and fixed["iteration"] == doc["iteration"]
+    table = invoke(runner, "plan", *base, "--zero", "auto").output
+    assert "ZeRO auto stage 0:" in table and "(chosen)" in table
+    cost = json.loads(invoke(runner, "cost", *base, "--zero", "auto", "--format",
+                             "json").output)
+    priced = {t["stage"]: t["time_s"] for t in cost["zero_auto"]}
+    assert all(t["outcome"] == "fits" for t in cost["zero_auto"])
+    assert cost["iteration"]["time_s"] == min(priced.values())
+    assert priced[cost["problem"]["zero"]] == min(priced.values())
+    sweep = json.loads(invoke(runner, "sweep", net, cl, "-p", "8", "-b", "8", "--optimizer",
+                              "adam", "--zero", "auto", "--format", "json").output)
+    assert sweep["results"][0]["zero"] == chosen
+    for bad, message in ((["--zero", "auto", "--cost-model", "gholami2018"],
+                          "--zero auto needs --cost-model exact"),
+                         (["--zero", "all"], "'all' is not one of '0', '1', '2', '3', 'auto'")):
+        out = invoke(runner, "plan", *base, *bad)
+        assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output

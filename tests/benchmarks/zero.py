@@ -4,22 +4,25 @@
 
 A generated transformer (32 blocks, width 4,096, 32 heads, 2,048 tokens, bf16; see
 ``generate.py``), Adam, the batch equal to the device count, on the example DGX H100
-cluster, planned with ZeRO stages 0, 1 and 3 on one node and on eight. Prints the table
+cluster, planned with ZeRO stages 0, 1 and 3 on one node and on eight. Prints the tables
 of the README's *Compute, memory, overlap*: the layouts the search chose, the iteration
-time, the weight-gradient and parameter communication and the peak memory per device.
+time, the weight-gradient and parameter communication and the peak memory per device;
+then what ``--zero auto`` chose, and its search time against one stage's (wall clock,
+kernel times memoised for both).
 """
 
 from __future__ import annotations
 
 import collections
 import sys
+import time
 from pathlib import Path
 
 import planner.cli  # noqa: F401  (loads the command modules in their order)
 from planner.cli_plan import make_estimator
 from planner.evaluate import Options, make_context
 from planner.inputs import load_cluster, load_network_text
-from planner.search import search
+from planner.search import search, search_zero
 
 sys.path.insert(0, str(Path(__file__).parent))
 from generate import transformer
@@ -45,6 +48,21 @@ def main() -> None:
             print(f"| {p} | {zero} | {plan} | {ev.time_s * 1e3:.1f} ms | "
                   f"{ev.weight_grad_s * 1e3:.1f} / {ev.parameters_s * 1e3:.1f} ms | "
                   f"{ev.memory.peak / 2**30:.1f} GiB |")
+    print()
+    print("| GPUs | --zero auto | iteration | stages searched | search, auto / stage 0 |")
+    print("|---|---|---|---|---|")
+    for p in (8, 64):
+        opts = Options(gpus=p, batch=p, optimizer="adam")
+        ctx = make_context(net, cl, opts, make_estimator("auto", None, cl.device))
+        search(ctx, opts)  # the kernel times memoised, as after the first plan of a sweep
+        t0 = time.perf_counter()
+        search(ctx, opts)
+        t1 = time.perf_counter()
+        res, _, chosen = search_zero(ctx, opts)
+        t2 = time.perf_counter()
+        searched = [str(t.stage) for t in res.zero_trials if t.outcome in ("plan", "no plan")]
+        print(f"| {p} | stage {chosen.zero} | {res.best.evaluation.time_s * 1e3:.1f} ms | "
+              f"{', '.join(searched)} | {t2 - t1:.2f} / {t1 - t0:.2f} s |")
 
 
 if __name__ == "__main__":
