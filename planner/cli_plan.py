@@ -51,6 +51,10 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="ZeRO stage: shard the optimizer state (1), the gradients too "
                           "(2) or the weights too (3) over each layer's data-parallel "
                           "replicas; auto: the fastest stage that fits."),
+        click.option("--recompute", type=click.Choice(("none", "blocks")), default="none",
+                     show_default=True,
+                     help="Activation recomputation: blocks keeps each residual block's "
+                          "input and re-runs the block's forward in the backward pass."),
         click.option("--algorithm",
                       type=click.Choice(("auto", "ring", "tree", "recursive", "hierarchical")),
                       default=None, help="Collective algorithm (default: the cluster's)."),
@@ -84,7 +88,7 @@ class Question:
 def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model: str,
                   overlap: str, bucket: str, optimizer: str, master_weights: bool | None,
                   algorithm: str | None, estimator: str, models_dir: str | None,
-                  zero: int | str = 0) -> Question:
+                  zero: int | str = 0, recompute: str = "none") -> Question:
     """Load both files, build the options and the cost context (``zero="auto"``: stage
     0 until the search picks one)."""
     from .evaluate import Options, check_question, make_context
@@ -100,7 +104,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     options = Options(gpus=gpus, batch=batch, cost_model=cost_model, overlap=overlap,
                       bucket_bytes=_size(bucket), optimizer=optimizer,
                       master_weights=master_weights, algorithm=algorithm,
-                      zero=0 if auto else int(zero))
+                      zero=0 if auto else int(zero), recompute=recompute)
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)

@@ -25,6 +25,7 @@ from .cluster import Cluster
 from .costs.comm import Collective, Group, collective_time, paper_all_reduce
 from .costs.compute import Estimator, Roofline
 from .costs.layer import (
+    RECOMPUTE,
     CommTerm,
     Context,
     LayerCost,
@@ -35,7 +36,9 @@ from .costs.layer import (
     local_params,
     loss_cost,
     optimizer_kernel,
+    recomputed,
     redistribute_terms,
+    rerun_terms,
     stepped,
     time_kernels,
     weighted_kernels,
@@ -64,6 +67,7 @@ class Options:
     master_weights: bool | None = None
     algorithm: str | None = None
     zero: int = 0  #: ZeRO stage (0: none; 1: optimizer state, 2: + gradients, 3: + weights)
+    recompute: str = "none"  #: "blocks": residual blocks re-run their forward in backward
 
 
 @dataclass
@@ -95,6 +99,8 @@ class Evaluation:
     memory: MemoryReport
     buckets: list[dict[str, Any]] = field(default_factory=list)
     parameters_s: float = 0.0  #: ZeRO's all-gathers of parameters (all on the critical path)
+    #: activation recomputation: the forward compute and collectives run again in backward
+    recompute_s: float = 0.0
 
     @property
     def activation_comm_s(self) -> float:
@@ -109,7 +115,8 @@ def make_context(network: Network, cluster: Cluster, options: Options,
     _check_zero(options)
     return Context(network=network, cluster=cluster, gpus=options.gpus, batch=options.batch,
                    estimator=estimator or Roofline(), cost_model=options.cost_model,
-                   algorithm=options.algorithm, zero=options.zero)
+                   algorithm=options.algorithm, zero=options.zero,
+                   recompute=options.recompute)
 
 
 def check_question(network: Network, cluster: Cluster, options: Options) -> None:
@@ -121,10 +128,18 @@ def check_question(network: Network, cluster: Cluster, options: Options) -> None
 
 
 def _check_zero(options: Options) -> None:
-    """A ZeRO stage that exists, under an accounting that can price it."""
+    """A ZeRO stage and a recomputation that exist, under an accounting that can price
+    them."""
     if options.zero not in ZERO_STAGES:
         raise UsageError(f"planner: error: ZeRO stage {options.zero} does not exist; use "
                          "0, 1, 2 or 3")
+    if options.recompute not in RECOMPUTE:
+        raise UsageError(f"planner: error: unknown recomputation {options.recompute!r}; use "
+                         + " or ".join(RECOMPUTE))
+    if options.recompute != "none" and options.cost_model == "gholami2018":
+        raise UsageError("planner: error: --recompute needs --cost-model exact: the paper's "
+                         "accounting (Gholami et al. 2018) keeps every activation; drop "
+                         "--recompute or the cost model")
     if options.zero and options.cost_model == "gholami2018":
         raise UsageError("planner: error: --zero needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
@@ -212,13 +227,13 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
     default_in = input_dist(first_layout)
     out_dist: dict[int, Dist] = {-1: default_in}
 
-    def moves(src: Dist, dst: Dist, elems: int, note: str) -> list[CommTerm]:
+    def moves(src: Dist, dst: Dist, elems: int, note: str, layer: Layer) -> list[CommTerm]:
         key = (src, dst, elems, note)
         hit = cache.moves.get(key)
         if hit is None:
             hit = tuple(redistribute_terms(src, dst, elems, ctx, note))
             cache.moves[key] = hit
-        return list(hit)
+        return list(hit) + rerun_terms(layer, ctx, list(hit))
 
     signatures = cache.signature_ids(net)
     for layer in net.layers:
@@ -234,8 +249,9 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
                 fwd, bwd, est = time_kernels(weighted_kernels(layer, layout, ctx), ctx)
                 hit = (tuple(weighted_terms(layer, layout, ctx)), fwd, bwd, est)
                 cache.weighted[key] = hit
-            cost = LayerCost(hit[1], hit[2], hit[3], moves(src, dst, layer.in_elems, "input")
-                             + list(hit[0]), local_params(layer, layout))
+            cost = LayerCost(hit[1], hit[2], hit[3],
+                             moves(src, dst, layer.in_elems, "input", layer) + list(hit[0]),
+                             local_params(layer, layout))
             out = layout.output_dist()
             results.append(LayerResult(layer, layout, None, cost, dist_in=dst, dist_out=out))
             out_dist[layer.index] = out
@@ -250,7 +266,7 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
                 fhit = ((), body_d, body_d, fwd, bwd, est)
                 cache.follower[fkey] = fhit
             cost = LayerCost(fhit[3], fhit[4], fhit[5],
-                             moves(sc_d, body_d, layer.in_elems, "shortcut"))
+                             moves(sc_d, body_d, layer.in_elems, "shortcut", layer))
             results.append(LayerResult(layer, current[0], current[1], cost, dist_in=body_d,
                                        dist_out=body_d))
             out_dist[layer.index] = body_d
@@ -291,6 +307,44 @@ def _local_elems(elems: int, dist: Dist | None, batch: int) -> float:
     return elems * b / dist.split
 
 
+def _recomputed(net: Network, results: list[LayerResult],
+                kept: dict[tuple[int, Dist | None], float],
+                consumer: dict[tuple[int, Dist | None], str | None],
+                per_layer: dict[int, float], e: int, batch: int
+                ) -> tuple[dict[tuple[int, Dist | None], float], dict[int, float], float]:
+    """Activation memory with every residual block recomputed (Chen et al., "Training
+    deep nets with sublinear memory cost", 2016): between the passes a block keeps only
+    its input, as its producer left it; what its layers would keep is rebuilt, one block
+    at a time, in the backward pass, so the largest block's share is live at the peak.
+    Returns what stays kept, each layer's own share (zero inside blocks) and the largest
+    block's working set."""
+    dist_out = {r.layer.index: r.dist_out for r in results}
+    checkpoints: dict[tuple[int, Dist | None], float] = {}
+    for blk in net.blocks:
+        src = net.storage_of(blk.input)
+        if src < 0:
+            continue  # the network input: kept as it is (below)
+        key = (src, dist_out[blk.input])
+        checkpoints[key] = _local_elems(net.layers[blk.input].out_elems, key[1],
+                                        batch) * e
+    work: dict[str, float] = {}
+    staying: dict[tuple[int, Dist | None], float] = {}
+    for key, size in kept.items():
+        block = consumer[key]
+        if block is None or key in checkpoints or key[0] < 0:
+            staying[key] = size
+        else:
+            work[block] = work.get(block, 0.0) + size
+    for key, size in checkpoints.items():
+        staying.setdefault(key, size)
+    own = dict(per_layer)
+    for r in results:
+        if r.layer.block is not None:
+            work[r.layer.block] = work.get(r.layer.block, 0.0) + own[r.layer.index]
+            own[r.layer.index] = 0.0
+    return staying, own, max(work.values(), default=0.0)
+
+
 def memory_report(ctx: Context, options: Options, results: list[LayerResult]) -> MemoryReport:
     """Peak memory of the busiest device for an evaluated assignment."""
     e = ctx.elem_bytes
@@ -304,6 +358,7 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     else:
         owned = (params * pb.weights, grads, params * pb.optimizer)
     kept: dict[tuple[int, Dist | None], float] = {}
+    consumer: dict[tuple[int, Dist | None], str | None] = {}  # the block of its first keeper
     per_layer: dict[int, float] = {}
     batch = ctx.batch
     net = ctx.network
@@ -321,20 +376,27 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
                     halo = sum(layer.halo_forward)
                     size *= (rows + halo) / rows
                 kept[key] = size
+                consumer[key] = layer.block
         if layer.saves_output:
             key = (net.storage_of(layer.index), r.dist_out)
-            kept.setdefault(key, _local_elems(layer.out_elems, r.dist_out, batch) * e)
+            if key not in kept:
+                kept[key] = _local_elems(layer.out_elems, r.dist_out, batch) * e
+                consumer[key] = layer.block
         extra = _local_elems(layer.saved_internal, r.dist_in, batch) * e
         if layer.has_weights and r.layout.mode == "model":
             extra /= r.layout.pr  # attention's Q, K, V and scores are split by heads
         extra += _local_elems(1, r.dist_in, batch) * layer.saved_bytes_extra
         per_layer[layer.index] = extra
+    rerun = 0.0
+    if ctx.recompute == "blocks" and net.blocks:
+        kept, per_layer, rerun = _recomputed(net, results, kept, consumer, per_layer, e,
+                                                 batch)
     for (src, _), size in kept.items():
         if src in per_layer:
             per_layer[src] += size
         else:
             per_layer[src] = size
-    activations = sum(per_layer.values())
+    activations = sum(per_layer.values()) + rerun
     for r in results:
         r.activation_bytes = per_layer.get(r.layer.index, 0.0)
     # the busiest layer's gradients in flight: its output gradient and input gradient
@@ -492,4 +554,6 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         buckets=buckets,
         parameters_s=sum(t.seconds for r in results for t in r.cost.terms
                          if t.phase == "parameters") if ctx.zero else 0,
+        recompute_s=sum(r.cost.forward_s + r.cost.comm("recompute") for r in results
+                        if recomputed(r.layer, ctx)) if ctx.recompute != "none" else 0,
     )

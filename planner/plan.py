@@ -10,10 +10,10 @@ digits, so the same inputs give byte-identical files)::
       network: {file, name, sha256}
       cluster: {file, name, sha256}
     problem: {gpus, batch, dtype, cost_model, overlap, bucket_bytes, optimizer,
-              master_weights, zero, estimator, algorithm, nodes}
+              master_weights, zero, recompute, estimator, algorithm, nodes}
     iteration: {time_s, compute_s, comm_s, exposed_comm_s, forward_s, backward_s,
                 optimizer_s, weight_grad_s, activation_comm_s, parameters_comm_s,
-                samples_per_s}
+                recompute_s, samples_per_s}
     memory: {peak_bytes, capacity_bytes, fits, breakdown: {weights, gradients, optimizer,
              activations, comm_buffers, workspace}}
     layers:                       # every layer, in execution order
@@ -21,12 +21,16 @@ digits, so the same inputs give byte-identical files)::
         follows (for layers without weights: whose layout they follow),
         compute_s, compute: {forward_s, backward_s, estimator},
         comm: {forward_s, backward_data_s, weight_grad_s, redistribute_s, parameters_s,
+               recompute_s,
                terms: [{phase, collective, group, per_node, bytes, seconds, algorithm, note}]},
         memory: {params_bytes, activation_bytes}   # params_bytes: what this device keeps
 
     ZeRO (``problem.zero`` 1-3) turns each weight-gradient all-reduce into a reduce-scatter
     and adds ``parameters`` terms: an all-gather after the optimizer step (stages 1-2), or
-    before the forward and the backward (stage 3).
+    before the forward and the backward (stage 3). Recomputation (``problem.recompute``
+    blocks) adds ``recompute`` terms, a block's forward collectives run again in its
+    backward; the forward compute run again is in ``compute.backward_s``, and
+    ``iteration.recompute_s`` totals both.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ def layer_record(r: LayerResult, elem_bytes: int, optimizer: str,
         "weight_grad_s": c.comm("weight_grad"),
         "redistribute_s": c.comm("redistribute"),
         "parameters_s": c.comm("parameters"),
+        "recompute_s": c.comm("recompute"),
         "terms": [_term(t) for t in c.terms],
     }
     rec["memory"] = {"params_bytes": c.params_local * pb.total,
@@ -107,6 +112,7 @@ def iteration_record(ev: Evaluation, batch: int) -> dict[str, Any]:
         "weight_grad_s": ev.weight_grad_s,
         "activation_comm_s": ev.activation_comm_s,
         "parameters_comm_s": ev.parameters_s,
+        "recompute_s": ev.recompute_s,
         "samples_per_s": batch / ev.time_s if ev.time_s > 0 else 0.0,
     }
 
@@ -125,6 +131,7 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
         "optimizer": options.optimizer,
         "master_weights": uses_master_weights(network.elem_bytes, options.master_weights),
         "zero": options.zero,
+        "recompute": options.recompute,
     }
 
 
@@ -178,7 +185,10 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     zero = int(prob.get("zero", 0))
     head.append(f"{prob['gpus']} devices, batch {prob['batch']}, {prob['dtype']}, "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
-                + (f", ZeRO stage {zero}" if zero else "") + "\n")
+                + (f", ZeRO stage {zero}" if zero else "")
+                + (f", recomputing {prob['recompute']} "
+                   f"({format_time(it.get('recompute_s', 0.0))} a step)"
+                   if prob.get("recompute", "none") != "none" else "") + "\n")
     head.append("iteration ", style="bold")
     head.append(f"{format_time(it['time_s'])}  (compute {format_time(it['compute_s'])}, "
                 f"communication {format_time(it['comm_s'])}, exposed "

@@ -50,6 +50,7 @@ from .costs.layer import (
     local_params,
     loss_cost,
     optimizer_kernel,
+    recomputed,
     redistribute_key,
     redistribute_seconds,
     stepped,
@@ -157,6 +158,8 @@ class Space:
         self._weighted: dict[tuple[Any, ...], np.ndarray] = {}
         self._follow: dict[tuple[tuple[Any, ...], int], tuple[np.ndarray, int]] = {}
         self._trans: dict[float, np.ndarray] = {}
+        self._trans_fwd: dict[float, np.ndarray] = {}  # forward moves only (recomputation)
+        self._moves: dict[int, np.ndarray] = {}
         self._follow_arrays: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
         self._by_layer: dict[int, np.ndarray] = {}
         self._io: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -236,6 +239,10 @@ class Space:
         return optimizer_kernel(stepped(params_local, self.options.zero, terms), self.pb)
 
     def _saved_bytes(self, layer: Layer, lay: Layout) -> float:
+        if recomputed(layer, self.ctx):
+            # keeps nothing between passes; the block inputs it keeps instead and the
+            # working set of the block it re-runs are the evaluation's (memory_report)
+            return 0.0
         b = -(-self.options.batch // lay.pc)
         split_in, split_out = input_dist(lay).split, lay.output_dist().split
         kept = (layer.in_elems / split_in if layer.saves_input else 0) + (
@@ -266,7 +273,7 @@ class Space:
         input distribution of each candidate layout ``j``."""
         hit = self._entry.get(layer.index)
         if hit is None:
-            hit = self.transitions(layer.in_elems)[:, self.dist_indices(layer)[0]]
+            hit = self.moves(layer)[:, self.dist_indices(layer)[0]]
             self._entry[layer.index] = hit
         return hit
 
@@ -321,7 +328,8 @@ class Space:
             parts[_C] = float(ctx.estimator.estimate(ks, ctx.cluster.device,
                                                       ctx.network.dtype).seconds.sum())
         b = -(-self.options.batch // work.batch[1])
-        kept = (layer.out_elems if layer.saves_output else 0) + layer.saved_internal
+        kept = 0 if recomputed(layer, ctx) else \
+            (layer.out_elems if layer.saves_output else 0) + layer.saved_internal
         parts[_M] = layer.params * held(self.pb, self.options.zero, terms).total + \
             kept * b / work.split * ctx.elem_bytes
         result = (parts, self._dist(out))
@@ -371,11 +379,23 @@ class Space:
             hit = self._terminal[w] = _score(self._loss_parts, w)
         return hit
 
-    def transitions(self, elems: int) -> np.ndarray:
+    def moves(self, layer: Layer) -> np.ndarray:
+        """``T[src, dst]`` for the layer's input: :meth:`transitions`, and for a
+        recomputed layer the forward moves once more."""
+        hit = self._moves.get(layer.index)
+        if hit is None or hit.shape[0] != len(self.dists):
+            hit = self.transitions(layer.in_elems)
+            if recomputed(layer, self.ctx):
+                hit = hit + self.transitions(layer.in_elems, forward_only=True)
+            self._moves[layer.index] = hit
+        return hit
+
+    def transitions(self, elems: int, forward_only: bool = False) -> np.ndarray:
         """Seconds to move an activation of ``elems`` per sample between every pair of
         distributions: ``T[src, dst]``."""
         total = float(self.options.batch) * elems * self.ctx.elem_bytes
-        hit = self._trans.get(total)
+        store = self._trans_fwd if forward_only else self._trans
+        hit = store.get(total)
         if hit is not None and hit.shape[0] == len(self.dists):
             return hit
         n = len(self.dists)
@@ -384,8 +404,8 @@ class Space:
         for i, a in enumerate(self.dists):
             for j, z in enumerate(self.dists):
                 if i != j:
-                    t[i, j] = redistribute_seconds(a, z, arr, self.ctx)[0]
-        self._trans[total] = t
+                    t[i, j] = redistribute_seconds(a, z, arr, self.ctx, forward_only)[0]
+        store[total] = t
         return t
 
     def prepare_transitions(self) -> None:
@@ -426,12 +446,12 @@ class Space:
                 lay = assignment[layer.index]
                 j = self.position(layer.index)[lay]
                 total += float(self.weighted_own(layer, w)[j])
-                total += self.transitions(layer.in_elems)[d, index[input_dist(lay)]] * \
+                total += self.moves(layer)[d, index[input_dist(lay)]] * \
                     w.activation
                 state[layer.index] = index[lay.output_dist()]
             elif kind == 1:
                 sc = state[layer.inputs[1]]
-                total += self.transitions(layer.in_elems)[sc, d] * w.activation
+                total += self.moves(layer)[sc, d] * w.activation
                 total += float(self.follower_arrays(layer, w)[1][d])
                 state[layer.index] = d
             else:
@@ -667,7 +687,7 @@ def _add_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights, steps: l
               blk: Any) -> np.ndarray:
     """Close a block: ``cost[entry, body]`` (identity shortcut) or ``cost[body, sc]``."""
     n = cost.shape[1]
-    trans = space.transitions(layer.in_elems) * w.activation  # [src, dst]
+    trans = space.moves(layer) * w.activation  # [src, dst]
     add_parts = space.follower_arrays(layer, w)[1]
     if blk.shortcut:
         total = cost + trans.T  # [body, sc] + T[sc, body]

@@ -14,6 +14,7 @@ team chose: a plan file, one grid for every layer, or pins::
     precision: float32           # the dtype of weights and activations (default: the network's)
     overlap: gradients           # none | gradients
     zero: 0                      # ZeRO stage 0-3: optimizer state / + gradients / + weights sharded
+    recompute: none              # none | blocks: residual blocks re-run their forward in backward
     strategy:
       plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron), or: pins: [...]
     max_slowdown: 1.10           # allowed ratio to the searched optimum
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import Cluster
+from .costs.layer import RECOMPUTE
 from .errors import InputError, Issue, NoFeasiblePlan, PlannerError
 from .evaluate import DEFAULT_BUCKET_BYTES, OVERLAPS, Evaluation, Options, evaluate, make_context
 from .fields import Fields, Invalid, boolean, choice, integer, number, quantity, string
@@ -68,6 +70,7 @@ class TrainingConfig:
     cost_model: str
     strategy: dict[str, Any]
     zero: int
+    recompute: str
     max_slowdown: float
     document: Document = field(compare=False, repr=False)
 
@@ -132,6 +135,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     if zero and cost_model == "gholami2018":
         f.error("zero", "ZeRO needs 'cost_model: exact': the paper's accounting (Gholami "
                         "et al. 2018) has no sharded optimizer")
+    recompute = f.opt("recompute", choice(RECOMPUTE), "none")
+    if recompute != "none" and cost_model == "gholami2018":
+        f.error("recompute", "recomputation needs 'cost_model: exact': the paper's accounting "
+                             "(Gholami et al. 2018) keeps every activation")
     slowdown = f.opt("max_slowdown", number(1.0, 1e6), 1.10)
     strategy: dict[str, Any] = {}
     if f.has("strategy"):
@@ -179,7 +186,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           cluster_path=paths["cluster"], gpus=gpus, batch=batch,
                           optimizer=optimizer, precision=precision, master_weights=master,
                           overlap=overlap, bucket_bytes=bucket, cost_model=cost_model,
-                          strategy=strategy, zero=zero, max_slowdown=slowdown, document=doc)
+                          strategy=strategy, zero=zero, recompute=recompute,
+                          max_slowdown=slowdown, document=doc)
 
 
 def load_training(path: str | Path) -> TrainingConfig:
@@ -278,7 +286,7 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, options: Options,
 
     for key, value in rounded(problem_record(net, options), 4).items():
         # a plan made before ZeRO was modelled had none
-        had = prob.get(key, 0 if key == "zero" else None)
+        had = prob.get(key, {"zero": 0, "recompute": "none"}.get(key))
         if had != value:
             problems.append(f"the plan is for {key}={had}, the configuration says {value}")
     if problems:
@@ -382,7 +390,7 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     options = Options(gpus=cfg.gpus, batch=cfg.batch, cost_model=cfg.cost_model,
                       overlap=cfg.overlap, bucket_bytes=cfg.bucket_bytes,
                       optimizer=cfg.optimizer, master_weights=cfg.master_weights,
-                      zero=cfg.zero)
+                      zero=cfg.zero, recompute=cfg.recompute)
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "

@@ -25,6 +25,10 @@ all-gathered, at stage 3 each rank keeps only its chunk and gathers the shard be
 layer's forward and again before its backward (plain SGD has no optimizer state, so
 stages 1 and 2 run alike).
 
+A plan made with ``--recompute blocks`` is run without recomputation: it changes memory
+and time, not the result, and this program runs MLPs, which have no residual blocks to
+recompute.
+
 The program keeps the backward pass explicit (no autograd) so every collective is visible.
 """
 

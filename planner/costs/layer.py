@@ -85,6 +85,7 @@ class Context:
     cost_model: str = "exact"
     algorithm: str | None = None
     zero: int = 0  #: ZeRO stage: parameters, gradients, optimizer state sharded
+    recompute: str = "none"  #: "blocks": every residual block re-runs its forward in backward
 
     @property
     def elem_bytes(self) -> int:
@@ -127,16 +128,46 @@ class LayerCost:
         return self.forward_s + self.backward_s
 
 
+#: activation recomputation: none, or every residual block (its input kept, its forward
+#: re-run before its backward)
+RECOMPUTE = ("none", "blocks")
+
+
+def recomputed(layer: Layer, ctx: Context) -> bool:
+    """Whether the layer's forward runs again in the backward pass (and keeps nothing)."""
+    return ctx.recompute == "blocks" and layer.block is not None
+
+
+def rerun_terms(layer: Layer, ctx: Context, terms: list[CommTerm]) -> list[CommTerm]:
+    """A recomputed layer's forward collectives once more, before its backward: its own,
+    and the forward moves of its input into its layout (ZeRO stage 3's parameter gather
+    is not repeated: the backward's own gather serves)."""
+    if not recomputed(layer, ctx):
+        return []
+    return [CommTerm("recompute", t.collective, t.group, t.bytes, t.seconds, t.algorithm,
+                     (t.note.replace("(forward)", "").strip() + " (recompute)").strip())
+            for t in terms if t.when == "forward" and t.phase != "parameters"]
+
+
+def _with_rerun(layer: Layer, ctx: Context, kernels: dict[str, list[Kernel]]
+                ) -> dict[str, list[Kernel]]:
+    """A recomputed layer's forward kernels once more, counted in its backward."""
+    if not recomputed(layer, ctx):
+        return kernels
+    return {**kernels, "backward_data": kernels["backward_data"] + kernels["forward"]}
+
+
 def cost_signature(layer: Layer) -> tuple[object, ...]:
     """What a layer's costs depend on: two layers with the same signature cost the same
-    under the same layout (names and positions do not matter)."""
+    under the same layout (names and positions do not matter; whether it sits in a
+    residual block does, for recomputation)."""
     return (layer.type, layer.input_shape, layer.output_shape, layer.params,
             layer.weight_elems, layer.conv, layer.pool, layer.linear, layer.attention,
             layer.embedding, layer.inputs == (-1,), layer.saves_input, layer.saves_output,
             layer.saved_internal, layer.saved_bytes_extra,
             # an embedding's forward depends on whether a head shares its table (few
             # embeddings: none shares another's costs)
-            layer.index if layer.embedding is not None else None)
+            layer.index if layer.embedding is not None else None, layer.block is not None)
 
 
 def _alpha_beta(ctx: Context, group: Group) -> tuple[float, float]:
@@ -187,7 +218,13 @@ def _needs_input_grad(layer: Layer) -> bool:
 
 
 def weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
-    """Forward, backward-data and weight-gradient collectives of a layer with weights."""
+    """Forward, backward-data and weight-gradient collectives of a layer with weights
+    (and, recomputed, its forward ones again)."""
+    terms = _weighted_terms(layer, layout, ctx)
+    return terms + rerun_terms(layer, ctx, terms)
+
+
+def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
     g = ctx.per_node
     e = ctx.elem_bytes
     b = ctx.batch / layout.pc
@@ -325,11 +362,14 @@ def redistribute_key(src: Dist, dst: Dist, ctx: Context) -> tuple[object, ...]:
 
 
 def redistribute_seconds(src: Dist, dst: Dist, totals: FloatArray, ctx: Context,
-                         ) -> FloatArray:
+                         forward_only: bool = False) -> FloatArray:
     """Seconds of :func:`redistribute_terms` for many activation sizes at once
-    (``totals``: bytes of the whole activation, ``B × d × e``)."""
+    (``totals``: bytes of the whole activation, ``B × d × e``); ``forward_only``: the
+    activation's move without its gradient's (what recomputation runs again)."""
     out = np.zeros_like(totals)
     for part in _parts(src, dst, ctx.per_node, ctx.paper):
+        if forward_only and part.direction != "forward":
+            continue
         nbytes = part.share * totals
         if part.kind == "gather":
             secs, _ = price(ctx, "all_gather", part.group, nbytes)
@@ -342,9 +382,16 @@ def redistribute_seconds(src: Dist, dst: Dist, totals: FloatArray, ctx: Context,
 def follower_terms(layer: Layer, dist: Dist, ctx: Context) -> tuple[list[CommTerm], Dist, Dist]:
     """A layer without weights on the distribution it receives.
 
-    Returns its collectives, the distribution it computes on (after any gather, which is
-    among the terms) and the distribution of its output.
+    Returns its collectives (recomputed: its forward ones again), the distribution it
+    computes on (after any gather, which is among the terms) and the distribution of its
+    output.
     """
+    terms, work, out = _follower_terms(layer, dist, ctx)
+    return terms + rerun_terms(layer, ctx, terms), work, out
+
+
+def _follower_terms(layer: Layer, dist: Dist, ctx: Context
+                    ) -> tuple[list[CommTerm], Dist, Dist]:
     terms: list[CommTerm] = []
     g = ctx.per_node
     e = ctx.elem_bytes
@@ -490,7 +537,12 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, list[Kernel]]:
-    """Kernels of a layer with weights on the busiest device of ``layout``."""
+    """Kernels of a layer with weights on the busiest device of ``layout`` (recomputed:
+    the forward ones again in the backward)."""
+    return _with_rerun(layer, ctx, _weighted_kernels(layer, layout, ctx))
+
+
+def _weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, list[Kernel]]:
     b = _ceil_div(ctx.batch, layout.pc)
     if layout.mode in ("model", "column"):
         return layer_kernels(layer, b, ctx.elem_bytes, model_split=layout.pr)
@@ -502,11 +554,13 @@ def weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, li
 
 
 def follower_kernels(layer: Layer, dist: Dist, ctx: Context) -> dict[str, list[Kernel]]:
-    """Kernels of a layer without weights on the distribution it computes on."""
+    """Kernels of a layer without weights on the distribution it computes on (recomputed:
+    the forward ones again in the backward)."""
     b = _ceil_div(ctx.batch, dist.batch[1])
     n_h = dist.height[1] if dist.height else 1
     n_f = dist.feature[1] if dist.feature else 1
-    return layer_kernels(layer, b, ctx.elem_bytes, height_split=n_h, feature_split=n_f)
+    return _with_rerun(layer, ctx, layer_kernels(layer, b, ctx.elem_bytes, height_split=n_h,
+                                                 feature_split=n_f))
 
 
 def time_kernels(kernels: dict[str, list[Kernel]], ctx: Context) -> tuple[float, float, str]:

@@ -1,0 +1,188 @@
+"""Activation recomputation (``--recompute blocks``; Chen, Xu, Zhang & Guestrin,
+"Training deep nets with sublinear memory cost", 2016): every residual block keeps only
+its input between the passes and runs its forward again, compute and collectives, just
+before its backward; the activations it rebuilds are live one block at a time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.errors import NoFeasiblePlan
+from planner.evaluate import Options, evaluate, make_context
+from planner.inputs import load_network_text
+from planner.layout import make_layout
+from planner.search import Space, Weights, search, solve
+
+from .conftest import CLUSTERS, NETWORKS, invoke
+from .helpers import FixedEstimator, cluster
+from .test_search import _transformer_text
+
+BLOCKS = """kind: network
+name: blocks
+input: [64]
+dtype: float32
+layers:
+  - {name: fc0, type: linear, out_features: 64}
+  - type: residual
+    name: b1
+    body:
+      - {name: fc1, type: linear, out_features: 256}
+      - {name: relu, type: relu}
+      - {name: fc2, type: linear, out_features: 64}
+  - type: residual
+    name: b2
+    body:
+      - {name: fc1, type: linear, out_features: 256}
+      - {name: relu, type: relu}
+      - {name: fc2, type: linear, out_features: 64}
+  - {name: head, type: linear, out_features: 10}
+"""
+
+
+def _evaluate(recompute, layouts=None, zero=0, p=2, b=4, text=BLOCKS):
+    net = load_network_text(text)
+    opts = Options(gpus=p, batch=b, overlap="none", optimizer="adam", zero=zero,
+                   recompute=recompute)
+    ctx = make_context(net, cluster(per_node=8, algorithm="ring"), opts, FixedEstimator(1e-5))
+    layouts = layouts or {}
+    assignment = {x.index: layouts.get(x.name, make_layout("data", 1, p))
+                  for x in net.layers if x.has_weights}
+    return evaluate(ctx, opts, assignment)
+
+
+def test_memory_by_hand():
+    """Data parallel on 2 devices, batch 4: 2 samples a device, 4 bytes an element, so a
+    tensor of n elements a sample keeps 8n bytes. Kept without recomputation: the input
+    (64), fc0's output (64, block 1's input), each block's ReLU output (256, fc2's input
+    too), block 1's output (64, block 2's input), block 2's output (64, the head's input)
+    and the logits (10, for the loss): 8 · (64 + 64 + 256 + 64 + 256 + 64 + 10) = 6,224.
+    Recomputing: the ReLU outputs are rebuilt one block at a time, so one of them is live
+    at the peak: 8 · (64 + 64 + 64 + 64 + 10) + 8 · 256 = 4,176."""
+    plain, rec = _evaluate("none"), _evaluate("blocks")
+    assert plain.memory.activations == 6224
+    assert rec.memory.activations == 4176
+    by = {r.layer.name: r.activation_bytes for r in rec.layers}
+    assert by["b1.relu"] == by["b2.relu"] == 0  # rebuilt, not kept
+    assert by["fc0"] == by["b1.add"] == by["b2.add"] == 512  # the blocks' inputs, the head's
+    # a network that opens with a block keeps its input as it is: without fc0,
+    # 8 · (64 + 256 + 64 + 256 + 64 + 10) = 5,712 and 8 · (64 + 64 + 64 + 10) + 8 · 256
+    text = BLOCKS.replace("  - {name: fc0, type: linear, out_features: 64}\n", "")
+    assert _evaluate("none", text=text).memory.activations == 5712
+    assert _evaluate("blocks", text=text).memory.activations == 3664
+
+
+def test_time_by_hand():
+    """Every kernel takes 10 µs. Each block's four layers (fc1, relu, fc2, add) run their
+    forward again in the backward pass: 2 blocks × 4 kernels = 80 µs more backward, the
+    forward unchanged."""
+    plain, rec = _evaluate("none"), _evaluate("blocks")
+    assert rec.recompute_s == pytest.approx(8e-5, rel=1e-12)
+    assert plain.recompute_s == 0
+    assert rec.forward_s == plain.forward_s
+    assert rec.backward_s == pytest.approx(plain.backward_s + 8e-5, rel=1e-12)
+    assert rec.time_s == pytest.approx(plain.time_s + 8e-5, rel=1e-12)
+
+
+def test_forward_collectives_run_again():
+    """fc1 of block 1 model-parallel on 2x1 (it all-gathers its input's batch from the
+    data-parallel fc0 and its output features): recomputed, both all-gathers run again
+    in the backward, the same bytes and seconds; the input gradient's move, the weight
+    gradient and ZeRO stage 3's parameter gathers are not repeated (the backward's own
+    gather serves the re-run)."""
+    lay = {"b1.fc1": make_layout("model", 2, 1), "b2.fc1": make_layout("data", 1, 2)}
+    for zero in (0, 3):
+        plain = {r.layer.name: r for r in _evaluate("none", lay, zero).layers}
+        rec = {r.layer.name: r for r in _evaluate("blocks", lay, zero).layers}
+        for name in ("b1.fc1", "b2.fc1", "head"):
+            before, after = plain[name].cost.terms, rec[name].cost.terms
+            forward = [t for t in before if t.when == "forward" and t.phase != "parameters"]
+            again = [t for t in after if t.phase == "recompute"]
+            assert [t for t in after if t.phase != "recompute"] == before
+            assert [(t.collective, t.group, t.bytes, t.seconds) for t in again] == \
+                ([(t.collective, t.group, t.bytes, t.seconds) for t in forward]
+                 if name != "head" else [])
+            assert all(t.when == "backward" for t in again)
+        assert [t.note for t in rec["b1.fc1"].cost.terms if t.phase == "recompute"] == \
+            ["input (recompute)", "(recompute)"]
+    ev = _evaluate("blocks", lay)
+    again = sum(t.seconds for r in ev.layers for t in r.cost.terms if t.phase == "recompute")
+    assert ev.recompute_s == pytest.approx(
+        sum(r.cost.forward_s for r in ev.layers if r.layer.block) + again, rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+@pytest.mark.parametrize(("p", "batch"), [(4, 32), (16, 128)])
+def test_dynamic_program_equals_the_evaluation(zero, p, batch):
+    """The dynamic program prices the re-run forward as the evaluation does (transformer
+    blocks, learned kernel models, no overlap), alone and with ZeRO stage 3."""
+    net = load_network_text(_transformer_text(2))
+    cl = cluster(per_node=8, intra=(1e-6, 1e11), inter=(5e-6, 1e10))
+    opts = Options(gpus=p, batch=batch, overlap="none", optimizer="adam", zero=zero,
+                   recompute="blocks")
+    ctx = make_context(net, cl, opts)
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    value, assignment = solve(space, Weights())
+    ev = evaluate(ctx, opts, assignment)
+    assert value == pytest.approx(ev.time_s, rel=1e-12)
+    assert ev.recompute_s > 0
+
+
+def test_recomputation_lets_gpt2_fit():
+    """GPT-2 small at batch 512 on 8 H100s in fp32 with Adam: nothing fits keeping every
+    activation; recomputing each block, a plan does."""
+    from planner.cli_plan import make_estimator
+    from planner.inputs import load_cluster, load_network
+
+    net = load_network(NETWORKS / "gpt2-small.yaml")
+    cl = load_cluster(CLUSTERS / "dgx-h100.yaml")
+    got = {}
+    for rc in ("none", "blocks"):
+        opts = Options(gpus=8, batch=512, optimizer="adam", recompute=rc)
+        ctx = make_context(net, cl, opts, make_estimator("auto", None, cl.device))
+        try:
+            got[rc] = search(ctx, opts).best.evaluation
+        except NoFeasiblePlan:
+            got[rc] = None
+    assert got["none"] is None
+    assert got["blocks"] is not None and got["blocks"].memory.fits
+
+
+def test_command_line_plan_and_configuration(runner, tmp_path):
+    net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
+    base = [net, cl, "-p", "8", "-b", "64", "--optimizer", "adam", "--format", "json"]
+    plain = json.loads(invoke(runner, "cost", *base).output)
+    res = invoke(runner, "cost", *base, "--recompute", "blocks")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert (plain["problem"]["recompute"], doc["problem"]["recompute"]) == ("none", "blocks")
+    assert plain["iteration"]["recompute_s"] == 0 < doc["iteration"]["recompute_s"]
+    assert doc["memory"]["breakdown"]["activations"] < \
+        plain["memory"]["breakdown"]["activations"] / 3
+    assert doc["iteration"]["forward_s"] == plain["iteration"]["forward_s"]
+    assert "recomputing blocks" in invoke(runner, "cost", *base[:-2], "--recompute",
+                                          "blocks").output
+    for bad, message in ((["--recompute", "some"], "'some' is not one of 'none', 'blocks'"),
+                         (["--recompute", "blocks", "--cost-model", "gholami2018"],
+                          "--recompute needs --cost-model exact")):
+        out = invoke(runner, "plan", *base, *bad)
+        assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output
+    # a plan made before recomputation was modelled reads as "none"
+    plan = tmp_path / "plan.json"
+    assert invoke(runner, "plan", *base, "-o", str(plan)).exit_code == 0
+    old = json.loads(plan.read_text())
+    del old["problem"]["recompute"]
+    plan.write_text(json.dumps(old))
+    for extra, stale in (("", False), ("recompute: blocks\n", True)):
+        path = tmp_path / "train.yaml"
+        path.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\nbatch: 64\n"
+                        f"optimizer: adam\nstrategy:\n  plan: {plan}\n{extra}")
+        out = invoke(runner, "check", str(path), "--format", "json").output
+        assert ("the plan is for recompute=none, the configuration says blocks" in out) \
+            == stale, out
+    path.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\nbatch: 64\n"
+                    "strategy:\n  grid: 1x8\nrecompute: all\n")
+    out = invoke(runner, "check", str(path))
+    assert out.exit_code == 2 and "train.yaml:8:12" in out.output, out.output
