@@ -112,7 +112,7 @@ class Evaluation:
 def make_context(network: Network, cluster: Cluster, options: Options,
                  estimator: Estimator | None = None) -> Context:
     """The cost context of a question."""
-    _check_zero(options)
+    _check_settings(options)
     return Context(network=network, cluster=cluster, gpus=options.gpus, batch=options.batch,
                    estimator=estimator or Roofline(), cost_model=options.cost_model,
                    algorithm=options.algorithm, zero=options.zero,
@@ -123,11 +123,11 @@ def check_question(network: Network, cluster: Cluster, options: Options) -> None
     """Usage problems of the question itself (exit 2)."""
     if options.gpus < 1:
         raise UsageError("planner: error: --gpus must be at least 1")
-    _check_zero(options)
+    _check_settings(options)
     beyond_cluster(cluster, [options.gpus])
 
 
-def _check_zero(options: Options) -> None:
+def _check_settings(options: Options) -> None:
     """A ZeRO stage and a recomputation that exist, under an accounting that can price
     them."""
     if options.zero not in ZERO_STAGES:
@@ -228,12 +228,14 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
     out_dist: dict[int, Dist] = {-1: default_in}
 
     def moves(src: Dist, dst: Dist, elems: int, note: str, layer: Layer) -> list[CommTerm]:
-        key = (src, dst, elems, note)
+        again = recomputed(layer, ctx)
+        key = (src, dst, elems, note, again)
         hit = cache.moves.get(key)
         if hit is None:
-            hit = tuple(redistribute_terms(src, dst, elems, ctx, note))
+            terms = redistribute_terms(src, dst, elems, ctx, note)
+            hit = tuple(terms + rerun_terms(layer, ctx, terms)) if again else tuple(terms)
             cache.moves[key] = hit
-        return list(hit) + rerun_terms(layer, ctx, list(hit))
+        return list(hit)
 
     signatures = cache.signature_ids(net)
     for layer in net.layers:

@@ -25,21 +25,14 @@ input: [64]
 dtype: float32
 layers:
   - {name: fc0, type: linear, out_features: 64}
-  - type: residual
-    name: b1
+""" + "".join(f"""  - type: residual
+    name: {b}
     body:
-      - {name: fc1, type: linear, out_features: 256}
-      - {name: relu, type: relu}
-      - {name: fc2, type: linear, out_features: 64}
-  - type: residual
-    name: b2
-    body:
-      - {name: fc1, type: linear, out_features: 256}
-      - {name: relu, type: relu}
-      - {name: fc2, type: linear, out_features: 64}
-  - {name: head, type: linear, out_features: 10}
+      - {{name: fc1, type: linear, out_features: 256}}
+      - {{name: relu, type: relu}}
+      - {{name: fc2, type: linear, out_features: 64}}
+""" for b in ("b1", "b2")) + """  - {name: head, type: linear, out_features: 10}
 """
-
 
 def _evaluate(recompute, layouts=None, zero=0, p=2, b=4, text=BLOCKS):
     net = load_network_text(text)
