@@ -302,24 +302,47 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
     return results
 
 
-def _local_elems(elems: int, dist: Dist | None, batch: int) -> float:
+def local_elems(elems: int, dist: Dist | None, batch: int) -> float:
     if dist is None:
         return float(elems * batch)
     b = -(-batch // dist.batch[1])
     return elems * b / dist.split
 
 
+def kept_input_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch: int,
+                     e: int) -> float:
+    """Bytes of its input a layer keeps for backward on one device, as it computes on
+    ``dist`` (a domain-split convolution keeps its halo rows too)."""
+    size = local_elems(layer.in_elems, dist, batch) * e
+    if layout is not None and layout.mode == "domain" and layer.conv is not None and \
+            dist is not None and dist.height:
+        rows = layer.input_shape[1] / dist.height[1]
+        size *= (rows + sum(layer.halo_forward)) / rows
+    return size
+
+
+def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch: int,
+                   e: int) -> float:
+    """Bytes a layer keeps for backward besides its input and output (attention's Q, K,
+    V and scores, split by heads under a model split; masks and indices)."""
+    extra = local_elems(layer.saved_internal, dist, batch) * e
+    if layer.has_weights and layout is not None and layout.mode == "model":
+        extra /= layout.pr
+    return extra + local_elems(1, dist, batch) * layer.saved_bytes_extra
+
+
 def _recomputed(net: Network, results: list[LayerResult],
                 kept: dict[tuple[int, Dist | None], float],
                 consumer: dict[tuple[int, Dist | None], str | None],
                 per_layer: dict[int, float], e: int, batch: int
-                ) -> tuple[dict[tuple[int, Dist | None], float], dict[int, float], float]:
+                ) -> tuple[dict[tuple[int, Dist | None], float], dict[int, float],
+                           tuple[float, ...]]:
     """Activation memory with every residual block recomputed (Chen et al., "Training
     deep nets with sublinear memory cost", 2016): between the passes a block keeps only
     its input, as its producer left it; what its layers would keep is rebuilt, one block
     at a time, in the backward pass, so the largest block's share is live at the peak.
-    Returns what stays kept, each layer's own share (zero inside blocks) and the largest
-    block's working set."""
+    Returns what stays kept, each layer's own share (zero inside blocks) and each
+    block's working set, in the network's order of blocks."""
     dist_out = {r.layer.index: r.dist_out for r in results}
     checkpoints: dict[tuple[int, Dist | None], float] = {}
     for blk in net.blocks:
@@ -327,13 +350,19 @@ def _recomputed(net: Network, results: list[LayerResult],
         if src < 0:
             continue  # the network input: kept as it is (below)
         key = (src, dist_out[blk.input])
-        checkpoints[key] = _local_elems(net.layers[blk.input].out_elems, key[1],
+        checkpoints[key] = local_elems(net.layers[blk.input].out_elems, key[1],
                                         batch) * e
     work: dict[str, float] = {}
     staying: dict[tuple[int, Dist | None], float] = {}
     for key, size in kept.items():
         block = consumer[key]
-        if block is None or key in checkpoints or key[0] < 0:
+        if key in checkpoints and block is not None:
+            # a block's first layer keeps its checkpoint: the checkpoint stays, and the
+            # halo rows a domain-split convolution adds to it are rebuilt with the block
+            staying[key] = checkpoints[key]
+            if size > checkpoints[key]:
+                work[block] = work.get(block, 0.0) + size - checkpoints[key]
+        elif block is None or key in checkpoints or key[0] < 0:
             staying[key] = size
         else:
             work[block] = work.get(block, 0.0) + size
@@ -344,7 +373,7 @@ def _recomputed(net: Network, results: list[LayerResult],
         if r.layer.block is not None:
             work[r.layer.block] = work.get(r.layer.block, 0.0) + own[r.layer.index]
             own[r.layer.index] = 0.0
-    return staying, own, max(work.values(), default=0.0)
+    return staying, own, tuple(work.get(blk.name, 0.0) for blk in net.blocks)
 
 
 def memory_report(ctx: Context, options: Options, results: list[LayerResult]) -> MemoryReport:
@@ -368,42 +397,37 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
         layer = r.layer
         if layer.saves_input:
             src = net.storage_of(layer.inputs[0])
-            elems = layer.in_elems
             key = (src, r.dist_in)
             if key not in kept:
-                size = _local_elems(elems, r.dist_in, batch) * e
-                if r.layout.mode == "domain" and layer.conv is not None and r.dist_in and \
-                        r.dist_in.height:
-                    rows = layer.input_shape[1] / r.dist_in.height[1]
-                    halo = sum(layer.halo_forward)
-                    size *= (rows + halo) / rows
-                kept[key] = size
+                kept[key] = kept_input_bytes(layer, r.layout if layer.has_weights else None,
+                                             r.dist_in, batch, e)
                 consumer[key] = layer.block
+            elif layer.block is None:
+                consumer[key] = None  # a keeper outside every block: it stays kept
         if layer.saves_output:
             key = (net.storage_of(layer.index), r.dist_out)
             if key not in kept:
-                kept[key] = _local_elems(layer.out_elems, r.dist_out, batch) * e
+                kept[key] = local_elems(layer.out_elems, r.dist_out, batch) * e
                 consumer[key] = layer.block
-        extra = _local_elems(layer.saved_internal, r.dist_in, batch) * e
-        if layer.has_weights and r.layout.mode == "model":
-            extra /= r.layout.pr  # attention's Q, K, V and scores are split by heads
-        extra += _local_elems(1, r.dist_in, batch) * layer.saved_bytes_extra
-        per_layer[layer.index] = extra
-    rerun = 0.0
+            elif layer.block is None:
+                consumer[key] = None
+        per_layer[layer.index] = own_kept_bytes(
+            layer, r.layout if layer.has_weights else None, r.dist_in, batch, e)
+    rebuilt: tuple[float, ...] = ()
     if ctx.recompute == "blocks" and net.blocks:
-        kept, per_layer, rerun = _recomputed(net, results, kept, consumer, per_layer, e,
-                                                 batch)
+        kept, per_layer, rebuilt = _recomputed(net, results, kept, consumer, per_layer, e,
+                                               batch)
     for (src, _), size in kept.items():
         if src in per_layer:
             per_layer[src] += size
         else:
             per_layer[src] = size
-    activations = sum(per_layer.values()) + rerun
+    activations = sum(per_layer.values()) + max(rebuilt, default=0.0)
     for r in results:
         r.activation_bytes = per_layer.get(r.layer.index, 0.0)
     # the busiest layer's gradients in flight: its output gradient and input gradient
-    workspace = max((_local_elems(r.layer.out_elems, r.dist_out, batch)
-                     + _local_elems(r.layer.in_elems, r.dist_in, batch)) * e for r in results)
+    workspace = max((local_elems(r.layer.out_elems, r.dist_out, batch)
+                     + local_elems(r.layer.in_elems, r.dist_in, batch)) * e for r in results)
     largest = max((t.bytes for r in results for t in r.cost.terms), default=0.0)
     # buckets fill with whole gradients before they are reduced (or reduce-scattered)
     buckets = min(grads, 2 * options.bucket_bytes) if options.overlap == "gradients" else 0.0
@@ -415,6 +439,7 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
         comm_buffers=largest + buckets,
         workspace=workspace,
         capacity=ctx.cluster.capacity_bytes,
+        rebuilt=rebuilt,
     )
 
 

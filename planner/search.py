@@ -59,7 +59,17 @@ from .costs.layer import (
 )
 from .costs.memory import param_bytes
 from .errors import NoFeasiblePlan, Shortfall, UsageError
-from .evaluate import ZERO_STAGES, EvalCache, Evaluation, Options, evaluate, time_and_comm
+from .evaluate import (
+    ZERO_STAGES,
+    EvalCache,
+    Evaluation,
+    Options,
+    evaluate,
+    kept_input_bytes,
+    local_elems,
+    own_kept_bytes,
+    time_and_comm,
+)
 from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
 from .network import Layer
 from .ops import Elementwise, Kernel
@@ -156,7 +166,7 @@ class Space:
             self._dist(Dist(d.p, d.batch, None))
         self.pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
         self._weighted: dict[tuple[Any, ...], np.ndarray] = {}
-        self._follow: dict[tuple[tuple[Any, ...], int], tuple[np.ndarray, int]] = {}
+        self._follow: dict[tuple[Any, ...], tuple[np.ndarray, int]] = {}
         self._trans: dict[float, np.ndarray] = {}
         self._trans_fwd: dict[float, np.ndarray] = {}  # forward moves only (recomputation)
         self._moves: dict[int, np.ndarray] = {}
@@ -164,6 +174,8 @@ class Space:
         self._by_layer: dict[int, np.ndarray] = {}
         self._io: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._entry: dict[int, np.ndarray] = {}
+        self._entry_mem: dict[int, np.ndarray] = {}
+        self._ckpt: dict[str, np.ndarray] = {}
         self._out_groups: dict[int, _Groups] = {}
         self._map_groups: dict[bytes, _Groups] = {}
         self._own: dict[tuple[int, Weights], np.ndarray] = {}
@@ -217,7 +229,7 @@ class Space:
                 arr[j, _G] = comm_g
                 params_local = local_params(layer, lay)
                 share = held(self.pb, self.options.zero, terms)
-                arr[j, _M] = params_local * share.total + self._saved_bytes(layer, lay)
+                arr[j, _M] = params_local * share.total + self._own_saved(layer, lay)
                 shape_key = (lay.mode, lay.pr, lay.pc)
                 if shape_key not in seen:
                     prods = weighted_kernels(layer, lay, ctx)
@@ -238,17 +250,111 @@ class Space:
         """The step over this device's parameters, as the evaluation times it."""
         return optimizer_kernel(stepped(params_local, self.options.zero, terms), self.pb)
 
-    def _saved_bytes(self, layer: Layer, lay: Layout) -> float:
-        if recomputed(layer, self.ctx):
-            # keeps nothing between passes; the block inputs it keeps instead and the
-            # working set of the block it re-runs are the evaluation's (memory_report)
+    # -- memory: what the evaluation's memory report adds up, per layer -------------------
+    # A tensor two layers keep in one distribution counts once there (a ReLU's output
+    # that the next convolution keeps as its input): the consumer's copy is free when the
+    # state (where its producer left the input) is where it keeps it and the producer
+    # keeps its output there, or, under recomputation, when the input is its block's
+    # checkpoint. Through a view, or between two consumers (a block's body and its
+    # shortcut), the program counts it twice. What recomputation rebuilds is live one
+    # block at a time (the largest block's, a maximum): the program counts each block's
+    # share divided by the number of blocks, their mean, which is the maximum when the
+    # blocks are alike (a transformer's). Communication buffers and the busiest layer's
+    # workspace (maxima as well) are left out.
+
+    @functools.cached_property
+    def _blocks(self) -> dict[str, Any]:
+        return {blk.name: blk for blk in self.ctx.network.blocks}
+
+    def _rebuilt_share(self, layer: Layer) -> float:
+        """The weight of what a layer keeps: 1, or for a recomputed layer the inverse
+        of the number of blocks."""
+        return 1.0 / len(self._blocks) if recomputed(layer, self.ctx) else 1.0
+
+    def _input_share(self, layer: Layer) -> float:
+        """The weight of the input a layer keeps (the network input stays kept)."""
+        return 1.0 if self.ctx.network.storage_of(layer.inputs[0]) < 0 else \
+            self._rebuilt_share(layer)
+
+    def _output_share(self, layer: Layer) -> float:
+        """The weight of the output a layer keeps (none when recomputation checkpoints
+        it: :meth:`checkpoint_memory` counts it)."""
+        if recomputed(layer, self.ctx) and any(b.input == layer.index
+                                               for b in self._blocks.values()):
             return 0.0
-        b = -(-self.options.batch // lay.pc)
-        split_in, split_out = input_dist(lay).split, lay.output_dist().split
-        kept = (layer.in_elems / split_in if layer.saves_input else 0) + (
-            layer.out_elems / split_out if layer.saves_output else 0)  # last: the loss's
-        internal = layer.saved_internal / split_in / (lay.pr if lay.mode == "model" else 1)
-        return (kept + internal) * b * self.ctx.elem_bytes
+        return self._rebuilt_share(layer)
+
+    def _input_kept(self, layer: Layer) -> str | None:
+        """Who keeps the layer's input where its producer left it anyway: "producer"
+        (its output, unless rebuilt in another block), "checkpoint" (under
+        recomputation, the block's input), or None."""
+        src = layer.inputs[0]
+        if src < 0:
+            return None
+        producer = self.layers[src]
+        if self.ctx.network.storage_of(src) == src and producer.saves_output and (
+                not recomputed(producer, self.ctx) or producer.block == layer.block):
+            return "producer"
+        if layer.block is not None and recomputed(layer, self.ctx) and \
+                self._blocks[layer.block].input == src:
+            return "checkpoint"
+        return None
+
+    def _own_saved(self, layer: Layer, lay: Layout) -> float:
+        """What a layer with weights keeps besides its input (priced on the entry, see
+        :meth:`entry_memory`): internal tensors, masks, the loss's output."""
+        batch, e = self.options.batch, self.ctx.elem_bytes
+        kept = own_kept_bytes(layer, lay, input_dist(lay), batch, e) * \
+            self._rebuilt_share(layer)
+        if layer.saves_output:
+            kept += local_elems(layer.out_elems, lay.output_dist(), batch) * e * \
+                self._output_share(layer)
+        return kept
+
+    def entry_memory(self, layer: Layer) -> np.ndarray:
+        """``M[src, j]``: bytes of its input candidate ``j`` keeps when the input
+        arrives in distribution ``src`` (none where its producer already keeps it
+        there)."""
+        hit = self._entry_mem.get(layer.index)
+        if hit is None or hit.shape[0] != len(self.dists):
+            lays = self.candidates[layer.index]
+            n = len(self.dists)
+            hit = np.zeros((n, len(lays)))
+            if layer.saves_input:
+                batch, e = self.options.batch, self.ctx.elem_bytes
+                ins = self.dist_indices(layer)[0]
+                share = self._input_share(layer)
+                kept = self._input_kept(layer)
+                for j, lay in enumerate(lays):
+                    dist = self.dists[ins[j]]
+                    hit[:, j] = kept_input_bytes(layer, lay, dist, batch, e) * share
+                    if kept == "producer":
+                        hit[ins[j], j] = 0.0
+                    elif kept == "checkpoint":  # only the halo rows, rebuilt
+                        hit[ins[j], j] -= local_elems(layer.in_elems, dist, batch) * e * \
+                            share
+            self._entry_mem[layer.index] = hit
+        return hit
+
+    def checkpoint_memory(self, blk: Any) -> np.ndarray | None:
+        """Under recomputation, the bytes of a block's input it keeps in each state
+        (None: nothing to add: no recomputation, the network input, or a producer
+        that keeps it anyway)."""
+        if self.ctx.recompute != "blocks" or blk.input < 0:
+            return None
+        hit = self._ckpt.get(blk.name)
+        if hit is None or len(hit) != len(self.dists):
+            net = self.ctx.network
+            producer = self.layers[blk.input]
+            if net.storage_of(blk.input) == blk.input and producer.saves_output and \
+                    not recomputed(producer, self.ctx):
+                hit = np.zeros(len(self.dists))
+            else:
+                batch, e = self.options.batch, self.ctx.elem_bytes
+                hit = np.array([local_elems(producer.out_elems, d, batch) * e
+                                for d in self.dists])
+            self._ckpt[blk.name] = hit
+        return hit
 
     def weighted(self, layer: Layer) -> np.ndarray:
         """Part vectors ``(n_layouts, 4)`` of a layer with weights."""
@@ -276,6 +382,13 @@ class Space:
             hit = self.moves(layer)[:, self.dist_indices(layer)[0]]
             self._entry[layer.index] = hit
         return hit
+
+    def entry_costs(self, layer: Layer, w: Weights) -> np.ndarray:
+        """The weighted entry: moves, and with a memory weight the input kept."""
+        trans = self.entry_transitions(layer) * w.activation
+        if w.memory:
+            trans = trans + self.entry_memory(layer) * w.memory
+        return trans
 
     def out_groups(self, layer: Layer) -> _Groups:
         """The candidate layouts of a layer with weights grouped by output distribution."""
@@ -306,7 +419,10 @@ class Space:
     def follower(self, layer: Layer, d: int) -> tuple[np.ndarray, int]:
         """Part vector of a layer without weights on distribution ``d``, and the
         distribution it leaves."""
-        key = (cost_signature(layer), d)
+        shared = self._input_kept(layer)
+        shares = (self._input_share(layer), self._output_share(layer),
+                  self._rebuilt_share(layer))
+        key = (cost_signature(layer), d, shared, shares)
         hit = self._follow.get(key)
         if hit is not None:
             return hit
@@ -327,11 +443,13 @@ class Space:
         if ks:
             parts[_C] = float(ctx.estimator.estimate(ks, ctx.cluster.device,
                                                       ctx.network.dtype).seconds.sum())
-        b = -(-self.options.batch // work.batch[1])
-        kept = 0 if recomputed(layer, ctx) else \
-            (layer.out_elems if layer.saves_output else 0) + layer.saved_internal
-        parts[_M] = layer.params * held(self.pb, self.options.zero, terms).total + \
-            kept * b / work.split * ctx.elem_bytes
+        batch, e = self.options.batch, ctx.elem_bytes
+        kept = own_kept_bytes(layer, None, work, batch, e) * shares[2]
+        if layer.saves_input and not (shared and work == dist):
+            kept += kept_input_bytes(layer, None, work, batch, e) * shares[0]
+        if layer.saves_output:
+            kept += local_elems(layer.out_elems, out, batch) * e * shares[1]
+        parts[_M] = layer.params * held(self.pb, self.options.zero, terms).total + kept
         result = (parts, self._dist(out))
         self._follow[key] = result
         return result
@@ -339,7 +457,8 @@ class Space:
     def follower_arrays(self, layer: Layer, w: Weights) -> tuple[np.ndarray, np.ndarray]:
         """For every distribution: where a layer without weights leaves it, and its
         weighted cost there."""
-        key = (self._sig[layer.index], w)
+        key = (self._sig[layer.index], self._input_kept(layer), self._input_share(layer),
+               self._output_share(layer), w)
         hit = self._follow_arrays.get(key)
         if hit is None:
             n = len(self.dists)
@@ -439,8 +558,13 @@ class Space:
         first = next(lay for lay in self.layers if lay.has_weights)
         index = self.index
         state: dict[int, int] = {-1: index[input_dist(assignment[first.index])]}
+        events = self.structure[0] if w.memory else {}
         total = 0.0
         for layer, kind in zip(self.layers, self._kinds, strict=True):
+            for what, blk in events.get(layer.index, []):
+                ckpt = self.checkpoint_memory(blk) if what == "begin" else None
+                if ckpt is not None:
+                    total += ckpt[state[blk.input]] * w.memory
             d = state[layer.inputs[0]]
             if kind == 0:
                 lay = assignment[layer.index]
@@ -448,6 +572,8 @@ class Space:
                 total += float(self.weighted_own(layer, w)[j])
                 total += self.moves(layer)[d, index[input_dist(lay)]] * \
                     w.activation
+                if w.memory:
+                    total += self.entry_memory(layer)[d, j] * w.memory
                 state[layer.index] = index[lay.output_dist()]
             elif kind == 1:
                 sc = state[layer.inputs[1]]
@@ -543,7 +669,8 @@ def _advance(space: Space, w: Weights, cost: np.ndarray, lo: int, hi: int,
             if kind == "begin":
                 new = np.full((n, n), INF)
                 idx = np.arange(n)
-                new[idx, idx] = cost[0]
+                ckpt = space.checkpoint_memory(_blk) if w.memory else None
+                new[idx, idx] = cost[0] if ckpt is None else cost[0] + ckpt * w.memory
                 steps.append(_Step("begin"))
                 cost = new
             else:
@@ -588,7 +715,7 @@ def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
         own = np.where(in_idx == restrict, own, INF)
     if only is not None:
         own = np.where(np.arange(len(own)) == only, own, INF)
-    trans = space.entry_transitions(layer) * w.activation  # (D, J)
+    trans = space.entry_costs(layer, w)  # (D, J)
     k, n = cost.shape
     # only the distributions some state holds (a norm gathers split features, so after
     # it they are out of reach): the same minima, the first of the cheapest as before

@@ -80,6 +80,9 @@ class MemoryReport:
     comm_buffers: float
     workspace: float
     capacity: float
+    #: under recomputation, each block's working set when it is rebuilt (the largest
+    #: is in ``activations``); not in the plan document
+    rebuilt: tuple[float, ...] = ()
 
     @property
     def peak(self) -> float:

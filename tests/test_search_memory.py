@@ -1,0 +1,144 @@
+"""The dynamic program's memory term against the evaluation's memory report.
+
+The memory search (a Lagrangian weight on memory, raised until the answer fits) steers by
+the dynamic program's per-layer memory, so that must be what the evaluation adds up:
+weights, gradients and optimizer state, and every activation tensor kept for backward,
+once per distribution it is kept in. Under recomputation the evaluation counts the largest
+block's rebuilt working set (a maximum) and the program each block's divided by the
+number of blocks (their mean). Communication buffers and the busiest layer's workspace
+are maxima that neither side of this comparison includes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.evaluate import Options, evaluate, kept_input_bytes, make_context
+from planner.inputs import load_network_text
+from planner.layout import input_dist, make_layout
+from planner.search import Space, Weights, solve
+
+from .helpers import FixedEstimator, cluster
+from .test_search import _net, _transformer_text
+
+MEMORY = Weights(0.0, 0.0, 0.0, 1.0)
+
+
+def _networks():
+    return {
+        "transformer": load_network_text(_transformer_text(2)),
+        # a ReLU's output kept by the next convolution too; pooling, a view, a head
+        "cnn": _net([("conv", 8), ("relu", 0), ("pool", 0), ("conv", 16), ("relu", 0),
+                     ("pool", 0), ("flatten", 0), ("linear", 32), ("relu", 0),
+                     ("linear", 10)], [3, 16, 16]),
+        # identity shortcuts
+        "resnet": _net([("conv", 8), ("relu", 0), ("res", 8), ("res", 8), ("relu", 0),
+                        ("pool", 0), ("flatten", 0), ("linear", 10)], [3, 8, 8]),
+    }
+
+
+PROJECTED = _net([("conv", 8), ("relu", 0), ("res", 8), ("resproj", 16), ("resproj", 16),
+                  ("relu", 0), ("pool", 0), ("flatten", 0), ("linear", 10)], [3, 8, 8])
+
+
+NETS = _networks()
+
+
+def _additive(ev) -> float:
+    """The evaluation's memory that the program adds up (see the module docstring)."""
+    m = ev.memory
+    total = m.weights + m.gradients + m.optimizer + m.activations
+    if m.rebuilt:
+        total += sum(m.rebuilt) / len(m.rebuilt) - max(m.rebuilt)
+    return total
+
+
+def _space(net, p, batch, zero=0, recompute="none"):
+    opts = Options(gpus=p, batch=batch, overlap="none", optimizer="adam", zero=zero,
+                   recompute=recompute)
+    ctx = make_context(net, cluster(per_node=4), opts, FixedEstimator(1e-5))
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    return ctx, opts, space
+
+
+def _random_assignment(space, rng):
+    out = {i: rng.choice(lays) for i, lays in space.candidates.items()}
+    for group in space.ties:  # aligned lists: one position for the whole group
+        j = rng.randrange(len(space.candidates[group[0]]))
+        out.update({i: space.candidates[i][j] for i in group})
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(NETS)), p=st.sampled_from([2, 4, 8]),
+       batch=st.sampled_from([4, 16]), zero=st.sampled_from([0, 1, 3]),
+       recompute=st.sampled_from(["none", "blocks"]), seed=st.integers(0, 2**16))
+def test_program_memory_is_the_evaluations(name, p, batch, zero, recompute, seed):
+    """On random assignments (every mode, domain splits with their halos, tied layers,
+    ZeRO stages, recomputation), the program's memory equals the evaluation's to 1e-12
+    relative: each kept tensor once, as the evaluation keys it."""
+    ctx, opts, space = _space(NETS[name], p, batch, zero, recompute)
+    rng = random.Random(seed)
+    for _ in range(5):
+        assignment = _random_assignment(space, rng)
+        ev = evaluate(ctx, opts, assignment, space.cache)
+        assert space.score(assignment, MEMORY) == pytest.approx(_additive(ev), rel=1e-12)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.sampled_from([2, 4, 8]), batch=st.sampled_from([4, 16]),
+       recompute=st.sampled_from(["none", "blocks"]), seed=st.integers(0, 2**16))
+def test_projected_shortcuts_are_counted_at_most_twice(p, batch, recompute, seed):
+    """A block with a projected shortcut has two layers keeping its input: when both
+    keep it in one distribution the evaluation counts it once and the program twice
+    (its state holds one of the two). So the program is never below the evaluation
+    and above it by at most the shortcuts' kept inputs."""
+    ctx, opts, space = _space(PROJECTED, p, batch, recompute=recompute)
+    rng = random.Random(seed)
+    net, e = PROJECTED, ctx.elem_bytes
+    for _ in range(5):
+        assignment = _random_assignment(space, rng)
+        ev = evaluate(ctx, opts, assignment, space.cache)
+        slack = sum(kept_input_bytes(net.layers[b.shortcut[0]], assignment[b.shortcut[0]],
+                                     input_dist(assignment[b.shortcut[0]]), batch, e)
+                    for b in net.blocks if b.shortcut)
+        over = space.score(assignment, MEMORY) - _additive(ev)
+        assert -1e-9 <= over <= slack + 1e-9
+
+
+@pytest.mark.parametrize("recompute", ["none", "blocks"])
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_leanest_answer_is_scored_as_the_program_found_it(name, recompute):
+    """The program's optimum at the memory weight alone is the score of its answer
+    (the block checkpoints are priced alike on both paths), and no random assignment
+    needs less by the evaluation's count."""
+    ctx, opts, space = _space(NETS[name], 8, 16, recompute=recompute)
+    value, lean = solve(space, MEMORY)
+    assert value == pytest.approx(space.score(lean, MEMORY), rel=1e-12)
+    least = _additive(evaluate(ctx, opts, lean, space.cache))
+    rng = random.Random(0)
+    for _ in range(200):
+        other = _additive(evaluate(ctx, opts, _random_assignment(space, rng), space.cache))
+        assert other >= least * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("spec", [
+    # a block input its producer (a convolution) does not keep, kept by both the block's
+    # body and its projected shortcut
+    [("conv", 8), ("resproj", 16), ("flatten", 0), ("linear", 10)],
+    # a ReLU's output, kept by the ReLU and, through a view, by the head
+    [("conv", 8), ("relu", 0), ("flatten", 0), ("linear", 10)],
+], ids=["two-consumers", "through-a-view"])
+def test_where_the_program_counts_a_tensor_twice(spec):
+    """The two cases the program over-counts (its state cannot tell them from distinct
+    copies). Data parallel on 2 devices, batch 4, float32: 2 samples a device, 8 · 8 · 8
+    elements a sample, so 2 · 512 · 4 = 4,096 bytes counted twice by the program, once
+    by the evaluation."""
+    ctx, opts, space = _space(_net(spec, [3, 8, 8]), 2, 4)
+    assignment = {i: make_layout("data", 1, 2) for i in space.candidates}
+    ev = evaluate(ctx, opts, assignment, space.cache)
+    assert space.score(assignment, MEMORY) - _additive(ev) == 4096
