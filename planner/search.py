@@ -23,10 +23,10 @@ real timeline
 (:mod:`planner.evaluate`) and keeps the best, which a local search on the timeline then
 improves one layer at a time (:func:`improve`); the optimum at κ = 0 is a lower bound on
 every assignment's time, recorded in the plan. Memory per device is a constraint: when
-the optimum does not fit, a Lagrangian weight on each layer's memory is raised (by
-bisection) until the answer fits. The baselines (pure data, pure model, the best single
-grid, Gholami's scheme) are scored the same way, and the plan returned is never slower
-than a baseline that fits.
+the optimum does not fit, the weight of a Lagrangian memory term is set by walking the
+convex hull of time against memory (:func:`_fit_memory`). The baselines (pure data, pure
+model, the best single grid, Gholami's scheme) are scored the same way, and the plan
+returned is never slower than a baseline that fits.
 """
 
 from __future__ import annotations
@@ -1102,15 +1102,19 @@ def search(ctx: Context, options: Options, objective: str = "time",
     else:
         variants = [Weights(gradient=k) for k in (1.0, 0.0)]
     cands: list[Candidate] = []
-    seen: set[tuple[tuple[int, Layout], ...]] = set()
+    seen: dict[tuple[tuple[int, Layout], ...], Candidate] = {}
 
     def consider(name: str, assignment: dict[int, Layout]) -> Candidate | None:
-        key = tuple(sorted(assignment.items()))
-        if not assignment or key in seen:
+        """Evaluate an assignment once (None: no assignment); seen before, the same
+        candidate."""
+        if not assignment:
             return None
-        seen.add(key)
-        cand = Candidate(name, assignment, evaluate(ctx, options, assignment, space.cache))
-        cands.append(cand)
+        key = tuple(sorted(assignment.items()))
+        cand = seen.get(key)
+        if cand is None:
+            cand = Candidate(name, assignment, evaluate(ctx, options, assignment, space.cache))
+            seen[key] = cand
+            cands.append(cand)
         return cand
 
     solved = [solve(space, w) for w in variants]
@@ -1129,7 +1133,7 @@ def search(ctx: Context, options: Options, objective: str = "time",
     notes: list[str] = []
     constrained = not fitting
     if not fitting:
-        fitting = _fit_memory(space, variants[0], consider)
+        fitting = _fit_memory(space, variants[0], answers[0], consider)
         if fitting:
             notes.append("the unconstrained optimum does not fit in memory; the plan trades "
                          "time for memory (Lagrangian search)")
@@ -1270,50 +1274,53 @@ def improve(space: Space, start: Candidate, objective: str,
     return best, spent
 
 
-def _fit_memory(space: Space, base: Weights, consider: Any) -> list[Candidate]:
-    """The leanest assignment (memory alone); if it fits, raise a Lagrangian weight on
-    memory until the dynamic program's answer fits, then bisect back towards the
-    smallest weight that still fits (less time given up)."""
-    found: list[Candidate] = []
+#: most answers of the program the memory search tries (each a full dynamic program)
+FIT_BUDGET = 24
 
-    def attempt(lam: float) -> bool:
-        w = Weights(base.compute, base.activation, base.gradient, lam)
-        assignment = solve(space, w)[1]
-        cand = consider("search", assignment)
-        if cand is None:  # seen before: look it up
-            return False
+
+def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
+                consider: Any) -> list[Candidate]:
+    """Assignments that fit, from the Lagrangian relaxation of the memory constraint:
+    minimise time + λ · memory (the program's additive parts) for weights λ chosen by
+    walking the lower convex hull of (time, memory) over assignments. Between an answer
+    that does not fit (``A``, first the fastest) and one that does (``B``, first the
+    leanest), λ = (t_B − t_A) / (m_A − m_B) scores the two alike; the program's answer at
+    that λ is either on the segment AB (no assignment scores below it: the hull edge,
+    stop) or a new vertex, which replaces ``A`` or ``B`` by whether it fits (the
+    evaluation's peak decides). The last ``B`` is the hull vertex nearest the constraint
+    on the side that fits (Handler & Zang, "A dual algorithm for the constrained shortest
+    path problem", Networks 10, 1980). When even the leanest answer does not fit, no
+    weight is tried: the program's memory is the evaluation's up to what the module's
+    memory notes list."""
+    found: list[Candidate] = []
+    timed = Weights(base.compute, base.activation, base.gradient, 0.0)
+    memory = Weights(0.0, 0.0, 0.0, 1.0)
+
+    def point(assignment: dict[int, Layout]) -> tuple[float, float]:
+        return space.score(assignment, timed), space.score(assignment, memory)
+
+    lean = solve(space, memory)[1]
+    leanest = consider("search", lean)
+    if leanest is None or not leanest.evaluation.memory.fits:
+        return found
+    found.append(leanest)
+    (t_a, m_a), (t_b, m_b) = point(fastest), point(lean)
+    for _ in range(FIT_BUDGET):
+        if m_a <= m_b:
+            break  # the answer that fits is no larger: nothing in between
+        lam = max((t_b - t_a) / (m_a - m_b), 0.0)
+        mid = solve(space, Weights(base.compute, base.activation, base.gradient, lam))[1]
+        t_c, m_c = point(mid)
+        if t_c + lam * m_c >= (t_a + lam * m_a) * (1 - 1e-12):
+            break  # on the segment: the hull edge between A and B
+        cand = consider("search", mid)
+        if cand is None:
+            break
         if cand.evaluation.memory.fits:
             found.append(cand)
-            return True
-        return False
-
-    # the leanest assignment first (memory alone): when even it does not fit, the
-    # weights in between are not tried (about 20 solves, most of the time of a question
-    # that fits nowhere; the dynamic program's memory is the evaluation's up to tensors
-    # two layers keep, which it counts twice)
-    leanest = consider("search", solve(space, Weights(0.0, 0.0, 0.0, 1.0))[1])
-    if leanest is not None and not leanest.evaluation.memory.fits:
-        return found
-    if leanest is not None:
-        found.append(leanest)
-    lo, hi = 0.0, 0.0
-    lam = 1e-15
-    while lam < 1e-2:
-        if attempt(lam):
-            hi = lam
-            break
-        lo = lam
-        lam *= 4
-    if hi == 0.0:
-        return found
-    for _ in range(12):
-        mid = math.sqrt(lo * hi) if lo > 0 else hi / 4
-        if attempt(mid):
-            hi = mid
+            t_b, m_b = t_c, m_c
         else:
-            lo = mid
-        if lo > 0 and hi / lo < 1.1:
-            break
+            t_a, m_a = t_c, m_c
     return found
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from planner.evaluate import Options, evaluate, kept_input_bytes, make_context
 from planner.inputs import load_network_text
 from planner.layout import input_dist, make_layout
-from planner.search import Space, Weights, solve
+from planner.search import Space, Weights, search, solve
 
 from .helpers import FixedEstimator, cluster
 from .test_search import _net, _transformer_text
@@ -142,3 +142,40 @@ def test_where_the_program_counts_a_tensor_twice(spec):
     assignment = {i: make_layout("data", 1, 2) for i in space.candidates}
     ev = evaluate(ctx, opts, assignment, space.cache)
     assert space.score(assignment, MEMORY) - _additive(ev) == 4096
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(NETS)), p=st.sampled_from([4, 8]),
+       batch=st.sampled_from([8, 32]), recompute=st.sampled_from(["none", "blocks"]),
+       frac=st.sampled_from([0.05, 0.3, 0.7]))
+def test_memory_search_beats_every_weight_on_a_grid(name, p, batch, recompute, frac):
+    """With the capacity between the leanest and the fastest plan's peak, the memory
+    search (a walk along the convex hull of time against memory) returns a plan that
+    fits and is at least as fast as the program's answer for any memory weight on a
+    grid of 61 (1e-16 to 1e-1 seconds a byte, ×1.78 a step) that fits. No overlap, so
+    the time is the program's additive objective."""
+    import dataclasses
+
+    net = NETS[name]
+    cl = cluster(per_node=4)
+    opts = Options(gpus=p, batch=batch, overlap="none", optimizer="adam",
+                   recompute=recompute)
+    ctx = make_context(net, cl, opts, FixedEstimator(1e-5))
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    fast = evaluate(ctx, opts, solve(space, Weights())[1], space.cache)
+    lean = evaluate(ctx, opts, solve(space, MEMORY)[1], space.cache)
+    if fast.memory.peak <= lean.memory.peak:
+        return  # memory never binds between them
+    capacity = lean.memory.peak + frac * (fast.memory.peak - lean.memory.peak)
+    cl = dataclasses.replace(cl, reserved_memory=cl.device.memory_bytes - capacity)
+    ctx = make_context(net, cl, opts, FixedEstimator(1e-5))
+    result = search(ctx, opts)
+    assert result.best.evaluation.memory.fits
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    for k in range(61):
+        lam = 1e-16 * 10 ** (k / 4)
+        ev = evaluate(ctx, opts, solve(space, Weights(memory=lam))[1], space.cache)
+        if ev.memory.fits:
+            assert result.best.evaluation.time_s <= ev.time_s * (1 + 1e-12), lam
