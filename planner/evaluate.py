@@ -14,6 +14,13 @@ weight gradient joins a bucket (consecutive layers reducing over the same group,
 previous all-reduce has finished (one communication channel). The iteration ends at
 ``max(end of backward compute, end of the last all-reduce)`` plus the optimizer step.
 With ``overlap: none`` every all-reduce waits for the end of the backward pass.
+
+ZeRO stage 3 with ``overlap: gradients`` prefetches each layer's parameter gather
+(:class:`_Prefetcher`): issued when an earlier layer starts, up to a bucket of gathered
+parameters ahead, on a channel of its own in the forward pass and on the gradient
+buckets' channel in the backward pass (first come, first served); a layer waits for its
+gather. Communication and compute do not slow each other (no contention for SMs or
+memory bandwidth), as for the gradient buckets.
 """
 
 from __future__ import annotations
@@ -429,6 +436,13 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     workspace = max((local_elems(r.layer.out_elems, r.dist_out, batch)
                      + local_elems(r.layer.in_elems, r.dist_in, batch)) * e for r in results)
     largest = max((t.bytes for r in results for t in r.cost.terms), default=0.0)
+    if prefetches(ctx, options):
+        # prefetched gathers land while a layer holds its own: under a bucket of them,
+        # plus the one issued last
+        gathers = sorted((t.bytes for r in results for t in r.cost.terms
+                          if _prefetched(t, "forward")), reverse=True)
+        if len(gathers) > 1:
+            largest += min(sum(gathers[1:]), options.bucket_bytes + gathers[1])
     # buckets fill with whole gradients before they are reduced (or reduce-scattered)
     buckets = min(grads, 2 * options.bucket_bytes) if options.overlap == "gradients" else 0.0
     return MemoryReport(
@@ -506,6 +520,113 @@ def _bucketed(ctx: Context, results: list[LayerResult], items: list[tuple[int, i
     return runs
 
 
+def prefetches(ctx: Context, options: Options) -> bool:
+    """Whether ZeRO stage 3's parameter gathers run ahead of the compute that needs
+    them (with ``overlap: gradients``, as FSDP and DeepSpeed prefetch)."""
+    return ctx.zero >= 3 and options.overlap == "gradients"
+
+
+def _prefetched(t: CommTerm, when: str) -> bool:
+    return t.phase == "parameters" and t.when == when
+
+
+class _Prefetcher:
+    """ZeRO stage 3's parameter gathers issued ahead of the layers that need them, in
+    the order those run, on one channel: whenever a layer starts, the gathers after it
+    are issued one by one while the gathered parameters not yet in use are under
+    ``window`` bytes (so at least the next layer's; FSDP prefetches one unit ahead,
+    DeepSpeed a number of parameters, ``stage3_prefetch_bucket_size``)."""
+
+    def __init__(self, seconds: list[float], nbytes: list[float], order: list[int],
+                 window: float, channel: float) -> None:
+        self.seconds, self.nbytes, self.order, self.window = seconds, nbytes, order, window
+        self.channel = channel  #: when the channel is free
+        self.arrive: dict[int, float] = {}
+        self.ahead = 0.0  #: bytes issued for layers not started
+        self.next = 0
+
+    def fill(self, at: float) -> None:
+        while self.next < len(self.order):
+            pos = self.order[self.next]
+            if self.ahead >= self.window:
+                return
+            self.channel = max(self.channel, at) + self.seconds[pos]
+            self.arrive[pos] = self.channel
+            self.ahead += self.nbytes[pos]
+            self.next += 1
+
+    def start(self, pos: int, clock: float) -> float:
+        """Layer ``pos`` is ready to start at ``clock``: when it starts (its gather
+        arrived), having issued what the window then allows."""
+        if pos not in self.arrive:
+            return clock
+        clock = max(clock, self.arrive[pos])
+        self.ahead -= self.nbytes[pos]
+        self.fill(clock)
+        return clock
+
+
+def _gathers(results: list[LayerResult], when: str) -> tuple[list[float], list[float]]:
+    terms = [[t for t in r.cost.terms if _prefetched(t, when)] for r in results]
+    return [sum(t.seconds for t in ts) for ts in terms], [sum(t.bytes for t in ts)
+                                                         for ts in terms]
+
+
+def _prefetched_forward(results: list[LayerResult], window: float) -> float:
+    """The forward pass with ZeRO stage 3's gathers prefetched (:class:`_Prefetcher`):
+    a layer starts when the one before it has finished and its gather has arrived."""
+    seconds, nbytes = _gathers(results, "forward")
+    pre = _Prefetcher(seconds, nbytes, [p for p, g in enumerate(seconds) if g], window, 0.0)
+    pre.fill(0.0)
+    clock = 0.0
+    for pos, r in enumerate(results):
+        clock = pre.start(pos, clock)
+        clock += r.cost.forward_s + sum(t.seconds for t in r.cost.terms
+                                        if t.when == "forward" and not _prefetched(t, "forward"))
+    return clock
+
+
+def _bucket_record(results: list[LayerResult], members: list[tuple[int, int]],
+                   nbytes: float, index: int, ready: float, start: float,
+                   end: float) -> dict[str, Any]:
+    return {"index": index, "layers": len(members), "bytes": nbytes,
+            "group": results[members[0][0]].cost.terms[members[0][1]].group.size,
+            "ready_s": ready, "start_s": start, "end_s": end}
+
+
+def _prefetched_backward(results: list[LayerResult],
+                         grad_runs: list[tuple[list[tuple[int, int]], float, float]],
+                         start: float, window: float, buckets: list[dict[str, Any]],
+                         ) -> tuple[float, float, float]:
+    """The backward pass with ZeRO stage 3's gathers prefetched (:class:`_Prefetcher`)
+    on the channel the gradient buckets use, first come first served: a bucket is issued
+    when its last gradient is ready. Returns the end of the backward compute, of the
+    channel, and the buckets' seconds; appends the buckets."""
+    seconds, nbytes = _gathers(results, "backward")
+    order = [pos for pos in range(len(results) - 1, -1, -1) if seconds[pos]]
+    closing: dict[int, list[int]] = {}  # layer position → buckets its gradients close
+    for k, (members, _, _) in enumerate(grad_runs):
+        closing.setdefault(members[-1][0], []).append(k)
+    pre = _Prefetcher(seconds, nbytes, order, window, start)
+    pre.fill(start)
+    clock = start
+    weight_grad_s = 0.0
+    for pos in range(len(results) - 1, -1, -1):
+        r = results[pos]
+        clock = pre.start(pos, clock)
+        clock += r.cost.backward_s + sum(t.seconds for t in r.cost.terms
+                                         if t.when == "backward"
+                                         and not _prefetched(t, "backward"))
+        for run in closing.get(pos, []):
+            members, nbytes_run, secs = grad_runs[run]
+            begin = max(pre.channel, clock)
+            pre.channel = begin + secs
+            weight_grad_s += secs
+            buckets.append(_bucket_record(results, members, nbytes_run, len(buckets), clock,
+                                          begin, pre.channel))
+    return clock, max(clock, pre.channel), weight_grad_s
+
+
 def _timeline(ctx: Context, options: Options, results: list[LayerResult],
               memory: MemoryReport, cache: EvalCache) -> Evaluation:
     fwd_compute = sum(r.cost.forward_s for r in results)
@@ -520,38 +641,43 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     optimizer_s = float(ctx.estimator.estimate(updates, ctx.cluster.device,
                                                ctx.network.dtype).seconds.sum()) if updates \
         else 0.0
-    forward = fwd_compute + fwd_comm
-    clock = forward
-    # (ready time, layer position, term position) of every weight-gradient term
-    grad_terms: list[tuple[float, int, int]] = []
-    for pos in range(len(results) - 1, -1, -1):
-        r = results[pos]
-        clock += r.cost.backward_s + sum(t.seconds for t in r.cost.terms if t.when == "backward")
-        for j, t in enumerate(r.cost.terms):
-            if t.when == "gradient":
-                grad_terms.append((clock, pos, j))
-    end_backward = clock
-    buckets: list[dict[str, Any]] = []
+    prefetch = prefetches(ctx, options)
+    forward = _prefetched_forward(results, options.bucket_bytes) if prefetch else \
+        fwd_compute + fwd_comm
     bucketing = options.overlap == "gradients"
-    grad_runs = _bucketed(ctx, results, [(p, j) for _, p, j in grad_terms],
-                          options.bucket_bytes if bucketing else None, cache)
-    if not bucketing:
-        weight_grad_s = sum(run[2] for run in grad_runs)
-        finish = end_backward + weight_grad_s
+    # every weight-gradient term, from the output back: (layer position, term position)
+    items = [(pos, j) for pos in range(len(results) - 1, -1, -1)
+             for j, t in enumerate(results[pos].cost.terms) if t.when == "gradient"]
+    grad_runs = _bucketed(ctx, results, items, options.bucket_bytes if bucketing else None,
+                          cache)
+    buckets: list[dict[str, Any]] = []
+    weight_grad_s = 0.0
+    if prefetch:
+        end_backward, finish, weight_grad_s = _prefetched_backward(
+            results, grad_runs, forward, options.bucket_bytes, buckets)
     else:
-        weight_grad_s = 0.0
-        channel = 0.0
-        k = 0
-        for members, nbytes, secs in grad_runs:
-            ready = grad_terms[k + len(members) - 1][0]
-            k += len(members)
-            start = max(ready, channel)
-            channel = start + secs
-            weight_grad_s += secs
-            buckets.append({"index": len(buckets), "layers": len(members), "bytes": nbytes,
-                            "group": results[members[0][0]].cost.terms[members[0][1]].group.size,
-                            "ready_s": ready, "start_s": start, "end_s": channel})
-        finish = max(end_backward, channel)
+        clock = forward
+        ready: list[float] = []  # when each of ``items`` is ready
+        for pos in range(len(results) - 1, -1, -1):
+            r = results[pos]
+            clock += r.cost.backward_s + sum(t.seconds for t in r.cost.terms
+                                             if t.when == "backward")
+            ready.extend(clock for t in r.cost.terms if t.when == "gradient")
+        end_backward = clock
+        if not bucketing:
+            weight_grad_s = sum(run[2] for run in grad_runs)
+            finish = end_backward + weight_grad_s
+        else:
+            channel = 0.0
+            k = 0
+            for members, nbytes, secs in grad_runs:
+                k += len(members)
+                start = max(ready[k - 1], channel)
+                channel = start + secs
+                weight_grad_s += secs
+                buckets.append(_bucket_record(results, members, nbytes, len(buckets),
+                                              ready[k - 1], start, channel))
+            finish = max(end_backward, channel)
     # ZeRO stages 1-2: the updated parameters all-gathered after the step, in buckets
     # as the gradients were
     upd_items = [(p, j) for p, r in enumerate(results) for j, t in enumerate(r.cost.terms)

@@ -68,6 +68,7 @@ from .evaluate import (
     kept_input_bytes,
     local_elems,
     own_kept_bytes,
+    prefetches,
     time_and_comm,
 )
 from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
@@ -86,7 +87,9 @@ class Weights:
 
     compute: float = 1.0
     activation: float = 1.0  #: forward, backward-data, halo and redistribution traffic
-    gradient: float = 1.0  #: weight-gradient all-reduces
+    #: weight-gradient all-reduces, and ZeRO stage 3's prefetched parameter gathers:
+    #: what may overlap compute
+    gradient: float = 1.0
     memory: float = 0.0  #: seconds per byte (a Lagrange multiplier)
 
 
@@ -165,6 +168,7 @@ class Space:
         for d in list(self.dists):
             self._dist(Dist(d.p, d.batch, None))
         self.pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
+        self.prefetch = prefetches(ctx, options)
         self._weighted: dict[tuple[Any, ...], np.ndarray] = {}
         self._follow: dict[tuple[Any, ...], tuple[np.ndarray, int]] = {}
         self._trans: dict[float, np.ndarray] = {}
@@ -221,8 +225,8 @@ class Space:
                 comm_a = comm_g = 0.0
                 terms = weighted_terms(layer, lay, ctx)
                 for t in terms:
-                    if t.when == "gradient":
-                        comm_g += t.seconds
+                    if t.when == "gradient" or (self.prefetch and t.phase == "parameters"):
+                        comm_g += t.seconds  # may overlap (see Weights.gradient)
                     else:
                         comm_a += t.seconds
                 arr[j, _A] = comm_a
@@ -435,7 +439,8 @@ class Space:
         else:
             terms, work, out = follower_terms(layer, dist, ctx)
         for t in terms:
-            parts[_G if t.when == "gradient" else _A] += t.seconds
+            hideable = t.when == "gradient" or (self.prefetch and t.phase == "parameters")
+            parts[_G if hideable else _A] += t.seconds
         prods = follower_kernels(layer, work, ctx)
         ks = prods["forward"] + prods["backward_data"] + prods["backward_weight"]
         if layer.params:
@@ -1165,18 +1170,22 @@ def search_zero(ctx: Context, options: Options, objective: str = "time",
     Stages 0 and 1 are always searched: stage 1 trades the gradient all-reduce for a
     reduce-scatter plus a gather of the updated parameters, and steps 1/R of the
     optimizer state, so either may be faster. Stage 2 prices every layout exactly as
-    stage 1 does (it only keeps less), and stage 3 adds parameter gathers to it, so each
-    is searched only when the stage before it had no plan within memory or had to trade
-    time for memory; otherwise it could not be faster. The fastest plan wins (the lower
-    stage on a tie); when no stage fits, the error is stage 3's.
+    stage 1 does (it only keeps less), so it is searched only when stage 1 had no plan
+    within memory or had to trade time for memory. Stage 3 gathers each layer's
+    parameters before its forward and its backward instead of after the step: on the
+    critical path (``overlap: none``) that is never faster than stage 2, and it is
+    searched by the same rule; prefetched behind compute (``overlap: gradients``) it can
+    be, and it is always searched. The fastest plan wins (the lower stage on a tie); when
+    no stage fits, the error is stage 3's.
     """
     import dataclasses
 
     trials: list[ZeroTrial] = []
     found: list[tuple[SearchResult, Context, Options]] = []
     failure: NoFeasiblePlan | None = None
+    prefetch = prefetches(dataclasses.replace(ctx, zero=3), options)
     for stage in ZERO_STAGES:
-        if stage >= 2:
+        if stage >= 2 and not (stage == 3 and prefetch):
             prev = trials[-1]
             if prev.outcome != "no plan" and not (prev.outcome == "plan"
                                                   and found[-1][0].constrained):

@@ -292,18 +292,18 @@ def test_the_table_shows_the_parameter_gathers(runner):
 
 # --zero auto ---------------------------------------------------------------------------
 
-def _roofline_ctx(net, p, b, zero=0, device="P4"):
+def _roofline_ctx(net, p, b, zero=0, device="P4", overlap="gradients"):
     from planner.costs.compute import Roofline
 
-    opts = Options(gpus=p, batch=b, optimizer="adam", zero=zero)
+    opts = Options(gpus=p, batch=b, optimizer="adam", zero=zero, overlap=overlap)
     return make_context(net, cluster(per_node=8, device=device), opts, Roofline()), opts
 
 
-def _explicit(net, p, b, pins=None):
+def _explicit(net, p, b, pins=None, overlap="gradients"):
     """Every stage searched on its own: (time, constrained) or None where nothing fits."""
     out = {}
     for zero in (0, 1, 2, 3):
-        ctx, opts = _roofline_ctx(net, p, b, zero)
+        ctx, opts = _roofline_ctx(net, p, b, zero, overlap=overlap)
         try:
             res = search(ctx, opts, "time", pins)
         except NoFeasiblePlan:
@@ -313,14 +313,21 @@ def _explicit(net, p, b, pins=None):
     return out
 
 
-@pytest.mark.parametrize("width, depth, batch, data, want", [
-    (8192, 6, 4096, False, 1),    # a quarter of the Adam step beats the exposed gathers
-    (16384, 6, 1024, False, 0),   # all model parallel: no replicas, a tie, stage 0
-    (12288, 16, 4096, False, 2),  # stage 1's optimum does not fit; stage 2's does
-    (12288, 20, 4096, False, 3),  # only stage 3's optimum fits unconstrained
-    (12288, 6, 8, True, 2),       # pinned data parallel: fits from stage 2 on
+@pytest.mark.parametrize("width, depth, batch, data, overlap, want", [
+    # gathers on the critical path (no overlap): stage 3 only wins where it alone fits
+    (8192, 6, 4096, False, "none", 1),    # a quarter of the Adam step beats the gathers
+    (16384, 6, 1024, False, "none", 0),   # all model parallel: no replicas, a tie, stage 0
+    (12288, 16, 4096, False, "none", 2),  # stage 1's optimum does not fit; stage 2's does
+    (12288, 20, 4096, False, "none", 3),  # only stage 3's optimum fits unconstrained
+    (12288, 6, 8, True, "none", 2),       # pinned data parallel: fits from stage 2 on
+    # prefetched (overlap gradients): stage 3 hides its gathers behind the P4s' slow
+    # compute and, unlike stages 1-2, gathers nothing after the step
+    (8192, 6, 4096, False, "gradients", 3),
+    (12288, 6, 8, True, "gradients", 3),
+    # batch 8 on eight devices: each layer's compute is too short to hide its gather
+    (8192, 6, 8, False, "gradients", 0),
 ])
-def test_auto_is_the_fastest_stage(width, depth, batch, data, want):
+def test_auto_is_the_fastest_stage(width, depth, batch, data, overlap, want):
     """``search_zero`` returns the fastest of the four stages searched one by one (the
     lower on a tie), on linear stacks on eight 8 GB P4s with roofline kernel times; a
     stage it does not search is never faster than the one it chose."""
@@ -329,10 +336,10 @@ def test_auto_is_the_fastest_stage(width, depth, batch, data, want):
     net = mlp([width] * (depth + 1), relu=False)
     pins = {x.index: [make_layout("data", 1, 8)] for x in net.layers if x.has_weights} \
         if data else None
-    ctx, opts = _roofline_ctx(net, 8, batch)
+    ctx, opts = _roofline_ctx(net, 8, batch, overlap=overlap)
     res, sctx, sopts = search_zero(ctx, opts, "time", pins)
     assert sopts.zero == sctx.zero == want
-    explicit = _explicit(net, 8, batch, pins)
+    explicit = _explicit(net, 8, batch, pins, overlap)
     times = {z: t[0] for z, t in explicit.items() if t is not None}
     assert res.best.evaluation.time_s == pytest.approx(min(times.values()), rel=1e-12)
     assert want == min(times, key=lambda z: (times[z], z))
@@ -343,6 +350,7 @@ def test_auto_is_the_fastest_stage(width, depth, batch, data, want):
             assert explicit[trial.stage] is None
         else:  # skipped: explicitly searched, it would not have won
             assert trial.outcome in ("same as 1", "not faster than 1", "not faster than 2")
+            assert trial.stage != 3 or overlap == "none"  # prefetched: always searched
             got = explicit[trial.stage]
             assert got is not None and got[0] >= res.best.evaluation.time_s * (1 - 1e-12)
             if trial.outcome == "same as 1":
@@ -393,3 +401,79 @@ def test_auto_on_the_command_line(runner, tmp_path):
                          (["--zero", "all"], "'all' is not one of '0', '1', '2', '3', 'auto'")):
         out = invoke(runner, "plan", *base, *bad)
         assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("n, intra", [
+    (1024, (ALPHA, BW)),  # a 4 MiB gather (50.7 µs) outlasts a layer's 10-20 µs compute
+    (64, (1e-7, 1e12)),   # a 16 KiB gather on a fast link (0.7 µs): hidden
+])
+def test_stage_three_prefetch_by_hand(n, intra):
+    """Three n × n linears (no bias), data parallel on 8 GPUs, ZeRO stage 3 with overlap:
+    every gather takes the same G, and all three fit the 25 MiB prefetch window, so all
+    are issued at the start of each pass, one after another on the channel: the k-th
+    arrives at k·G. Forward: layer k starts at s_k = max(s_(k−1) + c_(k−1), k·G) (s_1 =
+    G) and the pass ends at s_3 + c_3; backward likewise from the output, with b. The
+    three gradients share one bucket, reduce-scattered when the last is ready, so the
+    step ends at forward + backward + R + the optimizer step."""
+    net = mlp([n] * 4, bias=False, relu=False)
+    cl = cluster(per_node=8, intra=intra, algorithm="ring")
+    ctx, opts = _ctx(net, 8, 3, overlap="gradients", cl=cl)
+    lay = make_layout("data", 1, 8)
+    ev = evaluate(ctx, opts, {x.index: lay for x in net.layers if x.has_weights})
+    alpha, bw = intra
+    g = 7 * alpha + 7 / 8 * n * n * E / bw  # a ring all-gather, by hand
+    gathers = [t.seconds for r in ev.layers for t in r.cost.terms if t.phase == "parameters"]
+    assert gathers == pytest.approx([g] * 6, rel=1e-12)
+
+    def chained(compute):
+        start = g
+        for k in (1, 2):
+            start = max(start + compute[k - 1], (k + 1) * g)
+        return start + compute[2]
+
+    c = [r.cost.forward_s for r in ev.layers]
+    b = [r.cost.backward_s for r in ev.layers]
+    assert ev.forward_s == pytest.approx(chained(c), rel=1e-12)
+    assert ev.backward_s == pytest.approx(chained(b[::-1]), rel=1e-12)
+    rs = 7 * alpha + 7 / 8 * 3 * n * n * E / bw
+    assert len(ev.buckets) == 1
+    assert ev.time_s == pytest.approx(ev.forward_s + ev.backward_s + rs + ev.optimizer_s,
+                                      rel=1e-12)
+    hidden = g < min(c + b)  # then only the first gather of each pass is exposed
+    assert (ev.forward_s == pytest.approx(g + sum(c), rel=1e-12)) == hidden
+    # gathered parameters in the buffers: the layer's own and the two prefetched (within
+    # the window), besides two gradient buckets (here all three gradients)
+    assert ev.memory.comm_buffers == pytest.approx(6 * n * n * E, rel=1e-12)
+
+
+def test_prefetched_gathers_queue_behind_gradient_buckets():
+    """The backward gathers share the channel with the gradient reduce-scatters, first
+    come first served. Three 1024 × 1024 linears as above, with a 1-byte bucket size:
+    each gradient its own bucket, and a prefetch window of one layer (each gather issued
+    when the layer before it starts): gather G = 50.7 µs and reduce-scatter R (of 4 MiB, the same
+    by hand) against 20 µs of backward compute. From the start of the backward (time 0):
+    layer 3 starts at s3 = G, gather 2 runs s3 → s3 + G; layer 3 ends at e3 = s3 + b3 and
+    its reduce-scatter queues behind gather 2: r3 = max(s3 + G, e3) + R; layer 2 starts
+    at s2 = max(e3, s3 + G) and issues gather 1, behind r3: a1 = max(r3, s2) + G; and so
+    on."""
+    net = mlp([1024] * 4, bias=False, relu=False)
+    ctx, opts = _ctx(net, 8, 3, overlap="gradients", bucket_bytes=1.0)
+    lay = make_layout("data", 1, 8)
+    ev = evaluate(ctx, opts, {x.index: lay for x in net.layers if x.has_weights})
+    g = r = _ring(8, 1024 * 1024 * E)
+    b1, b2, b3 = (x.cost.backward_s for x in ev.layers)
+    s3 = g
+    e3 = s3 + b3
+    r3 = max(s3 + g, e3) + r
+    s2 = max(e3, s3 + g)
+    a1 = max(r3, s2) + g
+    e2 = s2 + b2
+    r2 = max(a1, e2) + r
+    s1 = max(e2, a1)
+    e1 = s1 + b1
+    r1 = max(r2, e1) + r
+    assert len(ev.buckets) == 3
+    assert ev.backward_s == pytest.approx(e1, rel=1e-12)
+    assert ev.time_s == pytest.approx(ev.forward_s + max(e1, r1) + ev.optimizer_s, rel=1e-12)
+    assert [x["end_s"] - ev.forward_s for x in ev.buckets] == pytest.approx([r3, r2, r1],
+                                                                            rel=1e-12)

@@ -492,8 +492,9 @@ def gradient_terms(ctx: Context, group: Group, nbytes: float) -> list[CommTerm]:
     all-gathered after the optimizer step, on the critical path (the same bytes on the
     wire as a ring all-reduce's two halves; §7.2.1 of the paper). At stage 3 the
     parameters are all-gathered before the layer's forward and again before its
-    backward, both on the critical path: the prefetch that FSDP and DeepSpeed use to
-    hide them behind the previous layer's compute is not modelled."""
+    backward: on the critical path with ``overlap: none``, prefetched behind the compute
+    of the layers before it with ``overlap: gradients`` (the timeline's, see
+    :mod:`planner.evaluate`)."""
     terms: list[CommTerm] = []
     if ctx.zero == 0:
         _add(terms, term(ctx, "weight_grad", "all_reduce", group, nbytes))

@@ -4,7 +4,8 @@
 
 A generated transformer (32 blocks, width 4,096, 32 heads, 2,048 tokens, bf16; see
 ``generate.py``), Adam, the batch equal to the device count, on the example DGX H100
-cluster, planned with ZeRO stages 0, 1 and 3 on one node and on eight. Prints the tables
+cluster, planned with ZeRO stages 0, 1 and 3 on one node and on eight (stage 3 also with
+``overlap: none``, its gathers on the critical path). Prints the tables
 of the README's *Compute, memory, overlap*: the layouts the search chose, the iteration
 time, the weight-gradient and parameter communication and the peak memory per device;
 then what ``--zero auto`` chose, and its search time against one stage's (wall clock,
@@ -36,8 +37,9 @@ def main() -> None:
     print("| GPUs | stage | plan | iteration | gradient / parameter comm | peak memory |")
     print("|---|---|---|---|---|---|")
     for p in (8, 64):
-        for zero in (0, 1, 3):
-            opts = Options(gpus=p, batch=p, optimizer="adam", zero=zero)
+        for zero, overlap in ((0, "gradients"), (1, "gradients"), (3, "gradients"),
+                              (3, "none")):
+            opts = Options(gpus=p, batch=p, optimizer="adam", zero=zero, overlap=overlap)
             ctx = make_context(net, cl, opts, make_estimator("auto", None, cl.device))
             ev = search(ctx, opts).best.evaluation
             grids = collections.Counter(f"{r.layout.pr}×{r.layout.pc}" for r in ev.layers
@@ -45,7 +47,9 @@ def main() -> None:
             modes = sorted({r.layout.mode for r in ev.layers if r.follows is None})
             plan = ("Megatron " if {"column", "row"} <= set(modes) else "/".join(modes) + " ") \
                 + ", ".join(grids)
-            print(f"| {p} | {zero} | {plan} | {ev.time_s * 1e3:.1f} ms | "
+            label = f"{zero}" + (", gathers not prefetched (overlap none)"
+                                 if overlap == "none" else "")
+            print(f"| {p} | {label} | {plan} | {ev.time_s * 1e3:.1f} ms | "
                   f"{ev.weight_grad_s * 1e3:.1f} / {ev.parameters_s * 1e3:.1f} ms | "
                   f"{ev.memory.peak / 2**30:.1f} GiB |")
     print()
