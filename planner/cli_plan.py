@@ -51,10 +51,11 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="ZeRO stage: shard the optimizer state (1), the gradients too "
                           "(2) or the weights too (3) over each layer's data-parallel "
                           "replicas; auto: the fastest stage that fits."),
-        click.option("--recompute", type=click.Choice(("none", "blocks")), default="none",
-                     show_default=True,
+        click.option("--recompute", default="none", show_default=True,
+                     callback=_recompute_option, metavar="none|blocks|N|auto",
                      help="Activation recomputation: blocks keeps each residual block's "
-                          "input and re-runs the block's forward in the backward pass."),
+                          "input and re-runs the block's forward in the backward pass; N "
+                          "does so for the first N blocks; auto: as few as memory needs."),
         click.option("--algorithm",
                       type=click.Choice(("auto", "ring", "tree", "recursive", "hierarchical")),
                       default=None, help="Collective algorithm (default: the cluster's)."),
@@ -71,6 +72,15 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _recompute_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from .costs.layer import recompute_error
+
+    if value != "auto" and recompute_error(value):
+        raise click.BadParameter(f"{value!r}: use none, blocks, a number of residual "
+                                 "blocks (the first ones) or auto")
+    return value
+
+
 @dataclass
 class Question:
     """The inputs of a pricing or planning command, loaded and checked."""
@@ -83,6 +93,7 @@ class Question:
     ctx: Any
     estimator_name: str
     zero_auto: bool = False  #: --zero auto: the search picks the stage
+    recompute_auto: bool = False  #: --recompute auto: the search picks the blocks
 
 
 def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model: str,
@@ -99,16 +110,22 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
         raise UsageError("planner: error: --zero auto needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
                          "--zero or the cost model")
+    rec_auto = recompute == "auto"
+    if rec_auto and cost_model == "gholami2018":
+        raise UsageError("planner: error: --recompute needs --cost-model exact: the paper's "
+                         "accounting (Gholami et al. 2018) keeps every activation; drop "
+                         "--recompute or the cost model")
     net = load_network(network)
     cl = load_cluster(cluster)
     options = Options(gpus=gpus, batch=batch, cost_model=cost_model, overlap=overlap,
                       bucket_bytes=_size(bucket), optimizer=optimizer,
                       master_weights=master_weights, algorithm=algorithm,
-                      zero=0 if auto else int(zero), recompute=recompute)
+                      zero=0 if auto else int(zero),
+                      recompute="none" if rec_auto else recompute)
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)
-    return Question(net, cl, network, cluster, options, ctx, est.name, auto)
+    return Question(net, cl, network, cluster, options, ctx, est.name, auto, rec_auto)
 
 
 def inputs_of(network: str, cluster: str, kw: dict[str, Any]) -> tuple[str, ...]:
@@ -222,6 +239,8 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     q = load_question(network, cluster, gpus, batch, **kw)
     assignment = layout_assignment(q, grid, mode, pins, placement)
     extra: dict[str, Any] = {}
+    if q.recompute_auto:
+        _cost_recompute(q, assignment, extra)
     if q.zero_auto:
         ev, extra["zero_auto"] = _cost_zero(q, assignment)
     else:
@@ -237,6 +256,45 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
                    f"needed per device, {format_bytes(ev.memory.capacity)} available",
                    err=True)
         raise click.exceptions.Exit(1)
+
+
+def _cost_recompute(q: Question, assignment: dict[int, Any], extra: dict[str, Any]) -> None:
+    """``cost --recompute auto``: the layout recomputing no block, then (when that does
+    not fit) every block and the least number of blocks, the first ones, that fits, by
+    bisection; the question takes the least that fits, or every block when none does.
+    With --zero auto each count is priced at its best stage."""
+    from .evaluate import evaluate
+    from .search import RecomputeTrial, with_recompute
+
+    blocks = len(q.network.blocks)
+    trials: dict[int, Any] = {}
+
+    def fits(count: int) -> bool:
+        ctx, options = with_recompute(q.ctx, q.options, count)
+        if q.zero_auto:
+            probe = Question(q.network, q.cluster, q.network_file, q.cluster_file, options,
+                             ctx, q.estimator_name, True)
+            ev, _ = _cost_zero(probe, assignment)
+        else:
+            ev = evaluate(ctx, options, assignment)
+        ok = ev.memory.fits
+        trials[count] = RecomputeTrial(count, "fits" if ok else "does not fit", ev.time_s,
+                                       ev.memory.peak)
+        return bool(ok)
+
+    count = 0
+    if not fits(0) and blocks:
+        count = blocks
+        if fits(blocks):
+            lo = 0
+            while count - lo > 1:
+                mid = (lo + count) // 2
+                if fits(mid):
+                    count = mid
+                else:
+                    lo = mid
+    q.ctx, q.options = with_recompute(q.ctx, q.options, count)
+    extra["recompute_auto"] = [trials[n].to_data() for n in sorted(trials)]
 
 
 def _cost_zero(q: Question, assignment: dict[int, Any]) -> tuple[Any, list[dict[str, Any]]]:
@@ -297,14 +355,21 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
 
 
 def run_search(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
-    """Search a question (raises NoFeasiblePlan). With --zero auto the question takes
-    the stage the search chose."""
-    from .search import search, search_zero
+    """Search a question (raises NoFeasiblePlan). With --zero auto or --recompute auto
+    the question takes the stage and the blocks the search chose."""
+    from .search import search, search_recompute, search_zero
 
-    if not q.zero_auto:
-        return search(q.ctx, q.options, objective, pin_candidates(q, pins))
-    result, q.ctx, q.options = search_zero(q.ctx, q.options, objective,
-                                           pin_candidates(q, pins))
+    pinned = pin_candidates(q, pins)
+
+    def inner(ctx: Any, options: Any) -> tuple[Any, Any, Any]:
+        if q.zero_auto:
+            return search_zero(ctx, options, objective, pinned)
+        return search(ctx, options, objective, pinned), ctx, options
+
+    if q.recompute_auto:
+        result, q.ctx, q.options = search_recompute(q.ctx, q.options, inner)
+    else:
+        result, q.ctx, q.options = inner(q.ctx, q.options)
     return result
 
 
@@ -329,6 +394,8 @@ def plan_doc(q: Question, result: Any, objective: str, expand: bool) -> dict[str
     }
     if result.zero_trials:
         extra["zero_auto"] = [t.to_data() for t in result.zero_trials]
+    if result.recompute_trials:
+        extra["recompute_auto"] = [t.to_data() for t in result.recompute_trials]
     return plan_document("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
                          q.options, ev, q.estimator_name, nodes_used(q), extra)
 
@@ -508,6 +575,8 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                 }
                 if q.zero_auto:
                     row["zero"] = q.options.zero
+                if q.recompute_auto:
+                    row["recompute"] = q.options.recompute
                 if data_base is not None and data_base.candidate is not None:
                     row["speedup_vs_data"] = data_base.candidate.evaluation.time_s / ev.time_s
                 rows.append(row)
@@ -543,8 +612,10 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     t = FitTable(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False,
                  wide=("samples/s", "layouts"), narrow=("layouts-lines",))
     auto = any("zero" in r for r in rows)  # --zero auto: the stage each plan uses
-    for col in ("devices", "batch", "iteration", "samples/s", "exposed", "memory",
-                *(("ZeRO",) if auto else ()), "vs data"):
+    rec = any("recompute" in r for r in rows)  # --recompute auto: the blocks recomputed
+    extra = (("ZeRO",) if auto else ()) + (("recompute",) if rec else ())
+    for col in ("devices", "batch", "iteration", "samples/s", "exposed", "memory", *extra,
+                "vs data"):
         t.add_column(col, justify="right", no_wrap=True)
     t.add_column("layouts", no_wrap=False)
     t.add_column("layouts", key="layouts-lines", no_wrap=True)
@@ -552,14 +623,15 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
         if not r["feasible"]:
             reason = r["reason"].split(";")[0].replace("planner: ", "")
             t.add_row(str(r["gpus"]), str(r["batch"]), "no plan", "", "", "",
-                      *(("",) if auto else ()), "", reason,
+                      *(("",) * len(extra)), "", reason,
                       textwrap.fill(reason, 16, break_long_words=False))
             continue
         lay = [f"{n}× {k}" for k, n in r["layouts"].items()]
         vs = f"{r['speedup_vs_data']:.3g}x" if "speedup_vs_data" in r else "n/a"
         t.add_row(str(r["gpus"]), str(r["batch"]), format_time(r["time_s"]),
                   f"{r['samples_per_s']:.4g}", format_time(r["exposed_comm_s"]),
-                  format_bytes(r["peak_bytes"]), *((str(r["zero"]),) if auto else ()), vs,
+                  format_bytes(r["peak_bytes"]), *((str(r["zero"]),) if auto else ()),
+                  *((str(r["recompute"]),) if rec else ()), vs,
                   ", ".join(lay), "\n".join(lay))
     return t
 

@@ -32,7 +32,6 @@ from .cluster import Cluster
 from .costs.comm import Collective, Group, collective_time, paper_all_reduce
 from .costs.compute import Estimator, Roofline
 from .costs.layer import (
-    RECOMPUTE,
     CommTerm,
     Context,
     LayerCost,
@@ -43,6 +42,8 @@ from .costs.layer import (
     local_params,
     loss_cost,
     optimizer_kernel,
+    rebuilt_blocks,
+    recompute_error,
     recomputed,
     redistribute_terms,
     rerun_terms,
@@ -119,30 +120,32 @@ class Evaluation:
 def make_context(network: Network, cluster: Cluster, options: Options,
                  estimator: Estimator | None = None) -> Context:
     """The cost context of a question."""
-    _check_settings(options)
+    _check_settings(options, network)
     return Context(network=network, cluster=cluster, gpus=options.gpus, batch=options.batch,
                    estimator=estimator or Roofline(), cost_model=options.cost_model,
                    algorithm=options.algorithm, zero=options.zero,
-                   recompute=options.recompute)
+                   recompute=options.recompute,
+                   rebuilt=rebuilt_blocks(network, options.recompute))
 
 
 def check_question(network: Network, cluster: Cluster, options: Options) -> None:
     """Usage problems of the question itself (exit 2)."""
     if options.gpus < 1:
         raise UsageError("planner: error: --gpus must be at least 1")
-    _check_settings(options)
+    _check_settings(options, network)
     beyond_cluster(cluster, [options.gpus])
 
 
-def _check_settings(options: Options) -> None:
+def _check_settings(options: Options, network: Network | None = None) -> None:
     """A ZeRO stage and a recomputation that exist, under an accounting that can price
     them."""
     if options.zero not in ZERO_STAGES:
         raise UsageError(f"planner: error: ZeRO stage {options.zero} does not exist; use "
                          "0, 1, 2 or 3")
-    if options.recompute not in RECOMPUTE:
-        raise UsageError(f"planner: error: unknown recomputation {options.recompute!r}; use "
-                         + " or ".join(RECOMPUTE))
+    wrong = recompute_error(options.recompute,
+                            None if network is None else len(network.blocks))
+    if wrong:
+        raise UsageError(f"planner: error: {wrong}")
     if options.recompute != "none" and options.cost_model == "gholami2018":
         raise UsageError("planner: error: --recompute needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) keeps every activation; drop "
@@ -181,19 +184,22 @@ class EvalCache:
     buckets: dict[tuple[Collective, float, Group], float] = field(default_factory=dict)
     #: a small integer per distinct cost signature of ``network``'s layers (cheap keys)
     signatures: list[int] = field(default_factory=list)
-    network: Network | None = None
+    network: tuple[Network, frozenset[str]] | None = None
 
-    def signature_ids(self, network: Network) -> list[int]:
-        """The signature id of every layer of ``network`` (computed once per network; a
-        cache serves one question, and meeting another network empties it)."""
-        if self.network is not network:
+    def signature_ids(self, ctx: Context) -> list[int]:
+        """The signature id of every layer of the context's network (computed once per
+        network and recomputed blocks; a cache serves one question, and meeting another
+        network empties it)."""
+        key = (ctx.network, ctx.rebuilt)
+        if self.network is None or self.network[0] is not key[0] or \
+                self.network[1] != key[1]:
             if self.network is not None:
                 self.weighted.clear()
                 self.follower.clear()
             ids: dict[tuple[object, ...], int] = {}
-            self.signatures = [ids.setdefault(cost_signature(layer), len(ids))
-                               for layer in network.layers]
-            self.network = network
+            self.signatures = [ids.setdefault(cost_signature(layer, ctx), len(ids))
+                               for layer in ctx.network.layers]
+            self.network = key
         return self.signatures
 
 
@@ -244,7 +250,7 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
             cache.moves[key] = hit
         return list(hit)
 
-    signatures = cache.signature_ids(net)
+    signatures = cache.signature_ids(ctx)
     for layer in net.layers:
         src = out_dist[layer.inputs[0]]
         sig = signatures[layer.index]
@@ -338,21 +344,31 @@ def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch
     return extra + local_elems(1, dist, batch) * layer.saved_bytes_extra
 
 
-def _recomputed(net: Network, results: list[LayerResult],
+def _recomputed(ctx: Context, results: list[LayerResult],
                 kept: dict[tuple[int, Dist | None], float],
                 consumer: dict[tuple[int, Dist | None], str | None],
-                per_layer: dict[int, float], e: int, batch: int
+                first: dict[tuple[int, Dist | None], int],
+                per_layer: dict[int, float], batch: int
                 ) -> tuple[dict[tuple[int, Dist | None], float], dict[int, float],
-                           tuple[float, ...]]:
-    """Activation memory with every residual block recomputed (Chen et al., "Training
-    deep nets with sublinear memory cost", 2016): between the passes a block keeps only
+                           tuple[float, ...], tuple[float, ...]]:
+    """Activation memory with residual blocks recomputed (Chen et al., "Training deep
+    nets with sublinear memory cost", 2016): between the passes such a block keeps only
     its input, as its producer left it; what its layers would keep is rebuilt, one block
     at a time, in the backward pass, so the largest block's share is live at the peak.
-    Returns what stays kept, each layer's own share (zero inside blocks) and each
-    block's working set, in the network's order of blocks."""
+    ``consumer`` names the recomputed block of a tensor's keepers (None: kept outside
+    them), ``first`` the position of its first keeper.
+
+    The backward pass frees a kept tensor once it has passed the first layer that keeps
+    it, so when it reaches a recomputed block (and rebuilds it) what layers after the
+    block keep is gone: the logits, the head's input, the blocks not recomputed after it.
+    Returns what stays kept, each layer's own share (zero in recomputed blocks), and per
+    recomputed block, in the network's order, its working set and what is still kept
+    when it is rebuilt."""
+    net, e = ctx.network, ctx.elem_bytes
+    blocks = [blk for blk in net.blocks if blk.name in ctx.rebuilt]
     dist_out = {r.layer.index: r.dist_out for r in results}
     checkpoints: dict[tuple[int, Dist | None], float] = {}
-    for blk in net.blocks:
+    for blk in blocks:
         src = net.storage_of(blk.input)
         if src < 0:
             continue  # the network input: kept as it is (below)
@@ -377,10 +393,21 @@ def _recomputed(net: Network, results: list[LayerResult],
         staying.setdefault(key, size)
     own = dict(per_layer)
     for r in results:
-        if r.layer.block is not None:
+        if recomputed(r.layer, ctx):
+            assert r.layer.block is not None
             work[r.layer.block] = work.get(r.layer.block, 0.0) + own[r.layer.index]
             own[r.layer.index] = 0.0
-    return staying, own, tuple(work.get(blk.name, 0.0) for blk in net.blocks)
+    # where the backward pass frees each tensor kept: past its first keeper (a checkpoint
+    # is kept for its block's whole backward, down to its first layer)
+    release = {key: first.get(key, len(results)) for key in staying}
+    for blk in blocks:
+        src = net.storage_of(blk.input)
+        if src >= 0:
+            key = (src, dist_out[blk.input])
+            release[key] = min(release[key], *blk.body, *blk.shortcut)
+    live = tuple(sum(size for key, size in staying.items() if release[key] <= blk.add)
+                 + sum(size for i, size in own.items() if i <= blk.add) for blk in blocks)
+    return staying, own, tuple(work.get(blk.name, 0.0) for blk in blocks), live
 
 
 def memory_report(ctx: Context, options: Options, results: list[LayerResult]) -> MemoryReport:
@@ -397,6 +424,7 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
         owned = (params * pb.weights, grads, params * pb.optimizer)
     kept: dict[tuple[int, Dist | None], float] = {}
     consumer: dict[tuple[int, Dist | None], str | None] = {}  # the block of its first keeper
+    first: dict[tuple[int, Dist | None], int] = {}  # the position of its first keeper
     per_layer: dict[int, float] = {}
     batch = ctx.batch
     net = ctx.network
@@ -408,28 +436,34 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
             if key not in kept:
                 kept[key] = kept_input_bytes(layer, r.layout if layer.has_weights else None,
                                              r.dist_in, batch, e)
-                consumer[key] = layer.block
-            elif layer.block is None:
-                consumer[key] = None  # a keeper outside every block: it stays kept
+                consumer[key] = layer.block if recomputed(layer, ctx) else None
+                first[key] = layer.index
+            elif not recomputed(layer, ctx):
+                consumer[key] = None  # a keeper outside recomputed blocks: it stays kept
         if layer.saves_output:
             key = (net.storage_of(layer.index), r.dist_out)
             if key not in kept:
                 kept[key] = local_elems(layer.out_elems, r.dist_out, batch) * e
-                consumer[key] = layer.block
-            elif layer.block is None:
+                consumer[key] = layer.block if recomputed(layer, ctx) else None
+                first[key] = layer.index
+            elif not recomputed(layer, ctx):
                 consumer[key] = None
         per_layer[layer.index] = own_kept_bytes(
             layer, r.layout if layer.has_weights else None, r.dist_in, batch, e)
     rebuilt: tuple[float, ...] = ()
-    if ctx.recompute == "blocks" and net.blocks:
-        kept, per_layer, rebuilt = _recomputed(net, results, kept, consumer, per_layer, e,
-                                               batch)
+    live: tuple[float, ...] = ()
+    if ctx.rebuilt:
+        kept, per_layer, rebuilt, live = _recomputed(ctx, results, kept, consumer, first,
+                                                     per_layer, batch)
     for (src, _), size in kept.items():
         if src in per_layer:
             per_layer[src] += size
         else:
             per_layer[src] = size
-    activations = sum(per_layer.values()) + max(rebuilt, default=0.0)
+    # at the start of the backward pass everything kept is live; later, a rebuilt block
+    # adds its working set to what is still kept then
+    kept_total = sum(per_layer.values())
+    activations = max([kept_total] + [k + w for k, w in zip(live, rebuilt, strict=True)])
     for r in results:
         r.activation_bytes = per_layer.get(r.layer.index, 0.0)
     # the busiest layer's gradients in flight: its output gradient and input gradient
@@ -454,6 +488,7 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
         workspace=workspace,
         capacity=ctx.cluster.capacity_bytes,
         rebuilt=rebuilt,
+        kept=kept_total,
     )
 
 
@@ -708,5 +743,5 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         parameters_s=sum(t.seconds for r in results for t in r.cost.terms
                          if t.phase == "parameters") if ctx.zero else 0,
         recompute_s=sum(r.cost.forward_s + r.cost.comm("recompute") for r in results
-                        if recomputed(r.layer, ctx)) if ctx.recompute != "none" else 0,
+                        if recomputed(r.layer, ctx)) if ctx.rebuilt else 0,
     )

@@ -168,6 +168,20 @@ def _ms(x: float) -> str:
     return "" if x == 0 else format_time(x, 3)
 
 
+def _count(value: str, trials: list[dict[str, Any]]) -> int:
+    """The number of blocks a recomputation setting names (``blocks``: the most tried)."""
+    if value == "none":
+        return 0
+    if value == "blocks":
+        return max(int(t["blocks"]) for t in trials)
+    return int(value)
+
+
+def _recomputing(value: str) -> str:
+    """How the table names a recomputation: every block, or the first N."""
+    return "blocks" if value == "blocks" else f"{value} blocks"
+
+
 def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     """A person's view of a plan document: summary, per-layer breakdown, memory."""
     from rich import box
@@ -186,9 +200,10 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     head.append(f"{prob['gpus']} devices, batch {prob['batch']}, {prob['dtype']}, "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
                 + (f", ZeRO stage {zero}" if zero else "")
-                + (f", recomputing {prob['recompute']} "
+                + (f", recomputing {_recomputing(str(prob['recompute']))} "
                    f"({format_time(it.get('recompute_s', 0.0))} a step)"
-                   if prob.get("recompute", "none") != "none" else "") + "\n")
+                   if str(prob.get("recompute", "none")) not in ("none", "0") else "")
+                + "\n")
     head.append("iteration ", style="bold")
     head.append(f"{format_time(it['time_s'])}  (compute {format_time(it['compute_s'])}, "
                 f"communication {format_time(it['comm_s'])}, exposed "
@@ -202,6 +217,17 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                                        ("plan", "fits") else f" ({t['outcome']})"))
             + (" (chosen)" if t["stage"] == zero else "")
             for t in stages) + "\n")
+    counts = doc.get("recompute_auto")
+    if counts:
+        chosen = str(prob.get("recompute", "none"))
+        head.append("recompute auto ", style="bold")
+        head.append("  ".join(
+            f"{t['blocks']} block{'' if t['blocks'] == 1 else 's'}: "
+            + (t["outcome"] if t["time_s"] is None else
+               format_time(t["time_s"]) + ("" if t["outcome"] in ("plan", "fits")
+                                           else f" ({t['outcome']})"))
+            + (" (chosen)" if _count(chosen, counts) == t["blocks"] else "")
+            for t in counts) + "\n")
     low = doc.get("search", {}).get("lower_bound_s")
     if low:
         head.append("lower bound ", style="bold")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,8 @@ from .costs.layer import (
     local_params,
     loss_cost,
     optimizer_kernel,
+    rebuilt_blocks,
+    recompute_value,
     recomputed,
     redistribute_key,
     redistribute_seconds,
@@ -114,7 +116,7 @@ class Space:
         self.pinned = set(pins)
         self.cache = EvalCache()
         net = ctx.network
-        self._sig = self.cache.signature_ids(net)
+        self._sig = self.cache.signature_ids(ctx)
         self.layers = net.layers
         paper = ctx.paper
         p, b = options.gpus, options.batch
@@ -212,7 +214,7 @@ class Space:
         todo: list[tuple[tuple[Any, ...], Layer, list[Layout]]] = []
         for idx, lays in self.candidates.items():
             layer = self.layers[idx]
-            key = (cost_signature(layer), tuple(lays))
+            key = (cost_signature(layer, ctx), tuple(lays))
             if key not in self._weighted:
                 self._weighted[key] = np.zeros((len(lays), 4))
                 todo.append((key, layer, lays))
@@ -261,10 +263,11 @@ class Space:
     # keeps its output there, or, under recomputation, when the input is its block's
     # checkpoint. Through a view, or between two consumers (a block's body and its
     # shortcut), the program counts it twice. What recomputation rebuilds is live one
-    # block at a time (the largest block's, a maximum): the program counts each block's
-    # share divided by the number of blocks, their mean, which is the maximum when the
-    # blocks are alike (a transformer's). Communication buffers and the busiest layer's
-    # workspace (maxima as well) are left out.
+    # block at a time (the evaluation's peak is a maximum over the moments the backward
+    # pass rebuilds a block): the program counts each block's share divided by the
+    # number of recomputed blocks, their mean, on top of everything kept, which
+    # overstates the peak by what the backward pass has freed by then. Communication
+    # buffers and the busiest layer's workspace (maxima as well) are left out.
 
     @functools.cached_property
     def _blocks(self) -> dict[str, Any]:
@@ -272,8 +275,8 @@ class Space:
 
     def _rebuilt_share(self, layer: Layer) -> float:
         """The weight of what a layer keeps: 1, or for a recomputed layer the inverse
-        of the number of blocks."""
-        return 1.0 / len(self._blocks) if recomputed(layer, self.ctx) else 1.0
+        of the number of recomputed blocks."""
+        return 1.0 / len(self.ctx.rebuilt) if recomputed(layer, self.ctx) else 1.0
 
     def _input_share(self, layer: Layer) -> float:
         """The weight of the input a layer keeps (the network input stays kept)."""
@@ -283,8 +286,9 @@ class Space:
     def _output_share(self, layer: Layer) -> float:
         """The weight of the output a layer keeps (none when recomputation checkpoints
         it: :meth:`checkpoint_memory` counts it)."""
-        if recomputed(layer, self.ctx) and any(b.input == layer.index
-                                               for b in self._blocks.values()):
+        if recomputed(layer, self.ctx) and any(
+                b.input == layer.index and b.name in self.ctx.rebuilt
+                for b in self._blocks.values()):
             return 0.0
         return self._rebuilt_share(layer)
 
@@ -344,7 +348,7 @@ class Space:
         """Under recomputation, the bytes of a block's input it keeps in each state
         (None: nothing to add: no recomputation, the network input, or a producer
         that keeps it anyway)."""
-        if self.ctx.recompute != "blocks" or blk.input < 0:
+        if blk.name not in self.ctx.rebuilt or blk.input < 0:
             return None
         hit = self._ckpt.get(blk.name)
         if hit is None or len(hit) != len(self.dists):
@@ -364,7 +368,8 @@ class Space:
         """Part vectors ``(n_layouts, 4)`` of a layer with weights."""
         hit = self._by_layer.get(layer.index)
         if hit is None:
-            hit = self._weighted[(cost_signature(layer), tuple(self.candidates[layer.index]))]
+            hit = self._weighted[(cost_signature(layer, self.ctx),
+                                  tuple(self.candidates[layer.index]))]
             self._by_layer[layer.index] = hit
         return hit
 
@@ -426,7 +431,7 @@ class Space:
         shared = self._input_kept(layer)
         shares = (self._input_share(layer), self._output_share(layer),
                   self._rebuilt_share(layer))
-        key = (cost_signature(layer), d, shared, shares)
+        key = (cost_signature(layer, self.ctx), d, shared, shares)
         hit = self._follow.get(key)
         if hit is not None:
             return hit
@@ -936,6 +941,26 @@ class SearchResult:
     constrained: bool = False
     #: ``--zero auto``: every stage tried (see :func:`search_zero`); empty otherwise
     zero_trials: list[ZeroTrial] = field(default_factory=list)
+    #: ``--recompute auto``: every count of blocks tried (:func:`search_recompute`)
+    recompute_trials: list[RecomputeTrial] = field(default_factory=list)
+
+
+@dataclass
+class RecomputeTrial:
+    """One count of recomputed blocks (the first ones) as ``--recompute auto`` tried it."""
+
+    blocks: int
+    #: "plan": its optimum fits; "traded": it fits only trading time for memory (the
+    #: memory search); "no plan": nothing fits. ``cost --recompute auto`` prices one
+    #: layout: "fits", "does not fit"
+    outcome: str
+    time_s: float | None = None
+    peak_bytes: float | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data for the plan document."""
+        return {"blocks": self.blocks, "outcome": self.outcome, "time_s": self.time_s,
+                "peak_bytes": self.peak_bytes}
 
 
 def _assign(space: Space, choose: Any) -> dict[int, Layout] | str:
@@ -1215,6 +1240,70 @@ def search_zero(ctx: Context, options: Options, objective: str = "time",
     res.notes.append(f"--zero auto chose stage {opts.zero}"
                      + (f" (searched: {', '.join(scored)})" if scored else ""))
     return res, sctx, opts
+
+
+def with_recompute(ctx: Context, options: Options, count: int
+                   ) -> tuple[Context, Options]:
+    """The question recomputing the first ``count`` residual blocks."""
+    import dataclasses
+
+    value = recompute_value(count, len(ctx.network.blocks))
+    return (dataclasses.replace(ctx, recompute=value,
+                                rebuilt=rebuilt_blocks(ctx.network, value)),
+            dataclasses.replace(options, recompute=value))
+
+
+Searcher = Callable[[Context, Options], tuple[SearchResult, Context, Options]]
+
+
+def search_recompute(ctx: Context, options: Options, inner: Searcher
+                     ) -> tuple[SearchResult, Context, Options]:
+    """``--recompute auto``: recompute as few residual blocks as the memory needs (the
+    first N, whose activations are the largest in a CNN and alike in a transformer).
+
+    Recomputation only adds time to a layout, so none is searched first and kept when
+    its optimum fits. Otherwise every block is tried; when its optimum fits, the least N
+    whose optimum fits is found by bisection (memory falls as N grows). The fastest plan
+    of all counts searched wins (fewer blocks on a tie: a plan that trades time for
+    memory at a smaller N may beat recomputing more); when nothing fits, the error is
+    that of recomputing every block. ``inner`` searches one question (plain, or over
+    the ZeRO stages) and returns the context and options it chose."""
+    blocks = len(ctx.network.blocks)
+    trials: dict[int, RecomputeTrial] = {}
+    found: dict[int, tuple[SearchResult, Context, Options]] = {}
+    failure: NoFeasiblePlan | None = None
+
+    def run(count: int) -> bool:
+        """Search with ``count`` blocks recomputed; whether its optimum fits."""
+        nonlocal failure
+        try:
+            res, c, o = inner(*with_recompute(ctx, options, count))
+        except NoFeasiblePlan as exc:
+            failure = exc
+            trials[count] = RecomputeTrial(count, "no plan")
+            return False
+        ev = res.best.evaluation
+        trials[count] = RecomputeTrial(count, "traded" if res.constrained else "plan",
+                                       ev.time_s, ev.memory.peak)
+        found[count] = (res, c, o)
+        return not res.constrained
+
+    if not run(0) and blocks and run(blocks):
+        lo, hi = 0, blocks  # lo: its optimum does not fit; hi: it does
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if run(mid):
+                hi = mid
+            else:
+                lo = mid
+    if not found:
+        assert failure is not None
+        raise failure
+    count = min(found, key=lambda n: (found[n][0].best.score(found[n][0].objective), n))
+    res, c, o = found[count]
+    res.recompute_trials = [trials[n] for n in sorted(trials)]
+    res.notes.append(f"--recompute auto chose {count} of {blocks} residual blocks")
+    return res, c, o
 
 
 #: how much evaluation the local search may spend: layers evaluated in all (a network of

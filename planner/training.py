@@ -14,7 +14,8 @@ team chose: a plan file, one grid for every layer, or pins::
     precision: float32           # the dtype of weights and activations (default: the network's)
     overlap: gradients           # none | gradients
     zero: 0                      # ZeRO stage 0-3: optimizer state / + gradients / + weights sharded
-    recompute: none              # none | blocks: residual blocks re-run their forward in backward
+    recompute: none              # none | blocks | N: residual blocks (or the first N) re-run
+                                 # their forward in backward
     strategy:
       plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron), or: pins: [...]
     max_slowdown: 1.10           # allowed ratio to the searched optimum
@@ -36,7 +37,7 @@ from .cluster import Cluster
 from .costs.layer import RECOMPUTE
 from .errors import InputError, Issue, NoFeasiblePlan, PlannerError
 from .evaluate import DEFAULT_BUCKET_BYTES, OVERLAPS, Evaluation, Options, evaluate, make_context
-from .fields import Fields, Invalid, boolean, choice, integer, number, quantity, string
+from .fields import Fields, Invalid, boolean, choice, integer, number, quantity, show, string
 from .inputs import cluster_from_document, network_from_document
 from .layout import (
     MODES,
@@ -135,7 +136,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     if zero and cost_model == "gholami2018":
         f.error("zero", "ZeRO needs 'cost_model: exact': the paper's accounting (Gholami "
                         "et al. 2018) has no sharded optimizer")
-    recompute = f.opt("recompute", choice(RECOMPUTE), "none")
+    recompute = f.opt("recompute", _recompute_setting, "none")
     if recompute != "none" and cost_model == "gholami2018":
         f.error("recompute", "recomputation needs 'cost_model: exact': the paper's accounting "
                              "(Gholami et al. 2018) keeps every activation")
@@ -188,6 +189,15 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           overlap=overlap, bucket_bytes=bucket, cost_model=cost_model,
                           strategy=strategy, zero=zero, recompute=recompute,
                           max_slowdown=slowdown, document=doc)
+
+
+def _recompute_setting(value: object) -> str:
+    """Converter: none, blocks or a number of residual blocks (the first ones)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if isinstance(value, str) and value in RECOMPUTE:
+        return value
+    raise Invalid(f"expected none, blocks or a number of blocks, got {show(value)}")
 
 
 def load_training(path: str | Path) -> TrainingConfig:
@@ -395,6 +405,10 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "
                                            f"({limit})")
+    if cfg.recompute.isdigit() and int(cfg.recompute) > len(net.blocks):
+        raise _config_error(cfg, "$.recompute", f"recompute: {cfg.recompute} blocks, but the "
+                                                f"network has {len(net.blocks)} residual "
+                                                "blocks; use at most that (or blocks)")
     ctx = make_context(net, cl, options, estimator)
     findings: list[Finding] = []
     if "plan" in cfg.strategy:

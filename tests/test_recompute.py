@@ -51,19 +51,32 @@ def test_memory_by_hand():
     (64), fc0's output (64, block 1's input), each block's ReLU output (256, fc2's input
     too), block 1's output (64, block 2's input), block 2's output (64, the head's input)
     and the logits (10, for the loss): 8 · (64 + 64 + 256 + 64 + 256 + 64 + 10) = 6,224.
-    Recomputing: the ReLU outputs are rebuilt one block at a time, so one of them is live
-    at the peak: 8 · (64 + 64 + 64 + 64 + 10) + 8 · 256 = 4,176."""
-    plain, rec = _evaluate("none"), _evaluate("blocks")
+
+    Recomputing both blocks, 8 · (64 + 64 + 64 + 64 + 10) = 2,128 stay kept; each block
+    rebuilds 8 · 256 = 2,048 in the backward pass. By the time block 2 is rebuilt the
+    logits and the head's input are freed: 2,128 − 8 · 74 + 2,048 = 3,584; by block 1's,
+    block 2's input too: 3,584 − 512 − 0 = 3,072. The peak is 3,584 (the sum of what
+    stays and the largest working set, 4,176, overstated it).
+
+    Recomputing only block 1 (``--recompute 1``): 8 · (64 + 64 + 64 + 256 + 64 + 10) =
+    4,176 stay kept; by block 1's rebuild everything after it is freed (8 · 394), so
+    4,176 − 3,152 + 2,048 = 3,072 then, and the peak is 4,176."""
+    plain, rec, first = _evaluate("none"), _evaluate("blocks"), _evaluate("1")
     assert plain.memory.activations == 6224
-    assert rec.memory.activations == 4176
+    assert rec.memory.activations == 3584
+    assert first.memory.activations == 4176
+    assert rec.memory.rebuilt == first.memory.rebuilt * 2 == (2048, 2048)
     by = {r.layer.name: r.activation_bytes for r in rec.layers}
     assert by["b1.relu"] == by["b2.relu"] == 0  # rebuilt, not kept
     assert by["fc0"] == by["b1.add"] == by["b2.add"] == 512  # the blocks' inputs, the head's
+    by = {r.layer.name: r.activation_bytes for r in first.layers}
+    assert by["b1.relu"] == 0 and by["b2.relu"] == 2048
     # a network that opens with a block keeps its input as it is: without fc0,
-    # 8 · (64 + 256 + 64 + 256 + 64 + 10) = 5,712 and 8 · (64 + 64 + 64 + 10) + 8 · 256
+    # 8 · (64 + 256 + 64 + 256 + 64 + 10) = 5,712; recomputing, 8 · (64 + 64 + 64 + 10)
+    # = 1,616 stay, and block 2's rebuild peaks at 1,616 − 592 + 2,048 = 3,072
     text = BLOCKS.replace("  - {name: fc0, type: linear, out_features: 64}\n", "")
     assert _evaluate("none", text=text).memory.activations == 5712
-    assert _evaluate("blocks", text=text).memory.activations == 3664
+    assert _evaluate("blocks", text=text).memory.activations == 3072
 
 
 def test_time_by_hand():
@@ -157,8 +170,13 @@ def test_command_line_plan_and_configuration(runner, tmp_path):
     assert doc["iteration"]["forward_s"] == plain["iteration"]["forward_s"]
     assert "recomputing blocks" in invoke(runner, "cost", *base[:-2], "--recompute",
                                           "blocks").output
-    for bad, message in ((["--recompute", "some"], "'some' is not one of 'none', 'blocks'"),
+    for bad, message in ((["--recompute", "some"], "'some': use none, blocks, a number of "
+                                                   "residual blocks (the first ones) or auto"),
+                         (["--recompute", "25"], "cannot recompute 25 residual blocks: the "
+                                                 "network has 24"),
                          (["--recompute", "blocks", "--cost-model", "gholami2018"],
+                          "--recompute needs --cost-model exact"),
+                         (["--recompute", "auto", "--cost-model", "gholami2018"],
                           "--recompute needs --cost-model exact")):
         out = invoke(runner, "plan", *base, *bad)
         assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output
@@ -179,3 +197,46 @@ def test_command_line_plan_and_configuration(runner, tmp_path):
                     "strategy:\n  grid: 1x8\nrecompute: all\n")
     out = invoke(runner, "check", str(path))
     assert out.exit_code == 2 and "train.yaml:8:12" in out.output, out.output
+    assert "expected none, blocks or a number of blocks, got 'all'" in out.output
+    path.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\nbatch: 64\n"
+                    "strategy:\n  grid: 1x8\nrecompute: 30\n")
+    out = invoke(runner, "check", str(path))
+    assert out.exit_code == 2 and "train.yaml:8:12" in out.output, out.output
+    assert "the network has 24 residual blocks" in out.output
+
+
+def test_recompute_auto_takes_the_fewest_blocks_that_fit(runner):
+    """GPT-2 small (24 blocks) at batch 384 on 8 H100s, fp32 Adam: nothing fits without
+    recomputation, nor recomputing the first block; recomputing the first two it does,
+    and that plan is faster than recomputing more (every plan the bisection found is
+    listed; the chosen one is the fastest). Searched one by one, the counts agree; cost
+    prices one layout the same way (by bisection on the evaluation), and sweep adds a
+    column."""
+    base = [NETWORKS / "gpt2-small.yaml", CLUSTERS / "dgx-h100.yaml", "-p", "8", "-b", "384",
+            "--optimizer", "adam", "--format", "json"]
+    res = invoke(runner, "plan", *base, "--recompute", "auto")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["problem"]["recompute"] == "2"
+    trials = {t["blocks"]: t for t in doc["recompute_auto"]}
+    assert trials[0]["outcome"] == trials[1]["outcome"] == "no plan"
+    assert trials[2]["outcome"] == "plan" and trials[24]["outcome"] == "plan"
+    times = [t["time_s"] for t in trials.values() if t["time_s"] is not None]
+    assert doc["iteration"]["time_s"] == trials[2]["time_s"] == min(times)
+    assert invoke(runner, "plan", *base, "--recompute", "1").exit_code == 1
+    two = json.loads(invoke(runner, "plan", *base, "--recompute", "2").output)
+    assert two["iteration"]["time_s"] == doc["iteration"]["time_s"]
+    assert two["problem"]["recompute"] == "2"
+    table = invoke(runner, "plan", *base[:-2], "--recompute", "auto").output
+    assert "recomputing 2 blocks" in table and "1 block: no plan" in table
+    # cost: data parallel, the least count that fits
+    res = invoke(runner, "cost", *base, "--recompute", "auto")
+    assert res.exit_code == 0, res.output
+    count = int(json.loads(res.output)["problem"]["recompute"])
+    assert 0 < count < 24
+    assert invoke(runner, "cost", *base, "--recompute", str(count)).exit_code == 0
+    assert invoke(runner, "cost", *base, "--recompute", str(count - 1)).exit_code == 1
+    rows = json.loads(invoke(runner, "sweep", *base[:2], "-p", "8", "-b", "64,384",
+                             "--optimizer", "adam", "--recompute", "auto",
+                             "--format", "json").output)["results"]
+    assert [r["recompute"] for r in rows] == ["none", "2"]

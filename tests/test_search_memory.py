@@ -3,10 +3,12 @@
 The memory search (a Lagrangian weight on memory, raised until the answer fits) steers by
 the dynamic program's per-layer memory, so that must be what the evaluation adds up:
 weights, gradients and optimizer state, and every activation tensor kept for backward,
-once per distribution it is kept in. Under recomputation the evaluation counts the largest
-block's rebuilt working set (a maximum) and the program each block's divided by the
-number of blocks (their mean). Communication buffers and the busiest layer's workspace
-are maxima that neither side of this comparison includes."""
+once per distribution it is kept in. Under recomputation the evaluation's peak is a
+maximum over the moments the backward pass rebuilds a block (what is still kept then
+plus the block's working set); the program counts what stays kept and each block's
+working set divided by the number of recomputed blocks (their mean), and so does this
+comparison. Communication buffers and the busiest layer's workspace are maxima that
+neither side includes."""
 
 from __future__ import annotations
 
@@ -48,11 +50,12 @@ NETS = _networks()
 
 
 def _additive(ev) -> float:
-    """The evaluation's memory that the program adds up (see the module docstring)."""
+    """The evaluation's memory that the program adds up (see the module docstring):
+    what stays kept (the layers' activation bytes) and the mean rebuilt working set."""
     m = ev.memory
-    total = m.weights + m.gradients + m.optimizer + m.activations
+    total = m.weights + m.gradients + m.optimizer + m.kept
     if m.rebuilt:
-        total += sum(m.rebuilt) / len(m.rebuilt) - max(m.rebuilt)
+        total += sum(m.rebuilt) / len(m.rebuilt)
     return total
 
 
@@ -76,11 +79,14 @@ def _random_assignment(space, rng):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(sorted(NETS)), p=st.sampled_from([2, 4, 8]),
        batch=st.sampled_from([4, 16]), zero=st.sampled_from([0, 1, 3]),
-       recompute=st.sampled_from(["none", "blocks"]), seed=st.integers(0, 2**16))
+       recompute=st.sampled_from(["none", "blocks", "1"]), seed=st.integers(0, 2**16))
 def test_program_memory_is_the_evaluations(name, p, batch, zero, recompute, seed):
     """On random assignments (every mode, domain splits with their halos, tied layers,
-    ZeRO stages, recomputation), the program's memory equals the evaluation's to 1e-12
-    relative: each kept tensor once, as the evaluation keys it."""
+    ZeRO stages, recomputation of every block or of the first), the program's memory
+    equals the evaluation's to 1e-12 relative: each kept tensor once, as the evaluation
+    keys it."""
+    if not NETS[name].blocks:
+        recompute = "none"
     ctx, opts, space = _space(NETS[name], p, batch, zero, recompute)
     rng = random.Random(seed)
     for _ in range(5):
@@ -91,7 +97,7 @@ def test_program_memory_is_the_evaluations(name, p, batch, zero, recompute, seed
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(p=st.sampled_from([2, 4, 8]), batch=st.sampled_from([4, 16]),
-       recompute=st.sampled_from(["none", "blocks"]), seed=st.integers(0, 2**16))
+       recompute=st.sampled_from(["none", "blocks", "2"]), seed=st.integers(0, 2**16))
 def test_projected_shortcuts_are_counted_at_most_twice(p, batch, recompute, seed):
     """A block with a projected shortcut has two layers keeping its input: when both
     keep it in one distribution the evaluation counts it once and the program twice

@@ -85,7 +85,10 @@ class Context:
     cost_model: str = "exact"
     algorithm: str | None = None
     zero: int = 0  #: ZeRO stage: parameters, gradients, optimizer state sharded
-    recompute: str = "none"  #: "blocks": every residual block re-runs its forward in backward
+    #: "none", "blocks" (every residual block re-runs its forward in backward) or a count
+    #: of blocks, the first ones in the network
+    recompute: str = "none"
+    rebuilt: frozenset[str] = frozenset()  #: the names of the blocks recomputed
 
     @property
     def elem_bytes(self) -> int:
@@ -129,13 +132,39 @@ class LayerCost:
 
 
 #: activation recomputation: none, or every residual block (its input kept, its forward
-#: re-run before its backward)
+#: re-run before its backward); also a number N: the first N residual blocks
 RECOMPUTE = ("none", "blocks")
+
+
+def recompute_error(value: str, blocks: int | None = None) -> str | None:
+    """What is wrong with a recomputation setting (None: nothing); with ``blocks``, the
+    network's count of residual blocks, a count above it is wrong too."""
+    if value in RECOMPUTE:
+        return None
+    if not value.isdigit():
+        return f"unknown recomputation {value!r}; use none, blocks or a number of blocks"
+    if blocks is not None and int(value) > blocks:
+        return (f"cannot recompute {int(value)} residual blocks: the network has {blocks}; "
+                f"use at most {blocks} (or blocks)")
+    return None
+
+
+def recompute_value(count: int, blocks: int) -> str:
+    """The setting that recomputes the first ``count`` of ``blocks`` residual blocks."""
+    return "none" if count == 0 else "blocks" if count == blocks else str(count)
+
+
+def rebuilt_blocks(network: Network, value: str) -> frozenset[str]:
+    """The names of the blocks a recomputation setting re-runs."""
+    if value == "none":
+        return frozenset()
+    names = [b.name for b in network.blocks]
+    return frozenset(names if value == "blocks" else names[:int(value)])
 
 
 def recomputed(layer: Layer, ctx: Context) -> bool:
     """Whether the layer's forward runs again in the backward pass (and keeps nothing)."""
-    return ctx.recompute == "blocks" and layer.block is not None
+    return layer.block is not None and layer.block in ctx.rebuilt
 
 
 def rerun_terms(layer: Layer, ctx: Context, terms: list[CommTerm]) -> list[CommTerm]:
@@ -157,17 +186,17 @@ def _with_rerun(layer: Layer, ctx: Context, kernels: dict[str, list[Kernel]]
     return {**kernels, "backward_data": kernels["backward_data"] + kernels["forward"]}
 
 
-def cost_signature(layer: Layer) -> tuple[object, ...]:
+def cost_signature(layer: Layer, ctx: Context) -> tuple[object, ...]:
     """What a layer's costs depend on: two layers with the same signature cost the same
-    under the same layout (names and positions do not matter; whether it sits in a
-    residual block does, for recomputation)."""
+    under the same layout (names and positions do not matter; whether it is recomputed
+    does)."""
     return (layer.type, layer.input_shape, layer.output_shape, layer.params,
             layer.weight_elems, layer.conv, layer.pool, layer.linear, layer.attention,
             layer.embedding, layer.inputs == (-1,), layer.saves_input, layer.saves_output,
             layer.saved_internal, layer.saved_bytes_extra,
             # an embedding's forward depends on whether a head shares its table (few
             # embeddings: none shares another's costs)
-            layer.index if layer.embedding is not None else None, layer.block is not None)
+            layer.index if layer.embedding is not None else None, recomputed(layer, ctx))
 
 
 def _alpha_beta(ctx: Context, group: Group) -> tuple[float, float]:

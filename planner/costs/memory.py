@@ -80,9 +80,11 @@ class MemoryReport:
     comm_buffers: float
     workspace: float
     capacity: float
-    #: under recomputation, each block's working set when it is rebuilt (the largest
-    #: is in ``activations``); not in the plan document
+    #: under recomputation, each recomputed block's working set when it is rebuilt, and
+    #: the activations kept at the start of the backward pass (``activations`` is the
+    #: larger of those and each rebuild's moment); not in the plan document
     rebuilt: tuple[float, ...] = ()
+    kept: float = 0.0
 
     @property
     def peak(self) -> float:
