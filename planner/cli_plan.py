@@ -264,7 +264,7 @@ def _cost_recompute(q: Question, assignment: dict[int, Any], extra: dict[str, An
     bisection; the question takes the least that fits, or every block when none does.
     With --zero auto each count is priced at its best stage."""
     from .evaluate import evaluate
-    from .search import RecomputeTrial, with_recompute
+    from .search import RecomputeTrial, least_recomputed, with_recompute
 
     blocks = len(q.network.blocks)
     trials: dict[int, Any] = {}
@@ -282,18 +282,8 @@ def _cost_recompute(q: Question, assignment: dict[int, Any], extra: dict[str, An
                                        ev.memory.peak)
         return bool(ok)
 
-    count = 0
-    if not fits(0) and blocks:
-        count = blocks
-        if fits(blocks):
-            lo = 0
-            while count - lo > 1:
-                mid = (lo + count) // 2
-                if fits(mid):
-                    count = mid
-                else:
-                    lo = mid
-    q.ctx, q.options = with_recompute(q.ctx, q.options, count)
+    count = least_recomputed(blocks, fits)
+    q.ctx, q.options = with_recompute(q.ctx, q.options, blocks if count is None else count)
     extra["recompute_auto"] = [trials[n].to_data() for n in sorted(trials)]
 
 

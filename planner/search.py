@@ -1256,6 +1256,25 @@ def with_recompute(ctx: Context, options: Options, count: int
 Searcher = Callable[[Context, Options], tuple[SearchResult, Context, Options]]
 
 
+def least_recomputed(blocks: int, fits: Callable[[int], bool]) -> int | None:
+    """The least count of blocks (the first ones) to recompute for ``fits``: 0 if it
+    fits; else, if recomputing all of them fits, the least by bisection (``fits`` is
+    taken to hold from some count on); None when nothing does. Calls ``fits`` on 0,
+    then ``blocks``, then the bisection's counts."""
+    if fits(0):
+        return 0
+    if not blocks or not fits(blocks):
+        return None
+    lo, hi = 0, blocks  # lo: does not fit; hi: fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def search_recompute(ctx: Context, options: Options, inner: Searcher
                      ) -> tuple[SearchResult, Context, Options]:
     """``--recompute auto``: recompute as few residual blocks as the memory needs (the
@@ -1288,14 +1307,7 @@ def search_recompute(ctx: Context, options: Options, inner: Searcher
         found[count] = (res, c, o)
         return not res.constrained
 
-    if not run(0) and blocks and run(blocks):
-        lo, hi = 0, blocks  # lo: its optimum does not fit; hi: it does
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if run(mid):
-                hi = mid
-            else:
-                lo = mid
+    least_recomputed(blocks, run)
     if not found:
         assert failure is not None
         raise failure
