@@ -182,6 +182,7 @@ class Space:
         self._entry: dict[int, np.ndarray] = {}
         self._entry_mem: dict[int, np.ndarray] = {}
         self._ckpt: dict[str, np.ndarray] = {}
+        self._mem_terms: dict[int, tuple[Any, ...]] = {}
         self._out_groups: dict[int, _Groups] = {}
         self._map_groups: dict[bytes, _Groups] = {}
         self._own: dict[tuple[int, Weights], np.ndarray] = {}
@@ -308,6 +309,16 @@ class Space:
             return "checkpoint"
         return None
 
+    def _memory_terms(self, layer: Layer) -> tuple[Any, ...]:
+        """What a layer's memory depends on besides its signature, once per layer:
+        :meth:`_input_kept`, then the input, output and rebuilt shares."""
+        hit = self._mem_terms.get(layer.index)
+        if hit is None:
+            hit = self._mem_terms[layer.index] = (
+                self._input_kept(layer), self._input_share(layer),
+                self._output_share(layer), self._rebuilt_share(layer))
+        return hit
+
     def _own_saved(self, layer: Layer, lay: Layout) -> float:
         """What a layer with weights keeps besides its input (priced on the entry, see
         :meth:`entry_memory`): internal tensors, masks, the loss's output."""
@@ -428,10 +439,9 @@ class Space:
     def follower(self, layer: Layer, d: int) -> tuple[np.ndarray, int]:
         """Part vector of a layer without weights on distribution ``d``, and the
         distribution it leaves."""
-        shared = self._input_kept(layer)
-        shares = (self._input_share(layer), self._output_share(layer),
-                  self._rebuilt_share(layer))
-        key = (cost_signature(layer, self.ctx), d, shared, shares)
+        shared, *rest = self._memory_terms(layer)
+        shares = tuple(rest)
+        key = (self._sig[layer.index], d, shared, shares)
         hit = self._follow.get(key)
         if hit is not None:
             return hit
@@ -467,8 +477,7 @@ class Space:
     def follower_arrays(self, layer: Layer, w: Weights) -> tuple[np.ndarray, np.ndarray]:
         """For every distribution: where a layer without weights leaves it, and its
         weighted cost there."""
-        key = (self._sig[layer.index], self._input_kept(layer), self._input_share(layer),
-               self._output_share(layer), w)
+        key = (self._sig[layer.index], self._memory_terms(layer), w)
         hit = self._follow_arrays.get(key)
         if hit is None:
             n = len(self.dists)
