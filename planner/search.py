@@ -1458,7 +1458,11 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
         factor *= 2
     more = f"--gpus {opts.gpus * factor}" if factor == 2 else \
         f"about --gpus {opts.gpus * factor}, if memory per device falls in proportion"
+    net = space.ctx.network
     if mem.activations > params:
+        if len(space.ctx.rebuilt) < len(net.blocks) and opts.cost_model == "exact":
+            tips.append("recomputing residual blocks (--recompute auto: as few of the "
+                        f"{len(net.blocks)} as memory needs)")
         tips.append(f"a smaller batch (--batch {max(1, opts.batch // 2)}: activations are "
                     f"{format_bytes(mem.activations)} of the peak)")
         tips.append(f"more devices ({more})")

@@ -223,7 +223,10 @@ def test_recompute_auto_takes_the_fewest_blocks_that_fit(runner):
     assert trials[2]["outcome"] == "plan" and trials[24]["outcome"] == "plan"
     times = [t["time_s"] for t in trials.values() if t["time_s"] is not None]
     assert doc["iteration"]["time_s"] == trials[2]["time_s"] == min(times)
-    assert invoke(runner, "plan", *base, "--recompute", "1").exit_code == 1
+    short = invoke(runner, "plan", *base, "--recompute", "1")
+    assert short.exit_code == 1
+    assert "recomputing residual blocks (--recompute auto: as few of the 24 as memory " \
+        "needs)" in short.stderr
     two = json.loads(invoke(runner, "plan", *base, "--recompute", "2").output)
     assert two["iteration"]["time_s"] == doc["iteration"]["time_s"]
     assert two["problem"]["recompute"] == "2"
