@@ -66,6 +66,9 @@ def test_memory_by_hand():
     assert rec.memory.activations == 3584
     assert first.memory.activations == 4176
     assert rec.memory.rebuilt == first.memory.rebuilt * 2 == (2048, 2048)
+    assert rec.memory.to_data()["recompute"] == {"kept_bytes": 2128,
+                                                 "largest_rebuild_bytes": 2048, "blocks": 2}
+    assert "recompute" not in plain.memory.to_data()
     by = {r.layer.name: r.activation_bytes for r in rec.layers}
     assert by["b1.relu"] == by["b2.relu"] == 0  # rebuilt, not kept
     assert by["fc0"] == by["b1.add"] == by["b2.add"] == 512  # the blocks' inputs, the head's

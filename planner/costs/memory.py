@@ -98,8 +98,10 @@ class MemoryReport:
         return self.peak <= self.capacity
 
     def to_data(self) -> dict[str, object]:
-        """Plain data for the plan document."""
-        return {
+        """Plain data for the plan document (with recomputation, what the activations'
+        peak is made of: what is kept at the start of the backward pass and the
+        largest working set a rebuilt block adds)."""
+        data: dict[str, object] = {
             "peak_bytes": self.peak,
             "capacity_bytes": self.capacity,
             "fits": self.fits,
@@ -112,6 +114,11 @@ class MemoryReport:
                 "workspace": self.workspace,
             },
         }
+        if self.rebuilt:
+            data["recompute"] = {"kept_bytes": self.kept,
+                                 "largest_rebuild_bytes": max(self.rebuilt),
+                                 "blocks": len(self.rebuilt)}
+        return data
 
 
 def uses_master_weights(elem_bytes: int, master_weights: bool | None) -> bool:
