@@ -354,9 +354,9 @@ def _recomputed(ctx: Context, results: list[LayerResult],
     """Activation memory with residual blocks recomputed (Chen et al., "Training deep
     nets with sublinear memory cost", 2016): between the passes such a block keeps only
     its input, as its producer left it; what its layers would keep is rebuilt, one block
-    at a time, in the backward pass, so the largest block's share is live at the peak.
-    ``consumer`` names the recomputed block of a tensor's keepers (None: kept outside
-    them), ``first`` the position of its first keeper.
+    at a time, in the backward pass. ``consumer`` names the recomputed block of a
+    tensor's keepers (None: kept outside them), ``first`` the position of its first
+    keeper.
 
     The backward pass frees a kept tensor once it has passed the first layer that keeps
     it, so when it reaches a recomputed block (and rebuilds it) what layers after the
@@ -373,8 +373,7 @@ def _recomputed(ctx: Context, results: list[LayerResult],
         if src < 0:
             continue  # the network input: kept as it is (below)
         key = (src, dist_out[blk.input])
-        checkpoints[key] = local_elems(net.layers[blk.input].out_elems, key[1],
-                                        batch) * e
+        checkpoints[key] = local_elems(net.layers[blk.input].out_elems, key[1], batch) * e
     work: dict[str, float] = {}
     staying: dict[tuple[int, Dist | None], float] = {}
     for key, size in kept.items():
