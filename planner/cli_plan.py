@@ -115,13 +115,16 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
         raise UsageError("planner: error: --recompute needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) keeps every activation; drop "
                          "--recompute or the cost model")
+    from .costs.layer import canonical_recompute
+
     net = load_network(network)
     cl = load_cluster(cluster)
     options = Options(gpus=gpus, batch=batch, cost_model=cost_model, overlap=overlap,
                       bucket_bytes=_size(bucket), optimizer=optimizer,
                       master_weights=master_weights, algorithm=algorithm,
                       zero=0 if auto else int(zero),
-                      recompute="none" if rec_auto else recompute)
+                      recompute="none" if rec_auto else
+                      canonical_recompute(recompute, len(net.blocks)))
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import Cluster
-from .costs.layer import RECOMPUTE
+from .costs.layer import RECOMPUTE, canonical_recompute
 from .errors import InputError, Issue, NoFeasiblePlan, PlannerError
 from .evaluate import DEFAULT_BUCKET_BYTES, OVERLAPS, Evaluation, Options, evaluate, make_context
 from .fields import Fields, Invalid, boolean, choice, integer, number, quantity, show, string
@@ -400,7 +400,8 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     options = Options(gpus=cfg.gpus, batch=cfg.batch, cost_model=cfg.cost_model,
                       overlap=cfg.overlap, bucket_bytes=cfg.bucket_bytes,
                       optimizer=cfg.optimizer, master_weights=cfg.master_weights,
-                      zero=cfg.zero, recompute=cfg.recompute)
+                      zero=cfg.zero,
+                      recompute=canonical_recompute(cfg.recompute, len(net.blocks)))
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "

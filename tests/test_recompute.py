@@ -173,6 +173,10 @@ def test_command_line_plan_and_configuration(runner, tmp_path):
     assert doc["iteration"]["forward_s"] == plain["iteration"]["forward_s"]
     assert "recomputing blocks" in invoke(runner, "cost", *base[:-2], "--recompute",
                                           "blocks").output
+    # a count names the same choice as the word: 0 is none, all 24 blocks is blocks
+    for count, name in (("0", "none"), ("24", "blocks"), ("03", "3")):
+        out = invoke(runner, "cost", *base, "--recompute", count).output
+        assert json.loads(out)["problem"]["recompute"] == name
     for bad, message in ((["--recompute", "some"], "'some': use none, blocks, a number of "
                                                    "residual blocks (the first ones) or auto"),
                          (["--recompute", "25"], "cannot recompute 25 residual blocks: the "
@@ -189,7 +193,8 @@ def test_command_line_plan_and_configuration(runner, tmp_path):
     old = json.loads(plan.read_text())
     del old["problem"]["recompute"]
     plan.write_text(json.dumps(old))
-    for extra, stale in (("", False), ("recompute: blocks\n", True)):
+    for extra, stale in (("", False), ("recompute: 0\n", False),
+                         ("recompute: blocks\n", True)):
         path = tmp_path / "train.yaml"
         path.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\nbatch: 64\n"
                         f"optimizer: adam\nstrategy:\n  plan: {plan}\n{extra}")

@@ -154,6 +154,14 @@ def recompute_value(count: int, blocks: int) -> str:
     return "none" if count == 0 else "blocks" if count == blocks else str(count)
 
 
+def canonical_recompute(value: str, blocks: int) -> str:
+    """A count of blocks as the setting it amounts to: 0 is none, all of them blocks (so
+    a plan records one name for one choice); other values as they are."""
+    if value.isdigit() and int(value) in (0, blocks):
+        return recompute_value(int(value), blocks)
+    return str(int(value)) if value.isdigit() else value
+
+
 def rebuilt_blocks(network: Network, value: str) -> frozenset[str]:
     """The names of the blocks a recomputation setting re-runs."""
     if value == "none":
