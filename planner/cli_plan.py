@@ -234,7 +234,6 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     Without --grid, --mode or --pin every layer is data parallel. Exit 0 when the layout
     fits in memory, 1 when it does not, 2 for invalid input.
     """
-    from .evaluate import evaluate
     from .plan import placement_record, plan_document, plan_table
 
     ins = inputs_of(network, cluster, kw)
@@ -243,11 +242,12 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     assignment = layout_assignment(q, grid, mode, pins, placement)
     extra: dict[str, Any] = {}
     if q.recompute_auto:
-        _cost_recompute(q, assignment, extra)
-    if q.zero_auto:
-        ev, extra["zero_auto"] = _cost_zero(q, assignment)
+        ev, q.ctx, q.options, zero_trials, extra["recompute_auto"] = _cost_recompute(
+            q, assignment)
     else:
-        ev = evaluate(q.ctx, q.options, assignment)
+        ev, q.ctx, q.options, zero_trials = _price(q.ctx, q.options, assignment, q.zero_auto)
+    if zero_trials is not None:
+        extra["zero_auto"] = zero_trials
     extra["placement"] = placement_record(ev, q.options.gpus, q.cluster.devices_per_node, False)
     doc = plan_document("cost", q.network, network, q.cluster.name, cluster, q.options, ev,
                         q.estimator_name, nodes_used(q), extra)
@@ -261,54 +261,55 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
         raise click.exceptions.Exit(1)
 
 
-def _cost_recompute(q: Question, assignment: dict[int, Any], extra: dict[str, Any]) -> None:
-    """``cost --recompute auto``: the layout recomputing no block, then (when that does
-    not fit) every block and the least number of blocks, the first ones, that fits, by
-    bisection; the question takes the least that fits, or every block when none does.
-    With --zero auto each count is priced at its best stage."""
-    from .evaluate import evaluate
-    from .search import RecomputeTrial, least_recomputed, with_recompute
-
-    blocks = len(q.network.blocks)
-    trials: dict[int, Any] = {}
-
-    def fits(count: int) -> bool:
-        ctx, options = with_recompute(q.ctx, q.options, count)
-        if q.zero_auto:
-            probe = Question(q.network, q.cluster, q.network_file, q.cluster_file, options,
-                             ctx, q.estimator_name, True)
-            ev, _ = _cost_zero(probe, assignment)
-        else:
-            ev = evaluate(ctx, options, assignment)
-        ok = ev.memory.fits
-        trials[count] = RecomputeTrial(count, "fits" if ok else "does not fit", ev.time_s,
-                                       ev.memory.peak)
-        return bool(ok)
-
-    count = least_recomputed(blocks, fits)
-    q.ctx, q.options = with_recompute(q.ctx, q.options, blocks if count is None else count)
-    extra["recompute_auto"] = [trials[n].to_data() for n in sorted(trials)]
-
-
-def _cost_zero(q: Question, assignment: dict[int, Any]) -> tuple[Any, list[dict[str, Any]]]:
-    """``cost --zero auto``: the layout priced at every ZeRO stage; the question takes the
-    fastest stage that fits (the lower on a tie), or the leanest when none does."""
+def _price(ctx: Any, options: Any, assignment: dict[int, Any], zero_auto: bool
+           ) -> tuple[Any, Any, Any, list[dict[str, Any]] | None]:
+    """One layout priced: evaluated as asked, or with ``--zero auto`` at every ZeRO stage,
+    taking the fastest that fits (the lower on a tie) or the leanest when none does.
+    Returns the evaluation, the context and options it used, and the stages' trials."""
     import dataclasses
 
     from .evaluate import ZERO_STAGES, evaluate
     from .search import ZeroTrial
 
+    if not zero_auto:
+        return evaluate(ctx, options, assignment), ctx, options, None
     evs = []
     for stage in ZERO_STAGES:
-        opts = dataclasses.replace(q.options, zero=stage)
-        evs.append((evaluate(dataclasses.replace(q.ctx, zero=stage), opts, assignment), opts))
+        opts = dataclasses.replace(options, zero=stage)
+        evs.append((evaluate(dataclasses.replace(ctx, zero=stage), opts, assignment), opts))
     fitting = [(ev.time_s, o.zero) for ev, o in evs if ev.memory.fits]
     stage = min(fitting)[1] if fitting else min((ev.memory.peak, o.zero) for ev, o in evs)[1]
-    ev, q.options = evs[stage]
-    q.ctx = dataclasses.replace(q.ctx, zero=stage)
+    ev, opts = evs[stage]
     trials = [ZeroTrial(o.zero, "fits" if e.memory.fits else "does not fit", e.time_s,
                         e.comm_s, e.memory.peak).to_data() for e, o in evs]
-    return ev, trials
+    return ev, dataclasses.replace(ctx, zero=stage), opts, trials
+
+
+def _cost_recompute(q: Question, assignment: dict[int, Any]
+                    ) -> tuple[Any, Any, Any, list[dict[str, Any]] | None,
+                               list[dict[str, Any]]]:
+    """``cost --recompute auto``: the layout recomputing no block, then (when that does
+    not fit) every block and the least number of blocks, the first ones, that fits, by
+    bisection; the least that fits is taken, or every block when none does (each count
+    priced by :func:`_price`). Returns its pricing and the counts' trials."""
+    from .search import RecomputeTrial, least_recomputed, with_recompute
+
+    blocks = len(q.network.blocks)
+    priced: dict[int, Any] = {}
+    trials: dict[int, Any] = {}
+
+    def fits(count: int) -> bool:
+        ctx, options = with_recompute(q.ctx, q.options, count)
+        priced[count] = _price(ctx, options, assignment, q.zero_auto)
+        ev = priced[count][0]
+        ok = bool(ev.memory.fits)
+        trials[count] = RecomputeTrial(count, "fits" if ok else "does not fit", ev.time_s,
+                                       ev.memory.peak)
+        return ok
+
+    count = least_recomputed(blocks, fits)
+    return (*priced[blocks if count is None else count],
+            [trials[n].to_data() for n in sorted(trials)])
 
 
 def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:

@@ -42,7 +42,6 @@ from .costs.layer import (
     local_params,
     loss_cost,
     optimizer_kernel,
-    rebuilt_blocks,
     recompute_error,
     recomputed,
     redistribute_terms,
@@ -124,8 +123,7 @@ def make_context(network: Network, cluster: Cluster, options: Options,
     return Context(network=network, cluster=cluster, gpus=options.gpus, batch=options.batch,
                    estimator=estimator or Roofline(), cost_model=options.cost_model,
                    algorithm=options.algorithm, zero=options.zero,
-                   recompute=options.recompute,
-                   rebuilt=rebuilt_blocks(network, options.recompute))
+                   recompute=options.recompute)
 
 
 def check_question(network: Network, cluster: Cluster, options: Options) -> None:
@@ -620,24 +618,18 @@ def _prefetched_forward(results: list[LayerResult], window: float) -> float:
     return clock
 
 
-def _bucket_record(results: list[LayerResult], members: list[tuple[int, int]],
-                   nbytes: float, index: int, ready: float, start: float,
-                   end: float) -> dict[str, Any]:
-    return {"index": index, "layers": len(members), "bytes": nbytes,
-            "group": results[members[0][0]].cost.terms[members[0][1]].group.size,
-            "ready_s": ready, "start_s": start, "end_s": end}
-
-
-def _prefetched_backward(results: list[LayerResult],
+def _overlapped_backward(results: list[LayerResult],
                          grad_runs: list[tuple[list[tuple[int, int]], float, float]],
-                         start: float, window: float, buckets: list[dict[str, Any]],
-                         ) -> tuple[float, float, float]:
-    """The backward pass with ZeRO stage 3's gathers prefetched (:class:`_Prefetcher`)
-    on the channel the gradient buckets use, first come first served: a bucket is issued
-    when its last gradient is ready. Returns the end of the backward compute, of the
-    channel, and the buckets' seconds; appends the buckets."""
-    seconds, nbytes = _gathers(results, "backward")
-    order = [pos for pos in range(len(results) - 1, -1, -1) if seconds[pos]]
+                         start: float, window: float, prefetch: bool,
+                         buckets: list[dict[str, Any]]) -> tuple[float, float, float]:
+    """The backward pass with the gradient buckets on one channel, each issued when its
+    last gradient is ready (after the previous one), and with ``prefetch`` ZeRO stage
+    3's gathers prefetched (:class:`_Prefetcher`) on the same channel, first come first
+    served. Returns the end of the backward compute, of the channel, and the buckets'
+    seconds; appends the buckets."""
+    seconds, nbytes = _gathers(results, "backward") if prefetch else ([], [])
+    order = [pos for pos in range(len(results) - 1, -1, -1) if seconds[pos]] \
+        if prefetch else []
     closing: dict[int, list[int]] = {}  # layer position → buckets its gradients close
     for k, (members, _, _) in enumerate(grad_runs):
         closing.setdefault(members[-1][0], []).append(k)
@@ -650,14 +642,16 @@ def _prefetched_backward(results: list[LayerResult],
         clock = pre.start(pos, clock)
         clock += r.cost.backward_s + sum(t.seconds for t in r.cost.terms
                                          if t.when == "backward"
-                                         and not _prefetched(t, "backward"))
+                                         and not (prefetch and _prefetched(t, "backward")))
         for run in closing.get(pos, []):
             members, nbytes_run, secs = grad_runs[run]
             begin = max(pre.channel, clock)
             pre.channel = begin + secs
             weight_grad_s += secs
-            buckets.append(_bucket_record(results, members, nbytes_run, len(buckets), clock,
-                                          begin, pre.channel))
+            group = results[members[0][0]].cost.terms[members[0][1]].group.size
+            buckets.append({"index": len(buckets), "layers": len(members),
+                            "bytes": nbytes_run, "group": group, "ready_s": clock,
+                            "start_s": begin, "end_s": pre.channel})
     return clock, max(clock, pre.channel), weight_grad_s
 
 
@@ -685,33 +679,16 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     grad_runs = _bucketed(ctx, results, items, options.bucket_bytes if bucketing else None,
                           cache)
     buckets: list[dict[str, Any]] = []
-    weight_grad_s = 0.0
-    if prefetch:
-        end_backward, finish, weight_grad_s = _prefetched_backward(
-            results, grad_runs, forward, options.bucket_bytes, buckets)
-    else:
-        clock = forward
-        ready: list[float] = []  # when each of ``items`` is ready
-        for pos in range(len(results) - 1, -1, -1):
-            r = results[pos]
-            clock += r.cost.backward_s + sum(t.seconds for t in r.cost.terms
-                                             if t.when == "backward")
-            ready.extend(clock for t in r.cost.terms if t.when == "gradient")
-        end_backward = clock
-        if not bucketing:
-            weight_grad_s = sum(run[2] for run in grad_runs)
-            finish = end_backward + weight_grad_s
-        else:
-            channel = 0.0
-            k = 0
-            for members, nbytes, secs in grad_runs:
-                k += len(members)
-                start = max(ready[k - 1], channel)
-                channel = start + secs
-                weight_grad_s += secs
-                buckets.append(_bucket_record(results, members, nbytes, len(buckets),
-                                              ready[k - 1], start, channel))
-            finish = max(end_backward, channel)
+    if bucketing:
+        end_backward, finish, weight_grad_s = _overlapped_backward(
+            results, grad_runs, forward, options.bucket_bytes, prefetch, buckets)
+    else:  # every reduction after the backward pass, gathers on the critical path
+        end_backward = forward
+        for r in reversed(results):
+            end_backward += r.cost.backward_s + sum(t.seconds for t in r.cost.terms
+                                                    if t.when == "backward")
+        weight_grad_s = sum(run[2] for run in grad_runs)
+        finish = end_backward + weight_grad_s
     # ZeRO stages 1-2: the updated parameters all-gathered after the step, in buckets
     # as the gradients were
     upd_items = [(p, j) for p, r in enumerate(results) for j, t in enumerate(r.cost.terms)

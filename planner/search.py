@@ -50,7 +50,6 @@ from .costs.layer import (
     local_params,
     loss_cost,
     optimizer_kernel,
-    rebuilt_blocks,
     recompute_value,
     recomputed,
     redistribute_key,
@@ -228,8 +227,8 @@ class Space:
                 comm_a = comm_g = 0.0
                 terms = weighted_terms(layer, lay, ctx)
                 for t in terms:
-                    if t.when == "gradient" or (self.prefetch and t.phase == "parameters"):
-                        comm_g += t.seconds  # may overlap (see Weights.gradient)
+                    if self._hideable(t):
+                        comm_g += t.seconds
                     else:
                         comm_a += t.seconds
                 arr[j, _A] = comm_a
@@ -252,6 +251,11 @@ class Space:
             secs = ctx.estimator.estimate(kernels, ctx.cluster.device, ctx.network.dtype).seconds
             for (key, j), s in zip(owners, secs, strict=True):
                 self._weighted[key][j, _C] += float(s)
+
+    def _hideable(self, t: CommTerm) -> bool:
+        """Whether a term may overlap compute (weighed with ``Weights.gradient``): a
+        weight-gradient reduction, or a prefetched ZeRO stage-3 gather."""
+        return t.when == "gradient" or (self.prefetch and t.phase == "parameters")
 
     def _optimizer_kernel(self, params_local: float, terms: list[CommTerm]) -> Elementwise:
         """The step over this device's parameters, as the evaluation times it."""
@@ -293,6 +297,13 @@ class Space:
             return 0.0
         return self._rebuilt_share(layer)
 
+    def _keeps_output(self, index: int, block: str | None = None) -> bool:
+        """Whether layer ``index`` keeps its own output (not a view of another's) where it
+        leaves it: not rebuilt by recomputation, or rebuilt with ``block``."""
+        producer = self.layers[index]
+        return self.ctx.network.storage_of(index) == index and producer.saves_output and (
+            not recomputed(producer, self.ctx) or producer.block == block)
+
     def _input_kept(self, layer: Layer) -> str | None:
         """Who keeps the layer's input where its producer left it anyway: "producer"
         (its output, unless rebuilt in another block), "checkpoint" (under
@@ -300,9 +311,7 @@ class Space:
         src = layer.inputs[0]
         if src < 0:
             return None
-        producer = self.layers[src]
-        if self.ctx.network.storage_of(src) == src and producer.saves_output and (
-                not recomputed(producer, self.ctx) or producer.block == layer.block):
+        if self._keeps_output(src, layer.block):
             return "producer"
         if layer.block is not None and recomputed(layer, self.ctx) and \
                 self._blocks[layer.block].input == src:
@@ -363,12 +372,10 @@ class Space:
             return None
         hit = self._ckpt.get(blk.name)
         if hit is None or len(hit) != len(self.dists):
-            net = self.ctx.network
-            producer = self.layers[blk.input]
-            if net.storage_of(blk.input) == blk.input and producer.saves_output and \
-                    not recomputed(producer, self.ctx):
+            if self._keeps_output(blk.input):
                 hit = np.zeros(len(self.dists))
             else:
+                producer = self.layers[blk.input]
                 batch, e = self.options.batch, self.ctx.elem_bytes
                 hit = np.array([local_elems(producer.out_elems, d, batch) * e
                                 for d in self.dists])
@@ -439,9 +446,8 @@ class Space:
     def follower(self, layer: Layer, d: int) -> tuple[np.ndarray, int]:
         """Part vector of a layer without weights on distribution ``d``, and the
         distribution it leaves."""
-        shared, *rest = self._memory_terms(layer)
-        shares = tuple(rest)
-        key = (self._sig[layer.index], d, shared, shares)
+        shared, in_share, out_share, own_share = self._memory_terms(layer)
+        key = (self._sig[layer.index], d, shared, in_share, out_share, own_share)
         hit = self._follow.get(key)
         if hit is not None:
             return hit
@@ -454,8 +460,7 @@ class Space:
         else:
             terms, work, out = follower_terms(layer, dist, ctx)
         for t in terms:
-            hideable = t.when == "gradient" or (self.prefetch and t.phase == "parameters")
-            parts[_G if hideable else _A] += t.seconds
+            parts[_G if self._hideable(t) else _A] += t.seconds
         prods = follower_kernels(layer, work, ctx)
         ks = prods["forward"] + prods["backward_data"] + prods["backward_weight"]
         if layer.params:
@@ -464,11 +469,11 @@ class Space:
             parts[_C] = float(ctx.estimator.estimate(ks, ctx.cluster.device,
                                                       ctx.network.dtype).seconds.sum())
         batch, e = self.options.batch, ctx.elem_bytes
-        kept = own_kept_bytes(layer, None, work, batch, e) * shares[2]
+        kept = own_kept_bytes(layer, None, work, batch, e) * own_share
         if layer.saves_input and not (shared and work == dist):
-            kept += kept_input_bytes(layer, None, work, batch, e) * shares[0]
+            kept += kept_input_bytes(layer, None, work, batch, e) * in_share
         if layer.saves_output:
-            kept += local_elems(layer.out_elems, out, batch) * e * shares[1]
+            kept += local_elems(layer.out_elems, out, batch) * e * out_share
         parts[_M] = layer.params * held(self.pb, self.options.zero, terms).total + kept
         result = (parts, self._dist(out))
         self._follow[key] = result
@@ -684,11 +689,11 @@ def _advance(space: Space, w: Weights, cost: np.ndarray, lo: int, hi: int,
     n = len(space.dists)
     events, blocks, first_weighted = space.structure
     for layer in space.layers[lo:hi]:
-        for kind, _blk in events.get(layer.index, []):
+        for kind, blk in events.get(layer.index, []):
             if kind == "begin":
                 new = np.full((n, n), INF)
                 idx = np.arange(n)
-                ckpt = space.checkpoint_memory(_blk) if w.memory else None
+                ckpt = space.checkpoint_memory(blk) if w.memory else None
                 new[idx, idx] = cost[0] if ckpt is None else cost[0] + ckpt * w.memory
                 steps.append(_Step("begin"))
                 cost = new
@@ -1257,8 +1262,7 @@ def with_recompute(ctx: Context, options: Options, count: int
     import dataclasses
 
     value = recompute_value(count, len(ctx.network.blocks))
-    return (dataclasses.replace(ctx, recompute=value,
-                                rebuilt=rebuilt_blocks(ctx.network, value)),
+    return (dataclasses.replace(ctx, recompute=value),
             dataclasses.replace(options, recompute=value))
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import Cluster
-from .costs.layer import RECOMPUTE, canonical_recompute
+from .costs.layer import RECOMPUTE, canonical_recompute, recompute_error
 from .errors import InputError, Issue, NoFeasiblePlan, PlannerError
 from .evaluate import DEFAULT_BUCKET_BYTES, OVERLAPS, Evaluation, Options, evaluate, make_context
 from .fields import Fields, Invalid, boolean, choice, integer, number, quantity, show, string
@@ -406,10 +406,9 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "
                                            f"({limit})")
-    if cfg.recompute.isdigit() and int(cfg.recompute) > len(net.blocks):
-        raise _config_error(cfg, "$.recompute", f"recompute: {cfg.recompute} blocks, but the "
-                                                f"network has {len(net.blocks)} residual "
-                                                "blocks; use at most that (or blocks)")
+    wrong = recompute_error(cfg.recompute, len(net.blocks))
+    if wrong:
+        raise _config_error(cfg, "$.recompute", wrong)
     ctx = make_context(net, cl, options, estimator)
     findings: list[Finding] = []
     if "plan" in cfg.strategy:

@@ -88,7 +88,12 @@ class Context:
     #: "none", "blocks" (every residual block re-runs its forward in backward) or a count
     #: of blocks, the first ones in the network
     recompute: str = "none"
-    rebuilt: frozenset[str] = frozenset()  #: the names of the blocks recomputed
+
+    @functools.cached_property
+    def rebuilt(self) -> frozenset[str]:
+        """The names of the blocks recomputed (:func:`rebuilt_blocks`); kept on the
+        instance: every layer's cost asks."""
+        return rebuilt_blocks(self.network, self.recompute)
 
     @property
     def elem_bytes(self) -> int:
@@ -144,8 +149,8 @@ def recompute_error(value: str, blocks: int | None = None) -> str | None:
     if not value.isdigit():
         return f"unknown recomputation {value!r}; use none, blocks or a number of blocks"
     if blocks is not None and int(value) > blocks:
-        return (f"cannot recompute {int(value)} residual blocks: the network has {blocks}; "
-                f"use at most {blocks} (or blocks)")
+        return (f"cannot recompute {int(value)} residual blocks: the network has {blocks} "
+                f"residual blocks; use at most {blocks} (or blocks)")
     return None
 
 
