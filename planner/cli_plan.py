@@ -51,6 +51,11 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="ZeRO stage: shard the optimizer state (1), the gradients too "
                           "(2) or the weights too (3) over each layer's data-parallel "
                           "replicas; auto: the fastest stage that fits."),
+        click.option("--zero-shard", type=click.Choice(("all", "node", "auto")),
+                     default="all", show_default=True,
+                     help="Over whom ZeRO shards: all of a layer's data-parallel replicas, "
+                          "or those inside each node, replicated across nodes (hybrid "
+                          "sharding: FSDP HYBRID_SHARD, MiCS); auto: the faster."),
         click.option("--recompute", default="none", show_default=True,
                      callback=_recompute_option, metavar="none|blocks|N|auto",
                      help="Activation recomputation: blocks keeps each residual block's "
@@ -92,20 +97,27 @@ class Question:
     options: Any
     ctx: Any
     estimator_name: str
-    zero_auto: bool = False  #: --zero auto: the search picks the stage
+    zero_auto: bool = False  #: --zero auto or --zero-shard auto: the search picks
+    #: the ZeRO stages and ways of sharding it tries (``--zero auto``: all stages)
+    zero_stages: tuple[int, ...] = ()
+    zero_shards: tuple[str, ...] = ()
     recompute_auto: bool = False  #: --recompute auto: the search picks the blocks
 
 
 def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model: str,
                   overlap: str, bucket: str, optimizer: str, master_weights: bool | None,
                   algorithm: str | None, estimator: str, models_dir: str | None,
-                  zero: int | str = 0, recompute: str = "none") -> Question:
-    """Load both files, build the options and the cost context (``zero="auto"``: stage
-    0 until the search picks one)."""
-    from .evaluate import Options, check_question, make_context
+                  zero: int | str = 0, recompute: str = "none", zero_shard: str = "all"
+                  ) -> Question:
+    """Load both files, build the options and the cost context (``zero="auto"`` or
+    ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
+    from .evaluate import ZERO_STAGES, Options, check_question, make_context
     from .inputs import load_cluster, load_network
 
-    auto = zero == "auto"
+    if str(zero) == "0" and zero_shard != "all":
+        raise UsageError(f"planner: error: --zero-shard {zero_shard} needs ZeRO: add "
+                         "--zero 1, 2, 3 or auto")
+    auto = zero == "auto" or zero_shard == "auto"
     if auto and cost_model == "gholami2018":
         raise UsageError("planner: error: --zero auto needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
@@ -119,16 +131,23 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
 
     net = load_network(network)
     cl = load_cluster(cluster)
+    stages = ZERO_STAGES if zero == "auto" else (int(zero),)
+    # within nodes is the same as over all replicas while the devices fit in one node
+    shards = ("all", "node") if zero_shard == "auto" and gpus > cl.devices_per_node else \
+        ("all",) if zero_shard == "auto" else (zero_shard,)
+    auto = len(stages) * len(shards) > 1
     options = Options(gpus=gpus, batch=batch, cost_model=cost_model, overlap=overlap,
                       bucket_bytes=_size(bucket), optimizer=optimizer,
                       master_weights=master_weights, algorithm=algorithm,
-                      zero=0 if auto else int(zero),
+                      zero=0 if auto else stages[0],
+                      zero_shard="all" if auto else shards[0],
                       recompute="none" if rec_auto else
                       canonical_recompute(recompute, len(net.blocks)))
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)
-    return Question(net, cl, network, cluster, options, ctx, est.name, auto, rec_auto)
+    return Question(net, cl, network, cluster, options, ctx, est.name, zero_auto=auto,
+                    recompute_auto=rec_auto, zero_stages=stages, zero_shards=shards)
 
 
 def inputs_of(network: str, cluster: str, kw: dict[str, Any]) -> tuple[str, ...]:
@@ -245,7 +264,7 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
         ev, q.ctx, q.options, zero_trials, extra["recompute_auto"] = _cost_recompute(
             q, assignment)
     else:
-        ev, q.ctx, q.options, zero_trials = _price(q.ctx, q.options, assignment, q.zero_auto)
+        ev, q.ctx, q.options, zero_trials = _price(q.ctx, q.options, assignment, q)
     if zero_trials is not None:
         extra["zero_auto"] = zero_trials
     extra["placement"] = placement_record(ev, q.options.gpus, q.cluster.devices_per_node, False)
@@ -261,28 +280,34 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
         raise click.exceptions.Exit(1)
 
 
-def _price(ctx: Any, options: Any, assignment: dict[int, Any], zero_auto: bool
+def _price(ctx: Any, options: Any, assignment: dict[int, Any], q: Question
            ) -> tuple[Any, Any, Any, list[dict[str, Any]] | None]:
-    """One layout priced: evaluated as asked, or with ``--zero auto`` at every ZeRO stage,
-    taking the fastest that fits (the lower on a tie) or the leanest when none does.
-    Returns the evaluation, the context and options it used, and the stages' trials."""
+    """One layout priced: evaluated as asked, or with ``--zero auto`` (``--zero-shard
+    auto``) at every ZeRO setting, taking the fastest that fits (the lower stage, then
+    sharding over all replicas, on a tie) or the leanest when none does. Returns the
+    evaluation, the context and options it used, and the settings' trials."""
     import dataclasses
 
-    from .evaluate import ZERO_STAGES, evaluate
-    from .search import ZeroTrial
+    from .evaluate import evaluate
+    from .search import ZeroTrial, zero_settings
 
-    if not zero_auto:
+    if not q.zero_auto:
         return evaluate(ctx, options, assignment), ctx, options, None
     evs = []
-    for stage in ZERO_STAGES:
-        opts = dataclasses.replace(options, zero=stage)
-        evs.append((evaluate(dataclasses.replace(ctx, zero=stage), opts, assignment), opts))
-    fitting = [(ev.time_s, o.zero) for ev, o in evs if ev.memory.fits]
-    stage = min(fitting)[1] if fitting else min((ev.memory.peak, o.zero) for ev, o in evs)[1]
-    ev, opts = evs[stage]
+    for stage, shard in zero_settings(q.zero_stages, q.zero_shards):
+        opts = dataclasses.replace(options, zero=stage, zero_shard=shard)
+        sctx = dataclasses.replace(ctx, zero=stage, zero_shard=shard)
+        evs.append((evaluate(sctx, opts, assignment), opts, sctx))
+
+    def order(e: tuple[Any, Any, Any]) -> tuple[int, str]:
+        return e[1].zero, e[1].zero_shard != "all"
+
+    fitting = [e for e in evs if e[0].memory.fits]
+    ev, opts, sctx = min(fitting, key=lambda e: (e[0].time_s, order(e))) if fitting else \
+        min(evs, key=lambda e: (e[0].memory.peak, order(e)))
     trials = [ZeroTrial(o.zero, "fits" if e.memory.fits else "does not fit", e.time_s,
-                        e.comm_s, e.memory.peak).to_data() for e, o in evs]
-    return ev, dataclasses.replace(ctx, zero=stage), opts, trials
+                        e.comm_s, e.memory.peak, o.zero_shard).to_data() for e, o, _ in evs]
+    return ev, sctx, opts, trials
 
 
 def _cost_recompute(q: Question, assignment: dict[int, Any]
@@ -300,7 +325,7 @@ def _cost_recompute(q: Question, assignment: dict[int, Any]
 
     def fits(count: int) -> bool:
         ctx, options = with_recompute(q.ctx, q.options, count)
-        priced[count] = _price(ctx, options, assignment, q.zero_auto)
+        priced[count] = _price(ctx, options, assignment, q)
         ev = priced[count][0]
         ok = bool(ev.memory.fits)
         trials[count] = RecomputeTrial(count, "fits" if ok else "does not fit", ev.time_s,
@@ -357,7 +382,7 @@ def run_search(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
 
     def inner(ctx: Any, options: Any) -> tuple[Any, Any, Any]:
         if q.zero_auto:
-            return search_zero(ctx, options, objective, pinned)
+            return search_zero(ctx, options, objective, pinned, q.zero_stages, q.zero_shards)
         return search(ctx, options, objective, pinned), ctx, options
 
     if q.recompute_auto:
@@ -569,6 +594,8 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                 }
                 if q.zero_auto:
                     row["zero"] = q.options.zero
+                    if len(q.zero_shards) > 1:
+                        row["zero_shard"] = q.options.zero_shard
                 if q.recompute_auto:
                     row["recompute"] = q.options.recompute
                 if data_base is not None and data_base.candidate is not None:
@@ -624,7 +651,9 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
         vs = f"{r['speedup_vs_data']:.3g}x" if "speedup_vs_data" in r else "n/a"
         t.add_row(str(r["gpus"]), str(r["batch"]), format_time(r["time_s"]),
                   f"{r['samples_per_s']:.4g}", format_time(r["exposed_comm_s"]),
-                  format_bytes(r["peak_bytes"]), *((str(r["zero"]),) if auto else ()),
+                  format_bytes(r["peak_bytes"]),
+                  *((str(r["zero"]) + (" node" if r.get("zero_shard") == "node" else ""),)
+                    if auto else ()),
                   *((str(r["recompute"]),) if rec else ()), vs,
                   ", ".join(lay), "\n".join(lay))
     return t

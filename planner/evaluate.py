@@ -58,6 +58,15 @@ from .network import Layer, Network
 
 OVERLAPS = ("none", "gradients")
 ZERO_STAGES = (0, 1, 2, 3)
+#: over whom ZeRO shards: all of a layer's data-parallel replicas, or those inside one
+#: node, replicated across nodes (hybrid sharding)
+ZERO_SHARDS = ("all", "node")
+
+
+def zero_label(stage: int, shard: str) -> str:
+    """A ZeRO setting as a person reads it: ``stage 3``, ``stage 3 within nodes``."""
+    return f"stage {stage}" + (" within nodes" if stage and shard == "node" else "")
+
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb = 25
 
 
@@ -74,6 +83,7 @@ class Options:
     master_weights: bool | None = None
     algorithm: str | None = None
     zero: int = 0  #: ZeRO stage (0: none; 1: optimizer state, 2: + gradients, 3: + weights)
+    zero_shard: str = "all"  #: ZeRO shards over all replicas, or those in a "node"
     recompute: str = "none"  #: "blocks": residual blocks re-run their forward in backward
 
 
@@ -123,7 +133,7 @@ def make_context(network: Network, cluster: Cluster, options: Options,
     return Context(network=network, cluster=cluster, gpus=options.gpus, batch=options.batch,
                    estimator=estimator or Roofline(), cost_model=options.cost_model,
                    algorithm=options.algorithm, zero=options.zero,
-                   recompute=options.recompute)
+                   zero_shard=options.zero_shard, recompute=options.recompute)
 
 
 def check_question(network: Network, cluster: Cluster, options: Options) -> None:
@@ -140,6 +150,9 @@ def _check_settings(options: Options, network: Network | None = None) -> None:
     if options.zero not in ZERO_STAGES:
         raise UsageError(f"planner: error: ZeRO stage {options.zero} does not exist; use "
                          "0, 1, 2 or 3")
+    if options.zero_shard not in ZERO_SHARDS:
+        raise UsageError(f"planner: error: ZeRO cannot shard over {options.zero_shard!r}; "
+                         "use all or node")
     wrong = recompute_error(options.recompute,
                             None if network is None else len(network.blocks))
     if wrong:

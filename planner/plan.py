@@ -10,7 +10,8 @@ digits, so the same inputs give byte-identical files)::
       network: {file, name, sha256}
       cluster: {file, name, sha256}
     problem: {gpus, batch, dtype, cost_model, overlap, bucket_bytes, optimizer,
-              master_weights, zero, recompute, estimator, algorithm, nodes}
+              master_weights, zero, zero_shard (with zero 1-3: all|node), recompute,
+              estimator, algorithm, nodes}
     iteration: {time_s, compute_s, comm_s, exposed_comm_s, forward_s, backward_s,
                 optimizer_s, weight_grad_s, activation_comm_s, parameters_comm_s,
                 recompute_s, samples_per_s}
@@ -27,10 +28,12 @@ digits, so the same inputs give byte-identical files)::
 
     ZeRO (``problem.zero`` 1-3) turns each weight-gradient all-reduce into a reduce-scatter
     and adds ``parameters`` terms: an all-gather after the optimizer step (stages 1-2), or
-    before the forward and the backward (stage 3). Recomputation (``problem.recompute``
-    blocks) adds ``recompute`` terms, a block's forward collectives run again in its
-    backward; the forward compute run again is in ``compute.backward_s``, and
-    ``iteration.recompute_s`` totals both.
+    before the forward and the backward (stage 3). Sharded within nodes
+    (``problem.zero_shard`` node) the reduction is a ``hybrid_reduce`` (a reduce-scatter in
+    the node, an all-reduce of the shard across nodes) and the gathers stay in the node.
+    Recomputation (``problem.recompute`` blocks) adds ``recompute`` terms, a block's
+    forward collectives run again in its backward; the forward compute run again is in
+    ``compute.backward_s``, and ``iteration.recompute_s`` totals both.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import Any
 from . import __version__
 from .costs.layer import CommTerm, held
 from .costs.memory import param_bytes, uses_master_weights
-from .evaluate import Evaluation, LayerResult, Options
+from .evaluate import Evaluation, LayerResult, Options, zero_label
 from .network import Network
 from .output import rounded
 from .units import format_bytes, format_time
@@ -131,6 +134,8 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
         "optimizer": options.optimizer,
         "master_weights": uses_master_weights(network.elem_bytes, options.master_weights),
         "zero": options.zero,
+        # ZeRO's sharding only where there is ZeRO (a plan without it reads the same)
+        **({"zero_shard": options.zero_shard} if options.zero else {}),
         "recompute": options.recompute,
     }
 
@@ -199,7 +204,8 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     zero = int(prob.get("zero", 0))
     head.append(f"{prob['gpus']} devices, batch {prob['batch']}, {prob['dtype']}, "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
-                + (f", ZeRO stage {zero}" if zero else "")
+                + (f", ZeRO {zero_label(zero, str(prob.get('zero_shard', 'all')))}"
+                   if zero else "")
                 + (f", recomputing {_recomputing(str(prob['recompute']))} "
                    f"({format_time(it.get('recompute_s', 0.0))} a step)"
                    if str(prob.get("recompute", "none")) not in ("none", "0") else "")
@@ -212,10 +218,12 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     if stages:
         head.append("ZeRO auto ", style="bold")
         head.append("  ".join(
-            f"stage {t['stage']}: " + (t["outcome"] if t["time_s"] is None else
-                                       format_time(t["time_s"]) + ("" if t["outcome"] in
-                                       ("plan", "fits") else f" ({t['outcome']})"))
-            + (" (chosen)" if t["stage"] == zero else "")
+            zero_label(t["stage"], t.get("shard", "all")) + ": "
+            + (t["outcome"] if t["time_s"] is None else
+               format_time(t["time_s"]) + ("" if t["outcome"] in ("plan", "fits")
+                                           else f" ({t['outcome']})"))
+            + (" (chosen)" if (t["stage"], t.get("shard", "all") if t["stage"] else "all")
+               == (zero, prob.get("zero_shard", "all") if zero else "all") else "")
             for t in stages) + "\n")
     counts = doc.get("recompute_auto")
     if counts:

@@ -71,6 +71,7 @@ from .evaluate import (
     own_kept_bytes,
     prefetches,
     time_and_comm,
+    zero_label,
 )
 from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
 from .network import Layer
@@ -922,7 +923,7 @@ class Baseline:
 
 @dataclass(frozen=True)
 class ZeroTrial:
-    """One ZeRO stage as ``--zero auto`` tried it."""
+    """One ZeRO setting as ``--zero auto`` (or ``--zero-shard auto``) tried it."""
 
     stage: int
     #: "plan": searched, with a plan; "no plan": searched, nothing fits; "same as N"
@@ -932,11 +933,19 @@ class ZeroTrial:
     time_s: float | None = None
     comm_s: float | None = None
     peak_bytes: float | None = None
+    shard: str = "all"  #: over all replicas, or within nodes (hybrid sharding)
 
     def to_data(self) -> dict[str, Any]:
         """Plain data for the plan document."""
-        return {"stage": self.stage, "outcome": self.outcome, "time_s": self.time_s,
-                "comm_s": self.comm_s, "peak_bytes": self.peak_bytes}
+        return {"stage": self.stage, "shard": self.shard, "outcome": self.outcome,
+                "time_s": self.time_s, "comm_s": self.comm_s, "peak_bytes": self.peak_bytes}
+
+
+def zero_settings(stages: tuple[int, ...], shards: tuple[str, ...]) -> list[tuple[int, str]]:
+    """The (stage, shard) pairs to try, stage by stage within each shard; stage 0 shards
+    nothing, so it is tried once."""
+    return [(stage, shard) for shard in shards for stage in stages
+            if not (stage == 0 and shard != shards[0])]
 
 
 @dataclass
@@ -953,6 +962,10 @@ class SearchResult:
     lower_bound_s: float | None = None
     #: the unconstrained optimum did not fit: the plan trades time for memory
     constrained: bool = False
+    #: something faster than the plan was found and did not fit (an answer of the
+    #: program, a baseline or a move of the local search): a setting that keeps less may
+    #: give a faster plan (``constrained`` implies it)
+    memory_bound: bool = False
     #: ``--zero auto``: every stage tried (see :func:`search_zero`); empty otherwise
     zero_trials: list[ZeroTrial] = field(default_factory=list)
     #: ``--recompute auto``: every count of blocks tried (:func:`search_recompute`)
@@ -1187,8 +1200,9 @@ def search(ctx: Context, options: Options, objective: str = "time",
         raise _no_plan(space, cands, bases)
     best = min(pool, key=lambda c: (c.score(objective), c.name != "search", c.name))
     moves = 0
+    blocked = False
     if options.overlap != "none":
-        better, moves = improve(space, best, objective, lower)
+        better, moves, blocked = improve(space, best, objective, lower)
         if better is not best:
             consider("search", better.assignment)
             best = better
@@ -1196,26 +1210,34 @@ def search(ctx: Context, options: Options, objective: str = "time",
                          "program's plan")
     if best.name != "search":
         notes.append(f"the {best.name} baseline was best; the plan uses it")
+    score = best.score(objective)
+    blocked = blocked or constrained or any(
+        not c.evaluation.memory.fits and c.score(objective) < score
+        for c in [*cands, *(b.candidate for b in bases if b.candidate is not None)])
     return SearchResult(best, bases, objective, len(cands) + moves, notes, lower,
-                        constrained)
+                        constrained, blocked)
 
 
 def search_zero(ctx: Context, options: Options, objective: str = "time",
-                pins: dict[int, list[Layout]] | None = None
+                pins: dict[int, list[Layout]] | None = None,
+                stages: tuple[int, ...] = ZERO_STAGES, shards: tuple[str, ...] = ("all",)
                 ) -> tuple[SearchResult, Context, Options]:
-    """``--zero auto``: the best plan over the ZeRO stages, with the context and options
-    of the stage it uses.
+    """``--zero auto`` (and ``--zero-shard auto``): the best plan over the ZeRO stages
+    (and over sharding across all replicas or within nodes), with the context and
+    options of the setting it uses.
 
     Stages 0 and 1 are always searched: stage 1 trades the gradient all-reduce for a
     reduce-scatter plus a gather of the updated parameters, and steps 1/R of the
     optimizer state, so either may be faster. Stage 2 prices every layout exactly as
     stage 1 does (it only keeps less), so it is searched only when stage 1 had no plan
-    within memory or had to trade time for memory. Stage 3 gathers each layer's
+    within memory or turned down something faster for memory
+    (:attr:`SearchResult.memory_bound`). Stage 3 gathers each layer's
     parameters before its forward and its backward instead of after the step: on the
     critical path (``overlap: none``) that is never faster than stage 2, and it is
     searched by the same rule; prefetched behind compute (``overlap: gradients``) it can
-    be, and it is always searched. The fastest plan wins (the lower stage on a tie); when
-    no stage fits, the error is stage 3's.
+    be, and it is always searched. Each way of sharding runs through the stages alone.
+    The fastest plan wins (on a tie the lower stage, then sharding over all replicas,
+    which keeps less); when no setting fits, the error is the last one's.
     """
     import dataclasses
 
@@ -1223,35 +1245,41 @@ def search_zero(ctx: Context, options: Options, objective: str = "time",
     found: list[tuple[SearchResult, Context, Options]] = []
     failure: NoFeasiblePlan | None = None
     prefetch = prefetches(dataclasses.replace(ctx, zero=3), options)
-    for stage in ZERO_STAGES:
-        if stage >= 2 and not (stage == 3 and prefetch):
-            prev = trials[-1]
-            if prev.outcome != "no plan" and not (prev.outcome == "plan"
-                                                  and found[-1][0].constrained):
-                # the stage before fitted unconstrained (or was itself skipped)
-                base = prev.stage if prev.outcome == "plan" else 1
-                trials.append(ZeroTrial(stage, f"same as {base}" if stage == 2
-                                        else f"not faster than {base}"))
-                continue
-        opts = dataclasses.replace(options, zero=stage)
-        sctx = dataclasses.replace(ctx, zero=stage)
+    for stage, shard in zero_settings(stages, shards):
+        prev = trials[-1] if trials and trials[-1].shard == shard and \
+            trials[-1].stage == stage - 1 else None
+        if stage >= 2 and not (stage == 3 and prefetch) and prev is not None \
+                and prev.outcome != "no plan" \
+                and not (prev.outcome == "plan" and found[-1][0].memory_bound):
+            # the stage before had nothing faster that did not fit (or was itself
+            # skipped): keeping less would find the same plan
+            base = prev.stage if prev.outcome == "plan" else 1
+            trials.append(ZeroTrial(stage, f"same as {base}" if stage == 2
+                                    else f"not faster than {base}", shard=shard))
+            continue
+        opts = dataclasses.replace(options, zero=stage, zero_shard=shard)
+        sctx = dataclasses.replace(ctx, zero=stage, zero_shard=shard)
         try:
             res = search(sctx, opts, objective, pins)
         except NoFeasiblePlan as exc:
             failure = exc
-            trials.append(ZeroTrial(stage, "no plan"))
+            trials.append(ZeroTrial(stage, "no plan", shard=shard))
             continue
         ev = res.best.evaluation
-        trials.append(ZeroTrial(stage, "plan", ev.time_s, ev.comm_s, ev.memory.peak))
+        trials.append(ZeroTrial(stage, "plan", ev.time_s, ev.comm_s, ev.memory.peak, shard))
         found.append((res, sctx, opts))
     if not found:
         assert failure is not None
         raise failure
-    res, sctx, opts = min(found, key=lambda f: (f[0].best.score(objective), f[2].zero))
+    res, sctx, opts = min(found, key=lambda f: (f[0].best.score(objective), f[2].zero,
+                                                f[2].zero_shard != "all"))
     res.zero_trials = trials
-    scored = [f"stage {t.stage} {format_time(t.time_s)}" for t in trials
-              if t.outcome == "plan" and t.stage != opts.zero and t.time_s is not None]
-    res.notes.append(f"--zero auto chose stage {opts.zero}"
+    chosen = zero_label(opts.zero, opts.zero_shard)
+    scored = [f"{zero_label(t.stage, t.shard)} {format_time(t.time_s)}" for t in trials
+              if t.outcome == "plan" and zero_label(t.stage, t.shard) != chosen
+              and t.time_s is not None]
+    asked = "--zero auto" if len(set(stages)) > 1 else "--zero-shard auto"
+    res.notes.append(f"{asked} chose {chosen}"
                      + (f" (searched: {', '.join(scored)})" if scored else ""))
     return res, sctx, opts
 
@@ -1339,7 +1367,7 @@ LOCAL_GAP = 1e-2
 
 
 def improve(space: Space, start: Candidate, objective: str,
-            lower: float | None) -> tuple[Candidate, int]:
+            lower: float | None) -> tuple[Candidate, int, bool]:
     """Improve a plan on the real timeline by changing one layer's layout at a time
     (layers that share a weight together), keeping a change when the plan still fits and
     scores better, until no change helps or :data:`LOCAL_BUDGET` is spent.
@@ -1353,12 +1381,14 @@ def improve(space: Space, start: Candidate, objective: str,
     visit the layers from the output back, then forward, alternating, each layer's
     layouts in order of their own cost with the gradient term halved; every order is
     fixed, so the result is deterministic. Returns the best candidate (``start``
-    itself if nothing helped) and the assignments evaluated."""
+    itself if nothing helped), the assignments evaluated, and whether a better one was
+    turned down for memory."""
     if not start.evaluation.memory.fits:
-        return start, 0
+        return start, 0, False
     best, score = start, start.score(objective)
     if lower is not None and score - lower <= LOCAL_GAP * score:
-        return start, 0
+        return start, 0, False
+    blocked = False
     ctx, options = space.ctx, space.options
     tied = {i for g in space.ties for i in g}
     groups = [*space.ties, *((i,) for i, lays in space.candidates.items()
@@ -1392,9 +1422,11 @@ def improve(space: Space, start: Candidate, objective: str,
                 cand = Candidate("search", trial, evaluate(ctx, options, trial, space.cache))
                 if cand.evaluation.memory.fits:
                     best, score, improved = cand, cand.score(objective), True
+                else:
+                    blocked = True
         quiet = 0 if improved else quiet + 1
         groups.reverse()
-    return best, spent
+    return best, spent, blocked
 
 
 #: most answers of the program the memory search tries (each a full dynamic program)

@@ -14,6 +14,7 @@ team chose: a plan file, one grid for every layer, or pins::
     precision: float32           # the dtype of weights and activations (default: the network's)
     overlap: gradients           # none | gradients
     zero: 0                      # ZeRO stage 0-3: optimizer state / + gradients / + weights sharded
+    zero_shard: all              # all | node: over all replicas, or within nodes (hybrid)
     recompute: none              # none | blocks | N: residual blocks (or the first N) re-run
                                  # their forward in backward
     strategy:
@@ -36,7 +37,15 @@ from typing import Any
 from .cluster import Cluster
 from .costs.layer import RECOMPUTE, canonical_recompute, recompute_error
 from .errors import InputError, Issue, NoFeasiblePlan, PlannerError
-from .evaluate import DEFAULT_BUCKET_BYTES, OVERLAPS, Evaluation, Options, evaluate, make_context
+from .evaluate import (
+    DEFAULT_BUCKET_BYTES,
+    OVERLAPS,
+    ZERO_SHARDS,
+    Evaluation,
+    Options,
+    evaluate,
+    make_context,
+)
 from .fields import Fields, Invalid, boolean, choice, integer, number, quantity, show, string
 from .inputs import cluster_from_document, network_from_document
 from .layout import (
@@ -71,6 +80,7 @@ class TrainingConfig:
     cost_model: str
     strategy: dict[str, Any]
     zero: int
+    zero_shard: str
     recompute: str
     max_slowdown: float
     document: Document = field(compare=False, repr=False)
@@ -133,6 +143,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     bucket = f.opt("bucket_size", quantity("bytes", positive=False), float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
     zero = f.opt("zero", integer(0, 3), 0)
+    zero_shard = f.opt("zero_shard", choice(ZERO_SHARDS), "all")
+    if zero_shard != "all" and not zero:
+        f.error("zero_shard", "sharding within nodes needs ZeRO: set 'zero' to 1, 2 or 3, "
+                              "or drop 'zero_shard'")
     if zero and cost_model == "gholami2018":
         f.error("zero", "ZeRO needs 'cost_model: exact': the paper's accounting (Gholami "
                         "et al. 2018) has no sharded optimizer")
@@ -187,7 +201,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           cluster_path=paths["cluster"], gpus=gpus, batch=batch,
                           optimizer=optimizer, precision=precision, master_weights=master,
                           overlap=overlap, bucket_bytes=bucket, cost_model=cost_model,
-                          strategy=strategy, zero=zero, recompute=recompute,
+                          strategy=strategy, zero=zero, zero_shard=zero_shard,
+                          recompute=recompute,
                           max_slowdown=slowdown, document=doc)
 
 
@@ -296,7 +311,7 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, options: Options,
 
     for key, value in rounded(problem_record(net, options), 4).items():
         # a plan made before ZeRO was modelled had none
-        had = prob.get(key, {"zero": 0, "recompute": "none"}.get(key))
+        had = prob.get(key, {"zero": 0, "zero_shard": "all", "recompute": "none"}.get(key))
         if had != value:
             problems.append(f"the plan is for {key}={had}, the configuration says {value}")
     if problems:
@@ -400,7 +415,7 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     options = Options(gpus=cfg.gpus, batch=cfg.batch, cost_model=cfg.cost_model,
                       overlap=cfg.overlap, bucket_bytes=cfg.bucket_bytes,
                       optimizer=cfg.optimizer, master_weights=cfg.master_weights,
-                      zero=cfg.zero,
+                      zero=cfg.zero, zero_shard=cfg.zero_shard,
                       recompute=canonical_recompute(cfg.recompute, len(net.blocks)))
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:

@@ -59,9 +59,9 @@ def _additive(ev) -> float:
     return total
 
 
-def _space(net, p, batch, zero=0, recompute="none"):
+def _space(net, p, batch, zero=0, recompute="none", shard="all"):
     opts = Options(gpus=p, batch=batch, overlap="none", optimizer="adam", zero=zero,
-                   recompute=recompute)
+                   recompute=recompute, zero_shard=shard)
     ctx = make_context(net, cluster(per_node=4), opts, FixedEstimator(1e-5))
     space = Space(ctx, opts, {})
     space.prepare_transitions()
@@ -79,15 +79,17 @@ def _random_assignment(space, rng):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(sorted(NETS)), p=st.sampled_from([2, 4, 8]),
        batch=st.sampled_from([4, 16]), zero=st.sampled_from([0, 1, 3]),
-       recompute=st.sampled_from(["none", "blocks", "1"]), seed=st.integers(0, 2**16))
-def test_program_memory_is_the_evaluations(name, p, batch, zero, recompute, seed):
+       recompute=st.sampled_from(["none", "blocks", "1"]), seed=st.integers(0, 2**16),
+       shard=st.sampled_from(["all", "node"]))
+def test_program_memory_is_the_evaluations(name, p, batch, zero, recompute, seed, shard):
     """On random assignments (every mode, domain splits with their halos, tied layers,
-    ZeRO stages, recomputation of every block or of the first), the program's memory
+    ZeRO stages over all replicas or within nodes of 4, recomputation of every block or
+    of the first), the program's memory
     equals the evaluation's to 1e-12 relative: each kept tensor once, as the evaluation
     keys it."""
     if not NETS[name].blocks:
         recompute = "none"
-    ctx, opts, space = _space(NETS[name], p, batch, zero, recompute)
+    ctx, opts, space = _space(NETS[name], p, batch, zero, recompute, shard)
     rng = random.Random(seed)
     for _ in range(5):
         assignment = _random_assignment(space, rng)

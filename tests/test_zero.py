@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from planner.costs.layer import follower_terms, replicas, weighted_terms
+from planner.costs.layer import follower_terms, shards, weighted_terms
 from planner.costs.memory import param_bytes, sharded
 from planner.errors import NoFeasiblePlan
 from planner.evaluate import Options, evaluate, make_context
@@ -70,12 +70,12 @@ def test_replicas_are_the_devices_that_reduce_the_same_gradient():
     net = mlp([64, 128, 32], extra="  - {name: ln, type: layernorm}\n")
     ctx, _ = _ctx(net, 8, 1)
     fc1 = net.by_name("fc1")
-    assert replicas(weighted_terms(fc1, make_layout("model", 2, 4), ctx)) == 4
-    assert replicas(weighted_terms(fc1, make_layout("data", 1, 8), ctx)) == 8
-    assert replicas(weighted_terms(fc1, make_layout("model", 8, 1), ctx)) == 1
+    assert shards(weighted_terms(fc1, make_layout("model", 2, 4), ctx)) == 4
+    assert shards(weighted_terms(fc1, make_layout("data", 1, 8), ctx)) == 8
+    assert shards(weighted_terms(fc1, make_layout("model", 8, 1), ctx)) == 1
     dist = make_layout("model", 2, 4).output_dist()
     terms, _, _ = follower_terms(net.by_name("ln"), dist, ctx)
-    assert replicas(terms) == 4
+    assert shards(terms) == 4
 
 
 def test_sharded_bytes_per_parameter():
@@ -477,3 +477,218 @@ def test_prefetched_gathers_queue_behind_gradient_buckets():
     assert ev.time_s == pytest.approx(ev.forward_s + max(e1, r1) + ev.optimizer_s, rel=1e-12)
     assert [x["end_s"] - ev.forward_s for x in ev.buckets] == pytest.approx([r3, r2, r1],
                                                                             rel=1e-12)
+
+
+# hybrid sharding: ZeRO within nodes, replicated across them -----------------------------
+
+INTER = (5e-6, 10e9)  # helpers.cluster's inter-node tier
+
+
+def _ring_across(m, nbytes):
+    """A ring all-reduce over ``m`` nodes, one rank in each, by hand (Thakur et al.
+    2005): every step at the inter-node tier, 2(m − 1)α + 2(m − 1)/m · n/B."""
+    return 2 * ((m - 1) * INTER[0] + (m - 1) / m * nbytes / INTER[1])
+
+
+def _hybrid_ctx(net, p, zero, shard="node", overlap="none", **kw):
+    return _ctx(net, p, zero, overlap=overlap, zero_shard=shard, **kw)
+
+
+def test_hybrid_terms_by_hand():
+    """fc1 (8,320 parameters) data parallel on 16 GPUs, two nodes of 8, ring
+    collectives. Sharded within nodes (FSDP's HYBRID_SHARD): the gathers are rings over
+    the 8 GPUs of the node, and the gradient one ``hybrid_reduce``: a ring
+    reduce-scatter over the node's 8, then a ring all-reduce of its 1/8 over the 2
+    nodes. Each GPU keeps 1/8 of the state, not 1/16."""
+    net = mlp([64, 128, 32])
+    fc1 = net.by_name("fc1")
+    n = 8320 * E
+    lay = make_layout("data", 1, 16)
+    hybrid = _ring(8, n) + _ring_across(2, n / 8)
+    got = {}
+    for zero in (1, 3):
+        ctx, _ = _hybrid_ctx(net, 16, zero)
+        terms = weighted_terms(fc1, lay, ctx)
+        assert shards(terms) == 8
+        got[zero] = [(t.phase, t.collective, t.when, t.group.size, t.group.per_node, t.bytes,
+                      t.seconds, t.algorithm) for t in terms]
+    gather = pytest.approx(_ring(8, n), rel=1e-12)
+    reduce = ("weight_grad", "hybrid_reduce", "gradient", 16, 8, n,
+              pytest.approx(hybrid, rel=1e-12), "ring+ring")
+    assert got[1] == [reduce, ("parameters", "all_gather", "update", 8, 8, n, gather, "ring")]
+    assert got[3] == [("parameters", "all_gather", "forward", 8, 8, n, gather, "ring"),
+                      ("parameters", "all_gather", "backward", 8, 8, n, gather, "ring"),
+                      reduce]
+    everywhere, _ = _hybrid_ctx(net, 16, 3, shard="all")
+    assert shards(weighted_terms(fc1, lay, everywhere)) == 16
+
+
+def test_hybrid_is_plain_zero_inside_a_node_and_none_with_one_replica_a_node():
+    """Replicas all in one node: sharding within nodes is sharding over all of them (the
+    same terms). Model 8x2 on two nodes of 8: each shard's 2 replicas sit in different
+    nodes, one a node, so nothing is sharded (1/1 kept): the gradient is all-reduced
+    across the nodes and nothing is gathered, as without ZeRO."""
+    net = mlp([64, 128, 32])
+    fc1 = net.by_name("fc1")
+    one_node = make_layout("data", 1, 8)
+    hybrid, _ = _hybrid_ctx(net, 8, 3)
+    full, _ = _hybrid_ctx(net, 8, 3, shard="all")
+    assert weighted_terms(fc1, one_node, hybrid) == weighted_terms(fc1, one_node, full)
+    lay = make_layout("model", 8, 2)
+    ctx, _ = _hybrid_ctx(net, 16, 3)
+    terms = [t for t in weighted_terms(fc1, lay, ctx) if t.phase in ("weight_grad",
+                                                                      "parameters")]
+    n = 8320 / 8 * E
+    assert [(t.collective, t.group.size, t.group.per_node, t.seconds) for t in terms] == [
+        ("hybrid_reduce", 2, 1, pytest.approx(_ring_across(2, n), rel=1e-12))]
+    assert shards(terms) == 1
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_hybrid_memory_by_hand(zero):
+    """Two linears data parallel on 16 GPUs in two nodes, fp32 Adam: within nodes each
+    GPU keeps the sharded columns over 8 (ZeRO §3.1 with N_d = 8), over all over 16."""
+    net = mlp([64, 128, 32])
+    lay = make_layout("data", 1, 16)
+    params = 64 * 128 + 128 + 128 * 32 + 32
+    for shard, r in (("node", 8), ("all", 16)):
+        ctx, opts = _hybrid_ctx(net, 16, zero, shard=shard)
+        mem = evaluate(ctx, opts, {x.index: lay for x in net.layers if x.has_weights}).memory
+        assert mem.weights == pytest.approx(params * E / (r if zero >= 3 else 1), rel=1e-12)
+        assert mem.gradients == pytest.approx(params * E / (r if zero >= 2 else 1), rel=1e-12)
+        assert mem.optimizer == pytest.approx(params * 8 / r, rel=1e-12)
+
+
+def test_hybrid_reductions_bucket_as_one_collective():
+    """Under --overlap gradients the three layers' hybrid reductions (one group, one
+    term each) fill one 25 MiB bucket: one reduce-scatter in the node and one all-reduce
+    across nodes of the sum, and one gather in the node of the updated parameters."""
+    net = mlp([64, 128, 256, 32])
+    ctx, opts = _hybrid_ctx(net, 16, 1, overlap="gradients")
+    lay = make_layout("data", 1, 16)
+    ev = evaluate(ctx, opts, {x.index: lay for x in net.layers if x.has_weights})
+    total = (64 * 128 + 128 + 128 * 256 + 256 + 256 * 32 + 32) * E
+    assert len(ev.buckets) == 1
+    assert ev.weight_grad_s == pytest.approx(_ring(8, total) + _ring_across(2, total / 8),
+                                             rel=1e-12)
+    assert ev.parameters_s == pytest.approx(_ring(8, total), rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_hybrid_dynamic_program_equals_the_evaluation(zero):
+    """The search's dynamic program prices hybrid sharding's terms, memory and step as
+    the evaluation does (16 devices, two nodes, no overlap)."""
+    net = load_network_text(_transformer_text(2))
+    cl = cluster(per_node=8, intra=(1e-6, 1e11), inter=(5e-6, 1e10))
+    opts = Options(gpus=16, batch=128, overlap="none", optimizer="adam", zero=zero,
+                   zero_shard="node")
+    ctx = make_context(net, cl, opts)
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    value, assignment = solve(space, Weights())
+    assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
+    assert any(t.collective == "hybrid_reduce" for r in evaluate(ctx, opts, assignment).layers
+               for t in r.cost.terms)
+
+
+@pytest.mark.parametrize("width, depth, overlap, want", [
+    (8192, 6, "gradients", (3, "all")),     # prefetched gathers across nodes are hidden
+    (12288, 20, "gradients", (3, "all")),   # stage 2 within nodes is searched (see below)
+    (8192, 6, "none", (1, "all")),          # the replica groups stay in a node: a tie
+])
+def test_auto_over_stages_and_shards(width, depth, overlap, want):
+    """``search_zero`` over both ways of sharding returns the fastest of every (stage,
+    shard) searched one by one, on linear stacks on 16 P4s (two nodes); a setting it
+    skips is never faster; a tie goes to the lower stage, then to sharding over all."""
+    from planner.costs.compute import Roofline
+    from planner.search import search_zero
+
+    net = mlp([width] * (depth + 1), relu=False)
+    explicit = {}
+    for zero in (0, 1, 2, 3):
+        for shard in ("all", "node"):
+            opts = Options(gpus=16, batch=4096, optimizer="adam", zero=zero, overlap=overlap,
+                           zero_shard=shard)
+            ctx = make_context(net, cluster(per_node=8, device="P4"), opts, Roofline())
+            explicit[zero, shard] = search(ctx, opts).best.evaluation.time_s
+    ctx, opts = _roofline_ctx(net, 16, 4096, overlap=overlap)
+    res, sctx, sopts = search_zero(ctx, opts, shards=("all", "node"))
+    assert (sopts.zero, sopts.zero_shard) == (sctx.zero, sctx.zero_shard) == want
+    best = min(explicit.values())
+    assert res.best.evaluation.time_s == pytest.approx(best, rel=1e-12)
+    assert want == min(explicit, key=lambda k: (explicit[k], k[0], k[1] != "all"))
+    assert [(t.stage, t.shard) for t in res.zero_trials] == [
+        (0, "all"), (1, "all"), (2, "all"), (3, "all"), (1, "node"), (2, "node"), (3, "node")]
+    for t in res.zero_trials:
+        if t.outcome == "plan":
+            assert t.time_s == pytest.approx(explicit[t.stage, t.shard], rel=1e-12)
+        else:
+            assert explicit[t.stage, t.shard] >= best * (1 - 1e-12)
+
+
+def test_hybrid_on_the_command_line(runner, tmp_path):
+    """``--zero-shard node`` and ``auto`` on GPT-2 small over two DGX H100 nodes: the
+    plan records ``problem.zero_shard``, the gradient terms are hybrid reductions, each
+    GPU keeps twice the ZeRO state it keeps sharded over all 16; without ZeRO it is a
+    usage error; ``auto`` lists both ways and the table says which it chose."""
+    net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
+    base = [net, cl, "-p", "16", "-b", "16", "--optimizer", "adam", "--format", "json"]
+    docs = {}
+    for shard in ("all", "node"):
+        res = invoke(runner, "cost", *base, "--zero", "3", "--zero-shard", shard)
+        assert res.exit_code == 0, res.output
+        docs[shard] = json.loads(res.output)
+    assert docs["node"]["problem"]["zero_shard"] == "node"
+    assert docs["all"]["problem"]["zero_shard"] == "all"
+    plain = json.loads(invoke(runner, "cost", *base).output)
+    assert "zero_shard" not in plain["problem"]
+    kinds = {t["collective"] for x in docs["node"]["layers"] for t in x["comm"]["terms"]}
+    assert "hybrid_reduce" in kinds and "reduce_scatter" not in kinds
+    gathers = {t["per_node"] for x in docs["node"]["layers"] for t in x["comm"]["terms"]
+               if t["collective"] == "all_gather"}
+    assert gathers == {8}
+    b_all, b_node = docs["all"]["memory"]["breakdown"], docs["node"]["memory"]["breakdown"]
+    for key in ("weights", "gradients", "optimizer"):
+        assert b_node[key] == pytest.approx(2 * b_all[key], rel=1e-3)
+    bad = invoke(runner, "cost", *base, "--zero-shard", "node")
+    assert bad.exit_code == 2 and "--zero-shard node needs ZeRO" in bad.output
+    assert "Traceback" not in bad.output
+    auto = json.loads(invoke(runner, "plan", *base, "--zero", "3", "--zero-shard",
+                             "auto").output)
+    assert [(t["stage"], t["shard"]) for t in auto["zero_auto"]] == [(3, "all"), (3, "node")]
+    times = {t["shard"]: t["time_s"] for t in auto["zero_auto"]}
+    assert auto["iteration"]["time_s"] == min(times.values())
+    assert times[auto["problem"]["zero_shard"]] == min(times.values())
+    assert "--zero-shard auto chose stage 3" in " ".join(auto["search"]["notes"])
+    one_node = json.loads(invoke(runner, "plan", net, cl, "-p", "8", "-b", "8", "--optimizer",
+                                 "adam", "--zero", "3", "--zero-shard", "auto", "--format",
+                                 "json").output)
+    assert "zero_auto" not in one_node  # in one node the two ways are one
+    runner.env = {"COLUMNS": "200"}
+    table = invoke(runner, "cost", *base[:-2], "--zero", "3", "--zero-shard", "node").output
+    assert "ZeRO stage 3 within nodes" in table
+    both = invoke(runner, "cost", *base[:-2], "--zero", "auto", "--zero-shard", "auto").output
+    assert "stage 3 within nodes:" in both and "(chosen)" in both
+
+
+def test_training_configuration_takes_the_sharding(runner, tmp_path):
+    """``zero_shard`` in a configuration: without ZeRO it is an error at its line and
+    column; a plan made sharding over all is stale for a configuration sharding within
+    nodes."""
+    bad = invoke(runner, "check", str(_config(tmp_path, "zero_shard: node\n")))
+    assert bad.exit_code == 2 and "train.yaml:9:13" in bad.output, bad.output
+    assert "sharding within nodes needs ZeRO" in bad.output
+    wrong = invoke(runner, "check", str(_config(tmp_path, "zero: 3\nzero_shard: nodes\n")))
+    assert wrong.exit_code == 2 and "train.yaml:10:13" in wrong.output, wrong.output
+    net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
+    plan = tmp_path / "plan.json"
+    res = invoke(runner, "plan", net, cl, "-p", "16", "-b", "16", "--optimizer", "adam",
+                 "--zero", "3", "--format", "json", "-o", str(plan))
+    assert res.exit_code == 0, res.output
+    for extra, stale in (("zero: 3\n", False), ("zero: 3\nzero_shard: node\n", True)):
+        path = tmp_path / "train.yaml"
+        path.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 16\n"
+                        f"batch: 16\noptimizer: adam\nstrategy:\n  plan: {plan}\n{extra}")
+        out = invoke(runner, "check", str(path), "--format", "json").output
+        assert ("the plan is for zero_shard=all, the configuration says node" in out) \
+            == stale, out

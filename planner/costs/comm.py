@@ -46,6 +46,13 @@ inter-node broadcast followed by an intra-node one.
 ring behind one switch runs faster than one across switches); a group inside the node
 uses the entry for its size.
 
+**Hybrid sharding.** ZeRO sharded inside each node and replicated across nodes (FSDP's
+``HYBRID_SHARD``; MiCS, Zhang et al., VLDB 2023, with node-sized shard groups) reduces a
+gradient with ``hybrid_reduce``: a reduce-scatter inside each node over its ``q`` group
+members, then an all-reduce of the ``n/q``-byte shard across the ``m`` nodes (each local
+rank on its own NIC). It is the hierarchical all-reduce without its final all-gather:
+every rank ends with the sum of its ``1/q`` shard, which the node's ``q`` ranks share.
+
 **NVLS.** On NVSwitch systems NCCL reduces inside the switch from a message size on
 (REFERENCES §3); a tier with ``nvls`` settings prices a one-node all-reduce of at least
 ``nvls_min_bytes`` as ``α_nvls + 2(p−1)/p·n / busbw_nvls`` when that is faster.
@@ -64,7 +71,7 @@ from ..cluster import Cluster, Link
 from ..memo import IdentityMemo
 
 Collective = Literal["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all",
-                     "p2p"]
+                     "p2p", "hybrid_reduce"]
 COLLECTIVES: tuple[Collective, ...] = ("all_gather", "reduce_scatter", "all_reduce",
                                        "broadcast", "all_to_all", "p2p")
 FLAT_ALGORITHMS = ("ring", "tree", "recursive")
@@ -210,6 +217,21 @@ def hierarchical_time(op: Collective, nbytes: Bytes, group: Group, cluster: Clus
     return _best_flat(op, nbytes, group, cluster, "auto")[0]
 
 
+def hybrid_reduce_time(nbytes: Bytes, group: Group, cluster: Cluster, alg: str
+                       ) -> tuple[Bytes, str]:
+    """Seconds of a hybrid-sharded gradient reduction (see the module notes) with
+    ``alg`` for each part, and the parts' algorithms (``intra+inter``). A group inside
+    one node is reduce-scattered; one rank a node all-reduces across the nodes."""
+    q, m = group.per_node, group.nodes
+    if m <= 1:
+        return _collective("reduce_scatter", nbytes, group, cluster, alg)
+    across, a_name = _collective("all_reduce", nbytes / q, Group(m, 1), cluster, alg)
+    if q <= 1:
+        return across, a_name
+    inside, i_name = _collective("reduce_scatter", nbytes, Group(q, q), cluster, alg)
+    return inside + across, f"{i_name}+{a_name}"
+
+
 def _best_flat(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
                algorithm: str) -> tuple[Bytes, str]:
     p = group.size
@@ -273,6 +295,8 @@ def _collective(op: Collective, x: Bytes, group: Group, cluster: Cluster,
                 alg: str) -> tuple[Bytes, str]:
     if group.size <= 1:
         return x * 0.0, "none"
+    if op == "hybrid_reduce":
+        return hybrid_reduce_time(x, group, cluster, alg)
     if op == "p2p":
         alpha, beta = _tier(cluster, group)
         return flat_time(op, "ring", x, 2, alpha, beta), "p2p"
@@ -320,4 +344,5 @@ def bus_bandwidth_factor(op: Collective, p: int) -> float:
 
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "Group", "collective_time", "flat_time",
-           "hierarchical_time", "nvls_time", "paper_all_gather", "paper_all_reduce", "paper_halo"]
+           "hierarchical_time", "hybrid_reduce_time", "nvls_time", "paper_all_gather",
+           "paper_all_reduce", "paper_halo"]

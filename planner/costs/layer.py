@@ -85,6 +85,9 @@ class Context:
     cost_model: str = "exact"
     algorithm: str | None = None
     zero: int = 0  #: ZeRO stage: parameters, gradients, optimizer state sharded
+    #: over whom ZeRO shards: "all" of a layer's data-parallel replicas, or those in one
+    #: "node" (replicated across nodes: hybrid sharding)
+    zero_shard: str = "all"
     #: "none", "blocks" (every residual block re-runs its forward in backward) or a count
     #: of blocks, the first ones in the network
     recompute: str = "none"
@@ -536,18 +539,28 @@ def gradient_terms(ctx: Context, group: Group, nbytes: float) -> list[CommTerm]:
     parameters are all-gathered before the layer's forward and again before its
     backward: on the critical path with ``overlap: none``, prefetched behind the compute
     of the layers before it with ``overlap: gradients`` (the timeline's, see
-    :mod:`planner.evaluate`)."""
+    :mod:`planner.evaluate`).
+
+    Sharded within nodes (``zero_shard: node``: FSDP's ``HYBRID_SHARD``, MiCS with
+    node-sized groups) a replica group spanning ``m`` nodes, ``q`` ranks in each, keeps
+    ``1/q`` shards: the gradient is reduce-scattered inside the node and its shard
+    all-reduced across nodes (one ``hybrid_reduce`` term, so that it buckets as one
+    collective; :func:`planner.costs.comm.hybrid_reduce_time`), and every parameter
+    gather stays inside the node."""
     terms: list[CommTerm] = []
     if ctx.zero == 0:
         _add(terms, term(ctx, "weight_grad", "all_reduce", group, nbytes))
         return terms
+    hybrid = ctx.zero_shard == "node" and group.spans_nodes
+    shard = Group(group.per_node, group.per_node) if hybrid else group
     if ctx.zero >= 3:
-        _add(terms, term(ctx, "parameters", "all_gather", group, nbytes, "gather (forward)"))
-        _add(terms, term(ctx, "parameters", "all_gather", group, nbytes,
+        _add(terms, term(ctx, "parameters", "all_gather", shard, nbytes, "gather (forward)"))
+        _add(terms, term(ctx, "parameters", "all_gather", shard, nbytes,
                          "gather (backward)"))
-    _add(terms, term(ctx, "weight_grad", "reduce_scatter", group, nbytes))
+    _add(terms, term(ctx, "weight_grad", "hybrid_reduce" if hybrid else "reduce_scatter",
+                     group, nbytes))
     if ctx.zero < 3:
-        _add(terms, term(ctx, "parameters", "all_gather", group, nbytes, "gather (update)"))
+        _add(terms, term(ctx, "parameters", "all_gather", shard, nbytes, "gather (update)"))
     return terms
 
 
@@ -557,22 +570,24 @@ def optimizer_kernel(elems: float, pb: ParamBytes) -> Elementwise:
     return Elementwise(elems * pb.update_traffic, elems * 4.0, "optimizer")
 
 
-def replicas(terms: list[CommTerm]) -> int:
-    """The devices that hold the same parameters as this one, from its weight-gradient
-    terms (1 when nothing is reduced)."""
-    return max((t.group.size for t in terms if t.phase == "weight_grad"), default=1)
+def shards(terms: list[CommTerm]) -> int:
+    """Over how many devices ZeRO shards a layer with these terms: the replicas its
+    weight gradient is reduced over, or under hybrid sharding those in one node (1 when
+    nothing is reduced)."""
+    return max((t.group.per_node if t.collective == "hybrid_reduce" else t.group.size
+                for t in terms if t.phase == "weight_grad"), default=1)
 
 
 def held(pb: ParamBytes, zero: int, terms: list[CommTerm]) -> ParamBytes:
     """Bytes per parameter element a device keeps for a layer with these terms: ``pb``,
-    or with ZeRO its share over the layer's replicas."""
-    return sharded(pb, zero, replicas(terms)) if zero else pb
+    or with ZeRO its share over the layer's :func:`shards`."""
+    return sharded(pb, zero, shards(terms)) if zero else pb
 
 
 def stepped(params_local: float, zero: int, terms: list[CommTerm]) -> float:
     """Parameter elements the device's optimizer step updates: its shard, or with ZeRO
-    the 1/R of it whose state it keeps."""
-    return params_local / replicas(terms) if zero else params_local
+    the ``1/S`` of it whose state it keeps (:func:`shards`)."""
+    return params_local / shards(terms) if zero else params_local
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -5,11 +5,13 @@
 A generated transformer (32 blocks, width 4,096, 32 heads, 2,048 tokens, bf16; see
 ``generate.py``), Adam, the batch equal to the device count, on the example DGX H100
 cluster, planned with ZeRO stages 0, 1 and 3 on one node and on eight (stage 3 also with
-``overlap: none``, its gathers on the critical path). Prints the tables
+``overlap: none``, its gathers on the critical path; on eight nodes stages 1 and 3 also
+sharded within each node and replicated across nodes, ``--zero-shard node``). Prints the
+tables
 of the README's *Compute, memory, overlap*: the layouts the search chose, the iteration
 time, the weight-gradient and parameter communication and the peak memory per device;
-then what ``--zero auto`` chose, and its search time against one stage's (wall clock,
-kernel times memoised for both).
+then what ``--zero auto`` (and ``--zero auto --zero-shard auto`` on eight nodes) chose,
+and its search time against one stage's (wall clock, kernel times memoised for both).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import planner.cli  # noqa: F401  (loads the command modules in their order)
 from planner.cli_plan import make_estimator
-from planner.evaluate import Options, make_context
+from planner.evaluate import Options, make_context, zero_label
 from planner.inputs import load_cluster, load_network_text
 from planner.search import search, search_zero
 
@@ -37,9 +39,14 @@ def main() -> None:
     print("| GPUs | stage | plan | iteration | gradient / parameter comm | peak memory |")
     print("|---|---|---|---|---|---|")
     for p in (8, 64):
-        for zero, overlap in ((0, "gradients"), (1, "gradients"), (3, "gradients"),
-                              (3, "none")):
-            opts = Options(gpus=p, batch=p, optimizer="adam", zero=zero, overlap=overlap)
+        settings = [(0, "gradients", "all"), (1, "gradients", "all"), (3, "gradients", "all"),
+                    (3, "none", "all")]
+        if p > cl.devices_per_node:
+            settings += [(1, "gradients", "node"), (3, "gradients", "node"),
+                         (3, "none", "node")]
+        for zero, overlap, shard in settings:
+            opts = Options(gpus=p, batch=p, optimizer="adam", zero=zero, overlap=overlap,
+                           zero_shard=shard)
             ctx = make_context(net, cl, opts, make_estimator("auto", None, cl.device))
             ev = search(ctx, opts).best.evaluation
             grids = collections.Counter(f"{r.layout.pr}×{r.layout.pc}" for r in ev.layers
@@ -47,25 +54,28 @@ def main() -> None:
             modes = sorted({r.layout.mode for r in ev.layers if r.follows is None})
             plan = ("Megatron " if {"column", "row"} <= set(modes) else "/".join(modes) + " ") \
                 + ", ".join(grids)
-            label = f"{zero}" + (", gathers not prefetched (overlap none)"
-                                 if overlap == "none" else "")
+            label = f"{zero}" + (" within nodes" if shard == "node" else "") + (
+                ", gathers not prefetched (overlap none)" if overlap == "none" else "")
             print(f"| {p} | {label} | {plan} | {ev.time_s * 1e3:.1f} ms | "
                   f"{ev.weight_grad_s * 1e3:.1f} / {ev.parameters_s * 1e3:.1f} ms | "
                   f"{ev.memory.peak / 2**30:.1f} GiB |")
     print()
-    print("| GPUs | --zero auto | iteration | stages searched | search, auto / stage 0 |")
-    print("|---|---|---|---|---|")
-    for p in (8, 64):
+    print("| GPUs | shards tried | --zero auto | iteration | stages searched "
+          "| search, auto / stage 0 |")
+    print("|---|---|---|---|---|---|")
+    for p, shards in ((8, ("all",)), (64, ("all",)), (64, ("all", "node"))):
         opts = Options(gpus=p, batch=p, optimizer="adam")
         ctx = make_context(net, cl, opts, make_estimator("auto", None, cl.device))
         search(ctx, opts)  # the kernel times memoised, as after the first plan of a sweep
         t0 = time.perf_counter()
         search(ctx, opts)
         t1 = time.perf_counter()
-        res, _, chosen = search_zero(ctx, opts)
+        res, _, chosen = search_zero(ctx, opts, shards=shards)
         t2 = time.perf_counter()
-        searched = [str(t.stage) for t in res.zero_trials if t.outcome in ("plan", "no plan")]
-        print(f"| {p} | stage {chosen.zero} | {res.best.evaluation.time_s * 1e3:.1f} ms | "
+        searched = [str(t.stage) + (" node" if t.shard == "node" else "")
+                    for t in res.zero_trials if t.outcome in ("plan", "no plan")]
+        print(f"| {p} | {' and '.join(shards)} | {zero_label(chosen.zero, chosen.zero_shard)} "
+              f"| {res.best.evaluation.time_s * 1e3:.1f} ms | "
               f"{', '.join(searched)} | {t2 - t1:.2f} / {t1 - t0:.2f} s |")
 
 
