@@ -1505,6 +1505,9 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     else:
         tips.append(f"more devices ({more}): parameters, gradients and "
                     f"optimizer state take {format_bytes(params)}")
+        if opts.zero and opts.zero_shard == "node" and space.ctx.gpus > space.ctx.per_node:
+            tips.append("--zero-shard all (shards over all the data-parallel replicas, not "
+                        "those in one node)")
         if opts.zero < 3 and opts.cost_model == "exact":
             what = ("the optimizer state", "the gradients too", "the weights too")[opts.zero]
             tips.append(f"--zero {opts.zero + 1} (shards {what} over the data-parallel "

@@ -692,3 +692,20 @@ def test_training_configuration_takes_the_sharding(runner, tmp_path):
         out = invoke(runner, "check", str(path), "--format", "json").output
         assert ("the plan is for zero_shard=all, the configuration says node" in out) \
             == stale, out
+
+
+def test_no_plan_within_nodes_suggests_sharding_over_all():
+    """Twelve 16,384-wide linears (3.2 G parameters, 52 GB of fp32 Adam state) on four
+    8 GB P4s, two a node, at stage 2 within nodes: nothing fits, and the message names
+    sharding over all replicas before the next stage."""
+    net = mlp([16384] * 13, relu=False)
+    ctx, opts = _ctx(net, 4, 2, b=4, cl=cluster(per_node=2, device="P4"), zero_shard="node")
+    with pytest.raises(NoFeasiblePlan) as err:
+        search(ctx, opts)
+    text = str(err.value)
+    assert "--zero-shard all (shards over all" in text
+    assert text.index("--zero-shard all") < text.index("--zero 3")
+    ctx, opts = _ctx(net, 4, 2, b=4, cl=cluster(per_node=2, device="P4"))
+    with pytest.raises(NoFeasiblePlan) as err:
+        search(ctx, opts)
+    assert "--zero-shard" not in str(err.value)
