@@ -44,9 +44,10 @@ CASES = {
 }
 
 
-def _plan(tmp: Path, gpus: int, layout_args: list[str]) -> Path:
+def _plan(tmp: Path, gpus: int, layout_args: list[str], cluster: Path | None = None) -> Path:
     out = tmp / "plan.yaml"
-    cmd = [sys.executable, "-m", "planner", "cost", str(MLP), str(CLUSTERS / "pcie-8gpu.yaml"),
+    cmd = [sys.executable, "-m", "planner", "cost", str(MLP),
+           str(cluster or CLUSTERS / "pcie-8gpu.yaml"),
            "-p", str(gpus), "-b", str(BATCH), "--optimizer", "sgd", "--overlap", "none",
            "--estimator", "roofline", "--format", "yaml", "-o", str(out), *layout_args]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -122,3 +123,40 @@ def test_bytes_match_the_plan_and_weights_match_one_process(case, tmp_path, refe
         got_b = torch.tensor(weights[name]["bias"])
         torch.testing.assert_close(got_w, ref["weight"], rtol=0, atol=1e-5)
         torch.testing.assert_close(got_b, ref["bias"], rtol=0, atol=1e-5)
+
+
+MIXED8 = ["--pin", "fc1=data", "--pin", "fc2=model:2x4", "--pin", "fc3=model:8x1", "--pin",
+          "fc4=model:4x2"]
+
+
+@pytest.mark.parametrize("zero", ["1", "3"])
+def test_hybrid_sharding_matches_the_plan(zero, tmp_path, reference):
+    """``--zero-shard node`` on two nodes of four (8 processes): fc1's column group (all
+    8) shards over the 4 in each node, fc2's (4, two a node) over 2, fc4's (2, one a
+    node) over none (an all-reduce across the nodes), fc3 has no replicas. Every rank's
+    collectives are the plan's terms (hybrid reductions, gathers inside the node), and
+    the weights are one process's."""
+    cluster = tmp_path / "two-nodes.yaml"
+    cluster.write_text((CLUSTERS / "pcie-8gpu.yaml").read_text()
+                       .replace("nodes: 1", "nodes: 2")
+                       .replace("devices_per_node: 8", "devices_per_node: 4")
+                       .replace("  intra_node:", "  inter_node: {latency: 5 us, bandwidth: "
+                                                 "10 GB/s}\n  intra_node:"))
+    plan = _plan(tmp_path, 8, [*MIXED8, "--zero", zero, "--zero-shard", "node"], cluster)
+    predicted = _predicted(plan)
+    kinds = {(k[0], k[2], k[4]) for k in predicted}
+    assert ("fc1", "hybrid_reduce", 8) in kinds and ("fc4", "hybrid_reduce", 2) in kinds
+    assert {k[4] for k in predicted if k[2] == "all_gather" and k[1] == "parameters"} \
+        == {4, 2}
+    out = _run(tmp_path, 8, plan)
+    for rank in range(8):
+        calls = json.loads((out / f"rank{rank}.json").read_text())
+        measured = Counter((c["layer"], c["phase"], c["collective"], c["bytes"], c["group"],
+                            c["note"]) for c in calls)
+        assert measured == predicted, f"rank {rank}: {measured ^ predicted}"
+    weights = json.loads((out / "weights.json").read_text())
+    for name, ref in reference.items():
+        torch.testing.assert_close(torch.tensor(weights[name]["weight"]), ref["weight"],
+                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(weights[name]["bias"]), ref["bias"],
+                                   rtol=0, atol=1e-5)

@@ -23,7 +23,11 @@ weight gradient is reduce-scattered over the column group, and each rank steps i
 of the layer's flat parameters (weights, then bias); at stages 1-2 the updated chunks are
 all-gathered, at stage 3 each rank keeps only its chunk and gathers the shard before the
 layer's forward and again before its backward (plain SGD has no optimizer state, so
-stages 1 and 2 run alike).
+stages 1 and 2 run alike). Made with ``--zero-shard node`` (hybrid sharding, as FSDP's
+HYBRID_SHARD) a column group that spans nodes shards over its members inside each node
+(``q``): the gradient is reduce-scattered over them and the chunk all-reduced with the
+ranks that hold the same chunk in the other nodes (recorded as one ``hybrid_reduce``, as
+the plan prices it), and the parameters are gathered inside the node.
 
 A plan made with ``--recompute blocks`` is run without recomputation: it changes memory
 and time, not the result, and this program runs MLPs, which have no residual blocks to
@@ -114,6 +118,56 @@ def all_reduce(t: torch.Tensor, group: Any, size: int, layer: str, phase: str) -
     return t
 
 
+def hybrid_reduce(t: torch.Tensor, shard: Shard, layer: str) -> torch.Tensor:
+    """Hybrid sharding's gradient: reduce-scatter the flat ``t`` over the ranks of the
+    column group in this node, then all-reduce this rank's chunk over the ranks holding
+    the same chunk in the other nodes; returns the chunk (one call recorded, as the plan
+    has one term)."""
+    q = shard.size
+    if t.numel() % q:
+        raise SystemExit(f"{layer}: {t.numel()} parameters do not split {q} ways")
+    out = t.contiguous()
+    if q > 1:
+        out = torch.empty(t.numel() // q, dtype=t.dtype, device=t.device)
+        dist.reduce_scatter_tensor(out, t.contiguous(), group=shard.group)
+    dist.all_reduce(out, group=shard.across)
+    REC.add(layer, "weight_grad", "hybrid_reduce", t.numel() * t.element_size(),
+            shard.replicas)
+    return out
+
+
+class Shard:
+    """Over whom ZeRO shards a column group: all of it, or (hybrid, the group spanning
+    nodes) its members in this rank's node, with ``across`` the ranks of the other
+    nodes that hold the same chunk."""
+
+    def __init__(self, members: list[int], per_node: int, hybrid: bool) -> None:
+        rank = dist.get_rank()
+        self.replicas = len(members)
+        nodes: dict[int, list[int]] = {}
+        for k in members:
+            nodes.setdefault(k // per_node, []).append(k)
+        self.hybrid = hybrid and len(nodes) > 1
+        if not self.hybrid:
+            self.group, self.size, self.across = None, len(members), None
+            return
+        local = list(nodes.values())
+        q = len(local[0])
+        if any(len(x) != q for x in local):
+            raise SystemExit("hybrid sharding needs the same number of replicas in each node")
+        # every rank creates every group, in the same order
+        for x in local:
+            g = _group(tuple(x))
+            if rank in x:
+                self.group = g
+        for i in range(q):
+            same = tuple(x[i] for x in local)
+            g = _group(same)
+            if rank in same:
+                self.across = g
+        self.size = q
+
+
 class Grid:
     """A P_r x P_c grid laid out as the plan's placement says."""
 
@@ -141,6 +195,13 @@ class Grid:
 
 
 _GROUPS: dict[tuple[int, ...], Any] = {}
+
+
+def _group(members: tuple[int, ...]) -> Any:
+    """One process group per member list (created once, by every rank)."""
+    if members not in _GROUPS:
+        _GROUPS[members] = dist.new_group(list(members))
+    return _GROUPS[members]
 
 
 def gather_groups(src: Grid, dst: Grid, world: int) -> Any:
@@ -210,17 +271,35 @@ def main() -> None:
     net = load_network(args.network or plan["inputs"]["network"]["file"])
     batch = int(plan["problem"]["batch"])
     zero = int(plan["problem"].get("zero", 0))
+    hybrid = zero > 0 and plan["problem"].get("zero_shard", "all") == "node"
+    per_node = int(plan["placement"]["devices_per_node"])
     layouts = {rec["name"]: rec for rec in plan["layers"]}
     dev = torch.device(args.device)
 
     grids: dict[tuple[int, int, str], Grid] = {}
+    shardings: dict[tuple[int, int, str], Shard] = {}
 
     def grid_of(name: str) -> Grid:
         rec = layouts[name]
         key = (int(rec["grid"][0]), int(rec["grid"][1]), str(rec["placement"]))
         if key not in grids:
-            grids[key] = Grid(*key, device=args.device)
+            grids[key] = gr = Grid(*key, device=args.device)
+            members = [c * gr.pr + gr.r if gr.placement == "rows" else gr.r * gr.pc + c
+                       for c in range(gr.pc)]
+            # the same group shapes on every rank: build each row's sharding in turn
+            for r in range(gr.pr):
+                rows = [c * gr.pr + r if gr.placement == "rows" else r * gr.pc + c
+                        for c in range(gr.pc)]
+                sh = Shard(rows, per_node, hybrid)
+                if rows == members:
+                    shardings[key] = sh
         return grids[key]
+
+    def shard_of(name: str) -> tuple[Any, int]:
+        """The group ZeRO shards a layer over and its size."""
+        gr = grid_of(name)
+        sh = shardings[(gr.pr, gr.pc, gr.placement)]
+        return (sh.group, sh.size) if sh.hybrid else (gr.col, gr.pc)
 
     # every rank draws the same full weights and data, then keeps its shard and block
     g = torch.Generator().manual_seed(args.seed)
@@ -246,17 +325,15 @@ def main() -> None:
     owned: dict[str, torch.Tensor] = {}
     if zero >= 3:
         for lay in linears:
-            gr = grid_of(lay.name)
             w, b = shards[lay.name]
-            owned[lay.name] = my_chunk(torch.cat([w.reshape(-1), b]), gr.col, gr.pc)
+            owned[lay.name] = my_chunk(torch.cat([w.reshape(-1), b]), *shard_of(lay.name))
 
     def weights(name: str, note: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's shard (at stage 3 gathered from the column group first)."""
         if zero < 3:
             return shards[name]
-        gr = grid_of(name)
         w_shape = shards[name][0].shape
-        flat = gather_flat(owned[name], gr.col, gr.pc, name, note)
+        flat = gather_flat(owned[name], *shard_of(name), name, note)
         n_w = w_shape[0] * w_shape[1]
         return flat[:n_w].reshape(w_shape), flat[n_w:]
 
@@ -298,7 +375,11 @@ def main() -> None:
             dw = g_rows.T @ x_in
             db = g_rows.sum(0)
             flat = torch.cat([dw.reshape(-1), db])
-            if zero:
+            sh = shardings[(gr.pr, gr.pc, gr.placement)]
+            if zero and sh.hybrid:
+                # hybrid: its 1/q of the gradient summed over the whole column group
+                grad_chunks[lay.name] = hybrid_reduce(flat, sh, lay.name)
+            elif zero:
                 # ZeRO: this rank keeps (and updates) its 1/P_c of the summed gradient
                 grad_chunks[lay.name] = reduce_scatter(flat, gr.col, gr.pc, lay.name)
             else:
@@ -316,13 +397,12 @@ def main() -> None:
             w -= args.lr * dw
             b -= args.lr * db
         for name, g_chunk in grad_chunks.items():  # ZeRO: step on the owned chunk
-            gr = grid_of(name)
             if zero >= 3:
                 owned[name] -= args.lr * g_chunk
                 continue
             w, b = shards[name]
-            mine = my_chunk(torch.cat([w.reshape(-1), b]), gr.col, gr.pc) - args.lr * g_chunk
-            flat = gather_flat(mine, gr.col, gr.pc, name, "gather (update)")
+            mine = my_chunk(torch.cat([w.reshape(-1), b]), *shard_of(name)) - args.lr * g_chunk
+            flat = gather_flat(mine, *shard_of(name), name, "gather (update)")
             w.copy_(flat[:w.numel()].reshape(w.shape))
             b.copy_(flat[w.numel():])
 
