@@ -28,6 +28,16 @@ class LaunchSpec:
     per_node: int
     world: int
     grids: list[dict[str, Any]]
+    zero: int = 0  #: the plan's ZeRO stage
+    zero_shard: str = "all"  #: over all replicas, or within nodes
+
+    @property
+    def fsdp(self) -> str | None:
+        """PyTorch FSDP's sharding strategy for the plan's ZeRO setting (None: stage 0,
+        or stage 1, which FSDP does not have)."""
+        names = {(2, "all"): "SHARD_GRAD_OP", (3, "all"): "FULL_SHARD",
+                 (2, "node"): "_HYBRID_SHARD_ZERO2", (3, "node"): "HYBRID_SHARD"}
+        return names.get((self.zero, self.zero_shard))
 
     @property
     def last_node_procs(self) -> int:
@@ -74,6 +84,15 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                                                  f"take {-(-world // per_node)} nodes, not "
                                                  f"{nodes}"))
     problem = data.get("problem")
+    zero, zero_shard = 0, "all"
+    if isinstance(problem, dict):
+        zero = problem.get("zero", 0)
+        zero_shard = problem.get("zero_shard", "all")
+        if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
+            issues.append(Issue("$.problem.zero", f"expected a ZeRO stage 0-3, got {zero!r}"))
+        if zero_shard not in ("all", "node"):
+            issues.append(Issue("$.problem.zero_shard", f"expected all or node, got "
+                                                        f"{zero_shard!r}"))
     if isinstance(problem, dict) and not issues:
         for key, mine, want in (("gpus", "devices", world), ("nodes", "nodes", nodes)):
             got = problem.get(key)
@@ -115,7 +134,7 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     if issues:
         raise doc.error(issues)
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
-                      nodes, per_node, world, shaped)
+                      nodes, per_node, world, shaped, int(zero), str(zero_shard))
 
 
 def _job_name(name: str) -> str:
@@ -145,6 +164,10 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
     ]
     if spec.uneven:
         head.append(f"# the last node runs {spec.last_node_procs} processes")
+    if spec.zero:
+        where = "within each node" if spec.zero_shard == "node" else "over all replicas"
+        head.append(f"# ZeRO stage {spec.zero} {where}"
+                    + (f" (PyTorch FSDP: ShardingStrategy.{spec.fsdp})" if spec.fsdp else ""))
     if kind == "env":
         lines = [
             f"PLANNER_PLAN={q(plan_path)}",
@@ -153,6 +176,8 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
             f"PLANNER_WORLD_SIZE={spec.world}",
             f"PLANNER_LAST_NODE_PROCS={spec.last_node_procs}",
             f"PLANNER_RANK_RULE={q(f'node=rank//{spec.per_node},local=rank%{spec.per_node}')}",
+            f"PLANNER_ZERO={spec.zero}",
+            f"PLANNER_ZERO_SHARD={spec.zero_shard}",
         ]
         return "\n".join(head + lines) + "\n"
     if kind == "torchrun":

@@ -357,3 +357,28 @@ def test_a_plan_that_parts_tied_layers_fails(runner, tmp_path):
     assert result.exit_code == 1
     assert ("layer 'lm_head' shares its weights with 'wte' (tie), so one layout serves both, "
             "but the plan gives it data 1x64 and 'wte' model 4x16") in result.stdout
+
+
+def test_launch_names_the_zero_setting(runner, tmp_path):
+    """A plan's ZeRO setting reaches the launch text: a comment naming FSDP's sharding
+    strategy where it has one, and PLANNER_ZERO / PLANNER_ZERO_SHARD for the script; a
+    stage the planner does not know is an error at its line."""
+    net, cl = EXAMPLES / "networks" / "gpt2-small.yaml", EXAMPLES / "clusters" / "dgx-h100.yaml"
+    plan = tmp_path / "p.yaml"
+    for zero, shard, fsdp in (("3", "node", "HYBRID_SHARD"), ("2", "all", "SHARD_GRAD_OP"),
+                              ("1", "node", None)):
+        r = invoke(runner, "plan", net, cl, "-p", "16", "-b", "16", "--optimizer", "adam",
+                   "--zero", zero, "--zero-shard", shard, "-o", plan, "--format", "yaml")
+        assert r.exit_code == 0, r.stderr
+        out = invoke(runner, "launch", plan, "--emit", "env").stdout
+        assert f"PLANNER_ZERO={zero}\nPLANNER_ZERO_SHARD={shard}\n" in out
+        where = "within each node" if shard == "node" else "over all replicas"
+        line = next(x for x in out.splitlines() if x.startswith("# ZeRO"))
+        assert line == f"# ZeRO stage {zero} {where}" + (
+            f" (PyTorch FSDP: ShardingStrategy.{fsdp})" if fsdp else "")
+    text = plan.read_text()
+    plan.write_text(text.replace("  zero: 1\n", "  zero: 7\n"))
+    r = invoke(runner, "launch", plan)
+    line = text[:text.index("  zero: 1\n")].count("\n") + 1
+    assert r.exit_code == 2 and r.stderr.startswith(f"{plan}:{line}:"), r.stderr
+    assert "expected a ZeRO stage 0-3, got 7" in r.stderr
