@@ -109,9 +109,15 @@ def reference():
 def test_bytes_match_the_plan_and_weights_match_one_process(case, tmp_path, reference):
     gpus, args = CASES[case]
     plan = _plan(tmp_path, gpus, args)
-    out = _run(tmp_path, gpus, plan)
+    assert _predicted(plan), "the plan predicts some communication"
+    _run_and_compare(tmp_path, gpus, plan, reference)
+
+
+def _run_and_compare(tmp: Path, gpus: int, plan: Path, reference) -> None:
+    """Run the plan; every rank's collectives are the plan's terms, and the updated
+    weights one process's (to 1e-5)."""
+    out = _run(tmp, gpus, plan)
     predicted = _predicted(plan)
-    assert predicted, "the plan predicts some communication"
     for rank in range(gpus):
         calls = json.loads((out / f"rank{rank}.json").read_text())
         measured = Counter((c["layer"], c["phase"], c["collective"], c["bytes"], c["group"],
@@ -148,15 +154,4 @@ def test_hybrid_sharding_matches_the_plan(zero, tmp_path, reference):
     assert ("fc1", "hybrid_reduce", 8) in kinds and ("fc4", "hybrid_reduce", 2) in kinds
     assert {k[4] for k in predicted if k[2] == "all_gather" and k[1] == "parameters"} \
         == {4, 2}
-    out = _run(tmp_path, 8, plan)
-    for rank in range(8):
-        calls = json.loads((out / f"rank{rank}.json").read_text())
-        measured = Counter((c["layer"], c["phase"], c["collective"], c["bytes"], c["group"],
-                            c["note"]) for c in calls)
-        assert measured == predicted, f"rank {rank}: {measured ^ predicted}"
-    weights = json.loads((out / "weights.json").read_text())
-    for name, ref in reference.items():
-        torch.testing.assert_close(torch.tensor(weights[name]["weight"]), ref["weight"],
-                                   rtol=0, atol=1e-5)
-        torch.testing.assert_close(torch.tensor(weights[name]["bias"]), ref["bias"],
-                                   rtol=0, atol=1e-5)
+    _run_and_compare(tmp_path, 8, plan, reference)
