@@ -97,11 +97,16 @@ class Question:
     options: Any
     ctx: Any
     estimator_name: str
-    zero_auto: bool = False  #: --zero auto or --zero-shard auto: the search picks
-    #: the ZeRO stages and ways of sharding it tries (``--zero auto``: all stages)
+    recompute_auto: bool = False  #: --recompute auto: the search picks the blocks
+    #: the ZeRO stages and ways of sharding asked for (``--zero auto``: all stages;
+    #: ``--zero-shard auto`` on several nodes: both ways)
     zero_stages: tuple[int, ...] = ()
     zero_shards: tuple[str, ...] = ()
-    recompute_auto: bool = False  #: --recompute auto: the search picks the blocks
+
+    @property
+    def zero_auto(self) -> bool:
+        """Whether the search picks the ZeRO setting (more than one was asked for)."""
+        return len(self.zero_stages) * len(self.zero_shards) > 1
 
 
 def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model: str,
@@ -117,8 +122,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     if str(zero) == "0" and zero_shard != "all":
         raise UsageError(f"planner: error: --zero-shard {zero_shard} needs ZeRO: add "
                          "--zero 1, 2, 3 or auto")
-    auto = zero == "auto" or zero_shard == "auto"
-    if auto and cost_model == "gholami2018":
+    if "auto" in (zero, zero_shard) and cost_model == "gholami2018":
         raise UsageError("planner: error: --zero auto needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
                          "--zero or the cost model")
@@ -133,8 +137,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     cl = load_cluster(cluster)
     stages = ZERO_STAGES if zero == "auto" else (int(zero),)
     # within nodes is the same as over all replicas while the devices fit in one node
-    shards = ("all", "node") if zero_shard == "auto" and gpus > cl.devices_per_node else \
-        ("all",) if zero_shard == "auto" else (zero_shard,)
+    shards = (zero_shard,) if zero_shard != "auto" else \
+        ("all", "node") if gpus > cl.devices_per_node else ("all",)
     auto = len(stages) * len(shards) > 1
     options = Options(gpus=gpus, batch=batch, cost_model=cost_model, overlap=overlap,
                       bucket_bytes=_size(bucket), optimizer=optimizer,
@@ -146,8 +150,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)
-    return Question(net, cl, network, cluster, options, ctx, est.name, zero_auto=auto,
-                    recompute_auto=rec_auto, zero_stages=stages, zero_shards=shards)
+    return Question(net, cl, network, cluster, options, ctx, est.name, rec_auto, stages,
+                    shards)
 
 
 def inputs_of(network: str, cluster: str, kw: dict[str, Any]) -> tuple[str, ...]:

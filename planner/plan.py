@@ -202,10 +202,10 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     head.append(f"{doc['inputs']['network']['name']} on {doc['inputs']['cluster']['name']}: ",
                 style="bold")
     zero = int(prob.get("zero", 0))
+    setting = zero_label(zero, str(prob.get("zero_shard", "all")))
     head.append(f"{prob['gpus']} devices, batch {prob['batch']}, {prob['dtype']}, "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
-                + (f", ZeRO {zero_label(zero, str(prob.get('zero_shard', 'all')))}"
-                   if zero else "")
+                + (f", ZeRO {setting}" if zero else "")
                 + (f", recomputing {_recomputing(str(prob['recompute']))} "
                    f"({format_time(it.get('recompute_s', 0.0))} a step)"
                    if str(prob.get("recompute", "none")) not in ("none", "0") else "")
@@ -222,8 +222,8 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
             + (t["outcome"] if t["time_s"] is None else
                format_time(t["time_s"]) + ("" if t["outcome"] in ("plan", "fits")
                                            else f" ({t['outcome']})"))
-            + (" (chosen)" if (t["stage"], t.get("shard", "all") if t["stage"] else "all")
-               == (zero, prob.get("zero_shard", "all") if zero else "all") else "")
+            + (" (chosen)" if zero_label(t["stage"], t.get("shard", "all")) == setting
+               else "")
             for t in stages) + "\n")
     counts = doc.get("recompute_auto")
     if counts:
