@@ -11,6 +11,7 @@ A cluster file::
       intra_node: {latency: "3.4 us", bandwidth: "450 GB/s"}    # per device, one way
       inter_node: {latency: "9.6 us", bandwidth: "400 Gbit/s"}  # per device (its NIC)
     collectives: {algorithm: auto}     # auto | ring | tree | recursive | hierarchical
+                                       # library: nccl | mpi (default: nccl on GPUs)
     reserved_memory: "1 GiB"           # per device, not available to the model
 
 An inline device is a mapping with ``peak_flops`` (per dtype), ``memory``,
@@ -35,6 +36,8 @@ from .units import Kind
 
 PEAK_KEYS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 ALGORITHMS = ("auto", "ring", "tree", "recursive", "hierarchical")
+#: Collective libraries: which algorithms ``auto`` chooses from (see planner.costs.comm)
+LIBRARIES = ("nccl", "mpi")
 MAX_NODES = 10_000_000
 #: Bounds on hardware figures (SI). Far outside today's hardware either way, but they keep
 #: a wrong unit or a hostile file from driving the cost model to infinities (1e-300 B/s)
@@ -142,6 +145,15 @@ class Cluster:
     algorithm: str = "auto"
     reserved_memory: float = 0.0
     source: str = ""
+    #: ``nccl`` or ``mpi``; None: NCCL on GPUs, MPI on CPU nodes (:attr:`collective_library`)
+    library: str | None = None
+
+    @property
+    def collective_library(self) -> str:
+        """The library whose algorithms ``auto`` chooses from."""
+        if self.library is not None:
+            return self.library
+        return "nccl" if self.device.kind == "gpu" else "mpi"
 
     @property
     def capacity_bytes(self) -> float:
@@ -391,9 +403,11 @@ def cluster_from_data(data: object, issues: list[Issue]) -> Cluster | None:
     else:
         f.error(None, "missing required key 'network' with intra_node and inter_node tiers")
     algorithm = "auto"
+    library = None
     if f.has("collectives"):
         cf = Fields(f.raw("collectives"), f.at("collectives"), issues, "collectives")
         algorithm = cf.opt("algorithm", choice(ALGORITHMS), "auto")
+        library = cf.opt_none("library", choice(LIBRARIES))
         cf.finish()
     reserved = f.opt("reserved_memory", _plausible("size", positive=False), 0.0)
     f.finish()
@@ -411,7 +425,8 @@ def cluster_from_data(data: object, issues: list[Issue]) -> Cluster | None:
                                                  "memory: nothing is left for the model"))
         return None
     return Cluster(name=name, devices_per_node=per_node, device=device, intra=intra,
-                   inter=inter, nodes=nodes, algorithm=algorithm, reserved_memory=reserved)
+                   inter=inter, nodes=nodes, algorithm=algorithm, reserved_memory=reserved,
+                   library=library)
 
 
 def device_record(dev: Device) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from .costs.layer import (
     weighted_kernels,
     weighted_terms,
 )
-from .costs.memory import param_bytes
+from .costs.memory import MemoryReport, param_bytes
 from .errors import NoFeasiblePlan, Shortfall, UsageError
 from .evaluate import (
     ZERO_STAGES,
@@ -1479,6 +1479,19 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
     return found
 
 
+def _batch_that_fits(batch: int, gpus: int, mem: MemoryReport) -> int | None:
+    """The batch at which the activations, falling in proportion to it, leave the rest of
+    the peak room (rounded down to a multiple of the device count where that leaves at
+    least one sample a device), or None where no smaller batch can fit."""
+    room = mem.capacity - (mem.peak - mem.activations)
+    if room <= 0 or mem.activations <= 0 or batch <= 1:
+        return None
+    fits = math.floor(batch * room / mem.activations)
+    if fits >= gpus:
+        fits -= fits % gpus
+    return max(1, min(fits, batch - 1))
+
+
 def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoFeasiblePlan:
     everything = cands + [b.candidate for b in bases if b.candidate is not None]
     least = min(everything, key=lambda c: c.evaluation.memory.peak)
@@ -1499,9 +1512,14 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
         if len(space.ctx.rebuilt) < len(net.blocks) and opts.cost_model == "exact":
             tips.append("recomputing residual blocks (--recompute auto: as few of the "
                         f"{len(net.blocks)} as memory needs)")
-        tips.append(f"a smaller batch (--batch {max(1, opts.batch // 2)}: activations are "
-                    f"{format_bytes(mem.activations)} of the peak)")
-        tips.append(f"more devices ({more})")
+        smaller = _batch_that_fits(opts.batch, opts.gpus, mem)
+        if smaller is not None:
+            tips.append(f"a smaller batch (about --batch {smaller}, if activations fall in "
+                        f"proportion: they are {format_bytes(mem.activations)} of the peak)")
+        alone = "" if smaller is not None else (
+            "; a smaller batch alone cannot fit: the peak less its activations is "
+            f"{format_bytes(mem.peak - mem.activations)}")
+        tips.append(f"more devices ({more}{alone})")
     else:
         tips.append(f"more devices ({more}): parameters, gradients and "
                     f"optimizer state take {format_bytes(params)}")
@@ -1514,7 +1532,9 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
                         "replicas)")
         if opts.optimizer == "adam":
             tips.append("a lighter optimizer (--optimizer momentum or sgd)")
-        tips.append(f"a smaller batch (--batch {max(1, opts.batch // 2)})")
+        smaller = _batch_that_fits(opts.batch, opts.gpus, mem)
+        if smaller is not None:
+            tips.append(f"a smaller batch (about --batch {smaller})")
     message = (f"planner: no plan fits in memory: the leanest layout found needs "
                f"{format_bytes(mem.peak)} per device, {format_bytes(mem.capacity)} is "
                f"available (short by {format_bytes(short)}); try " + " or ".join(tips))

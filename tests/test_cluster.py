@@ -96,3 +96,26 @@ network:
   intra_node: {latency: 2 us, bandwidth: 450 GB/s}
 """)
     assert cl.inter == cl.intra
+
+
+def test_collective_library():
+    """``collectives.library`` names the library ``auto`` chooses from: NCCL by default
+    on GPUs, MPI on CPU nodes, either when given; anything else is an error at its line
+    and column."""
+    text = """kind: cluster
+nodes: 1
+devices_per_node: 8
+device: {device}
+network:
+  intra_node: {{latency: 2 us, bandwidth: 450 GB/s}}
+collectives: {{algorithm: auto{extra}}}
+"""
+    assert load_cluster_text(text.format(device="H100-SXM", extra="")) \
+        .collective_library == "nccl"
+    assert load_cluster_text(text.format(device="cori-knl", extra="")) \
+        .collective_library == "mpi"
+    assert load_cluster_text(text.format(device="H100-SXM", extra=", library: mpi")) \
+        .collective_library == "mpi"
+    with pytest.raises(InputError) as exc:
+        load_cluster_text(text.format(device="H100-SXM", extra=", library: gloo"))
+    assert ":7:" in str(exc.value) and "nccl" in str(exc.value) and "mpi" in str(exc.value)

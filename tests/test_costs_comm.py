@@ -5,6 +5,7 @@ Sources of the formulas: Thakur, Rabenseifner & Gropp, IJHPCA 2005; Chan et al.,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -75,27 +76,67 @@ def test_spanning_group_flat_is_limited_by_inter_tier():
     assert t == pytest.approx(2 * 15 * 5e-6 + 2 * 15 / 16 * 8e6 / 10e9, rel=1e-12)
 
 
-def test_hierarchical_all_reduce_by_hand():
-    """Reduce-scatter in the node (q=8), all-reduce across m=4 nodes on n/8, all-gather."""
-    cl = cluster(intra=(2e-6, 100e9), inter=(5e-6, 10e9), algorithm="hierarchical")
+@pytest.mark.parametrize("library", ["mpi", "nccl"])
+def test_hierarchical_all_reduce_by_hand(library):
+    """Reduce-scatter in the node (q=8), all-reduce across m=4 nodes on n/8, all-gather.
+    Each part is the fastest algorithm the library has: MPI's recursive halving and
+    doubling, Rabenseifner and the textbook tree; NCCL's rings, and across the nodes its
+    tree, whose latency is one hop a level of the binary tree over the 4 nodes, each way
+    (one rank a node: no chain inside)."""
+    cl = dataclasses.replace(cluster(intra=(2e-6, 100e9), inter=(5e-6, 10e9),
+                                     algorithm="hierarchical"), library=library)
     n = 64e6
     t, alg = collective_time("all_reduce", n, Group(32, 8), cl)
     assert alg == "hierarchical"
-    rs = min(7 * 2e-6, 3 * 2e-6) + 7 / 8 * n / 100e9   # best of ring / recursive halving
-    ar = min(2 * 3 * 5e-6 + 2 * 3 / 4 * (n / 8) / 10e9,  # ring
-             2 * 2 * 5e-6 + 2 * 3 / 4 * (n / 8) / 10e9,  # Rabenseifner
-             2 * 2 * 5e-6 + 2 * (n / 8) / 10e9)         # tree
+    if library == "mpi":
+        rs = min(7 * 2e-6, 3 * 2e-6) + 7 / 8 * n / 100e9   # best of ring / recursive halving
+        ar = min(2 * 3 * 5e-6 + 2 * 3 / 4 * (n / 8) / 10e9,  # ring
+                 2 * 2 * 5e-6 + 2 * 3 / 4 * (n / 8) / 10e9,  # Rabenseifner
+                 2 * 2 * 5e-6 + 2 * (n / 8) / 10e9)         # tree
+    else:
+        rs = 7 * 2e-6 + 7 / 8 * n / 100e9                   # ring
+        ar = min(2 * 3 * 5e-6 + 2 * 3 / 4 * (n / 8) / 10e9,  # ring
+                 2 * 2 * 5e-6 + 2 * (n / 8) / 10e9)         # tree
     ag = rs
     assert t == pytest.approx(rs + ar + ag, rel=1e-12)
 
 
-def test_auto_is_the_minimum():
-    cl = cluster(algorithm="auto")
+def test_nccl_auto_runs_what_nccl_runs():
+    """On a GPU cluster ``auto`` takes NCCL's algorithms: inside a node a ring (no
+    recursive halving or doubling, no tree), even for 8 KiB where Rabenseifner's 2⌈log 8⌉
+    = 6 latency steps would be faster than the ring's 14; across nodes NCCL's tree, a
+    chain through the node's 8 ranks and a binary tree over the 4 nodes:
+    2 · (7 · 2 µs + 2 · 5 µs) + 2nβ (NCCL's tuning model, REFERENCES §3). Named on the
+    command line, recursive is priced as asked; a CPU cluster defaults to MPI."""
+    cl = cluster(intra=(2e-6, 100e9), inter=(5e-6, 10e9))
+    assert cl.collective_library == "nccl"
+    n = 8192.0
+    t, alg = collective_time("all_reduce", n, Group(8, 8), cl)
+    assert alg == "ring" and t == pytest.approx(14 * 2e-6 + 2 * 7 / 8 * n / 100e9, rel=1e-12)
+    t, alg = collective_time("all_reduce", n, Group(8, 8), cl, "recursive")
+    assert alg == "recursive" and t == pytest.approx(6 * 2e-6 + 2 * 7 / 8 * n / 100e9,
+                                                     rel=1e-12)
+    t, alg = collective_time("all_gather", n, Group(8, 8), cl)
+    assert alg == "ring" and t == pytest.approx(7 * 2e-6 + 7 / 8 * n / 100e9, rel=1e-12)
+    t, alg = collective_time("all_reduce", n, Group(32, 8), cl, "tree")
+    assert alg == "tree" and t == pytest.approx(2 * (7 * 2e-6 + 2 * 5e-6) + 2 * n / 10e9,
+                                                rel=1e-12)
+    mpi = dataclasses.replace(cl, library="mpi")
+    assert collective_time("all_reduce", n, Group(8, 8), mpi)[1] == "recursive"
+    knl = cluster(per_node=1, device="cori-knl")
+    assert knl.collective_library == "mpi"
+
+
+@pytest.mark.parametrize(("library", "algorithms"), [
+    ("mpi", ("ring", "tree", "recursive", "hierarchical")),
+    ("nccl", ("ring", "tree", "hierarchical"))])
+def test_auto_is_the_minimum(library, algorithms):
+    """``auto`` is the fastest algorithm the library has (NCCL: no recursive)."""
+    cl = dataclasses.replace(cluster(algorithm="auto"), library=library)
     g = Group(32, 8)
     for n in (1e3, 1e6, 1e9):
         t, _ = collective_time("all_reduce", n, g, cl)
-        others = [collective_time("all_reduce", n, g, cl, a)[0]
-                  for a in ("ring", "tree", "recursive", "hierarchical")]
+        others = [collective_time("all_reduce", n, g, cl, a)[0] for a in algorithms]
         assert t == pytest.approx(min(others), rel=1e-12)
 
 

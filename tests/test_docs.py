@@ -3,8 +3,10 @@ output is what the planner prints."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 
 from planner.cli import cli
 
@@ -55,3 +57,31 @@ def test_quickstart_output_is_real(runner, monkeypatch, update_golden):
         (ROOT / "README.md").write_text(text, encoding="utf-8")
         shown = real
     assert shown == real
+
+
+def _shell_samples() -> list[tuple[str, str]]:
+    """Every ``sh`` block of the README that shows ``$ planner ...`` and its output."""
+    found = []
+    for m in re.finditer(r"```sh\n(\$ planner [^\n]*)\n(.*?)```", README, re.S):
+        found.append((m.group(1), m.group(2)))
+    return found
+
+
+def test_shell_samples_are_real(update_golden):
+    """A ``$ planner ...`` sample in the README prints what the planner prints today (run
+    through the shell, so globs expand as they would for the reader)."""
+    samples = _shell_samples()
+    assert samples, "the README shows no command with its output"
+    text = README
+    for prompt, shown in samples:
+        cmd = prompt[2:].replace("planner", f"{sys.executable} -m planner", 1)
+        run = subprocess.run(cmd, shell=True, cwd=ROOT, capture_output=True, text=True,
+                             env={**os.environ, "COLUMNS": "120"})
+        assert run.returncode in (0, 1, 2), (prompt, run.stderr)
+        real = run.stdout
+        if update_golden and shown != real:
+            text = text.replace(f"{prompt}\n{shown}```", f"{prompt}\n{real}```")
+            shown = real
+        assert shown == real, prompt
+    if text != README:
+        (ROOT / "README.md").write_text(text, encoding="utf-8")

@@ -3,9 +3,11 @@ memory, placement."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -393,3 +395,27 @@ def test_layout_groups_match_ranks():
         col_nodes = {len({k // g for k in grp}) for grp in cols}
         assert row_nodes == {lay.row_group(g).nodes}
         assert col_nodes == {lay.col_group(g).nodes}
+
+
+def test_no_plan_suggests_a_batch_that_fits():
+    """GPT-2 small on 8 H100s at 256 sequences a GPU is activation-bound (210 GiB of a
+    237 GiB peak): the advice names the batch at which activations falling in proportion
+    leave room, a multiple of the 8 devices, and that batch has a plan that fits. Halving
+    the batch (the advice before) would not have fitted."""
+    net = dataclasses.replace(load_network(NETWORKS / "gpt2-small.yaml"), dtype="bfloat16")
+    cl = load_cluster(CLUSTERS / "dgx-h100.yaml")
+    opts = Options(gpus=8, batch=2048, optimizer="adam")
+    with pytest.raises(NoFeasiblePlan) as exc:
+        search(make_context(net, cl, opts), opts)
+    found = re.search(r"a smaller batch \(about --batch (\d+), if activations fall in "
+                      r"proportion: they are [\d.]+ GiB of the peak\)", str(exc.value))
+    assert found, str(exc.value)
+    batch = int(found[1])
+    assert batch % 8 == 0 and 256 < batch < 2048
+    for b, fits in ((batch, True), (2048 // 2, False)):
+        o = dataclasses.replace(opts, batch=b)
+        if fits:
+            assert search(make_context(net, cl, o), o).best.evaluation.memory.fits
+        else:
+            with pytest.raises(NoFeasiblePlan):
+                search(make_context(net, cl, o), o)
