@@ -348,11 +348,15 @@ def kept_input_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, bat
 def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch: int,
                    e: int) -> float:
     """Bytes a layer keeps for backward besides its input and output (attention's Q, K,
-    V and scores, split by heads under a model split; masks and indices)."""
-    extra = local_elems(layer.saved_internal, dist, batch) * e
-    if layer.has_weights and layout is not None and layout.mode == "model":
-        extra /= layout.pr
-    return extra + local_elems(1, dist, batch) * layer.saved_bytes_extra
+    V and scores, those of the busiest device's heads under a model split; masks and
+    indices)."""
+    internal, extra = layer.saved_internal, layer.saved_bytes_extra
+    a = layer.attention
+    if a is not None and layout is not None and layout.mode == "model" and layout.pr > 1:
+        internal, extra = a.saved(-(-a.heads // layout.pr),
+                                  max(1, -(-a.kv_heads // layout.pr)))
+    return (local_elems(internal, dist, batch) * e
+            + local_elems(1, dist, batch) * extra)
 
 
 def _recomputed(ctx: Context, results: list[LayerResult],

@@ -167,6 +167,30 @@ class AttentionGeom:
     bias: bool
     causal: bool
     flash: bool
+    dropout: float = 0.0  #: on the attention probabilities
+
+    def saved(self, heads: int | None = None, kv_heads: int | None = None
+              ) -> tuple[int, int]:
+        """What one sample keeps for backward with ``heads`` query and ``kv_heads``
+        key/value heads (default: all of them): elements (Q, K, V, the context and,
+        without flash attention, the softmax output and the dropped-out probabilities
+        P·V reads) and bytes (flash attention's fp32 log-sum-exp per row, else the
+        dropout mask). Korthikanti et al. (MLSys 2023) count the same per layer without
+        flash attention: softmax output 2as², dropout mask as², its output 2as² bytes in
+        16-bit (a heads, s tokens)."""
+        h = self.heads if heads is None else heads
+        kv = self.kv_heads if kv_heads is None else kv_heads
+        q_out, kv_out = h * self.head_dim, kv * self.head_dim
+        internal = self.seq * (q_out + 2 * kv_out) + self.seq * q_out
+        extra = 0
+        if self.flash:
+            extra += h * self.seq * 4  # log-sum-exp per row, fp32
+        else:
+            internal += h * self.seq * self.seq  # the attention probabilities
+            if self.dropout > 0:
+                internal += h * self.seq * self.seq  # after dropout, for dV = Pᵀ·dO
+                extra += h * self.seq * self.seq  # the mask, a byte each
+        return internal, extra
 
 
 @dataclass(frozen=True)
@@ -990,18 +1014,13 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         if p["causal"]:
             attn_macs //= 2  # a causal kernel skips the masked half (FlashAttention)
         sm = 5 * h * seq * seq
-        internal = seq * (q_out + 2 * kv_out) + seq * q_out  # Q, K, V and the context
-        extra = 0
-        if p["flash"]:
-            extra += h * seq * 4  # log-sum-exp per row, fp32
-        else:
-            internal += h * seq * seq  # the attention probabilities
-            if p["dropout"] > 0:
-                extra += h * seq * seq
+        geom = AttentionGeom(seq, d, h, kv, hd, bias, p["causal"], p["flash"],
+                             float(p["dropout"]))
+        internal, extra = geom.saved()
         macs = proj_macs + attn_macs
         return mk(shape, params=wts, weight_elems=wts, macs=macs, flops=2 * macs + sm,
-                  attention=AttentionGeom(seq, d, h, kv, hd, bias, p["causal"], p["flash"]),
-                  saves_input=True, saved_internal=internal, saved_bytes_extra=extra)
+                  attention=geom, saves_input=True, saved_internal=internal,
+                  saved_bytes_extra=extra)
     raise _ShapeError(path, f"layer type '{kind}' is not supported here")  # pragma: no cover
 
 

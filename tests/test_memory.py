@@ -106,3 +106,33 @@ def test_the_loss_keeps_the_networks_output():
     head = next(r for r in ev.layers if r.layer.name == "lm_head")
     assert head.layer.index == len(net.layers) - 1 and head.layer.saved_internal == 0
     assert head.activation_bytes == 8 * 1024 * 50257 * 4
+
+
+def test_uneven_splits_hold_the_busiest_share():
+    """A split that does not divide the heads, channels or features leaves the busiest
+    device the rounded-up share, for memory as for time: 12 heads over 8 devices put 2 on
+    one of them, as over 6, so its weights (Q, K, V and output projections of 2 heads,
+    the output bias whole) and what attention keeps for backward are those of 6x1. A
+    linear layer of 10 output features over 4 holds 3 of them; split by its 10 input
+    features (row), 3 of the weight's columns and the whole bias."""
+    from planner.costs.layer import local_params
+    from planner.evaluate import own_kept_bytes
+    from planner.inputs import load_network_text
+
+    net = load_network_text("kind: network\ninput: [64, 768]\nlayers:\n"
+                            "  - {name: attn, type: attention, heads: 12, dropout: 0.1}\n"
+                            "  - {name: fc, type: linear, out_features: 10}\n"
+                            "  - {name: fc2, type: linear, out_features: 7}\n")
+    attn, fc, fc2 = net.layers
+    d, hd, s = 768, 64, 64
+    two_heads = d * 3 * 2 * hd + 2 * hd * d + 3 * 2 * hd + d  # by hand, biases included
+    assert local_params(attn, make_layout("model", 6, 1)) == two_heads
+    assert local_params(attn, make_layout("model", 8, 1)) == two_heads
+    assert local_params(attn, make_layout("model", 12, 1)) == two_heads // 2 + d // 2
+    # kept per sample at 2 bytes: Q, K, V, context of 2 heads, probabilities and dropout
+    # output (elements), the dropout mask (bytes)
+    kept = (s * 4 * 2 * hd + 2 * 2 * s * s) * 2 + 2 * s * s
+    for pr in (6, 8):
+        assert own_kept_bytes(attn, make_layout("model", pr, 1), None, 1, 2) == kept
+    assert local_params(fc, make_layout("column", 4, 1)) == 3 * 769
+    assert local_params(fc2, make_layout("row", 4, 1)) == 3 * 7 + 7

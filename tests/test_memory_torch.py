@@ -16,9 +16,10 @@ from planner.inputs import load_network_text
 B = 4
 
 
-def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
+def _saved_bytes(model: nn.Module, x: torch.Tensor, loss: bool = True) -> int:
     """Bytes of the distinct activation tensors autograd keeps (parameters, buffers and
-    per-channel batch-norm statistics excluded: they do not grow with the batch)."""
+    per-channel batch-norm statistics excluded: they do not grow with the batch), with a
+    cross-entropy loss on the output unless ``loss`` is false."""
     params = {p.data_ptr() for p in model.parameters()} | {
         b.data_ptr() for b in model.buffers()}
     seen: dict[tuple[int, int], int] = {}
@@ -31,6 +32,8 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = model(x.requires_grad_(False))
+        if not loss:
+            return sum(seen.values())
         # the loss, as in training: log-softmax keeps its output for backward (the
         # planner counts the network's output once for it)
         nn.functional.cross_entropy(out, torch.zeros(out.shape[0], dtype=torch.long))
@@ -101,3 +104,41 @@ layers:
     a = net.layers[0]
     hd = dim // heads
     assert a.saved_internal == seq * 3 * heads * hd + seq * heads * hd + heads * seq * seq
+
+
+class _EagerAttention(nn.Module):
+    """Attention as GPT-2's reference code writes it: one QKV projection, softmax,
+    dropout on the probabilities, P·V, the output projection."""
+
+    def __init__(self, seq: int, dim: int, heads: int, p: float) -> None:
+        super().__init__()
+        self.seq, self.dim, self.heads = seq, dim, heads
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, hd = x.shape[0], self.dim // self.heads
+        q, k, v = (t.view(b, self.seq, self.heads, hd).transpose(1, 2)
+                   for t in self.qkv(x).split(self.dim, dim=-1))
+        att = self.drop(((q @ k.transpose(-2, -1)) / hd ** 0.5).softmax(-1))
+        return self.proj((att @ v).transpose(1, 2).reshape(b, self.seq, self.dim))
+
+
+def test_attention_dropout_keeps_its_output_and_mask():
+    """Dropout on the attention probabilities keeps, besides the softmax output, its own
+    output (P·V's backward reads it) and its mask: the planner adds h·s² elements and h·s²
+    mask bytes a sample (Korthikanti et al., MLSys 2023: 5as² bytes in 16-bit). Autograd
+    keeps exactly two more h·s² tensors with dropout than without; on the CPU the mask is
+    float32, so both are 4 bytes an element here (on GPUs the mask is a byte)."""
+    torch.manual_seed(0)
+    seq, dim, heads = 16, 32, 4
+    x = torch.randn(B, seq, dim)
+    kept = {p: _saved_bytes(_EagerAttention(seq, dim, heads, p).train(), x, loss=False)
+            for p in (0.0, 0.1)}
+    nets = {p: load_network_text(f"kind: network\ninput: [{seq}, {dim}]\nlayers:\n"
+                                 f"  - {{type: attention, heads: {heads}, dropout: {p}}}\n")
+            for p in (0.0, 0.1)}
+    d_internal = nets[0.1].layers[0].saved_internal - nets[0.0].layers[0].saved_internal
+    d_mask = nets[0.1].layers[0].saved_bytes_extra - nets[0.0].layers[0].saved_bytes_extra
+    assert d_internal == d_mask == heads * seq * seq
+    assert kept[0.1] - kept[0.0] == B * 4 * (d_internal + d_mask)

@@ -284,7 +284,7 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
         # input gradient's partial sums are all-reduced over the row group
         if _needs_input_grad(layer):
             _add(terms, term(ctx, "backward_data", "all_reduce", row, b * layer.in_elems * e))
-        terms += gradient_terms(ctx, col, own / layout.pr * e)
+        terms += gradient_terms(ctx, col, local_params(layer, layout) * e)
         return terms
     if layout.mode == "row":
         # Megatron's row-parallel linear: partial outputs all-reduced; the input gradient
@@ -309,7 +309,7 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
         _add(terms, term(ctx, "forward", fwd_op, row, b * layer.out_elems * e))
         if _needs_input_grad(layer):
             _add(terms, term(ctx, "backward_data", "all_reduce", row, b * layer.in_elems * e))
-        terms += gradient_terms(ctx, col, own / layout.pr * e)
+        terms += gradient_terms(ctx, col, local_params(layer, layout) * e)
         return terms
     # domain: halo rows, weights replicated on all P
     terms += halo_terms(layer, layout, ctx, b)
@@ -635,12 +635,40 @@ def time_kernels(kernels: dict[str, list[Kernel]], ctx: Context) -> tuple[float,
 
 
 def local_params(layer: Layer, layout: Layout | None) -> float:
-    """Parameter elements one device holds for the layer (model and column: its 1/P_r
-    shard; row: 1/P_r of the weight and the whole bias)."""
-    if layout is not None and layout.mode in ("model", "column") and layer.has_weights:
-        return layer.params / layout.pr
-    if layout is not None and layout.mode == "row" and layer.linear is not None:
+    """Parameter elements the busiest device holds for the layer: under model and column
+    layouts its share of the output channels, features or heads, rounded up as the
+    kernels are (12 heads over 8 devices: 2 on the busiest, as over 6); under row
+    layouts its share of the input features and the whole bias."""
+    if layout is None or layout.pr <= 1:
+        return float(layer.params)
+    pr = layout.pr
+    if layout.mode in ("model", "column") and layer.has_weights:
+        if layer.attention is not None:
+            a = layer.attention
+            h, kv = _ceil_div(a.heads, pr), max(1, _ceil_div(a.kv_heads, pr))
+            q_out, kv_out = h * a.head_dim, kv * a.head_dim
+            # its heads' Q, K, V and output projections; the output bias is whole
+            bias = q_out + 2 * kv_out + a.dim if a.bias else 0
+            return float(a.dim * (q_out + 2 * kv_out) + q_out * a.dim + bias)
+        whole = _split_width(layer)
+        if whole:
+            return layer.params * _ceil_div(whole, pr) / whole
+        return layer.params / pr
+    if layout.mode == "row" and layer.linear is not None:
         lin = layer.linear
         bias = lin.out_features if lin.bias else 0
-        return (layer.params - bias) / layout.pr + bias
+        return ((layer.params - bias) * _ceil_div(lin.in_features, pr) / lin.in_features
+                + bias)
     return float(layer.params)
+
+
+def _split_width(layer: Layer) -> int:
+    """The dimension a model split divides (output channels, output features, the
+    embedding width), whose parameters are alike per entry; 0 if unknown."""
+    if layer.conv is not None:
+        return layer.conv.out_channels
+    if layer.linear is not None:
+        return layer.linear.out_features
+    if layer.embedding is not None:
+        return layer.embedding.dim
+    return 0
