@@ -1014,12 +1014,12 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         if p["causal"]:
             attn_macs //= 2  # a causal kernel skips the masked half (FlashAttention)
         sm = 5 * h * seq * seq
-        geom = AttentionGeom(seq, d, h, kv, hd, bias, p["causal"], p["flash"],
-                             float(p["dropout"]))
-        internal, extra = geom.saved()
+        att = AttentionGeom(seq, d, h, kv, hd, bias, p["causal"], p["flash"],
+                        float(p["dropout"]))
+        internal, extra = att.saved()
         macs = proj_macs + attn_macs
         return mk(shape, params=wts, weight_elems=wts, macs=macs, flops=2 * macs + sm,
-                  attention=geom, saves_input=True, saved_internal=internal,
+                  attention=att, saves_input=True, saved_internal=internal,
                   saved_bytes_extra=extra)
     raise _ShapeError(path, f"layer type '{kind}' is not supported here")  # pragma: no cover
 

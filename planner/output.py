@@ -23,17 +23,35 @@ def round_sig(value: float, digits: int = 4) -> float:
     return float(f"{value:.{digits}g}")
 
 
-def rounded(data: Any, digits: int = 4) -> Any:
-    """A copy of plain data with every float rounded to ``digits`` significant digits."""
+def rounded(data: Any, digits: int = 4, _bytes: bool = False) -> Any:
+    """A copy of plain data with every float rounded to ``digits`` significant digits
+    (times, keys ``*_s``, always floats), except sizes in bytes (keys ``bytes`` or
+    ``*_bytes``, and everything in a ``breakdown``), which are whole numbers of bytes
+    (the nearest: a byte count a model averages may have a fraction; 25 MiB stays
+    26214400, not 26210000.0)."""
     if isinstance(data, bool):
         return data
     if isinstance(data, float):
+        if _bytes and math.isfinite(data):
+            return round(data)
         return round_sig(data, digits)
     if isinstance(data, dict):
-        return {k: rounded(v, digits) for k, v in data.items()}
+        return {k: _seconds(k, rounded(v, digits, _bytes or _is_bytes_key(k)))
+                for k, v in data.items()}
     if isinstance(data, (list, tuple)):
-        return [rounded(v, digits) for v in data]
+        return [rounded(v, digits, _bytes) for v in data]
     return data
+
+
+def _seconds(key: object, value: Any) -> Any:
+    """A time (key ``*_s``) is a float even where a sum of nothing made it the int 0."""
+    if isinstance(key, str) and key.endswith("_s") and type(value) is int:
+        return float(value)
+    return value
+
+
+def _is_bytes_key(key: object) -> bool:
+    return isinstance(key, str) and (key in ("bytes", "breakdown") or key.endswith("_bytes"))
 
 
 def to_json(data: Any) -> str:

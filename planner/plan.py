@@ -1,8 +1,9 @@
 """The plan document: what ``planner cost`` and ``planner plan`` write, as plain data
 (for YAML/JSON) and as a rich table for a person.
 
-Schema (every time in seconds, every size in bytes; floats rounded to 4 significant
-digits, so the same inputs give byte-identical files)::
+Schema (every time in seconds, every size in bytes; sizes are whole numbers of bytes,
+other floats rounded to 4 significant digits, so the same inputs give byte-identical
+files)::
 
     planner: VERSION
     command: cost | plan

@@ -112,8 +112,8 @@ def test_plan_for_another_question_fails(runner, tmp_path):
     ("precision: bfloat16", "the plan is for dtype=float32, the configuration says bfloat16"),
     ("cost_model: gholami2018", "the plan is for cost_model=exact, the configuration says "
                                 "gholami2018"),
-    ("bucket_size: 0 B", "the plan is for bucket_bytes=26210000.0, the configuration says "
-                         "0.0"),
+    ("bucket_size: 0 B", "the plan is for bucket_bytes=26214400, the configuration says "
+                         "0"),
     ("overlap: none", "the plan is for overlap=gradients, the configuration says none"),
     ("master_weights: true", "the plan is for master_weights=False, the configuration says "
                              "True"),
@@ -135,6 +135,24 @@ def test_plan_for_another_training_setup_is_stale(runner, tmp_path, setting, sai
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 1
     assert said in result.stdout
+
+
+def test_sizes_of_older_plans_still_match(runner, tmp_path):
+    """Plans made before sizes were written in whole bytes kept 4 significant digits
+    (``bucket_bytes: 26210000.0`` for 25 MiB): such a plan still matches its question;
+    another size does not."""
+    cfg = tmp_path / "ci" / "c.yaml"
+    cfg.parent.mkdir()
+    (tmp_path / "plans").mkdir()
+    plan = (CI / "plans" / "resnet50-dgx-64.yaml").read_text()
+    assert "  bucket_bytes: 26214400\n" in plan
+    cfg.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
+                   f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 64\nbatch: 2048\n"
+                   "strategy: {plan: ../plans/p.yaml}\n")
+    for old, code in (("26210000.0", 0), ("26200000.0", 1)):
+        (tmp_path / "plans" / "p.yaml").write_text(
+            plan.replace("  bucket_bytes: 26214400\n", f"  bucket_bytes: {old}\n"))
+        assert invoke(runner, "check", cfg).exit_code == code, old
 
 
 @pytest.mark.parametrize(("layer", "said"), [

@@ -255,3 +255,34 @@ def test_columns_that_is_not_a_width_is_ignored(runner, monkeypatch):
     for bad in ("abc", "0", "-5", "８０"):
         monkeypatch.setenv("COLUMNS", bad)
         assert invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64").stdout == plain, bad
+
+
+def test_plan_numbers_have_one_type_each(runner):
+    """Sizes are whole bytes (25 MiB is 26214400, not 4 digits of it) and times are
+    floats, even where nothing was summed (a layer with no communication), in YAML and
+    JSON alike."""
+    args = [NETWORKS / "gpt2-small.yaml", DGX, "-p", "16", "-b", "16", "--optimizer",
+            "adam", "--zero", "1"]
+    docs = [json.loads(invoke(runner, "plan", *args, "--format", "json").stdout),
+            yaml.safe_load(invoke(runner, "plan", *args, "--format", "yaml").stdout)]
+    assert docs[0] == docs[1]
+    sizes, times = [], []
+
+    def walk(node, under_breakdown=False):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if isinstance(v, (dict, list)):
+                    walk(v, k == "breakdown")
+                elif k == "bytes" or k.endswith("_bytes") or under_breakdown:
+                    sizes.append((k, v))
+                elif k.endswith("_s"):
+                    times.append((k, v))
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(docs[0])
+    assert docs[0]["problem"]["bucket_bytes"] == 26214400
+    assert len(sizes) > 100 and all(type(v) is int for _, v in sizes if v is not None)
+    assert len(times) > 100 and all(type(v) is float for _, v in times if v is not None)
+    assert any(v == 0.0 for _, v in times)
