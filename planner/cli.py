@@ -320,6 +320,8 @@ def validate(files: tuple[str, ...], quiet: bool) -> None:
 
 
 def _describe(kind: str, obj: Any) -> str:
+    from .units import count
+
     if kind == "network":
         return f"'{obj.name}', {len(obj.layers)} layers, {obj.params:,} parameters"
     if kind == "cluster":
@@ -327,7 +329,7 @@ def _describe(kind: str, obj: Any) -> str:
         return f"'{obj.name}', {nodes}{obj.devices_per_node} {obj.device.name} per node"
     if kind == "plan":
         nodes = f"{obj.nodes} node{'s' if obj.nodes != 1 else ''}"
-        return f"for '{obj.name}', {obj.world} devices on {nodes}"
+        return f"for '{obj.name}', {count(obj.world, 'device')} on {nodes}"
     return f"'{getattr(obj, 'name', '')}'"
 
 

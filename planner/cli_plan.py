@@ -223,6 +223,8 @@ def nodes_used(q: Question) -> int:
 MAX_GPUS, MAX_BATCH = 2**30, 2**40
 gpus_option = click.option("--gpus", "-p", type=Whole(1, MAX_GPUS), required=True,
                            help="Number of devices P.")
+expand_option = click.option("--expand-ranks", is_flag=True,
+                             help="List every row and column group's ranks (large for big P).")
 batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=True,
                             help="Global batch size B (samples per iteration).")
 
@@ -246,12 +248,13 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
               show_default=True,
               help="rows: each row group (P_r) on consecutive devices, inside a node when "
                    "it fits; cols: each column group (P_c) inside a node.")
+@expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
 @output_option
 def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
-         mode: str | None, pins: tuple[str, ...], placement: str, all_layers: bool,
-         fmt: str | None, output: str | None, **kw: Any) -> None:
+         mode: str | None, pins: tuple[str, ...], placement: str, expand_ranks: bool,
+         all_layers: bool, fmt: str | None, output: str | None, **kw: Any) -> None:
     """Price one given layout: per-layer compute and communication, memory, iteration.
 
     Without --grid, --mode or --pin every layer is data parallel. Exit 0 when the layout
@@ -271,7 +274,8 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
         ev, q.ctx, q.options, zero_trials = _price(q.ctx, q.options, assignment, q)
     if zero_trials is not None:
         extra["zero_auto"] = zero_trials
-    extra["placement"] = placement_record(ev, q.options.gpus, q.cluster.devices_per_node, False)
+    extra["placement"] = placement_record(ev, q.options.gpus, q.cluster.devices_per_node,
+                                          expand_ranks)
     doc = plan_document("cost", q.network, network, q.cluster.name, cluster, q.options, ev,
                         q.estimator_name, nodes_used(q), extra)
     render_data(doc, fmt, output, lambda: plan_table(doc, all_layers), ins)
@@ -438,8 +442,7 @@ pin_option = click.option(
 @batch_option
 @objective_option
 @pin_option
-@click.option("--expand-ranks", is_flag=True,
-              help="List every row and column group's ranks (large for big P).")
+@expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
 @output_option

@@ -49,7 +49,7 @@ from .costs.memory import param_bytes, uses_master_weights
 from .evaluate import Evaluation, LayerResult, Options, zero_label
 from .network import Network
 from .output import rounded
-from .units import format_bytes, format_time
+from .units import count, format_bytes, format_time
 
 
 def file_digest(path: str | Path) -> str:
@@ -204,7 +204,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 style="bold")
     zero = int(prob.get("zero", 0))
     setting = zero_label(zero, str(prob.get("zero_shard", "all")))
-    head.append(f"{prob['gpus']} devices, batch {prob['batch']}, {prob['dtype']}, "
+    head.append(f"{count(int(prob['gpus']), 'device')}, batch {prob['batch']}, {prob['dtype']}, "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
                 + (f", ZeRO {setting}" if zero else "")
                 + (f", recomputing {_recomputing(str(prob['recompute']))} "
@@ -285,7 +285,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                   _ms(c["redistribute_s"]), *((_ms(gathers),) if zero else ()), _ms(comm),
                   _ms(total))
     if hidden[0]:
-        others = f"({int(hidden[0])} others)"
+        others = f"({int(hidden[0])} {'other' if int(hidden[0]) == 1 else 'others'})"
         t.caption = (f"{others}: layers that follow a neighbour's layout and move no "
                      "activations; --all-layers lists them")
         t.caption_justify = "left"

@@ -164,3 +164,8 @@ def format_bytes(value: float, digits: int = 4) -> str:
 def format_time(seconds: float, digits: int = 4) -> str:
     """Format a time in s, ms, µs or ns."""
     return format_si(seconds, "s", digits)
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun, plural unless ``n`` is 1: ``1 device``, ``8 devices``."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

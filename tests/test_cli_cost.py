@@ -133,3 +133,16 @@ def test_bucket_size_zero_needs_no_unit(runner):
     assert bare == unit and bare["problem"]["bucket_bytes"] == 0
     r = invoke(runner, "cost", ALEX, DGX, "-p", "8", "-b", "64", "--bucket-size", "25")
     assert r.exit_code == 2 and "a unit is needed" in r.stderr
+
+
+def test_cost_expands_ranks(runner):
+    """``cost --expand-ranks`` lists each group's ranks, as ``plan`` does: model 4x4 on
+    16 GPUs puts row groups on consecutive ranks and column groups 4 apart."""
+    args = [NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml", "-p", "16", "-b", "64",
+            "--grid", "4x4", "--mode", "model", "--format", "json"]
+    doc = json.loads(invoke(runner, "cost", *args, "--expand-ranks").stdout)
+    (grid,) = [g for g in doc["placement"]["grids"] if g["grid"] == [4, 4]]
+    assert grid["row_groups"]["ranks"] == [[4 * c + r for r in range(4)] for c in range(4)]
+    assert grid["col_groups"]["ranks"] == [[r + 4 * c for c in range(4)] for r in range(4)]
+    plain = json.loads(invoke(runner, "cost", *args).stdout)
+    assert all("ranks" not in g["row_groups"] for g in plain["placement"]["grids"])

@@ -15,6 +15,12 @@ from .conftest import ROOT, invoke
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
+def _current() -> str:
+    """The README as it is on disk now (another golden may have rewritten it since this
+    module read it)."""
+    return (ROOT / "README.md").read_text(encoding="utf-8")
+
+
 def _block(marker: str) -> str:
     after = README.split(f"<!-- {marker} -->", 1)[1]
     m = re.search(r"```[a-z]*\n(.*?)```", after, re.S)
@@ -52,7 +58,7 @@ def test_quickstart_output_is_real(runner, monkeypatch, update_golden):
     shown = [line.rstrip() for line in _block("quickstart:output").splitlines()]
     if update_golden and shown != real:
         old = "\n".join(shown)
-        text = README.replace(f"<!-- quickstart:output -->\n```\n{old}\n```",
+        text = _current().replace(f"<!-- quickstart:output -->\n```\n{old}\n```",
                               "<!-- quickstart:output -->\n```\n" + "\n".join(real) + "\n```")
         (ROOT / "README.md").write_text(text, encoding="utf-8")
         shown = real
@@ -72,7 +78,7 @@ def test_shell_samples_are_real(update_golden):
     through the shell, so globs expand as they would for the reader)."""
     samples = _shell_samples()
     assert samples, "the README shows no command with its output"
-    text = README
+    text = _current()
     for prompt, shown in samples:
         cmd = prompt[2:].replace("planner", f"{sys.executable} -m planner", 1)
         run = subprocess.run(cmd, shell=True, cwd=ROOT, capture_output=True, text=True,
@@ -83,5 +89,5 @@ def test_shell_samples_are_real(update_golden):
             text = text.replace(f"{prompt}\n{shown}```", f"{prompt}\n{real}```")
             shown = real
         assert shown == real, prompt
-    if text != README:
+    if text != _current():
         (ROOT / "README.md").write_text(text, encoding="utf-8")

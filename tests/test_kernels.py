@@ -286,6 +286,20 @@ def test_every_kernel_names_its_estimator(est):
         assert t64 == pytest.approx(roof + floor, rel=1e-12) and floor > 1e-6
 
 
+def test_elementwise_passes_pay_the_least_launch_floor(est):
+    """A ReLU over 8 bytes is not 2.7 ps on an H100: an elementwise pass is its roofline
+    plus the least launch floor fitted to any measured kernel family (1.5 µs, a
+    convolution pass's), in every dtype."""
+    h100 = lookup_device("H100-SXM")
+    least = min(m.floor_s for fam in ("gemm", "conv") for m in est.models.get(fam).members)
+    assert 1e-6 < least < 2e-6
+    for k in (Elementwise(8.0, 2.0, "relu"), Elementwise(1e9, 1e8, "layernorm")):
+        for dtype, size in (("float32", 4), ("bfloat16", 2)):
+            t = float(est.estimate([k], h100, dtype).seconds[0])
+            roof = float(roofline_seconds(*kernel_arrays([k], size), h100, dtype)[0])
+            assert t == pytest.approx(roof + least, rel=1e-12)
+
+
 def test_out_of_range_falls_back_to_the_roofline(est):
     dev = lookup_device("V100-SXM2")
     # a 15 x 15 filter: beyond every measured filter, and no split shrinks a filter (a

@@ -31,7 +31,11 @@ Each kernel's ``source`` says which:
   neither scaling nor padding brings in (for example a grouped or dilated convolution,
   which no training data covers), plus the model's launch floor ``t_0`` (a kernel
   launch is never free);
-* ``roofline (no <dtype> data)`` for a dtype with no measurements (``float64``).
+* ``roofline (no <dtype> data)`` for a dtype with no measurements (``float64``);
+* ``roofline`` for elementwise, normalisation and pooling passes (memory-bound, no
+  measurements of their own), plus the least launch floor ``t_0`` fitted to any
+  measured kernels (1.5 µs, a convolution pass's: the GEMM model's 6.8 µs reflects
+  DeepBench's timing of cuBLAS on older GPUs more than an elementwise launch).
 
 ``bfloat16`` is timed with the ``float16`` measurements (tensor-core kernels with the same
 rate on every GPU that has both) at the device's bf16 peak.
@@ -455,8 +459,13 @@ class LearnedEstimator:
                     fallback.append(i)
                     floor[i] = launch
         rest = [i for i, s in enumerate(source) if not s]
+        # elementwise, normalisation and pooling passes: the roofline plus the least
+        # launch floor fitted to any measured kernels (a launch is never free)
+        pass_floor = min((m.floor_s for model in self.models.models.values()
+                          for m in model.members), default=0.0)
         for i in rest:
             source[i] = "roofline"
+            floor[i] = pass_floor
         fallback += rest
         if fallback:
             sub_k = [kernels[i] for i in fallback]
