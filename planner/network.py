@@ -366,14 +366,16 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         qkv = (h_local + 2 * kv_local) * a.head_dim
         proj_in = h_local * a.head_dim
         bh = batch * h_local
-        out["forward"] += [Gemm(t, qkv, a.dim), Gemm(a.seq, a.seq, a.head_dim, bh),
-                           Gemm(a.seq, a.head_dim, a.seq, bh), Gemm(t, a.dim, proj_in)]
-        # backward through P·V (dP, dV), Q·Kᵀ (dQ, dK), then the two projections
-        out["backward_data"] += [Gemm(a.seq, a.seq, a.head_dim, bh),
-                                 Gemm(a.seq, a.head_dim, a.seq, bh),
-                                 Gemm(a.seq, a.head_dim, a.seq, bh),
-                                 Gemm(a.seq, a.head_dim, a.seq, bh),
-                                 Gemm(t, proj_in, a.dim), Gemm(t, a.dim, qkv)]
+        # the keys each query meets: a causal flash kernel skips the tiles above the
+        # diagonal, half of them (Dao et al. 2022); an unfused one computes the whole
+        # score matrix and masks it
+        sk = -(-a.seq // 2) if a.causal and a.flash else a.seq
+        scores, mix = Gemm(a.seq, sk, a.head_dim, bh), Gemm(a.seq, a.head_dim, sk, bh)
+        out["forward"] += [Gemm(t, qkv, a.dim), scores, mix, Gemm(t, a.dim, proj_in)]
+        # backward through P·V (dP, dV), Q·Kᵀ (dQ, dK), then the two projections; flash
+        # attention keeps no probabilities, so it computes Q·Kᵀ again first
+        out["backward_data"] += ([scores] if a.flash else []) + [
+            scores, mix, mix, mix, Gemm(t, proj_in, a.dim), Gemm(t, a.dim, qkv)]
         out["backward_weight"] += [Gemm(a.dim, proj_in, t), Gemm(qkv, a.dim, t)]
         return out
     if layer.embedding is not None:
@@ -1011,8 +1013,8 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
             wts += q_out + 2 * kv_out + d
         proj_macs = seq * d * (q_out + 2 * kv_out) + seq * q_out * d
         attn_macs = 2 * h * seq * seq * hd
-        if p["causal"]:
-            attn_macs //= 2  # a causal kernel skips the masked half (FlashAttention)
+        if p["causal"] and p["flash"]:
+            attn_macs //= 2  # a causal flash kernel skips the masked half
         sm = 5 * h * seq * seq
         att = AttentionGeom(seq, d, h, kv, hd, bias, p["causal"], p["flash"],
                         float(p["dropout"]))

@@ -183,3 +183,26 @@ layers:
 def test_glob_match():
     net = load_network(NETWORKS / "alexnet.yaml")
     assert [layer.name for layer in net.match("fc*")] == ["fc6", "fc7", "fc8"]
+
+
+@pytest.mark.parametrize("flash, causal", [(False, False), (False, True), (True, False),
+                                           (True, True)])
+def test_attention_kernels(flash, causal):
+    """Attention's batched products by hand (12 heads of 64 over 1,024 tokens, 2
+    sequences): Q·Kᵀ and P·V forward; backward dP, dV, dQ, dK, and with flash attention
+    Q·Kᵀ once more first, since it keeps no probabilities (Dao et al. 2022). A causal
+    flash kernel meets half the keys (512 a query); an unfused one masks the whole
+    1,024 × 1,024 score matrix."""
+    from planner.network import layer_kernels
+
+    net = load_network_text(f"kind: network\ninput: [1024, 768]\nlayers:\n  - {{type: "
+                            f"attention, heads: 12, flash: {str(flash).lower()}, "
+                            f"causal: {str(causal).lower()}}}\n")
+    (att,) = net.layers
+    ks = layer_kernels(att, 2, 2)
+    sk = 512 if flash and causal else 1024
+    scores, mix = Gemm(1024, sk, 64, 24), Gemm(1024, 64, sk, 24)
+    assert [k for k in ks["forward"] if k.batch > 1] == [scores, mix]
+    assert [k for k in ks["backward_data"] if k.batch > 1] == (
+        [scores] * flash + [scores, mix, mix, mix])
+    assert att.macs == 1024 * 768 * 4 * 768 + 2 * 12 * 1024 * sk * 64
