@@ -144,7 +144,8 @@ class Space:
             if not common:
                 names = ", ".join(f"'{self.layers[t].name}'" for t in group[1:])
                 raise UsageError(
-                    f"planner: error: {names} share the weights of "
+                    f"planner: error: {names} "
+                    f"{'shares' if len(group) == 2 else 'share'} the weights of "
                     f"'{self.layers[owner].name}' (tie) and so its layout, but no layout "
                     "is allowed for all of them; pin them alike (or not at all)")
             for k, t in enumerate(group):
@@ -254,9 +255,13 @@ class Space:
                 self._weighted[key][j, _C] += float(s)
 
     def _hideable(self, t: CommTerm) -> bool:
-        """Whether a term may overlap compute (weighed with ``Weights.gradient``): a
-        weight-gradient reduction, or a prefetched ZeRO stage-3 gather."""
-        return t.when == "gradient" or (self.prefetch and t.phase == "parameters")
+        """Whether a term is weighed with ``Weights.gradient``: a weight-gradient reduction
+        or a prefetched ZeRO stage-3 gather, which may overlap compute; or ZeRO stages
+        1-2's gather after the step, which does not, but which the timeline fuses into
+        buckets as it does the gradients (with gradients overlapped), so that summed per
+        layer it costs more than it does. At κ = 0 the program then leaves out all that
+        its per-layer sum may overstate, and its optimum is a lower bound still."""
+        return t.when in ("gradient", "update") or (self.prefetch and t.phase == "parameters")
 
     def _optimizer_kernel(self, params_local: float, terms: list[CommTerm]) -> Elementwise:
         """The step over this device's parameters, as the evaluation times it."""
@@ -991,21 +996,29 @@ class RecomputeTrial:
 
 
 def _assign(space: Space, choose: Any) -> dict[int, Layout] | str:
-    """An assignment from a per-layer rule (pins win); a string says why it is invalid."""
+    """An assignment from a per-layer rule; a string says why it is invalid. Pins win: a
+    pinned layer the rule would give another layout takes the one its pin allows that
+    is nearest the rule (the rule's grid in another mode, else the same mode, else the
+    first allowed), so that a baseline is the strategy its name says under the same
+    constraints as the plan (its label says so)."""
     ctx = space.ctx
     out: dict[int, Layout] = {}
     for idx, lays in space.candidates.items():
         layer = space.layers[idx]
         lay = choose(layer)
         if idx in space.pinned and lay not in lays:
-            if len(lays) == 1:
-                out[idx] = lays[0]
-                continue
-            return f"layer '{layer.name}' is pinned to other layouts than {lay.label()}"
+            out[idx] = min(lays, key=lambda x: ((x.pr, x.pc) != (lay.pr, lay.pc),
+                                                x.mode != lay.mode))
+            continue
         reason = why_invalid(layer, lay, space.options.batch, ctx.paper)
         if reason is not None:
             return f"layer '{layer.name}' cannot use {lay.label()}: {reason}"
         out[idx] = lay
+    for owner, tied in space.ctx.network.ties.items():
+        for t in tied:
+            if owner in out and t in out and not holds_alike(out[owner], out[t]):
+                return (f"layers '{space.layers[owner].name}' and '{space.layers[t].name}' "
+                        "share weights but are pinned to layouts that hold them differently")
     return out
 
 
@@ -1033,8 +1046,9 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
         # rank by the additive objective, score the most promising with the timeline
         ranked = sorted(valid, key=lambda x: (space.score(x[1], weights), x[0]))
         cands: list[Candidate] = []
+        pinned = ", pins kept" if space.pinned else ""
         for label, a in ranked:
-            cands.append(run(name, a, label))
+            cands.append(run(name, a, label + pinned))
             if len(cands) >= 3 and any(c.evaluation.memory.fits for c in cands):
                 break
         fitting = [c for c in cands if c.evaluation.memory.fits] or cands

@@ -7,7 +7,7 @@ import re
 
 import yaml
 
-from .conftest import CLUSTERS, NETWORKS, invoke
+from .conftest import CLUSTERS, NETWORKS, ROOT, invoke
 
 ALEX = NETWORKS / "alexnet.yaml"
 KNL = CLUSTERS / "cori-knl.yaml"
@@ -286,3 +286,19 @@ def test_plan_numbers_have_one_type_each(runner):
     assert len(sizes) > 100 and all(type(v) is int for _, v in sizes if v is not None)
     assert len(times) > 100 and all(type(v) is float for _, v in times if v is not None)
     assert any(v == 0.0 for _, v in times)
+
+
+def test_baselines_keep_pins_alike_at_every_device_count(runner):
+    """A baseline under --pin is its strategy with the pinned layers as pinned, said in
+    its label, whatever the device count (it used to take the pin only where the pin
+    allowed one layout, and be 'not applicable' where it allowed several)."""
+    mlp4 = ROOT / "examples" / "launch" / "mlp4.yaml"
+    for p in ("2", "4"):
+        doc = json.loads(invoke(runner, "plan", mlp4, DGX, "-p", p, "-b", "8", "--pin",
+                                "fc1=model", "--format", "json").stdout)
+        data = next(b for b in doc["baselines"] if b["name"] == "data")
+        assert data["applicable"] and data["description"] == f"data 1x{p}, pins kept", data
+        unpinned = json.loads(invoke(runner, "plan", mlp4, DGX, "-p", p, "-b", "8",
+                                     "--format", "json").stdout)
+        plain = next(b for b in unpinned["baselines"] if b["name"] == "data")
+        assert plain["description"] == f"data 1x{p}"
