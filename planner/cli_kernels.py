@@ -418,10 +418,23 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     protect = (*files, *([cluster_path] if cluster_path else []))
     check_output(output, protect)
     fits = fit_all(read_samples(files))
+    import math
+
     for f in fits:
+        where = f"{f.system!r} in {', '.join(f.files)}"
         if f.intra is None and f.inter is None:
-            raise UsageError(f"planner: error: nothing to fit for {f.system!r} in "
-                             f"{', '.join(f.files)}: no measurement over more than one rank")
+            raise UsageError(f"planner: error: nothing to fit for {where}: a tier needs "
+                             "measurements over more than one rank at two message sizes "
+                             "or more")
+        for tier in (f.intra, f.inter, f.nvls):
+            if tier is None:
+                continue
+            bws = [tier.bandwidth, *(bw for _, bw in tier.by_group)]
+            if not all(math.isfinite(bw) and bw > 0 for bw in bws):
+                raise UsageError(
+                    f"planner: error: no bandwidth fits the {tier.tier} tier of {where}: "
+                    "its times do not grow with the message size (measure a wider range "
+                    "of sizes, from a few KiB to a few hundred MiB)")
     if system is not None:
         fits = [choose(fits, system)]
     _print_comm(fits)

@@ -67,6 +67,8 @@ _PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
 _NTHREAD = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _TEST = re.compile(r"Collective test starting:\s*(\w+)")
 MIN_NVLS_GAIN = 0.5  # NVLS kept when it removes at least half the squared error
+#: a measured collective time outside these is not a measurement (a unit slip, a typo)
+MIN_TIME_S, MAX_TIME_S = 1e-9, 86400.0
 
 
 @dataclass(frozen=True)
@@ -277,8 +279,9 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
         except ValueError:
             raise _fail(display, i, "expected numbers in the size, count and time columns",
                         raw) from None
-        if size > 0 and not (math.isfinite(secs) and secs > 0):
-            raise _fail(display, i, f"expected a positive time, got {toks[t_idx]}", raw)
+        if size > 0 and not (math.isfinite(secs) and MIN_TIME_S <= secs <= MAX_TIME_S):
+            raise _fail(display, i, "expected a time between 1 ns and 1 day, got "
+                        f"{toks[t_idx]}", raw)
         wrong = next((j for j in range(t_idx, len(header))
                       if header[j] in ("#wrong", "error")), None)
         if wrong is not None and toks[wrong] not in ("0", "N/A", "0e+00") and \
@@ -355,9 +358,10 @@ def _csv_samples(text: str, display: str) -> list[Sample]:
                                     f"{ranks_col}, n_nodes and {time_col} columns", "$"))
             continue
         if not (math.isfinite(nbytes) and math.isfinite(secs)) or nbytes <= 0 or \
-                secs <= 0 or ranks < 1 or nodes < 1 or nodes > ranks:
-            problems.append(Located(display, line, 1, "expected positive bytes and time and "
-                                    "1 ≤ nodes ≤ ranks", "$"))
+                not MIN_TIME_S <= secs <= MAX_TIME_S or ranks < 1 or nodes < 1 or \
+                nodes > ranks:
+            problems.append(Located(display, line, 1, "expected positive bytes, a time "
+                                    "between 1 ns and 1 day and 1 ≤ nodes ≤ ranks", "$"))
             continue
         note = row[col["nccl_algo_note"]].lower() if "nccl_algo_note" in col else ""
         algo = "nvls" if note.startswith("nvls") else "ring" if note.startswith("ring") \

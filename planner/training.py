@@ -109,9 +109,17 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
 
     issues: list[Issue] = []
     base = Path(path).resolve().parent
-    if detect_kind(doc.data) == "plan":
+    kind = detect_kind(doc.data)
+    if kind == "plan":
         raise doc.error([Issue("$", "this is a plan, not a training configuration; name it "
                                     "in one as 'strategy: {plan: FILE}'")])
+    if kind in ("network", "cluster"):
+        raise doc.error([Issue("$.kind" if isinstance(doc.data, dict) and "kind" in doc.data
+                               else "$",
+                               f"this is a {kind} file, not a training configuration; a "
+                               f"configuration names it as '{kind}: FILE', with "
+                               f"'{'cluster' if kind == 'network' else 'network'}', 'gpus' "
+                               "and 'batch'")])
     f = Fields(doc.data, "$", issues, "a training configuration")
     if not f.ok:
         raise doc.error(issues)

@@ -404,3 +404,15 @@ def test_launch_names_the_zero_setting(runner, tmp_path):
     line = text[:text.index("  zero: 1\n")].count("\n") + 1
     assert r.exit_code == 2 and r.stderr.startswith(f"{plan}:{line}:"), r.stderr
     assert "expected a ZeRO stage 0-3, got 7" in r.stderr
+
+
+def test_check_on_a_network_or_cluster_file_says_what_it_is(runner):
+    """Given a network or cluster file instead of a training configuration, check says
+    so at its kind (exit 2), not that the configuration's keys are missing."""
+    for path, kind, other in ((EXAMPLES / "networks" / "alexnet.yaml", "network", "cluster"),
+                              (EXAMPLES / "clusters" / "dgx-h100.yaml", "cluster", "network")):
+        r = invoke(runner, "check", path)
+        assert r.exit_code == 2
+        assert (f"this is a {kind} file, not a training configuration; a configuration "
+                f"names it as '{kind}: FILE', with '{other}', 'gpus' and 'batch'") in r.stderr
+        assert "missing required key" not in r.stderr

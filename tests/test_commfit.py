@@ -91,7 +91,7 @@ def test_nccl_output_without_its_rank_lines_or_with_bad_times_is_an_error(tmp_pa
     with pytest.raises(InputError, match="cannot tell how many ranks ran"):
         read_samples([table])
     row = next(i for i, ln in enumerate(lines) if ln.strip().startswith("4096 "))
-    for bad in ("nan", "inf", "-5.0"):
+    for bad in ("nan", "inf", "-5.0", "1e-310"):  # a subnormal time overflowed the fit
         toks = lines[row].split()
         toks[5] = bad  # the out-of-place time
         edited = [*lines[:row], "  ".join(toks), *lines[row + 1:]]
@@ -99,8 +99,8 @@ def test_nccl_output_without_its_rank_lines_or_with_bad_times_is_an_error(tmp_pa
         f.write_text("\n".join(edited) + "\n")
         with pytest.raises(InputError) as info:
             read_samples([f])
-        assert str(info.value).startswith(f"{f}:{row + 1}:1: error: expected a positive "
-                                          f"time, got {bad}")
+        assert str(info.value).startswith(f"{f}:{row + 1}:1: error: expected a time "
+                                          f"between 1 ns and 1 day, got {bad}")
 
 
 def test_fit_recovers_the_fixture_parameters():
@@ -379,7 +379,8 @@ def test_comm_fit_bad_csv(runner, tmp_path):
     assert r.stderr.startswith(f"{bad}:2:1: error: expected numbers")
     # not-a-number, infinite and overflowing values name their row too (they used to
     # reach the fit: an internal error, or a fit with MAPE nan)
-    for row in ("X,1000,8,1,nan", "X,1000,8,1,inf", "X,1e400,8,1,0.5", "X,1000,inf,1,0.5"):
+    for row in ("X,1000,8,1,nan", "X,1000,8,1,inf", "X,1e400,8,1,0.5", "X,1000,inf,1,0.5",
+                "X,2000,8,1,1e-300"):
         bad.write_text(f"gpu,bytes,n_gpus,n_nodes,mean_time_ms\nX,1000,8,1,0.5\n{row}\n")
         r = invoke(runner, "comm", "fit", bad)
         assert r.exit_code == 2 and r.stderr.startswith(f"{bad}:3:1: error: expected "), row
@@ -428,3 +429,23 @@ def test_plans_price_all_reduce_as_measured(example, data, system, bound):
     assert sorted(errors) == sorted(bound)
     for ranks, errs in errors.items():
         assert 100 * sum(errs) / len(errs) <= bound[ranks], ranks
+
+
+def test_comm_fit_says_why_it_cannot_fit(runner, tmp_path):
+    """Measurements a ring cannot be fitted to are an error that says why, exit 2: one
+    message size only (it used to blame the rank counts), or times that fall as the
+    messages grow (it wrote 'bandwidth: inf GB/s', which no cluster file accepts)."""
+    head = "gpu,bytes,n_gpus,n_nodes,mean_time_ms\n"
+    one = tmp_path / "one.csv"
+    one.write_text(head + "".join(f"X,400000,{r},1,0.1\n" for r in (2, 4, 8)))
+    r = invoke(runner, "comm", "fit", one)
+    assert r.exit_code == 2
+    assert "over more than one rank at two message sizes or more" in r.stderr
+    falling = tmp_path / "falling.csv"
+    falling.write_text(head + "X,400000,8,1,0.2\nX,800000,8,1,0.1\n")
+    out = tmp_path / "net.yaml"
+    for extra in ((), ("-o", out), ("--cluster", CLUSTERS / "pcie-8gpu.yaml", "-o", out)):
+        r = invoke(runner, "comm", "fit", falling, *extra)
+        assert r.exit_code == 2, extra
+        assert "no bandwidth fits the intra tier of 'X'" in r.stderr, r.stderr
+        assert not out.exists()
