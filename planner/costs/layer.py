@@ -650,25 +650,12 @@ def local_params(layer: Layer, layout: Layout | None) -> float:
             # its heads' Q, K, V and output projections; the output bias is whole
             bias = q_out + 2 * kv_out + a.dim if a.bias else 0
             return float(a.dim * (q_out + 2 * kv_out) + q_out * a.dim + bias)
-        whole = _split_width(layer)
-        if whole:
-            return layer.params * _ceil_div(whole, pr) / whole
-        return layer.params / pr
+        # output channels, features or the embedding width: parameters alike per entry
+        whole = layer.model_split_limit
+        return layer.params * _ceil_div(whole, pr) / whole
     if layout.mode == "row" and layer.linear is not None:
         lin = layer.linear
         bias = lin.out_features if lin.bias else 0
         return ((layer.params - bias) * _ceil_div(lin.in_features, pr) / lin.in_features
                 + bias)
     return float(layer.params)
-
-
-def _split_width(layer: Layer) -> int:
-    """The dimension a model split divides (output channels, output features, the
-    embedding width), whose parameters are alike per entry; 0 if unknown."""
-    if layer.conv is not None:
-        return layer.conv.out_channels
-    if layer.linear is not None:
-        return layer.linear.out_features
-    if layer.embedding is not None:
-        return layer.embedding.dim
-    return 0
