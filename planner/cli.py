@@ -325,11 +325,10 @@ def _describe(kind: str, obj: Any) -> str:
     if kind == "network":
         return f"'{obj.name}', {len(obj.layers)} layers, {obj.params:,} parameters"
     if kind == "cluster":
-        nodes = f"{obj.nodes} node{'s' if obj.nodes != 1 else ''} × " if obj.nodes else ""
+        nodes = f"{count(obj.nodes, 'node')} × " if obj.nodes else ""
         return f"'{obj.name}', {nodes}{obj.devices_per_node} {obj.device.name} per node"
     if kind == "plan":
-        nodes = f"{obj.nodes} node{'s' if obj.nodes != 1 else ''}"
-        return f"for '{obj.name}', {count(obj.world, 'device')} on {nodes}"
+        return f"for '{obj.name}', {count(obj.world, 'device')} on {count(obj.nodes, 'node')}"
     return f"'{getattr(obj, 'name', '')}'"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -418,8 +419,6 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     protect = (*files, *([cluster_path] if cluster_path else []))
     check_output(output, protect)
     fits = fit_all(read_samples(files))
-    import math
-
     for f in fits:
         where = f"{f.system!r} in {', '.join(f.files)}"
         if f.intra is None and f.inter is None:

@@ -169,6 +169,20 @@ class AttentionGeom:
     flash: bool
     dropout: float = 0.0  #: on the attention probabilities
 
+    def held(self, split: int) -> tuple[int, int]:
+        """Query and key/value heads on the busiest of ``split`` devices (rounded up:
+        12 heads over 8 devices put 2 on one; every device holds a key/value head)."""
+        return -(-self.heads // split), max(1, -(-self.kv_heads // split))
+
+    def weights(self, heads: int | None = None, kv_heads: int | None = None) -> int:
+        """Parameters of ``heads`` query and ``kv_heads`` key/value heads (default: all):
+        their Q, K, V and output projections, and the biases (the output bias whole)."""
+        h = self.heads if heads is None else heads
+        kv = self.kv_heads if kv_heads is None else kv_heads
+        q_out, kv_out = h * self.head_dim, kv * self.head_dim
+        wts = self.dim * (q_out + 2 * kv_out) + q_out * self.dim
+        return wts + (q_out + 2 * kv_out + self.dim if self.bias else 0)
+
     def saved(self, heads: int | None = None, kv_heads: int | None = None
               ) -> tuple[int, int]:
         """What one sample keeps for backward with ``heads`` query and ``kv_heads``
@@ -361,8 +375,7 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
     if layer.attention is not None:
         a = layer.attention
         t = batch * a.seq
-        h_local = -(-a.heads // ms)
-        kv_local = max(1, -(-a.kv_heads // ms))
+        h_local, kv_local = a.held(ms)
         qkv = (h_local + 2 * kv_local) * a.head_dim
         proj_in = h_local * a.head_dim
         bh = batch * h_local
@@ -1006,18 +1019,15 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         if kv > h or h % kv:
             raise _ShapeError(child_path(path, "kv_heads"),
                               f"layer '{name}': kv_heads={kv} must divide heads={h}")
-        bias = p["bias"]
         q_out, kv_out = h * hd, kv * hd
-        wts = d * (q_out + 2 * kv_out) + q_out * d
-        if bias:
-            wts += q_out + 2 * kv_out + d
+        att = AttentionGeom(seq, d, h, kv, hd, p["bias"], p["causal"], p["flash"],
+                            float(p["dropout"]))
+        wts = att.weights()
         proj_macs = seq * d * (q_out + 2 * kv_out) + seq * q_out * d
         attn_macs = 2 * h * seq * seq * hd
         if p["causal"] and p["flash"]:
             attn_macs //= 2  # a causal flash kernel skips the masked half
         sm = 5 * h * seq * seq
-        att = AttentionGeom(seq, d, h, kv, hd, bias, p["causal"], p["flash"],
-                        float(p["dropout"]))
         internal, extra = att.saved()
         macs = proj_macs + attn_macs
         return mk(shape, params=wts, weight_elems=wts, macs=macs, flops=2 * macs + sm,

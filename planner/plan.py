@@ -285,7 +285,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                   _ms(c["redistribute_s"]), *((_ms(gathers),) if zero else ()), _ms(comm),
                   _ms(total))
     if hidden[0]:
-        others = f"({int(hidden[0])} {'other' if int(hidden[0]) == 1 else 'others'})"
+        others = f"({count(int(hidden[0]), 'other')})"
         t.caption = (f"{others}: layers that follow a neighbour's layout and move no "
                      "activations; --all-layers lists them")
         t.caption_justify = "left"

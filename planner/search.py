@@ -1522,11 +1522,11 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     more = f"--gpus {opts.gpus * factor}" if factor == 2 else \
         f"about --gpus {opts.gpus * factor}, if memory per device falls in proportion"
     net = space.ctx.network
+    smaller = _batch_that_fits(opts.batch, opts.gpus, mem)
     if mem.activations > params:
         if len(space.ctx.rebuilt) < len(net.blocks) and opts.cost_model == "exact":
             tips.append("recomputing residual blocks (--recompute auto: as few of the "
                         f"{len(net.blocks)} as memory needs)")
-        smaller = _batch_that_fits(opts.batch, opts.gpus, mem)
         if smaller is not None:
             tips.append(f"a smaller batch (about --batch {smaller}, if activations fall in "
                         f"proportion: they are {format_bytes(mem.activations)} of the peak)")
@@ -1546,7 +1546,6 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
                         "replicas)")
         if opts.optimizer == "adam":
             tips.append("a lighter optimizer (--optimizer momentum or sgd)")
-        smaller = _batch_that_fits(opts.batch, opts.gpus, mem)
         if smaller is not None:
             tips.append(f"a smaller batch (about --batch {smaller})")
     message = (f"planner: no plan fits in memory: the leanest layout found needs "

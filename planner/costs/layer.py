@@ -644,12 +644,7 @@ def local_params(layer: Layer, layout: Layout | None) -> float:
     pr = layout.pr
     if layout.mode in ("model", "column") and layer.has_weights:
         if layer.attention is not None:
-            a = layer.attention
-            h, kv = _ceil_div(a.heads, pr), max(1, _ceil_div(a.kv_heads, pr))
-            q_out, kv_out = h * a.head_dim, kv * a.head_dim
-            # its heads' Q, K, V and output projections; the output bias is whole
-            bias = q_out + 2 * kv_out + a.dim if a.bias else 0
-            return float(a.dim * (q_out + 2 * kv_out) + q_out * a.dim + bias)
+            return float(layer.attention.weights(*layer.attention.held(pr)))
         # output channels, features or the embedding width: parameters alike per entry
         whole = layer.model_split_limit
         return layer.params * _ceil_div(whole, pr) / whole

@@ -387,6 +387,10 @@ class LearnedEstimator:
     def __init__(self, models: ModelSet | None = None,
                  models_dir: str | os.PathLike[str] | None = None) -> None:
         self.models = models if models is not None else load_models(models_dir)
+        #: elementwise, normalisation and pooling passes pay the least launch floor
+        #: fitted to any measured kernels (a launch is never free)
+        self._pass_floor = min((m.floor_s for model in self.models.models.values()
+                                for m in model.members), default=0.0)
         #: per (device, dtype): kernel -> (seconds, source)
         self._memo: IdentityMemo[Kernel, tuple[float, str]] = IdentityMemo()
 
@@ -459,13 +463,9 @@ class LearnedEstimator:
                     fallback.append(i)
                     floor[i] = launch
         rest = [i for i, s in enumerate(source) if not s]
-        # elementwise, normalisation and pooling passes: the roofline plus the least
-        # launch floor fitted to any measured kernels (a launch is never free)
-        pass_floor = min((m.floor_s for model in self.models.models.values()
-                          for m in model.members), default=0.0)
         for i in rest:
             source[i] = "roofline"
-            floor[i] = pass_floor
+            floor[i] = self._pass_floor
         fallback += rest
         if fallback:
             sub_k = [kernels[i] for i in fallback]
