@@ -14,6 +14,8 @@ from .cli import Whole, check_output, format_option, output_option, plain_whole,
 from .errors import UsageError
 
 ESTIMATORS = ("auto", "roofline", "learned")
+#: --precision: the network dtypes and their short names
+PRECISIONS = ("float32", "float16", "bfloat16", "float64", "fp32", "fp16", "bf16", "fp64")
 
 
 def _size(value: str) -> float:
@@ -44,6 +46,9 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--optimizer", type=click.Choice(("sgd", "momentum", "adam")),
                      default="momentum", show_default=True,
                      help="Optimizer state kept per parameter."),
+        click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+                     help="dtype of the weights and activations, in place of the "
+                          "network's (bf16 = bfloat16, fp16 = float16, fp32 = float32)."),
         click.option("--master-weights/--no-master-weights", default=None,
                      help="Keep fp32 master weights (default: for 16-bit dtypes)."),
         click.option("--zero", type=click.Choice(("0", "1", "2", "3", "auto")),
@@ -112,8 +117,8 @@ class Question:
 def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model: str,
                   overlap: str, bucket: str, optimizer: str, master_weights: bool | None,
                   algorithm: str | None, estimator: str, models_dir: str | None,
-                  zero: int | str = 0, recompute: str = "none", zero_shard: str = "all"
-                  ) -> Question:
+                  zero: int | str = 0, recompute: str = "none", zero_shard: str = "all",
+                  precision: str | None = None) -> Question:
     """Load both files, build the options and the cost context (``zero="auto"`` or
     ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
     from .evaluate import ZERO_STAGES, Options, check_question, make_context
@@ -134,6 +139,12 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     from .costs.layer import canonical_recompute
 
     net = load_network(network)
+    if precision is not None:
+        import dataclasses
+
+        from .network import DTYPE_ALIASES
+
+        net = dataclasses.replace(net, dtype=DTYPE_ALIASES.get(precision, precision))
     cl = load_cluster(cluster)
     stages = ZERO_STAGES if zero == "auto" else (int(zero),)
     # within nodes is the same as over all replicas while the devices fit in one node

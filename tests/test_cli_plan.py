@@ -302,3 +302,45 @@ def test_baselines_keep_pins_alike_at_every_device_count(runner):
                                      "--format", "json").stdout)
         plain = next(b for b in unpinned["baselines"] if b["name"] == "data")
         assert plain["description"] == f"data 1x{p}"
+
+
+def test_precision_option_is_the_network_in_that_dtype(runner, tmp_path):
+    """``--precision bf16`` answers what editing the network's ``dtype`` would: the same
+    plan bar the network file's name and digest, and ``check`` takes it as the plan of a
+    configuration that says ``precision: bfloat16``."""
+    edited = tmp_path / "alexnet-bf16.yaml"
+    edited.write_text(ALEX.read_text().replace("dtype: float32", "dtype: bfloat16"))
+    docs = []
+    for net, extra in ((ALEX, ["--precision", "bf16"]), (edited, [])):
+        result = invoke(runner, "plan", net, DGX, "-p", "16", "-b", "512", "--format",
+                        "json", *extra)
+        assert result.exit_code == 0, result.stderr
+        doc = json.loads(result.stdout)
+        del doc["inputs"]["network"]
+        docs.append(doc)
+    assert docs[0] == docs[1]
+    assert docs[0]["problem"]["dtype"] == "bfloat16"
+    assert docs[0]["problem"]["master_weights"] is True  # 16-bit: fp32 master copy
+    plain = invoke(runner, "plan", ALEX, DGX, "-p", "16", "-b", "512", "--format", "json")
+    assert json.loads(plain.stdout)["problem"]["dtype"] == "float32"
+    assert json.loads(plain.stdout)["iteration"]["time_s"] > docs[0]["iteration"]["time_s"]
+
+    plan = tmp_path / "plan.yaml"
+    assert invoke(runner, "plan", ALEX, DGX, "-p", "16", "-b", "512", "--precision",
+                  "bfloat16", "-o", plan).exit_code == 0
+    cfg = tmp_path / "c.yaml"
+    text = (f"kind: training\nnetwork: {ALEX}\ncluster: {DGX}\ngpus: 16\nbatch: 512\n"
+            "strategy: {plan: plan.yaml}\n")
+    cfg.write_text(text + "precision: bfloat16\n")
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 0, result.stdout
+    cfg.write_text(text)
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 1
+    assert "the plan is for dtype=bfloat16, the configuration says float32" in result.stdout
+
+
+def test_precision_option_rejects_an_unknown_dtype(runner):
+    result = invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64", "--precision", "int8")
+    assert result.exit_code == 2
+    assert "Invalid value for '--precision'" in result.stderr and "bf16" in result.stderr
