@@ -19,12 +19,10 @@ PRECISIONS = ("float32", "float16", "bfloat16", "float64", "fp32", "fp16", "bf16
 
 
 def _size(value: str) -> float:
-    from .units import UnitError, parse_quantity
+    from .units import UnitError, parse_bucket_size
 
-    if value.strip() == "0":  # no unit needed for nothing: one bucket per layer
-        return 0.0
     try:
-        return parse_quantity(value, "bytes", positive=False)
+        return parse_bucket_size(value)
     except UnitError as exc:
         raise click.BadParameter(str(exc), param_hint="'--bucket-size'") from None
 

@@ -118,6 +118,16 @@ def number(minimum: float = 0.0, maximum: float = math.inf, *, exclusive_min: bo
     return convert
 
 
+def bucket_size(value: object) -> float:
+    """Converter: a gradient bucket size (:func:`planner.units.parse_bucket_size`)."""
+    from .units import parse_bucket_size
+
+    try:
+        return parse_bucket_size(value)
+    except UnitError as exc:
+        raise Invalid(str(exc)) from None
+
+
 def quantity(kind: Kind, *, positive: bool = True, minimum: float = 0.0,
              maximum: float = math.inf) -> Callable[[object], float]:
     """Converter: a unit string or SI number (see :mod:`planner.units`), optionally within

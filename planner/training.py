@@ -46,7 +46,17 @@ from .evaluate import (
     evaluate,
     make_context,
 )
-from .fields import Fields, Invalid, boolean, choice, integer, number, quantity, show, string
+from .fields import (
+    Fields,
+    Invalid,
+    boolean,
+    bucket_size,
+    choice,
+    integer,
+    number,
+    show,
+    string,
+)
 from .inputs import cluster_from_document, network_from_document
 from .layout import (
     MODES,
@@ -90,17 +100,12 @@ class TrainingConfig:
         return self.document.find_mark(path, at_key=True)
 
 
-def _pins(value: object) -> list[str]:
+def _pins(value: object) -> list[object]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value:
         raise Invalid("expected a list of pins like ['conv*=data', 'fc*=model:8x8']")
-    out = []
-    for item in value:
-        if not isinstance(item, str):
-            raise Invalid(f"expected a pin string 'GLOB=MODE[:PRxPC]', got {item!r}")
-        out.append(item)
-    return out
+    return list(value)  # each entry is checked at its own line below
 
 
 def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
@@ -133,7 +138,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         rel = f.req(key, string)
         if rel is not None:
             p = (base / rel).resolve()
-            if not p.is_file():
+            if p.is_dir():
+                f.error(key, f"{key} '{rel}' is a directory; name the {key} YAML file in it "
+                             f"(paths are relative to the configuration's folder, {base})")
+            elif not p.is_file():
                 f.error(key, f"{key} file '{rel}' not found (paths are relative to the "
                              f"configuration's folder, {base})")
             paths[key] = p
@@ -148,7 +156,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                                  f"{', '.join(DTYPE_BYTES)}")
     master = f.opt_none("master_weights", boolean)
     overlap = f.opt("overlap", choice(OVERLAPS), "gradients")
-    bucket = f.opt("bucket_size", quantity("bytes", positive=False), float(DEFAULT_BUCKET_BYTES))
+    bucket = f.opt("bucket_size", bucket_size, float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
     zero = f.opt("zero", integer(0, 3), 0)
     zero_shard = f.opt("zero_shard", choice(ZERO_SHARDS), "all")
@@ -174,7 +182,9 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
             rel = sf.req("plan", string)
             if rel is not None:
                 p = (base / rel).resolve()
-                if not p.is_file():
+                if p.is_dir():
+                    sf.error("plan", f"plan '{rel}' is a directory; name the plan file in it")
+                elif not p.is_file():
                     sf.error("plan", f"plan file '{rel}' not found (make it with `planner "
                                      "plan ... -o FILE`)")
                 strategy["plan"] = p
@@ -191,6 +201,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         elif sf.has("pins"):
             strategy["pins"] = sf.req("pins", _pins)
             for i, text in enumerate(strategy["pins"] or []):
+                if not isinstance(text, str):
+                    issues.append(Issue(f"{sf.at('pins')}[{i}]", "expected a pin string "
+                                        f"'GLOB=MODE[:PRxPC]', got {show(text)}"))
+                    continue
                 try:  # as `check` parses them, so `validate` reports the same
                     if gpus is not None:
                         parse_pin(text, gpus, "gpus", "pin")

@@ -128,6 +128,19 @@ def parse_quantity(value: object, kind: Kind, *, positive: bool = True) -> float
     return number
 
 
+def parse_bucket_size(value: object) -> float:
+    """A gradient bucket size in whole bytes (rounded to the nearest; plans record whole
+    bytes), or 0 for one bucket per layer. A size of less than one byte is refused: it
+    would mean one bucket per collective, and read back as 0 or 1."""
+    if isinstance(value, str) and value.strip() == "0":  # no unit needed for nothing
+        return 0.0
+    number = parse_quantity(value, "bytes", positive=False)
+    if 0 < number < 0.5:
+        raise UnitError(f"{value!r} is less than one byte; use 0 for one bucket per layer, "
+                        "or a size such as '25 MiB'")
+    return float(round(number))
+
+
 def _closest_unit(unit: str, kind: Kind) -> str | None:
     import difflib
 

@@ -416,3 +416,47 @@ def test_check_on_a_network_or_cluster_file_says_what_it_is(runner):
         assert (f"this is a {kind} file, not a training configuration; a configuration "
                 f"names it as '{kind}: FILE', with '{other}', 'gpus' and 'batch'") in r.stderr
         assert "missing required key" not in r.stderr
+
+
+def test_training_non_string_pins_and_a_fraction_of_a_byte(runner, tmp_path):
+    """Each entry of ``strategy.pins`` that is not a string is reported at its own line
+    (it was reported once, at the list's first line); a bucket of less than one byte is
+    refused (it would mean one bucket per collective and read back as 0 or 1)."""
+    cfg = tmp_path / "pins.yaml"
+    cfg.write_text("kind: training\n"
+                   f"network: {EXAMPLES / 'networks' / 'alexnet.yaml'}\n"
+                   f"cluster: {EXAMPLES / 'clusters' / 'dgx-h100.yaml'}\n"
+                   "gpus: 16\nbatch: 256\nbucket_size: 0.4 B\nstrategy:\n  pins:\n"
+                   "    - 'conv*=data'\n"
+                   "    - 5\n"
+                   "    - {fc: model}\n")
+    result = invoke(runner, "validate", str(cfg))
+    assert result.exit_code == 2, result.stdout + result.stderr
+    lines = [x for x in result.stderr.splitlines() if ": error: " in x]
+    assert lines == [
+        f"{cfg}:6:14: error: '0.4 B' is less than one byte; use 0 for one bucket per layer, "
+        "or a size such as '25 MiB' (at $.bucket_size)",
+        f"{cfg}:10:7: error: expected a pin string 'GLOB=MODE[:PRxPC]', got 5 (at "
+        "$.strategy.pins[1])",
+        f"{cfg}:11:7: error: expected a pin string 'GLOB=MODE[:PRxPC]', got a mapping (at "
+        "$.strategy.pins[2])"], result.stderr
+
+
+def test_training_paths_that_are_directories(runner, tmp_path):
+    """A folder where a file belongs is said to be one (it was reported 'not found')."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "plans").mkdir()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"kind: training\nnetwork: nets\ncluster: {EXAMPLES / 'clusters'}\n"
+                   "gpus: 8\nbatch: 8\nstrategy: {plan: plans}\n")
+    result = invoke(runner, "check", str(cfg))
+    assert result.exit_code == 2
+    lines = [x for x in result.stderr.splitlines() if ": error: " in x]
+    assert lines == [
+        f"{cfg}:2:10: error: network 'nets' is a directory; name the network YAML file in it "
+        f"(paths are relative to the configuration's folder, {tmp_path}) (at $.network)",
+        f"{cfg}:3:10: error: cluster '{EXAMPLES / 'clusters'}' is a directory; name the "
+        f"cluster YAML file in it (paths are relative to the configuration's folder, "
+        f"{tmp_path}) (at $.cluster)",
+        f"{cfg}:6:18: error: plan 'plans' is a directory; name the plan file in it (at "
+        "$.strategy.plan)"], result.stderr

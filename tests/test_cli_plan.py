@@ -344,3 +344,12 @@ def test_precision_option_rejects_an_unknown_dtype(runner):
     result = invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64", "--precision", "int8")
     assert result.exit_code == 2
     assert "Invalid value for '--precision'" in result.stderr and "bf16" in result.stderr
+
+
+def test_bucket_size_of_a_fraction_of_a_byte_is_refused(runner):
+    result = invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64", "--bucket-size", "0.4B")
+    assert result.exit_code == 2
+    assert "'0.4B' is less than one byte; use 0 for one bucket per layer" in result.stderr
+    result = invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64", "--bucket-size",
+                    "0.1 MiB", "--format", "json")
+    assert json.loads(result.stdout)["problem"]["bucket_bytes"] == 104858  # 104,857.6

@@ -218,6 +218,22 @@ def test_not_a_manifest(tmp_path):
         load_dir(tmp_path)
 
 
+def test_corrupt_manifest_is_reported_at_its_line(runner, model_copy):
+    """A manifest that is not YAML is reported at file:line:col with what to do, exit 2
+    (it was PyYAML's own multi-line text)."""
+    path = model_copy / MANIFEST
+    path.write_text("kind: planner-kernel-models\nmodels: [gemm-fp32,\n  {bad\n")
+    r = invoke(runner, "kernels", "predict", "--device", "T4", "--gemm", "64,64,64",
+               "--models-dir", model_copy)
+    assert r.exit_code == 2
+    # libyaml and the pure-Python parser word the problem differently
+    assert r.stderr.startswith(f"{path}:4:1: error: the manifest is not valid YAML (while "
+                               "parsing a flow mapping: "), r.stderr
+    assert r.stderr.endswith("); rebuild the models with `planner kernels fit`, or reinstall "
+                             "the planner for the shipped ones\n"), r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
+
+
 def test_bad_error_bands_name_the_manifest(model_copy):
     doc = yaml.safe_load((model_copy / MANIFEST).read_text())
     doc["error_bands"]["ops"]["gemm"]["edges"].reverse()  # no longer ascending

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from planner.units import UnitError, format_bytes, format_si, parse_quantity
+from planner.units import UnitError, format_bytes, format_si, parse_bucket_size, parse_quantity
 
 
 @pytest.mark.parametrize(
@@ -71,3 +71,23 @@ def test_format():
     assert format_bytes(80 * 2**30) == "80 GiB"
     assert format_bytes(3 * 2**60) == "3 EiB" and format_bytes(2**59) == "512 PiB"
     assert format_bytes(12) == "12 B"
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("0", 0.0), (0, 0.0), ("0 B", 0.0), ("25 MiB", 26214400.0), ("1.5 B", 2.0),
+    ("0.6 B", 1.0), ("0.1 MiB", 104858.0),  # 104,857.6 bytes, rounded to the nearest
+    (1000, 1000.0),
+])
+def test_bucket_sizes_are_whole_bytes(value, expected):
+    assert parse_bucket_size(value) == expected
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("0.4 B", "less than one byte; use 0 for one bucket per layer"),
+    (0.25, "less than one byte"),
+    ("-1 B", "non-negative"),
+    ("25 MB/s", "unknown unit"),
+])
+def test_bucket_sizes_refused(value, said):
+    with pytest.raises(UnitError, match=said):
+        parse_bucket_size(value)

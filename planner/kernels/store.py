@@ -369,6 +369,13 @@ def load_dir(directory: str | Path) -> ModelSet:
         # libyaml's safe loader when present (10x faster on this 25 kB file than the
         # pure-Python one, which is the fallback); both construct plain data only
         doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.MarkedYAMLError as exc:  # where in the file, as for the user's inputs
+        mark = exc.problem_mark or exc.context_mark
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        what = ": ".join(x for x in (exc.context, exc.problem) if x)
+        raise ModelDataError(f"{manifest_path}{at}: error: the manifest is not valid YAML "
+                             f"({what}); rebuild the models with `planner kernels fit`, or "
+                             "reinstall the planner for the shipped ones") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ModelDataError(f"{manifest_path}: error: cannot read the manifest ({exc})") \
             from None
