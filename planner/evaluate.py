@@ -490,8 +490,11 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
                           if _prefetched(t, "forward")), reverse=True)
         if len(gathers) > 1:
             largest += min(sum(gathers[1:]), options.bucket_bytes + gathers[1])
-    # buckets fill with whole gradients before they are reduced (or reduce-scattered)
-    buckets = min(grads, 2 * options.bucket_bytes) if options.overlap == "gradients" else 0.0
+    # buckets fill with whole gradients before they are reduced (or reduce-scattered):
+    # only gradients that have replicas to be summed with (none on one device)
+    reduced = sum(t.bytes for r in results for t in r.cost.terms if t.phase == "weight_grad")
+    buckets = min(grads, reduced, 2 * options.bucket_bytes) \
+        if options.overlap == "gradients" else 0.0
     return MemoryReport(
         weights=owned[0],
         gradients=owned[1],

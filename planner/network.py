@@ -390,6 +390,18 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         out["backward_data"] += ([scores] if a.flash else []) + [
             scores, mix, mix, mix, Gemm(t, proj_in, a.dim), Gemm(t, a.dim, qkv)]
         out["backward_weight"] += [Gemm(a.dim, proj_in, t), Gemm(qkv, a.dim, t)]
+        if not a.flash:
+            # an unfused kernel also passes over the score matrix in memory: the scaled,
+            # masked softmax as one pass (Megatron-LM's fused kernel: read the scores,
+            # write P) and its backward (read P and dP, write dS); with dropout a pass
+            # that writes the dropped P and a byte of mask per score, and its backward
+            # (read the gradient and the mask, write). Flash attention fuses all of it.
+            n, eb = float(bh) * a.seq * a.seq, elem_bytes
+            out["forward"].append(Elementwise(2 * eb * n, 5 * n, "softmax"))
+            out["backward_data"].append(Elementwise(3 * eb * n, 10 * n, "softmax"))
+            if a.dropout > 0:
+                out["forward"].append(Elementwise((2 * eb + 1) * n, n, "dropout"))
+                out["backward_data"].insert(0, Elementwise((2 * eb + 1) * n, n, "dropout"))
         return out
     if layer.embedding is not None:
         e = layer.embedding

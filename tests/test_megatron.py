@@ -197,15 +197,17 @@ def test_the_loss_is_timed_on_the_output_where_it_lives():
     split = make_layout("column", 4, 2).output_dist()  # 8 samples, a quarter of the vocab
     ks, terms = loss_cost(head, split, ctx)
     assert [k.bytes for k in ks["forward"]] == [2 * 8 * 128 * 1000 / 4 * E]
-    assert [(t.phase, t.collective, t.group.size, t.bytes) for t in terms] == [
-        ("forward", "all_reduce", 4, 3 * 8 * 128 * 4)]
+    assert [(t.phase, t.collective, t.group.size, t.bytes, t.note) for t in terms] == [
+        ("forward", "all_reduce", 4, 8 * 128 * 4, f"loss: {what}")
+        for what in ("maximum", "target logit", "sum of exponentials")]
     # in the evaluation, on the last layer (the fixed estimator: 1e-5 s a kernel)
     ev = evaluate(ctx, opts, {0: make_layout("column", 4, 2)})
     cost = ev.layers[-1].cost
     # forward: the GEMM and the loss; backward: the weight gradient (the input needs
     # none) and the loss
     assert cost.forward_s == pytest.approx(2e-5) and cost.backward_s == pytest.approx(2e-5)
-    assert [t.note for t in cost.terms if t.phase == "forward"] == ["loss"]
+    assert [t.note for t in cost.terms if t.phase == "forward"] == [
+        "loss: maximum", "loss: target logit", "loss: sum of exponentials"]
 
 
 def test_a_tied_head_column_split_keeps_its_logits_split():
@@ -225,7 +227,9 @@ def test_a_tied_head_column_split_keeps_its_logits_split():
     assert [(t.collective, t.bytes) for t in g_head.cost.terms if t.phase == "forward"] == [
         ("all_gather", b * seq * vocab * E)]
     assert [(t.collective, t.bytes, t.note) for t in s_head.cost.terms
-            if t.phase == "forward"] == [("all_reduce", 3 * b * seq * 4, "loss")]
+            if t.phase == "forward"] == [
+        ("all_reduce", b * seq * 4, f"loss: {what}")
+        for what in ("maximum", "target logit", "sum of exponentials")]
     assert s_head.activation_bytes == pytest.approx(g_head.activation_bytes / 4, rel=0.01)
     assert split.time_s < gathered.time_s
     assert holds_alike(base[wte.index], make_layout("column", 4, 2))

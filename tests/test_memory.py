@@ -48,6 +48,27 @@ def test_mlp_data_parallel_by_hand():
     assert m.peak == pytest.approx(12 * params + 2 * 64000 + 640 + 128000 + 4004000)
 
 
+def test_gradient_buckets_only_where_gradients_are_reduced():
+    """With overlap, gradients gather in buckets (two of ``bucket_bytes`` at most) before
+    their all-reduce; a layout with no replicas to reduce with holds none: one device
+    (it held two 25 MiB buckets with nothing to send), or every layer model-split over
+    all of them."""
+    net = mlp([1000, 1000, 10])
+    params = 1000 * 1000 + 1000 + 1000 * 10 + 10
+    # buckets of 1.5 MB: data 1x4 reduces all 4,044,040 bytes of gradient (two full
+    # buckets); model 2x2 holds and reduces half of them, 2,022,020 (one and a bit)
+    for p, mode, grid, buckets in ((1, "data", (1, 1), 0), (4, "model", (4, 1), 0),
+                                   (4, "data", (1, 4), 3 * 10**6),
+                                   (4, "model", (2, 2), params * 4 // 2)):
+        ev = _eval(net, cluster(), {lay.index: make_layout(mode, *grid)
+                                    for lay in net.layers if lay.has_weights}, p, 64,
+                   overlap="gradients", bucket_bytes=1.5e6)
+        largest = max((t.bytes for r in ev.layers for t in r.cost.terms), default=0.0)
+        assert ev.memory.comm_buffers == largest + buckets, (p, mode, grid)
+        if p == 1:
+            assert largest == 0 and ev.memory.gradients == params * 4
+
+
 def test_model_split_shards_parameters():
     net = mlp([1000, 1000, 10])
     ev = _eval(net, cluster(), {lay.index: make_layout("model", 2, 2) for lay in net.layers

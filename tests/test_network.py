@@ -6,7 +6,7 @@ import pytest
 
 from planner.errors import InputError
 from planner.inputs import load_network, load_network_text
-from planner.ops import Conv, Gemm
+from planner.ops import Conv, Elementwise, Gemm
 
 from .conftest import NETWORKS
 
@@ -202,7 +202,36 @@ def test_attention_kernels(flash, causal):
     ks = layer_kernels(att, 2, 2)
     sk = 512 if flash and causal else 1024
     scores, mix = Gemm(1024, sk, 64, 24), Gemm(1024, 64, sk, 24)
-    assert [k for k in ks["forward"] if k.batch > 1] == [scores, mix]
-    assert [k for k in ks["backward_data"] if k.batch > 1] == (
-        [scores] * flash + [scores, mix, mix, mix])
+    def batched(kernels):
+        return [k for k in kernels if isinstance(k, Gemm) and k.batch > 1]
+
+    assert batched(ks["forward"]) == [scores, mix]
+    assert batched(ks["backward_data"]) == [scores] * flash + [scores, mix, mix, mix]
+    # an unfused kernel's softmax passes over the 2 x 12 x 1,024² scores in bf16: read the
+    # scores and write P forward (4 bytes a score); read P and dP, write dS backward (6)
+    passes = [(k.label, k.bytes) for phase in ("forward", "backward_data")
+              for k in ks[phase] if isinstance(k, Elementwise)]
+    n = 2 * 12 * 1024 * 1024
+    assert passes == ([] if flash else [("softmax", 4 * n), ("softmax", 6 * n)])
     assert att.macs == 1024 * 768 * 4 * 768 + 2 * 12 * 1024 * sk * 64
+
+
+def test_unfused_attention_dropout_passes():
+    """With dropout on the probabilities an unfused kernel adds a pass each way over the
+    scores (fp32: read P, write the dropped P and a byte of mask, 9 bytes a score; its
+    backward reads the gradient and the mask and writes, 9 too), beside the softmax's 8
+    and 12 bytes; flash attention fuses them all (Dao et al. 2022)."""
+    from planner.network import layer_kernels
+
+    for flash in (False, True):
+        net = load_network_text("kind: network\ninput: [256, 64]\nlayers:\n  - {type: "
+                                f"attention, heads: 4, dropout: 0.1, flash: "
+                                f"{str(flash).lower()}}}\n")
+        ks = layer_kernels(net.layers[0], 3, 4)
+        n = 3 * 4 * 256 * 256
+        passes = {phase: [(k.label, k.bytes) for k in ks[phase] if isinstance(k, Elementwise)]
+                  for phase in ("forward", "backward_data", "backward_weight")}
+        assert passes == ({"forward": [], "backward_data": [], "backward_weight": []} if flash
+                          else {"forward": [("softmax", 8 * n), ("dropout", 9 * n)],
+                                "backward_data": [("dropout", 9 * n), ("softmax", 12 * n)],
+                                "backward_weight": []})

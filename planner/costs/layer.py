@@ -499,7 +499,8 @@ def loss_cost(layer: Layer, dist: Dist, ctx: Context,
     elements this device holds. Logits split by features (a column layer last, as
     Megatron's vocabulary-parallel cross-entropy) need each token's maximum, target
     logit and sum of exponentials from the whole row: three all-reduces of one fp32
-    number per token over the feature group, forward."""
+    number per token over the feature group, forward (three calls: the maximum is needed
+    before the exponentials are taken)."""
     b = _ceil_div(ctx.batch, dist.batch[1])
     elems = layer.out_elems * b / dist.split
     e = ctx.elem_bytes
@@ -511,7 +512,9 @@ def loss_cost(layer: Layer, dist: Dist, ctx: Context,
     if dist.feature is not None and not ctx.paper:
         tokens = layer.out_elems // layer.output_shape[-1]
         group = node_group((dist.feature,), dist.p, ctx.per_node)
-        _add(terms, term(ctx, "forward", "all_reduce", group, 3.0 * b * tokens * 4, "loss"))
+        for what in ("maximum", "target logit", "sum of exponentials"):  # in this order
+            _add(terms, term(ctx, "forward", "all_reduce", group, 4.0 * b * tokens,
+                             f"loss: {what}"))
     return kernels, terms
 
 
