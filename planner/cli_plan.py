@@ -372,8 +372,10 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
             if not _matches(layer.name, pin.pattern):
                 continue
             used[i] = True
+            # a grid of one row is data parallelism whatever the mode says (as in cost)
+            mode = "data" if pin.grid is not None and pin.grid[0] == 1 else pin.mode
             allowed = [lay for lay in candidate_layouts(layer, p, b, paper)
-                       if lay.mode == pin.mode and (pin.grid is None or lay.grid == pin.grid)]
+                       if lay.mode == mode and (pin.grid is None or lay.grid == pin.grid)]
             if not allowed:
                 from .layout import pin_layout
 
@@ -614,11 +616,13 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                         row["zero_shard"] = q.options.zero_shard
                 if q.recompute_auto:
                     row["recompute"] = q.options.recompute
-                if data_base is not None and data_base.candidate is not None:
-                    row["speedup_vs_data"] = data_base.candidate.evaluation.time_s / ev.time_s
+                # null where data parallelism is not applicable (or does not fit)
+                row["speedup_vs_data"] = data_base.candidate.evaluation.time_s / ev.time_s \
+                    if data_base is not None and data_base.candidate is not None else None
                 rows.append(row)
             except NoFeasiblePlan as exc:
-                rows.append({"gpus": p, "batch": b, "feasible": False, "reason": str(exc)})
+                rows.append({"gpus": p, "batch": b, "feasible": False,
+                             "reason": str(exc).removeprefix("planner: ")})
             if progress is not None and task is not None:
                 progress.update(task, completed=i + 1)
     finally:
@@ -664,7 +668,7 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
                       textwrap.fill(reason, 16, break_long_words=False))
             continue
         lay = [f"{n}× {k}" for k, n in r["layouts"].items()]
-        vs = f"{r['speedup_vs_data']:.3g}x" if "speedup_vs_data" in r else "n/a"
+        vs = f"{r['speedup_vs_data']:.3g}x" if r.get("speedup_vs_data") is not None else "n/a"
         t.add_row(str(r["gpus"]), str(r["batch"]), format_time(r["time_s"]),
                   f"{r['samples_per_s']:.4g}", format_time(r["exposed_comm_s"]),
                   format_bytes(r["peak_bytes"]),
@@ -696,8 +700,9 @@ def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = ()) 
             continue
         ax1.plot([r["gpus"] for r in pts], [r["time_s"] * 1e3 for r in pts], "o-",
                  label=f"batch {b}")
-        ax2.plot([r["gpus"] for r in pts], [r.get("speedup_vs_data", float("nan"))
-                                            for r in pts], "o-", label=f"batch {b}")
+        speedups = [r["speedup_vs_data"] for r in pts]
+        ax2.plot([r["gpus"] for r in pts], [float("nan") if x is None else x for x in speedups],
+                 "o-", label=f"batch {b}")
     for ax, label in ((ax1, "iteration time (ms)"), (ax2, "speedup over data parallel")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("devices")

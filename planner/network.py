@@ -36,6 +36,7 @@ import dataclasses
 import difflib
 import fnmatch
 import functools
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -726,18 +727,31 @@ class _Builder:
     failed: bool = False
     input_kind: str = "image"
 
+    #: names the file gives explicitly, which no automatic name may take
+    reserved: set[str] = field(default_factory=set)
+
     def auto_name(self, prefix: str, kind: str) -> str:
+        """The next ``kind<k>`` under ``prefix`` that no layer has or is given."""
         key = f"{prefix}|{kind}"
-        self.counters[key] = self.counters.get(key, 0) + 1
-        base = f"{kind}{self.counters[key]}"
-        return f"{prefix}.{base}" if prefix else base
+        while True:
+            self.counters[key] = self.counters.get(key, 0) + 1
+            base = f"{kind}{self.counters[key]}"
+            name = f"{prefix}.{base}" if prefix else base
+            if name not in self.names and name not in self.reserved:
+                return name
 
 
 def _expand(specs: list[_Spec], prefix: str) -> Iterator[tuple[_Spec, str]]:
-    """Flatten repeat groups, yielding (spec, full name prefix for it)."""
+    """Flatten repeat groups, yielding (spec, full name prefix for it). Groups without a
+    name are ``repeat``, then ``repeat2``, ``repeat3``... (skipping the names given)."""
+    named = {spec.name for spec in specs if spec.name}
     for spec in specs:
         if spec.kind == "repeat":
-            group = spec.name or "repeat"
+            group = spec.name
+            if group is None:
+                group = next(g for g in itertools.chain(
+                    ["repeat"], (f"repeat{k}" for k in itertools.count(2))) if g not in named)
+                named.add(group)
             base = f"{prefix}.{group}" if prefix else group
             single = len(spec.children) == 1 and spec.children[0].name is None
             for i in range(spec.start, spec.start + spec.count):
@@ -764,7 +778,13 @@ def _full_name(b: _Builder, spec: _Spec, prefix: str) -> str:
 
 def _build_seq(b: _Builder, specs: list[_Spec], prefix: str, shape: Shape | None, src: int,
                block: str | None, role: str | None) -> tuple[Shape | None, int]:
-    for spec, pre in _expand(specs, prefix):
+    expanded = list(_expand(specs, prefix))
+    for spec, pre in expanded:  # the names given here, before any is made up
+        if pre.endswith("\0"):
+            b.reserved.add(pre[:-1])
+        elif spec.name is not None:
+            b.reserved.add(f"{pre}.{spec.name}" if pre else spec.name)
+    for spec, pre in expanded:
         name = _full_name(b, spec, pre)
         if spec.kind == "residual":
             if block is not None:

@@ -232,8 +232,11 @@ def _recompute_setting(value: object) -> str:
     """Converter: none, blocks or a number of residual blocks (the first ones)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return str(value)
-    if isinstance(value, str) and value in RECOMPUTE:
-        return value
+    if isinstance(value, str) and (value in RECOMPUTE or value.isdigit()):
+        return str(int(value)) if value.isdigit() else value  # as plans write it: '2'
+    if value == "auto":
+        raise Invalid("'auto' is for the search: run `planner plan ... --recompute auto` and "
+                      "write the setting it picks (the plan's problem.recompute) here")
     raise Invalid(f"expected none, blocks or a number of blocks, got {show(value)}")
 
 

@@ -130,6 +130,11 @@ def test_sweep_table_json_and_plot(runner, tmp_path):
     assert [(r["gpus"], r["batch"]) for r in rows] == [
         (8, 256), (16, 256), (1024, 256), (8, 1024), (16, 1024), (1024, 1024)]
     assert all(r["feasible"] for r in rows if r["gpus"] <= 16)
+    # every feasible row has the same keys: null where data parallelism cannot run (a
+    # batch of 256 on 1,024 devices); the key was left out there
+    assert len({tuple(sorted(r)) for r in rows if r["feasible"]}) == 1
+    assert [r["speedup_vs_data"] is None for r in rows] == [
+        False, False, True, False, False, False]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = invoke(runner, "sweep", ALEX, DGX, "-p", "8,16", "-b", "256",
                    "--estimator", "roofline")
@@ -353,3 +358,26 @@ def test_bucket_size_of_a_fraction_of_a_byte_is_refused(runner):
     result = invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64", "--bucket-size",
                     "0.1 MiB", "--format", "json")
     assert json.loads(result.stdout)["problem"]["bucket_bytes"] == 104858  # 104,857.6
+
+
+def test_pin_with_a_one_row_grid_is_data_parallelism(runner):
+    """``--pin fc6=model:1x8`` is data parallelism (one row of the grid), as ``cost``
+    takes it; plan refused it ('cannot use data 1x8: no grid allows it')."""
+    for pin in ("fc6=model:1x8", "fc6=column:1x8", "conv1=domain:1x8"):
+        layers = {}
+        for command in ("plan", "cost"):
+            result = invoke(runner, command, ALEX, DGX, "-p", "8", "-b", "64", "--pin", pin,
+                            "--format", "json")
+            assert result.exit_code == 0, (pin, command, result.stderr)
+            layers[command] = {r["name"]: (r["mode"], r["grid"])
+                               for r in json.loads(result.stdout)["layers"]}
+        name = pin.split("=")[0]
+        assert layers["plan"][name] == layers["cost"][name] == ("data", [1, 8])
+
+
+def test_sweep_reason_is_the_message_alone(runner):
+    result = invoke(runner, "sweep", NETWORKS / "gpt2-small.yaml", DGX, "-p", "1", "-b", "256",
+                    "--format", "json", "--estimator", "roofline")
+    assert result.exit_code == 1
+    (row,) = json.loads(result.stdout)["results"]
+    assert row["feasible"] is False and row["reason"].startswith("no plan fits in memory")

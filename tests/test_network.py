@@ -235,3 +235,27 @@ def test_unfused_attention_dropout_passes():
                           else {"forward": [("softmax", 8 * n), ("dropout", 9 * n)],
                                 "backward_data": [("dropout", 9 * n), ("softmax", 12 * n)],
                                 "backward_weight": []})
+
+
+def test_automatic_names_skip_the_names_given():
+    """A layer without a name takes the next ``kind<k>`` that no layer has or is given
+    anywhere in its list (an unnamed linear before one named ``linear1`` was called
+    ``linear1`` too, and the file was refused as a duplicate the user never wrote);
+    unnamed repeat groups are ``repeat``, ``repeat2``... (two were both ``repeat``)."""
+    net = load_network_text(
+        "kind: network\ninput: [10]\nlayers:\n"
+        "  - {type: linear, out_features: 10}\n"
+        "  - {name: linear1, type: linear, out_features: 10}\n"
+        "  - {type: linear, out_features: 10}\n"
+        "  - repeat: 2\n    layers:\n      - {type: linear, out_features: 10}\n"
+        "  - {name: repeat2, type: relu}\n"
+        "  - repeat: 1\n    layers:\n      - {type: linear, out_features: 10}\n"
+        "      - {type: relu}\n")
+    assert [layer.name for layer in net.layers] == [
+        "linear2", "linear1", "linear3", "repeat.0", "repeat.1", "repeat2",
+        "repeat3.0.linear1", "repeat3.0.relu1"]
+    # names given twice are still an error, at the second
+    with pytest.raises(InputError, match="duplicate layer name 'fc'"):
+        load_network_text("kind: network\ninput: [10]\nlayers:\n"
+                          "  - {name: fc, type: linear, out_features: 10}\n"
+                          "  - {name: fc, type: linear, out_features: 10}\n")

@@ -193,7 +193,7 @@ def test_command_line_plan_and_configuration(runner, tmp_path):
     old = json.loads(plan.read_text())
     del old["problem"]["recompute"]
     plan.write_text(json.dumps(old))
-    for extra, stale in (("", False), ("recompute: 0\n", False),
+    for extra, stale in (("", False), ("recompute: 0\n", False), ("recompute: '0'\n", False),
                          ("recompute: blocks\n", True)):
         path = tmp_path / "train.yaml"
         path.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\nbatch: 64\n"
@@ -211,6 +211,12 @@ def test_command_line_plan_and_configuration(runner, tmp_path):
     out = invoke(runner, "check", str(path))
     assert out.exit_code == 2 and "train.yaml:8:12" in out.output, out.output
     assert "the network has 24 residual blocks" in out.output
+    # 'auto' is a search option; the configuration names what the search picked
+    path.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\nbatch: 64\n"
+                    "strategy:\n  grid: 1x8\nrecompute: auto\n")
+    out = invoke(runner, "check", str(path))
+    assert out.exit_code == 2 and "train.yaml:8:12: error: 'auto' is for the search: run " \
+        "`planner plan ... --recompute auto` and write the setting it picks" in out.output
 
 
 def test_recompute_auto_takes_the_fewest_blocks_that_fit(runner):
