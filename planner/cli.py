@@ -300,8 +300,9 @@ def validate(files: tuple[str, ...], quiet: bool) -> None:
 
     Each file says what it is with a top-level `kind: network | cluster | training`, or
     is recognised by its keys (a plan by the `planner:` and `problem:` keys planner
-    writes; its placement is checked, as `planner launch` reads it). Exit 0 when every
-    file is valid, 2 otherwise.
+    writes; its placement is checked, as `planner launch` reads it). A training
+    configuration is checked with the network, cluster and plan it names, as `planner
+    check` reads them, without the search. Exit 0 when every file is valid, 2 otherwise.
     """
     from .errors import InputError
     from .inputs import validate_file

@@ -118,9 +118,11 @@ def validate_file(path: str | os.PathLike[str]) -> tuple[str, Any]:
     if kind == "cluster":
         return kind, cluster_from_document(doc)
     if kind == "training":
-        from .training import training_from_document
+        from .training import prepare_config, training_from_document
 
-        return kind, training_from_document(doc, str(path))
+        cfg = training_from_document(doc, str(path))
+        prepare_config(cfg)  # its network, cluster and strategy too, as check reads them
+        return kind, cfg
     if kind == "plan":
         from .launch import launch_spec
 

@@ -434,10 +434,22 @@ def _config_error(cfg: TrainingConfig, path: str, message: str) -> InputError:
     return cfg.document.error([Issue(path, message)])
 
 
-def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
-    """Run every check on one configuration (input errors raise InputError)."""
-    from .search import search
+@dataclass
+class Prepared:
+    """A configuration with its inputs loaded and its strategy resolved: what ``check``
+    prices, and all that ``validate`` checks (every input error, no search)."""
 
+    network: Network
+    cluster: Cluster
+    options: Options
+    assignment: dict[int, Layout] | None  #: None: the plan file is stale
+    findings: list[Finding]
+
+
+def prepare_config(cfg: TrainingConfig) -> Prepared:
+    """Load the network and cluster a configuration names and resolve its strategy
+    against them (InputError at the file and key at fault: a pin that matches no layer,
+    more devices than the cluster has, a plan that is not one)."""
     net, cl = _network_for(cfg)
     options = Options(gpus=cfg.gpus, batch=cfg.batch, cost_model=cfg.cost_model,
                       overlap=cfg.overlap, bucket_bytes=cfg.bucket_bytes,
@@ -451,14 +463,24 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     wrong = recompute_error(cfg.recompute, len(net.blocks))
     if wrong:
         raise _config_error(cfg, "$.recompute", wrong)
-    ctx = make_context(net, cl, options, estimator)
     findings: list[Finding] = []
     if "plan" in cfg.strategy:
         assignment = _plan_assignment(cfg, net, options, findings)
-        if assignment is None:
-            return CheckReport(cfg, findings)
     else:
         assignment = _strategy_assignment(cfg, net)
+    return Prepared(net, cl, options, assignment, findings)
+
+
+def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
+    """Run every check on one configuration (input errors raise InputError)."""
+    from .search import search
+
+    prep = prepare_config(cfg)
+    net, cl, options, findings = prep.network, prep.cluster, prep.options, prep.findings
+    ctx = make_context(net, cl, options, estimator)
+    assignment = prep.assignment
+    if assignment is None:
+        return CheckReport(cfg, findings)
     key = "$.strategy"
     chosen: Evaluation = evaluate(ctx, options, assignment)
     mem = chosen.memory

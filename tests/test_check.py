@@ -460,3 +460,33 @@ def test_training_paths_that_are_directories(runner, tmp_path):
         f"{tmp_path}) (at $.cluster)",
         f"{cfg}:6:18: error: plan 'plans' is a directory; name the plan file in it (at "
         "$.strategy.plan)"], result.stderr
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (("gpus: 16", "gpus: 16"), None),
+    (("conv*=data", "nomatch*=data"), ":6:19: error: pin 'nomatch*=data' matches no layer "
+                                      "of 'alexnet' (at $.strategy.pins[0])"),
+    (("gpus: 16", "gpus: 2048"), ":4:7: error: gpus=2048 is more than the cluster has (1024) "
+                                 "(at $.gpus)"),
+    (("network: NET", "network: bad.yaml"), "bad.yaml:5:5: error: duplicate layer name 'fc'"),
+])
+def test_validate_finds_what_check_would(runner, tmp_path, edit, said):
+    """``validate`` on a training configuration loads the network, cluster and plan it
+    names and resolves its strategy, so an input error ``check`` would stop at (exit 2)
+    is found there too; it said "ok" to all three of these."""
+    (tmp_path / "bad.yaml").write_text(
+        "kind: network\ninput: [8]\nlayers:\n  - {name: fc, type: linear, out_features: 8}\n"
+        "  - {name: fc, type: linear, out_features: 8}\n")
+    text = ("kind: training\nnetwork: NET\ncluster: "
+            f"{EXAMPLES / 'clusters' / 'dgx-h100.yaml'}\ngpus: 16\nbatch: 256\n"
+            "strategy: {pins: ['conv*=data']}\n")
+    text = text.replace(*edit).replace("NET", str(EXAMPLES / "networks" / "alexnet.yaml"))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    for command in ("validate", "check"):
+        result = invoke(runner, command, str(cfg))
+        if said is None:
+            assert result.exit_code in (0, 1), result.stderr  # valid: check may fail it
+            continue
+        assert result.exit_code == 2, (command, result.stdout)
+        assert said in result.stderr, (command, result.stderr)
