@@ -230,12 +230,12 @@ def _ints(text: str, n_min: int, n_max: int, what: str) -> list[int]:
 @click.option("--conv", "conv", default=None, metavar="N,C,H,W,K,R,S[,STRIDE[,PAD]]",
               help="A convolution: batch N, C×H×W input, K filters R×S.")
 @click.option("--phase", type=click.Choice(("fwd", "bwd_data", "bwd_filter")),
-              default="fwd", show_default=True, help="The convolution pass.")
+              default=None, help="The convolution pass (default: fwd; --conv only).")
 @models_dir_option
 @click.option("--format", "fmt", type=click.Choice(("table", "json", "yaml")),
               default="table", show_default=True)
 def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | None,
-                    phase: str, models_dir: str | None, fmt: str) -> None:
+                    phase: str | None, models_dir: str | None, fmt: str) -> None:
     """Predict the time of one GEMM or convolution on one GPU."""
     from .cluster import lookup_device, suggest_device
     from .kernels.data import DTYPE_NAMES
@@ -252,6 +252,9 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
         raise UsageError("planner: error: give exactly one of --gemm M,N,K[,BATCH] and "
                          "--conv N,C,H,W,K,R,S[,STRIDE[,PAD]]")
     kernel: Gemm | Conv
+    if gemm is not None and phase is not None:
+        raise UsageError("planner: error: --phase is a convolution's pass; a GEMM has none "
+                         "(its backward products are GEMMs too: predict them with --gemm)")
     if gemm is not None:
         g = _ints(gemm, 3, 4, "M,N,K[,BATCH]")
         if min(g) < 1:
@@ -265,7 +268,7 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
         if min(c[:7]) < 1 or stride < 1:
             raise UsageError("planner: error: convolution sizes and stride must be at least 1")
         kernel = Conv(c[0], c[1], c[2], c[3], c[4], c[5], c[6], stride, stride, pad, pad,
-                      phase=phase)  # type: ignore[arg-type]
+                      phase=phase or "fwd")  # type: ignore[arg-type]
         if kernel.out_h < 1 or kernel.out_w < 1:
             raise UsageError("planner: error: the filter is larger than the padded input")
     dt = DTYPE_NAMES[dtype]

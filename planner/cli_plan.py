@@ -72,8 +72,8 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Kernel times: the learned models (auto: when they cover the "
                           "device), or the roofline."),
         click.option("--models-dir", type=click.Path(file_okay=False), default=None,
-                     envvar="PLANNER_MODELS", help="Kernel models to use instead of the "
-                                                   "shipped ones."),
+                     help="Kernel models to use instead of the shipped ones (default: "
+                          "$PLANNER_MODELS, else the shipped ones)."),
     ]
     for d in reversed(decorators):
         fn = d(fn)
@@ -188,7 +188,8 @@ def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
     from .kernels import learned_estimator
 
     kind = getattr(device, "kind", "gpu")
-    if name == "auto" and kind != "gpu" and models_dir is None:
+    if name == "auto" and kind != "gpu" and models_dir is None \
+            and not os.environ.get("PLANNER_MODELS"):
         return Roofline()  # the models were trained on GPUs only
     est = learned_estimator(models_dir, required=(name == "learned"))
     if name == "learned" and hasattr(est, "covers") and not est.covers(device):

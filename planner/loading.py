@@ -198,6 +198,7 @@ def decode(raw: bytes, name: str) -> str:
 
     A NUL byte near the start means a binary file (an image, an archive, a compiled
     model): that is said first, not the first byte that is not UTF-8."""
+    what = "CSV" if str(name).lower().endswith(".csv") else "YAML"  # both are read here
     for bom, encoding in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
                           (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
         if raw.startswith(bom):
@@ -207,7 +208,7 @@ def decode(raw: bytes, name: str) -> str:
         line = raw.count(b"\n", 0, nul)
         col = nul - (raw.rfind(b"\n", 0, nul) + 1)
         raise _fail(name, line, col, "found a NUL byte: this looks like a binary file, not "
-                                     "YAML text")
+                                     f"{what} text")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -224,9 +225,9 @@ def decode(raw: bytes, name: str) -> str:
         line = text.count("\n", 0, pos)
         col = pos - (text.rfind("\n", 0, pos) + 1)
         if m.group() == "\x00":
-            message = "found a NUL byte: this looks like a binary file, not YAML text"
+            message = f"found a NUL byte: this looks like a binary file, not {what} text"
         else:
-            message = (f"found control character U+{ord(m.group()):04X}, which YAML text "
+            message = (f"found control character U+{ord(m.group()):04X}, which {what} text "
                        "cannot contain; delete it (or save the file as plain UTF-8 text)")
         raise _fail(name, line, col, message, text)
     return text

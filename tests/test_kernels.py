@@ -27,7 +27,7 @@ from planner.kernels.store import MANIFEST, ModelSet, find_models_dir, load_dir,
 from planner.kernels.train import FitOptions, _Pairs, fit_family
 from planner.ops import Conv, Elementwise, Gemm
 
-from .conftest import ROOT, invoke
+from .conftest import CLUSTERS, NETWORKS, ROOT, invoke
 
 MODELS = ROOT / "models"
 DATA = MODELS / "data"
@@ -216,6 +216,37 @@ def test_not_a_manifest(tmp_path):
     (tmp_path / MANIFEST).write_text("kind: cluster\n")
     with pytest.raises(ModelDataError, match="not a planner model manifest"):
         load_dir(tmp_path)
+
+
+def test_models_from_the_environment_are_named_so(runner, tmp_path, monkeypatch):
+    """A bad $PLANNER_MODELS is reported as the variable's, not as a --models-dir the
+    user never gave; --models-dir still beats the variable."""
+    monkeypatch.setenv("PLANNER_MODELS", str(tmp_path / "nowhere"))
+    args = ("plan", NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml", "-p", "8", "-b", "8")
+    r = invoke(runner, *args)
+    assert r.exit_code == 2 and "(given by $PLANNER_MODELS)" in r.stderr, r.stderr
+    r = invoke(runner, *args, "--models-dir", tmp_path / "elsewhere")
+    assert r.exit_code == 2 and "elsewhere" in r.stderr and "(given by --models-dir)" in r.stderr
+
+
+def test_predict_phase_is_for_convolutions(runner):
+    r = invoke(runner, "kernels", "predict", "--device", "T4", "--gemm", "64,64,64", "--phase",
+               "bwd_data")
+    assert r.exit_code == 2 and "--phase is a convolution's pass; a GEMM has none" in r.stderr
+    fwd = invoke(runner, "kernels", "predict", "--device", "T4", "--conv", "8,64,56,56,64,3,3,1,1",
+                 "--format", "json")
+    same = invoke(runner, "kernels", "predict", "--device", "T4", "--conv",
+                  "8,64,56,56,64,3,3,1,1", "--phase", "fwd", "--format", "json")
+    assert fwd.exit_code == 0 and fwd.stdout == same.stdout
+
+
+def test_binary_csv_is_called_csv(runner, tmp_path):
+    bad = tmp_path / "x.csv"
+    bad.write_bytes(b"\x00\x01")
+    r = invoke(runner, "kernels", "eval", bad)
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"{bad}:1:1: error: found a NUL byte: this looks like a binary "
+                               "file, not CSV text")
 
 
 def test_corrupt_manifest_is_reported_at_its_line(runner, model_copy):
