@@ -617,16 +617,24 @@ class _Prefetcher:
         return clock
 
 
-def _gathers(results: list[LayerResult], when: str) -> tuple[list[float], list[float]]:
-    terms = [[t for t in r.cost.terms if _prefetched(t, when)] for r in results]
-    return [sum(t.seconds for t in ts) for ts in terms], [sum(t.bytes for t in ts)
-                                                         for ts in terms]
+def _gathers(count: int, runs: list[tuple[list[tuple[int, int]], float, float]]
+             ) -> tuple[list[float], list[float]]:
+    """Per layer position, the seconds and bytes of the gathers it waits for: each run
+    of gathers fused into one collective (:func:`_bucketed`, in the order the layers
+    need them) arrives whole before the first layer of the run starts."""
+    seconds, nbytes = [0.0] * count, [0.0] * count
+    for members, run_bytes, run_seconds in runs:
+        seconds[members[0][0]] += run_seconds
+        nbytes[members[0][0]] += run_bytes
+    return seconds, nbytes
 
 
-def _prefetched_forward(results: list[LayerResult], window: float) -> float:
+def _prefetched_forward(results: list[LayerResult],
+                        runs: list[tuple[list[tuple[int, int]], float, float]],
+                        window: float) -> float:
     """The forward pass with ZeRO stage 3's gathers prefetched (:class:`_Prefetcher`):
     a layer starts when the one before it has finished and its gather has arrived."""
-    seconds, nbytes = _gathers(results, "forward")
+    seconds, nbytes = _gathers(len(results), runs)
     pre = _Prefetcher(seconds, nbytes, [p for p, g in enumerate(seconds) if g], window, 0.0)
     pre.fill(0.0)
     clock = 0.0
@@ -640,13 +648,15 @@ def _prefetched_forward(results: list[LayerResult], window: float) -> float:
 def _overlapped_backward(results: list[LayerResult],
                          grad_runs: list[tuple[list[tuple[int, int]], float, float]],
                          start: float, window: float, prefetch: bool,
-                         buckets: list[dict[str, Any]]) -> tuple[float, float, float]:
+                         buckets: list[dict[str, Any]],
+                         gather_runs: list[tuple[list[tuple[int, int]], float, float]],
+                         ) -> tuple[float, float, float]:
     """The backward pass with the gradient buckets on one channel, each issued when its
     last gradient is ready (after the previous one), and with ``prefetch`` ZeRO stage
     3's gathers prefetched (:class:`_Prefetcher`) on the same channel, first come first
     served. Returns the end of the backward compute, of the channel, and the buckets'
     seconds; appends the buckets."""
-    seconds, nbytes = _gathers(results, "backward") if prefetch else ([], [])
+    seconds, nbytes = _gathers(len(results), gather_runs) if prefetch else ([], [])
     order = [pos for pos in range(len(results) - 1, -1, -1) if seconds[pos]] \
         if prefetch else []
     closing: dict[int, list[int]] = {}  # layer position → buckets its gradients close
@@ -678,6 +688,19 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
               memory: MemoryReport, cache: EvalCache) -> Evaluation:
     fwd_compute = sum(r.cost.forward_s for r in results)
     bwd_compute = sum(r.cost.backward_s for r in results)
+    prefetch = prefetches(ctx, options)
+    # ZeRO stage 3's prefetched gathers fuse as the gradients do, consecutive layers over
+    # one group up to a bucket, in the order the layers need them: FSDP gathers a
+    # wrapped unit (a transformer block) at once, DeepSpeed coalesces its prefetches
+    # (stage3_prefetch_bucket_size); one gather per layer paid a LayerNorm's 3 kB the
+    # latency of a collective over every node. Each layer carries its share (by bytes).
+    gather_runs: dict[str, list[tuple[list[tuple[int, int]], float, float]]] = {}
+    if prefetch:
+        for when, positions in (("forward", range(len(results))),
+                                ("backward", range(len(results) - 1, -1, -1))):
+            gathers = [(pos, j) for pos in positions
+                       for j, t in enumerate(results[pos].cost.terms) if _prefetched(t, when)]
+            gather_runs[when] = _bucketed(ctx, results, gathers, options.bucket_bytes, cache)
     fwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "forward")
     bwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "backward")
     pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
@@ -688,8 +711,8 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     optimizer_s = float(ctx.estimator.estimate(updates, ctx.cluster.device,
                                                ctx.network.dtype).seconds.sum()) if updates \
         else 0.0
-    prefetch = prefetches(ctx, options)
-    forward = _prefetched_forward(results, options.bucket_bytes) if prefetch else \
+    forward = _prefetched_forward(results, gather_runs["forward"], options.bucket_bytes) \
+        if prefetch else \
         fwd_compute + fwd_comm
     bucketing = options.overlap == "gradients"
     # every weight-gradient term, from the output back: (layer position, term position)
@@ -700,7 +723,8 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     buckets: list[dict[str, Any]] = []
     if bucketing:
         end_backward, finish, weight_grad_s = _overlapped_backward(
-            results, grad_runs, forward, options.bucket_bytes, prefetch, buckets)
+            results, grad_runs, forward, options.bucket_bytes, prefetch, buckets,
+            gather_runs.get("backward", []))
     else:  # every reduction after the backward pass, gathers on the critical path
         end_backward = forward
         for r in reversed(results):

@@ -66,9 +66,10 @@ class CommTerm:
         timeline asks for every term of every evaluation."""
         if self.phase == "weight_grad":
             return "gradient"
-        if self.note.endswith("(update)"):
+        note = self.note.removesuffix(" bucketed")  # fused with others, still where it was
+        if note.endswith("(update)"):
             return "update"
-        if self.phase == "forward" or self.note.endswith("(forward)"):
+        if self.phase == "forward" or note.endswith("(forward)"):
             return "forward"
         return "backward"
 
