@@ -357,13 +357,15 @@ def show(network: str, batch: int, fmt: str | None, output: str | None) -> None:
 
 @cli.command()
 @format_option
-def devices(fmt: str | None) -> None:
+@output_option
+def devices(fmt: str | None, output: str | None) -> None:
     """List the device catalog (names and aliases usable in cluster files)."""
     from .cluster import catalog, device_record
     from .report import devices_table
 
+    check_output(output, ())
     data = {"devices": [device_record(d) for d in catalog().values()]}
-    render_data(data, fmt, None, lambda: devices_table(list(catalog().values())))
+    render_data(data, fmt, output, lambda: devices_table(list(catalog().values())))
 
 
 def _attach_command_groups() -> None:

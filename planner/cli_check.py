@@ -63,8 +63,10 @@ def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
     if not all(r.ok for r in reports):
         failed = sum(1 for r in reports if not r.ok)
         if fmt == "text":
-            click.echo(f"planner check: {failed} of {len(reports)} configuration(s) failed",
-                       err=True)
+            from .units import count
+
+            click.echo(f"planner check: {failed} of {count(len(reports), 'configuration')} "
+                       "failed", err=True)
         raise click.exceptions.Exit(EXIT_CHECK_FAILED)
 
 

@@ -430,6 +430,17 @@ def _strategy_assignment(cfg: TrainingConfig, net: Network) -> dict[int, Layout]
         raise _config_error(cfg, key, str(exc)) from None
 
 
+def _as_keys(advice: str) -> str:
+    """The search's advice in a configuration's terms: its keys, not the options of
+    `planner plan` (``--batch 368`` is ``batch: 368``)."""
+    import re
+
+    advice = advice.replace("(--recompute auto: as few of the", "(recompute: N, which "
+                            "`planner plan ... --recompute auto` finds: as few of the")
+    return re.sub(r"--(gpus|batch|zero-shard|zero|optimizer) ",
+                  lambda m: m.group(1).replace("-", "_") + ": ", advice)
+
+
 def _config_error(cfg: TrainingConfig, path: str, message: str) -> InputError:
     return cfg.document.error([Issue(path, message)])
 
@@ -494,7 +505,7 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     try:
         best = search(ctx, options).best.evaluation
     except NoFeasiblePlan as exc:
-        why = str(exc).removeprefix("planner: ")
+        why = _as_keys(str(exc).removeprefix("planner: "))
         findings.append(Finding("speed", False, f"no plan fits at all: {why}", key))
         return CheckReport(cfg, findings, chosen.time_s, None)
     ratio = chosen.time_s / best.time_s if best.time_s > 0 else 1.0

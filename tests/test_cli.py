@@ -137,13 +137,16 @@ def test_show_cluster_file_is_wrong_kind(runner):
     assert "expected a network file, got 'kind: cluster'" in result.stderr
 
 
-def test_devices(runner):
+def test_devices(runner, tmp_path):
     result = invoke(runner, "devices", "--format", "json")
     assert result.exit_code == 0
     names = [d["name"] for d in json.loads(result.stdout)["devices"]]
     assert "H100-SXM" in names and "cori-knl" in names
     table = invoke(runner, "devices")
     assert table.exit_code == 0 and "H100-SXM" in table.stdout
+    out = tmp_path / "catalog.yaml"  # -o, as its --format help says; YAML by the suffix
+    assert invoke(runner, "devices", "-o", out).exit_code == 0
+    assert [d["name"] for d in yaml.safe_load(out.read_text())["devices"]] == names
 
 
 @pytest.mark.parametrize("preset", [None, "OMP_NUM_THREADS=4"])

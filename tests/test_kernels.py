@@ -1010,6 +1010,12 @@ def test_fit_command_writes_a_loadable_model_without_the_left_out_gpu(runner, tm
     assert all("M40|float32" not in m.levels for m in models.get("gemm").members)
     assert models.manifest["fit"]["left_out_devices"] == ["M40"]
     assert {x["device"] for x in json.loads(r.stdout)["results"]}.isdisjoint({"M40"})
+    # a GPU the data never measured: nothing would be left out, and the manifest would
+    # still record it as a leave-one-GPU-out
+    r = invoke(runner, "kernels", "fit", data, "-o", tmp_path / "h", "--leave-out", "H100-SXM")
+    assert r.exit_code == 2 and not (tmp_path / "h").exists()
+    assert r.stderr.startswith("planner: error: --leave-out H100-SXM: the data have no rows "
+                               "of it (they measure GTX-1080-Ti, M40, P100-PCIe"), r.stderr
 
 
 @pytest.fixture(scope="module")

@@ -104,6 +104,11 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     start = time.perf_counter()
     data = read_files(paths)
     left = canonical_devices(leave_out)
+    measured = {d for t in data.tables() for d in t.device}
+    absent = [d for d in left if d not in measured]
+    if absent:  # the manifest would record a leave-one-GPU-out that left nothing out
+        raise UsageError(f"planner: error: --leave-out {', '.join(absent)}: the data have no "
+                         f"rows of it (they measure {', '.join(sorted(measured))})")
     train = select(data, "train", exclude=left)
     test = select(data, "test", exclude=left)
     opts = options or FitOptions()
