@@ -32,7 +32,7 @@ from typing import Any
 from .errors import Issue, ModelDataError
 from .fields import Fields, Invalid, choice, integer, number, quantity, string
 from .loading import child_path, parse_text
-from .units import Kind
+from .units import Kind, format_si
 
 PEAK_KEYS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 ALGORITHMS = ("auto", "ring", "tree", "recursive", "hierarchical")
@@ -286,6 +286,13 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
     clock = f.opt_none("boost_clock", _plausible("frequency"))
     base_clock = f.opt_none("base_clock", _plausible("frequency"))
     tdp = f.opt_none("tdp", _plausible("power"))
+    boost_hz = clock if clock is not None else (base.clock_hz if base else None)
+    base_hz = base_clock if base_clock is not None else (base.base_clock_hz if base else None)
+    if boost_hz is not None and base_hz is not None and base_hz > boost_hz:
+        f.error("base_clock" if base_clock is not None else "boost_clock",
+                f"the base clock ({format_si(base_hz, 'Hz')}) is above the boost clock "
+                f"({format_si(boost_hz, 'Hz')}); a GPU boosts above its base: are the two "
+                "swapped?")
     kind = f.opt("kind", choice(("gpu", "cpu")), base.kind if base else "gpu")
     eff_c, eff_m = (base.compute_efficiency, base.memory_efficiency) if base else (0.8, 0.85)
     if f.has("achievable"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import Issue, UsageError, printable
+from .fields import show
 from .loading import Document
 
 EMITTERS = ("torchrun", "slurm", "env")
@@ -73,7 +74,7 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
         value = pl[key]
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**30:
             issues.append(Issue(f"$.placement.{key}", f"expected a whole number from 1 to "
-                                                      f"2^30, got {value!r}"))
+                                                      f"2^30, got {show(value)}"))
             continue
         values[key] = value
     if issues:

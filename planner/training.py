@@ -340,7 +340,8 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, options: Options,
         if key.endswith("_bytes") and _same_size(had, value):
             continue  # plans before 2026-11-23 rounded sizes to 4 digits
         if had != value:
-            problems.append(f"the plan is for {key}={had}, the configuration says {value}")
+            problems.append(f"the plan is for {key}={_yaml(had)}, the configuration says "
+                            f"{_yaml(value)}")
     if problems:
         findings.append(Finding("plan", False, "the plan is stale: " + "; ".join(problems) +
                                 " (re-run `planner plan` and commit the new plan)",
@@ -428,6 +429,11 @@ def _strategy_assignment(cfg: TrainingConfig, net: Network) -> dict[int, Layout]
     except StrategyError as exc:
         key = "$.strategy.grid" if exc.source == "grid" else f"$.strategy.pins[{exc.source}]"
         raise _config_error(cfg, key, str(exc)) from None
+
+
+def _yaml(value: object) -> str:
+    """A value as a configuration file spells it (true, not Python's True)."""
+    return show(value) if isinstance(value, bool) or value is None else str(value)
 
 
 def _as_keys(advice: str) -> str:

@@ -122,8 +122,8 @@ def test_plan_for_another_question_fails(runner, tmp_path):
     ("bucket_size: 0 B", "the plan is for bucket_bytes=26214400, the configuration says "
                          "0"),
     ("overlap: none", "the plan is for overlap=gradients, the configuration says none"),
-    ("master_weights: true", "the plan is for master_weights=False, the configuration says "
-                             "True"),
+    ("master_weights: true", "the plan is for master_weights=false, the configuration says "
+                             "true"),
 ])
 def test_plan_for_another_training_setup_is_stale(runner, tmp_path, setting, said):
     """The committed plan answers the defaults (momentum, the network's float32, exact,

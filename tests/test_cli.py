@@ -59,6 +59,10 @@ def test_plan_files_are_recognised(runner, tmp_path):
     result = invoke(runner, "validate", broken)
     assert result.exit_code == 2
     assert "error: 12 devices at 8 a node take 2 nodes, not 3" in result.stderr
+    broken.write_text(text.replace("  nodes: 2\n", "  nodes: true\n"))
+    result = invoke(runner, "validate", broken)
+    assert result.exit_code == 2  # spelled as YAML spells it, not Python's True
+    assert "error: expected a whole number from 1 to 2^30, got true" in result.stderr
     for args, what in (([plan, CLUSTERS / "dgx-h100.yaml"], "network"),
                        ([NETWORKS / "alexnet.yaml", plan], "cluster")):
         result = invoke(runner, "plan", *args, "-p", "8", "-b", "8")
