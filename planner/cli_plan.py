@@ -14,7 +14,7 @@ from .cli import Whole, check_output, format_option, output_option, plain_whole,
 from .errors import UsageError
 
 ESTIMATORS = ("auto", "roofline", "learned")
-#: --precision: the network dtypes and their short names
+#: --precision: the network dtypes and their short names (a subset of network.DTYPE_ALIASES)
 PRECISIONS = ("float32", "float16", "bfloat16", "float64", "fp32", "fp16", "bf16", "fp64")
 
 
@@ -136,13 +136,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                          "--recompute or the cost model")
     from .costs.layer import canonical_recompute
 
-    net = load_network(network)
-    if precision is not None:
-        import dataclasses
-
-        from .network import DTYPE_ALIASES
-
-        net = dataclasses.replace(net, dtype=DTYPE_ALIASES.get(precision, precision))
+    net = load_network(network).in_dtype(precision)
     cl = load_cluster(cluster)
     stages = ZERO_STAGES if zero == "auto" else (int(zero),)
     # within nodes is the same as over all replicas while the devices fit in one node
@@ -186,10 +180,10 @@ def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
     if name == "roofline":
         return Roofline()
     from .kernels import learned_estimator
+    from .kernels.store import ENV
 
     kind = getattr(device, "kind", "gpu")
-    if name == "auto" and kind != "gpu" and models_dir is None \
-            and not os.environ.get("PLANNER_MODELS"):
+    if name == "auto" and kind != "gpu" and models_dir is None and not os.environ.get(ENV):
         return Roofline()  # the models were trained on GPUs only
     est = learned_estimator(models_dir, required=(name == "learned"))
     if name == "learned" and hasattr(est, "covers") and not est.covers(device):

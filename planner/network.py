@@ -460,6 +460,13 @@ class Network:
         """Bytes per element of the network dtype."""
         return DTYPE_BYTES[self.dtype]
 
+    def in_dtype(self, dtype: str | None) -> Network:
+        """The network with its weights and activations in ``dtype`` (a name or a short
+        name: bf16; None: as it is), as ``--precision`` and a configuration's
+        ``precision`` ask."""
+        dtype = DTYPE_ALIASES.get(dtype, dtype) if dtype is not None else self.dtype
+        return self if dtype == self.dtype else dataclasses.replace(self, dtype=dtype)
+
     @property
     def params(self) -> int:
         """Trainable parameters."""

@@ -29,7 +29,6 @@ and is feasible.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,8 +283,7 @@ def _rel(path: Path, config: TrainingConfig) -> str:
 
 def _network_for(cfg: TrainingConfig) -> tuple[Network, Cluster]:
     net = network_from_document(load_file(cfg.network_path, _display(cfg.network_path)))
-    if cfg.precision is not None and cfg.precision != net.dtype:
-        net = dataclasses.replace(net, dtype=cfg.precision)
+    net = net.in_dtype(cfg.precision)
     cl = cluster_from_document(load_file(cfg.cluster_path, _display(cfg.cluster_path)))
     return net, cl
 
