@@ -1494,13 +1494,14 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
 
 
 def _batch_that_fits(batch: int, gpus: int, mem: MemoryReport) -> int | None:
-    """The batch at which the activations, falling in proportion to it, leave the rest of
-    the peak room (rounded down to a multiple of the device count where that leaves at
-    least one sample a device), or None where no smaller batch can fit."""
-    room = mem.capacity - (mem.peak - mem.activations)
-    if room <= 0 or mem.activations <= 0 or batch <= 1:
+    """The batch at which the activations and the workspace, falling in proportion to it,
+    leave the rest of the peak room (rounded down to a multiple of the device count where
+    that leaves at least one sample a device), or None where no smaller batch can fit."""
+    per_batch = mem.activations + mem.workspace
+    room = mem.capacity - (mem.peak - per_batch)
+    if room <= 0 or per_batch <= 0 or batch <= 1:
         return None
-    fits = math.floor(batch * room / mem.activations)
+    fits = math.floor(batch * room / per_batch)
     if fits >= gpus:
         fits -= fits % gpus
     return max(1, min(fits, batch - 1))
@@ -1523,16 +1524,20 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
         f"about --gpus {opts.gpus * factor}, if memory per device falls in proportion"
     net = space.ctx.network
     smaller = _batch_that_fits(opts.batch, opts.gpus, mem)
-    if mem.activations > params:
+    # what falls with the batch: the activations kept, and the busiest layer's gradients in
+    # flight (the workspace, as large as the logits' gradient for a language model)
+    per_batch = mem.activations + mem.workspace
+    if per_batch > params:
         if len(space.ctx.rebuilt) < len(net.blocks) and opts.cost_model == "exact":
             tips.append("recomputing residual blocks (--recompute auto: as few of the "
                         f"{len(net.blocks)} as memory needs)")
         if smaller is not None:
             tips.append(f"a smaller batch (about --batch {smaller}, if activations fall in "
-                        f"proportion: they are {format_bytes(mem.activations)} of the peak)")
+                        f"proportion: they and the workspace are {format_bytes(per_batch)} "
+                        "of the peak)")
         alone = "" if smaller is not None else (
-            "; a smaller batch alone cannot fit: the peak less its activations is "
-            f"{format_bytes(mem.peak - mem.activations)}")
+            "; a smaller batch alone cannot fit: the peak less its activations and "
+            f"workspace is {format_bytes(mem.peak - per_batch)}")
         tips.append(f"more devices ({more}{alone})")
     else:
         tips.append(f"more devices ({more}): parameters, gradients and "

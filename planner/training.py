@@ -436,7 +436,7 @@ def _yaml(value: object) -> str:
 
 def _as_keys(advice: str) -> str:
     """The search's advice in a configuration's terms: its keys, not the options of
-    `planner plan` (``--batch 368`` is ``batch: 368``)."""
+    `planner plan` (``--batch 504`` is ``batch: 504``)."""
     import re
 
     advice = advice.replace("(--recompute auto: as few of the", "(recompute: N, which "

@@ -69,12 +69,12 @@ def test_json_format(runner, monkeypatch):
                                                                         "speed"}
     mem = next(c for c in by_name["gpt2-oom"]["checks"] if c["check"] == "memory")
     assert mem["ok"] is False and mem["peak_bytes"] > mem["capacity_bytes"]
-    # the advice names the configuration's keys, not plan's options (batch: 368, not
-    # --batch 368), and how to find a recomputation count (recompute: auto is refused)
+    # the advice names the configuration's keys, not plan's options (batch: 504, not
+    # --batch 504), and how to find a recomputation count (recompute: auto is refused)
     speed = next(c for c in by_name["gpt2-oom"]["checks"] if c["check"] == "speed")
     assert "(recompute: N, which `planner plan ... --recompute auto` finds: as few of the " \
         "24 as memory needs)" in speed["message"]
-    assert "about batch: 368," in speed["message"] and "about gpus: 32," in speed["message"]
+    assert "about batch: 504," in speed["message"] and "about gpus: 32," in speed["message"]
     assert "--" not in speed["message"].replace("--recompute auto", "")
 
 

@@ -398,24 +398,49 @@ def test_layout_groups_match_ranks():
 
 
 def test_no_plan_suggests_a_batch_that_fits():
-    """GPT-2 small on 8 H100s at 256 sequences a GPU is activation-bound (210 GiB of a
-    237 GiB peak): the advice names the batch at which activations falling in proportion
-    leave room, a multiple of the 8 devices, and that batch has a plan that fits. Halving
-    the batch (the advice before) would not have fitted."""
+    """GPT-2 small on 8 H100s at 256 sequences a GPU is activation-bound (306.9 GiB of a
+    308.9 GiB peak are activations and the workspace): the advice names the batch at which
+    those, falling in proportion, leave room, a multiple of the 8 devices; that batch has a
+    plan that fits and the next multiple of 8 has none (the advice is the largest batch
+    here). Halving the batch (the advice before) would not have fitted."""
     net = dataclasses.replace(load_network(NETWORKS / "gpt2-small.yaml"), dtype="bfloat16")
     cl = load_cluster(CLUSTERS / "dgx-h100.yaml")
     opts = Options(gpus=8, batch=2048, optimizer="adam")
     with pytest.raises(NoFeasiblePlan) as exc:
         search(make_context(net, cl, opts), opts)
     found = re.search(r"a smaller batch \(about --batch (\d+), if activations fall in "
-                      r"proportion: they are [\d.]+ GiB of the peak\)", str(exc.value))
+                      r"proportion: they and the workspace are [\d.]+ GiB of the peak\)",
+                      str(exc.value))
     assert found, str(exc.value)
     batch = int(found[1])
     assert batch % 8 == 0 and 256 < batch < 2048
-    for b, fits in ((batch, True), (2048 // 2, False)):
+    for b, fits in ((batch, True), (batch + 8, False), (2048 // 2, False)):
         o = dataclasses.replace(opts, batch=b)
         if fits:
             assert search(make_context(net, cl, o), o).best.evaluation.memory.fits
         else:
             with pytest.raises(NoFeasiblePlan):
                 search(make_context(net, cl, o), o)
+
+
+def test_no_plan_counts_the_workspace_as_falling_with_the_batch():
+    """GPT-2 small in fp32 on one H100 at batch 512: the busiest layer's gradients in
+    flight (the logits' gradient, 512 x 1024 x 50,257 fp32 values: 105 GB) fall with the
+    batch as the activations do. The advice said no smaller batch could fit (the peak less
+    the activations alone was 101 GiB); batch 32 fits. It now names the batch, which fits,
+    and batch 48 does not (so the advice is not far below the largest batch that fits)."""
+    net = load_network(NETWORKS / "gpt2-small.yaml")
+    cl = load_cluster(CLUSTERS / "dgx-h100.yaml")
+    opts = Options(gpus=1, batch=512)
+    with pytest.raises(NoFeasiblePlan) as exc:
+        search(make_context(net, cl, opts), opts)
+    assert "cannot fit" not in str(exc.value)
+    found = re.search(r"about --batch (\d+),", str(exc.value))
+    assert found, str(exc.value)
+    batch = int(found[1])
+    assert 32 <= batch < 48
+    o = dataclasses.replace(opts, batch=batch)
+    assert search(make_context(net, cl, o), o).best.evaluation.memory.fits
+    o = dataclasses.replace(opts, batch=48)
+    with pytest.raises(NoFeasiblePlan):
+        search(make_context(net, cl, o), o)
