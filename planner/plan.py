@@ -121,6 +121,10 @@ def iteration_record(ev: Evaluation, batch: int) -> dict[str, Any]:
     }
 
 
+#: the ``problem.algorithm`` of a plan priced with the cluster file's collective algorithm
+DEFAULT_ALGORITHM = "cluster default"
+
+
 def problem_record(network: Network, options: Options) -> dict[str, Any]:
     """The question a plan answers (its ``problem`` section, less the estimator, the
     algorithm and the node count): ``planner check`` compares a plan's with its
@@ -155,7 +159,7 @@ def plan_document(command: str, network: Network, network_file: str, cluster_nam
                         "sha256": file_digest(cluster_file)},
         },
         "problem": {**problem_record(network, options), "estimator": estimator,
-                    "algorithm": options.algorithm or "cluster default", "nodes": nodes},
+                    "algorithm": options.algorithm or DEFAULT_ALGORITHM, "nodes": nodes},
         "iteration": iteration_record(ev, options.batch),
         "memory": ev.memory.to_data(),
     }

@@ -17,14 +17,17 @@ team chose: a plan file, one grid for every layer, or pins::
     zero_shard: all              # all | node: over all replicas, or within nodes (hybrid)
     recompute: none              # none | blocks | N: residual blocks (or the first N) re-run
                                  # their forward in backward
+    algorithm: ring              # collective algorithm (default: the cluster file's)
     strategy:
       plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron), or: pins: [...]
     max_slowdown: 1.10           # allowed ratio to the searched optimum
 
 Checks: the strategy fits in memory on every device; its predicted iteration time is
 within ``max_slowdown`` of the searched optimum; a referenced plan still matches its
-inputs (the digests of the network and cluster files it was made from, and the question)
-and is feasible.
+inputs (the digests of the network and cluster files it was made from, and the question,
+the collective algorithm included) and is feasible. The strategy and the optimum are
+priced alike: the configuration's algorithm and ``check``'s ``--estimator``; a plan's
+layouts are re-priced, its recorded times are not read.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster
+from .cluster import ALGORITHMS, Cluster
 from .costs.layer import RECOMPUTE, canonical_recompute, recompute_error
 from .errors import InputError, Issue, NoFeasiblePlan, PlannerError
 from .evaluate import (
@@ -68,6 +71,7 @@ from .layout import (
 )
 from .loading import Document, Mark, load_file
 from .network import DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
+from .plan import DEFAULT_ALGORITHM
 from .strategies import StrategyError, fixed_assignment, why_invalid
 
 
@@ -92,6 +96,7 @@ class TrainingConfig:
     zero_shard: str
     recompute: str
     max_slowdown: float
+    algorithm: str | None  #: None: the cluster's
     document: Document = field(compare=False, repr=False)
 
     def mark(self, path: str) -> Mark:
@@ -170,6 +175,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         f.error("recompute", "recomputation needs 'cost_model: exact': the paper's accounting "
                              "(Gholami et al. 2018) keeps every activation")
     slowdown = f.opt("max_slowdown", number(1.0, 1e6), 1.10)
+    algorithm = f.opt_none("algorithm", choice(ALGORITHMS))
     strategy: dict[str, Any] = {}
     if f.has("strategy"):
         sf = Fields(f.raw("strategy"), f.at("strategy"), issues, "the strategy")
@@ -223,7 +229,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           optimizer=optimizer, precision=precision, master_weights=master,
                           overlap=overlap, bucket_bytes=bucket, cost_model=cost_model,
                           strategy=strategy, zero=zero, zero_shard=zero_shard,
-                          recompute=recompute,
+                          recompute=recompute, algorithm=algorithm,
                           max_slowdown=slowdown, document=doc)
 
 
@@ -301,7 +307,7 @@ def _file_sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _plan_assignment(cfg: TrainingConfig, net: Network, options: Options,
+def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Options,
                      findings: list[Finding]) -> dict[int, Layout] | None:
     """The layouts of a plan file, after checking it still matches its inputs."""
     path: Path = cfg.strategy["plan"]
@@ -340,6 +346,14 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, options: Options,
         if had != value:
             problems.append(f"the plan is for {key}={_yaml(had)}, the configuration says "
                             f"{_yaml(value)}")
+    # the algorithm the plan was priced with: the cluster's unless `plan --algorithm` chose
+    had = prob.get("algorithm", DEFAULT_ALGORITHM)
+    made = cl.algorithm if had == DEFAULT_ALGORITHM else had
+    want = cfg.algorithm or cl.algorithm
+    if made != want:
+        why = "" if cfg.algorithm else " (the cluster's; set 'algorithm' to choose)"
+        problems.append(f"the plan is for algorithm={_yaml(made)}, the configuration says "
+                        f"{_yaml(want)}{why}")
     if problems:
         findings.append(Finding("plan", False, "the plan is stale: " + "; ".join(problems) +
                                 " (re-run `planner plan` and commit the new plan)",
@@ -470,7 +484,8 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                       overlap=cfg.overlap, bucket_bytes=cfg.bucket_bytes,
                       optimizer=cfg.optimizer, master_weights=cfg.master_weights,
                       zero=cfg.zero, zero_shard=cfg.zero_shard,
-                      recompute=canonical_recompute(cfg.recompute, len(net.blocks)))
+                      recompute=canonical_recompute(cfg.recompute, len(net.blocks)),
+                      algorithm=cfg.algorithm)
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "
@@ -480,7 +495,7 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
         raise _config_error(cfg, "$.recompute", wrong)
     findings: list[Finding] = []
     if "plan" in cfg.strategy:
-        assignment = _plan_assignment(cfg, net, options, findings)
+        assignment = _plan_assignment(cfg, net, cl, options, findings)
     else:
         assignment = _strategy_assignment(cfg, net)
     return Prepared(net, cl, options, assignment, findings)

@@ -124,6 +124,7 @@ def test_plan_for_another_question_fails(runner, tmp_path):
     ("overlap: none", "the plan is for overlap=gradients, the configuration says none"),
     ("master_weights: true", "the plan is for master_weights=false, the configuration says "
                              "true"),
+    ("algorithm: tree", "the plan is for algorithm=auto, the configuration says tree"),
 ])
 def test_plan_for_another_training_setup_is_stale(runner, tmp_path, setting, said):
     """The committed plan answers the defaults (momentum, the network's float32, exact,
@@ -142,6 +143,39 @@ def test_plan_for_another_training_setup_is_stale(runner, tmp_path, setting, sai
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 1
     assert said in result.stdout
+
+
+def test_plan_made_with_another_algorithm(runner, tmp_path):
+    """A plan made with `--algorithm ring` answers another question than the cluster's
+    default (auto): stale for a configuration that does not say ring, current for one
+    that does; and check then prices with ring: the strategy's time is the plan's."""
+    (tmp_path / "ci").mkdir()
+    plan = tmp_path / "p.yaml"
+    net, cl = EXAMPLES / "networks/alexnet.yaml", EXAMPLES / "clusters/dgx-h100.yaml"
+    made = invoke(runner, "plan", net, cl, "-p", "16", "-b", "512", "--algorithm", "ring",
+                  "--format", "yaml", "-o", plan)
+    assert made.exit_code == 0, made.stderr
+    cfg = tmp_path / "ci" / "c.yaml"
+    text = (f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 16\nbatch: 512\n"
+            "strategy: {plan: ../p.yaml}\n")
+    cfg.write_text(text)
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 1
+    assert "the plan is for algorithm=ring, the configuration says auto (the cluster's; " \
+           "set 'algorithm' to choose)" in result.stdout
+    cfg.write_text(text + "algorithm: ring\n")
+    result = invoke(runner, "check", "--format", "json", cfg)
+    assert result.exit_code == 0, result.stdout
+    speed = next(c for c in json.loads(result.stdout)["configs"][0]["checks"]
+                 if c["check"] == "speed")
+    import yaml
+
+    recorded = yaml.safe_load(plan.read_text())["iteration"]["time_s"]
+    assert speed["time_s"] == pytest.approx(recorded, rel=1e-3)  # the plan rounds to 4 digits
+    cfg.write_text(text + "algorithm: tree\n")
+    result = invoke(runner, "check", cfg)
+    assert "the plan is for algorithm=ring, the configuration says tree" in result.stdout
+    assert "the cluster's" not in result.stdout
 
 
 def test_sizes_of_older_plans_still_match(runner, tmp_path):

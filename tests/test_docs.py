@@ -91,3 +91,21 @@ def test_shell_samples_are_real(update_golden):
         assert shown == real, prompt
     if text != _current():
         (ROOT / "README.md").write_text(text, encoding="utf-8")
+
+
+def test_readme_training_configuration_is_valid(runner, tmp_path):
+    """The README's training configuration (every key it documents) loads and passes
+    `check` where its relative paths point: in examples/ci/ (a copy), beside the committed
+    plan."""
+    import shutil
+
+    from .conftest import EXAMPLES
+
+    text = README.split("### Training configuration (for `planner check`)", 1)[1]
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    shutil.copytree(EXAMPLES, tmp_path / "examples")
+    cfg = tmp_path / "examples" / "ci" / "readme.yaml"
+    cfg.write_text(block, encoding="utf-8")
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert result.stdout.count(": ok: [") == 3  # plan, memory, speed
