@@ -295,6 +295,9 @@ class Fields:
             if key in known:
                 continue
             close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            if not close and len(key) >= 2:  # a shortening: 'out' for 'out_features'
+                close = [k for k in sorted(known) if k.startswith(key)][:2]
+                close = close if len(close) == 1 else []
             hint = f"; did you mean '{close[0]}'?" if close else (
                 f"; expected one of: {', '.join(sorted(known))}" if known else "")
             self.issues.append(Issue(self.at(key), f"unknown key '{key}' in {self.what}{hint}",

@@ -585,7 +585,7 @@ def _layer_name(value: object) -> str:
     s = string(value)
     bad = sorted(set(s) - _NAME_CHARS)
     if bad:
-        raise Invalid(f"layer names use letters, digits and _ - . : / only; found "
+        raise Invalid(f"layer names use letters, digits and _ - . : / [ ] only; found "
                       f"{''.join(bad)!r} in {s!r}")
     if len(s) > 200:
         raise Invalid("layer names are at most 200 characters")
@@ -1077,8 +1077,9 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
 
 def _input_shape(value: object) -> Shape:
     if not isinstance(value, list) or not value:
+        got = "an empty list" if value == [] else _tn(value)
         raise Invalid("expected the per-sample input shape as a list: [C, H, W] for images, "
-                      f"[seq] for tokens, [seq, dim] or [features]; got {_tn(value)}")
+                      f"[seq] for tokens, [seq, dim] or [features]; got {got}")
     if len(value) > 3:
         raise Invalid(f"expected at most 3 dimensions ([C, H, W]), got {len(value)}; the "
                       "batch dimension is not part of the input shape")

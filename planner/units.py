@@ -98,8 +98,9 @@ def parse_quantity(value: object, kind: Kind, *, positive: bool = True) -> float
     Raises :class:`UnitError` with a message naming the expected form. Booleans,
     NaN, infinities and (with ``positive``) zero or negative values are rejected.
     """
-    if isinstance(value, bool) or value is None:
-        raise UnitError(f"expected {describe(kind)}, got {value!r}")
+    if isinstance(value, bool) or value is None:  # spelled as YAML does
+        raise UnitError(f"expected {describe(kind)}, got "
+                        f"{ {True: 'true', False: 'false', None: 'null'}[value]}")
     if isinstance(value, (int, float)):
         number = float(value)
     elif isinstance(value, str):
