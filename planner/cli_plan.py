@@ -489,12 +489,28 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
 def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
             pins: tuple[str, ...], fmt: str | None, output: str | None, **kw: Any) -> None:
     """The baselines and the searched plan side by side."""
-    from .plan import baselines_table
+    from .errors import NoFeasiblePlan
+    from .output import rounded
+    from .plan import baselines_table, plan_header
 
     ins = inputs_of(network, cluster, kw)
     check_output(output, ins)
     q = load_question(network, cluster, gpus, batch, **kw)
-    result = run_search(q, objective, pins)
+    try:
+        result = run_search(q, objective, pins)
+    except NoFeasiblePlan as exc:
+        if exc.baselines is None or exc.shortfall is None:
+            raise
+        # what was compared, each baseline with its memory, then the reason (exit 1)
+        head = plan_header("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
+                           q.options, q.estimator_name, nodes_used(q))
+        data = {"planner": head["planner"], "inputs": head["inputs"],
+                "problem": head["problem"], "plan": None,
+                "leanest_peak_bytes": exc.shortfall.needed_bytes,
+                "baselines": exc.baselines, "error": str(exc).removeprefix("planner: ")}
+        data = rounded(data, 4)
+        render_data(data, fmt, output, lambda: baselines_table(data), ins)
+        raise
     doc = plan_doc(q, result, objective, False)
     data = {"planner": doc["planner"], "inputs": doc["inputs"], "problem": doc["problem"],
             "plan": {"iteration": doc["iteration"], "memory": {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -154,8 +155,12 @@ class NoFeasiblePlan(PlannerError):
 
     exit_code = EXIT_CHECK_FAILED
 
-    def __init__(self, message: str, shortfall: Shortfall | None = None) -> None:
+    def __init__(self, message: str, shortfall: Shortfall | None = None,
+                 baselines: list[dict[str, Any]] | None = None) -> None:
         self.shortfall = shortfall
+        #: the baselines as priced (plain data, as a plan document lists them), for
+        #: ``compare`` to show what did not fit
+        self.baselines = baselines
         super().__init__(message)
 
 

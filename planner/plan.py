@@ -145,11 +145,12 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
     }
 
 
-def plan_document(command: str, network: Network, network_file: str, cluster_name: str,
-                  cluster_file: str, options: Options, ev: Evaluation, estimator: str,
-                  nodes: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The full plan document, rounded for stable output."""
-    doc: dict[str, Any] = {
+def plan_header(command: str, network: Network, network_file: str, cluster_name: str,
+                cluster_file: str, options: Options, estimator: str, nodes: int
+                ) -> dict[str, Any]:
+    """What a plan document opens with: the version, the command, the inputs (with their
+    digests) and the question."""
+    return {
         "planner": __version__,
         "command": command,
         "inputs": {
@@ -160,6 +161,16 @@ def plan_document(command: str, network: Network, network_file: str, cluster_nam
         },
         "problem": {**problem_record(network, options), "estimator": estimator,
                     "algorithm": options.algorithm or DEFAULT_ALGORITHM, "nodes": nodes},
+    }
+
+
+def plan_document(command: str, network: Network, network_file: str, cluster_name: str,
+                  cluster_file: str, options: Options, ev: Evaluation, estimator: str,
+                  nodes: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The full plan document, rounded for stable output."""
+    doc: dict[str, Any] = {
+        **plan_header(command, network, network_file, cluster_name, cluster_file, options,
+                      estimator, nodes),
         "iteration": iteration_record(ev, options.batch),
         "memory": ev.memory.to_data(),
     }
@@ -375,10 +386,14 @@ def baselines_table(doc: dict[str, Any]) -> Any:
     for col in ("strategy", "iteration", "communication", "exposed", "memory", "speedup"):
         t.add_column(col, justify="left" if col == "strategy" else "right",
                      no_wrap=col != "strategy", overflow="fold")
-    it = doc["iteration"]
-    t.add_row(Text("plan (searched)", style="bold"), format_time(it["time_s"]),
-              format_time(it["comm_s"]), format_time(it["exposed_comm_s"]),
-              format_bytes(doc["memory"]["peak_bytes"]), "")
+    it = doc.get("iteration")
+    if it is None:  # `compare` where nothing fits: the leanest layout the search found
+        t.add_row(Text("plan (searched): no layout fits", style="bold"), "", "", "",
+                  format_bytes(doc["leanest_peak_bytes"]) + " (leanest)", "")
+    else:
+        t.add_row(Text("plan (searched)", style="bold"), format_time(it["time_s"]),
+                  format_time(it["comm_s"]), format_time(it["exposed_comm_s"]),
+                  format_bytes(doc["memory"]["peak_bytes"]), "")
     for b in doc.get("baselines", []):
         if not b["applicable"]:
             t.add_row(Text(f"{b['name']}: not applicable ({b['reason']})", style="dim"),

@@ -1556,4 +1556,5 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     message = (f"planner: no plan fits in memory: the leanest layout found needs "
                f"{format_bytes(mem.peak)} per device, {format_bytes(mem.capacity)} is "
                f"available (short by {format_bytes(short)}); try " + " or ".join(tips))
-    return NoFeasiblePlan(message, Shortfall(mem.peak, mem.capacity, tips))
+    return NoFeasiblePlan(message, Shortfall(mem.peak, mem.capacity, tips),
+                          [b.to_data() for b in bases])

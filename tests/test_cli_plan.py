@@ -112,6 +112,34 @@ def test_compare(runner):
     assert "plan (searched)" in table.stdout
 
 
+def test_compare_when_nothing_fits(runner, tmp_path):
+    """GPT-2 small in fp32 on 8 H100s at batch 4,096: no layout fits. compare still shows
+    what it compared, every baseline marked as not fitting and the leanest layout's
+    memory, and exits 1 with the reason and the advice on stderr."""
+    net = NETWORKS / "gpt2-small.yaml"
+    args = ("compare", net, DGX, "-p", "8", "-b", "4096")
+    table = invoke(runner, *args)
+    assert table.exit_code == 1
+    assert "plan (searched): no layout fits" in table.stdout
+    assert "(does not fit)" in table.stdout and "(leanest)" in table.stdout
+    assert table.stderr.startswith("planner: no plan fits in memory")
+    out = tmp_path / "c.json"
+    result = invoke(runner, *args, "-o", out)
+    assert result.exit_code == 1
+    data = json.loads(out.read_text())
+    assert data["plan"] is None
+    wrote, said = result.stderr.strip().split("\n")
+    assert wrote == f"wrote {out}"
+    assert data["error"] == said.removeprefix("planner: ")
+    applied = [b for b in data["baselines"] if b["applicable"]]
+    assert [b["name"] for b in data["baselines"]] == ["data", "model", "single-grid",
+                                                      "gholami", "megatron"]
+    assert applied and not any(b["fits"] for b in applied)
+    # the leanest layout found is no larger than any baseline
+    assert data["leanest_peak_bytes"] <= min(b["peak_bytes"] for b in applied)
+    assert data["problem"]["gpus"] == 8 and data["problem"]["batch"] == 4096
+
+
 def test_sweep_table_json_and_plot(runner, tmp_path):
     png = tmp_path / "sweep.png"
     # a device count beyond the cluster (128 nodes of 8) is an error, as it is for plan,
