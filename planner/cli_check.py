@@ -99,9 +99,13 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
     from .launch import launch_spec
     from .loading import load_file
 
+    if not script.strip():
+        raise click.BadParameter("the training program is empty; name the program each "
+                                 "rank runs", param_hint="'--script'")
     doc = load_file(plan_file)
     spec = launch_spec(doc, plan_file)
-    emit(render(kind, spec, plan_file, script, master_port), output, (plan_file,))
+    # neither the plan nor the training program is overwritten by -o
+    emit(render(kind, spec, plan_file, script, master_port), output, (plan_file, script))
 
 
 def register(group: click.Group) -> None:

@@ -172,6 +172,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
     if kind == "env":
         lines = [
             f"PLANNER_PLAN={q(plan_path)}",
+            f"MASTER_PORT={port}",
             f"PLANNER_NODES={spec.nodes}",
             f"PLANNER_PROCS_PER_NODE={spec.procs}",
             f"PLANNER_WORLD_SIZE={spec.world}",
@@ -186,38 +187,57 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
             raise UsageError("planner: error: torchrun starts the same number of processes "
                              "on every node; this plan's device count is not a multiple of "
                              "the devices per node (use --emit slurm or env)")
+        run = f"  {q(script)} --plan {q(plan_path)}"
+        if spec.nodes == 1:  # one node: torchrun's own rendezvous on a free port
+            body = [
+                "#!/usr/bin/env bash",
+                *head,
+                "# Run on the node; paths are as given, relative to where this runs.",
+                "set -euo pipefail",
+                f"export PLANNER_PLAN={q(plan_path)}",
+                f"exec torchrun --standalone --nnodes=1 --nproc-per-node={spec.procs} \\",
+                run,
+            ]
+            return "\n".join(body) + "\n"
         body = [
             "#!/usr/bin/env bash",
             *head,
             f"# Run on every node with NODE_RANK set (0..{spec.nodes - 1}) and MASTER_ADDR "
-            "set to node 0's address.",
+            "set to node 0's address; paths are as given, relative to where this runs.",
             "set -euo pipefail",
-            f': "${{NODE_RANK:?set NODE_RANK to this node\'s index, 0..{spec.nodes - 1}}}"',
+            f': "${{NODE_RANK:?set NODE_RANK to the index of this node, 0..{spec.nodes - 1}}}"',
             ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"',
             f"export PLANNER_PLAN={q(plan_path)}",
             f"exec torchrun --nnodes={spec.nodes} --nproc-per-node={spec.procs} "
             '--node-rank="$NODE_RANK" \\',
             f'  --master-addr="$MASTER_ADDR" --master-port="${{MASTER_PORT:-{port}}}" \\',
-            f"  {q(script)} --plan {q(plan_path)}",
+            run,
         ]
         return "\n".join(body) + "\n"
     if kind == "slurm":
+        # Slurm's block distribution balances the task counts over the nodes (12 tasks on
+        # two nodes are 6 + 6), so an uneven plan starts a full node's tasks everywhere
+        # and the surplus ranks of the last node exit at once: rank k stays on node k // g
+        tasks = spec.nodes * spec.procs
+        guard = (f'[ "$SLURM_PROCID" -lt {spec.world} ] || exit 0; ' if spec.uneven else "")
         body = [
             "#!/bin/bash",
             f"#SBATCH --job-name=planner-{_job_name(spec.name)}",
             f"#SBATCH --nodes={spec.nodes}",
-            f"#SBATCH --ntasks={spec.world}",
+            f"#SBATCH --ntasks={tasks}",
             f"#SBATCH --ntasks-per-node={spec.procs}",
             f"#SBATCH --gpus-per-node={spec.procs}",
             "#SBATCH --distribution=block:block",
             *head,
+            *([f"# {tasks - spec.world} surplus tasks on the last node exit at once"]
+              if spec.uneven else []),
             "set -euo pipefail",
             'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
             f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"',
             f"export PLANNER_PLAN={q(plan_path)}",
             "srun --kill-on-bad-exit=1 bash -c "
-            + q(f'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS '
-                f'exec python {q(script)} --plan {q(plan_path)}'),
+            + q(f'{guard}RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID '
+                f'WORLD_SIZE={spec.world} exec python {q(script)} --plan {q(plan_path)}'),
         ]
         return "\n".join(body) + "\n"
     raise UsageError(f"planner: error: unknown emitter {kind!r}")

@@ -206,6 +206,9 @@ def output_target(path: str | os.PathLike[str],
     target is rewritten, as ``>`` would). A device, pipe or socket (``/dev/null``,
     ``/dev/stdout``, a FIFO) is written into, not replaced. Raises :class:`UsageError`."""
     shown = os.fspath(path)  # as the user wrote it
+    if not shown:
+        raise UsageError("planner: error: the output file name is empty; give -o FILE, or "
+                         "leave -o out for standard output")
     given = Path(path)
     if is_stream(given):
         return given

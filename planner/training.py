@@ -38,7 +38,7 @@ from typing import Any
 
 from .cluster import ALGORITHMS, Cluster
 from .costs.layer import RECOMPUTE, canonical_recompute, recompute_error
-from .errors import InputError, Issue, NoFeasiblePlan, PlannerError
+from .errors import InputError, Issue, NoFeasiblePlan, PlannerError, printable
 from .evaluate import (
     DEFAULT_BUCKET_BYTES,
     OVERLAPS,
@@ -326,10 +326,18 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
     if shape:
         raise doc.error(shape)
     problems = []
+    names = {"network": net.name, "cluster": cl.name}
     for key, fpath in (("network", cfg.network_path), ("cluster", cfg.cluster_path)):
         entry = data["inputs"].get(key)
         want = entry.get("sha256") if isinstance(entry, dict) else None
-        if want != _file_sha(fpath):
+        made = entry.get("name") if isinstance(entry, dict) else None
+        if isinstance(made, str) and made != names[key]:
+            # another network (or cluster) altogether, not this one edited
+            where = entry.get("file")
+            problems.append(f"the plan was made for the {key} {made!r}"
+                            + (f" ({printable(where)})" if isinstance(where, str) else "")
+                            + f", not {names[key]!r} ({_rel(fpath, cfg)})")
+        elif want != _file_sha(fpath):
             problems.append(f"the {key} file {_rel(fpath, cfg)} changed since the plan was "
                             "made")
     prob = data.get("problem") or {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -273,7 +274,7 @@ def test_training_pin_errors_name_the_file_key(runner, tmp_path, command):
 
 
 @pytest.mark.parametrize("kind", ["torchrun", "slurm", "env"])
-def test_launch(runner, kind, monkeypatch):
+def test_launch(runner, kind, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
     result = invoke(runner, "launch", "examples/ci/plans/resnet50-dgx-64.yaml", "--emit", kind,
                     "--script", "examples/launch/train.py")
@@ -288,6 +289,90 @@ def test_launch(runner, kind, monkeypatch):
         assert "SLURM_PROCID" in out
     else:
         assert "PLANNER_WORLD_SIZE=64" in out and "PLANNER_NODES=8" in out
+        assert "MASTER_PORT=29500" in out.splitlines()
+    if kind != "env":  # a script bash can run
+        script = tmp_path / "run.sh"
+        script.write_text(out)
+        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+
+
+def _fake_slurm(folder, nodes: int, per_node: int) -> dict[str, str]:
+    """srun, scontrol and python stand-ins: srun starts its tasks as Slurm's block
+    distribution does with the same count on every node (task i on node i // per_node,
+    local id i % per_node); python prints the rank variables it was started with."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n"
+        "for ((i = 0; i < SLURM_NTASKS; i++)); do\n"
+        f"  SLURM_PROCID=$i SLURM_LOCALID=$((i % {per_node})) SLURM_NODEID=$((i / {per_node}))"
+        ' "$@" || exit 1\ndone\n')
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/bash\n" + "".join(f"echo node{n}\n" for n in range(nodes)))
+    (bin_dir / "python").write_text(
+        '#!/bin/bash\necho "rank=$RANK local=$LOCAL_RANK node=$SLURM_NODEID '
+        'world=$WORLD_SIZE $*"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "SLURM_JOB_NODELIST": "node[0-9]"}
+
+
+def test_slurm_uneven_plan_keeps_ranks_on_their_nodes(runner, tmp_path):
+    """12 ranks on 8-GPU nodes: Slurm's block distribution would balance 12 tasks as
+    6 + 6, putting ranks 6-7 on the second node and splitting the plan's 4x3 row group
+    [4..7] across nodes. The script asks for 8 + 8 tasks and the 4 surplus ranks exit;
+    run with stand-ins, ranks 0-11 start with WORLD_SIZE 12, rank k on node k // 8."""
+    plan = tmp_path / "p.yaml"
+    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "12", "-b", "384", "-o", plan)
+    assert r.exit_code == 0, r.stderr
+    out = invoke(runner, "launch", plan, "--emit", "slurm")
+    assert out.exit_code == 0, out.stderr
+    assert "#SBATCH --ntasks=16\n#SBATCH --ntasks-per-node=8\n" in out.stdout
+    script = tmp_path / "job.sh"
+    script.write_text(out.stdout)
+    env = {**_fake_slurm(tmp_path, 2, 8), "SLURM_NTASKS": "16"}
+    ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines == [f"rank={k} local={k % 8} node={k // 8} world=12 train.py --plan {plan}"
+                     for k in range(12)]
+
+
+def test_launch_does_not_overwrite_the_program(runner, tmp_path, monkeypatch):
+    """-o naming the training program (the --script default is train.py) is refused, and
+    the program is kept; an empty --script or -o is a usage error."""
+    monkeypatch.chdir(tmp_path)
+    program = tmp_path / "train.py"
+    program.write_text("print(1)\n")
+    plan = CI / "plans" / "resnet50-dgx-64.yaml"
+    result = invoke(runner, "launch", plan, "-o", "train.py")
+    assert result.exit_code == 2
+    assert "refusing to write train.py: it is one of this command's inputs" in result.stderr
+    assert program.read_text() == "print(1)\n"
+    result = invoke(runner, "launch", plan, "--script", "")
+    assert result.exit_code == 2 and "the training program is empty" in result.stderr
+    result = invoke(runner, "launch", plan, "-o", "")
+    assert result.exit_code == 2 and "the output file name is empty" in result.stderr
+
+
+def test_plan_of_another_network_says_so(runner, tmp_path):
+    """A configuration pointing at a plan made for another network: the finding names
+    both networks, not 'the network file changed'."""
+    plan = tmp_path / "p.yaml"
+    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "64", "-b", "2048", "-o", plan)
+    assert r.exit_code == 0, r.stderr
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
+                   f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 64\nbatch: 2048\n"
+                   "strategy: {plan: p.yaml}\n")
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 1
+    assert "the plan was made for the network 'alexnet'" in result.stdout
+    assert "not 'resnet50'" in result.stdout and "changed since" not in result.stdout
 
 
 def test_launch_rejects_non_plans(runner, monkeypatch):
@@ -333,7 +418,8 @@ def test_launch_one_partly_used_node(runner, tmp_path, gpus):
                EXAMPLES / "clusters/dgx-h100.yaml", "-p", str(gpus), "-b", "64", "-o", plan)
     assert r.exit_code == 0, r.stderr
     out = invoke(runner, "launch", plan, "--emit", "torchrun").stdout
-    assert f"torchrun --nnodes=1 --nproc-per-node={gpus} " in out
+    assert f"torchrun --standalone --nnodes=1 --nproc-per-node={gpus} " in out
+    assert "NODE_RANK" not in out and "MASTER_ADDR" not in out  # one node: nothing to set
     out = invoke(runner, "launch", plan, "--emit", "slurm").stdout
     assert f"#SBATCH --ntasks={gpus}\n#SBATCH --ntasks-per-node={gpus}\n" \
            f"#SBATCH --gpus-per-node={gpus}\n" in out
