@@ -1,16 +1,29 @@
-"""Train a network of linear layers with the integrated P_r x P_c algorithm of a plan.
+"""Train a network of linear layers with the layouts of a plan.
 
-    planner cost examples/launch/mlp4.yaml examples/clusters/pcie-8gpu.yaml -p 4 -b 32 \\
-        --grid 2x2 --mode model --optimizer sgd --overlap none --format yaml -o plan.yaml
+    planner plan examples/launch/mlp4.yaml examples/clusters/pcie-8gpu.yaml -p 4 -b 32 \\
+        --optimizer sgd --overlap none --format yaml -o plan.yaml
     torchrun --nproc-per-node 4 examples/launch/train.py --plan plan.yaml --device cpu
 
-Every layer with weights runs on its own grid from the plan (Gholami et al., SPAA 2018):
-the weight rows are split over the row group (P_r devices) and the batch over the column
-groups (P_c). Forward: each device multiplies its batch block by its rows of W and the
-row group all-gathers the output. Backward: the input gradient is all-reduced over the
-row group, the weight gradient over the column group. Between layers of different grids
-the activations move as the plan's redistribution says (a gather inside a group, or a
-slice when the new block lies inside the old one), and their gradients move back.
+Every layer with weights runs on its own P_r x P_c grid from the plan, in its mode:
+
+* model (the integrated algorithm of Gholami et al., SPAA 2018; data is P_r = 1): the
+  weight rows are split over the row group (P_r devices) and the batch over the column
+  groups (P_c). Forward: each device multiplies its batch block by its rows of W and the
+  row group all-gathers the output. Backward: the input gradient is all-reduced over the
+  row group.
+* column and row (Megatron-LM's pair, Shoeybi et al. 2019): column splits W's rows as
+  model does and leaves its output split by features (backward: the input gradient is
+  all-reduced over the row group); row takes its input split by features, multiplies by
+  its columns of W and all-reduces the partial outputs over the row group (its input
+  gradient stays split).
+
+In every mode the weight gradient is all-reduced over the column group. Between layers
+the activations move as the plan's redistribution says: where the new block lies inside
+the old one it is sliced; where old blocks tile it they are collected from the devices
+that differ in that digit, by an all-gather where those devices share the new block and
+by a personalised exchange (all_to_all) of the same bytes where they do not (column 4x1
+to row 2x2: each device holds a quarter of the features of the whole batch and needs half
+the features of half the batch); gradients move back the same way.
 
 The meshes come from torch.distributed.device_mesh.init_device_mesh, one per grid, laid
 out as the plan's placement says (rank = c*P_r + r for "rows", r*P_c + c for "cols").
@@ -49,6 +62,8 @@ import torch.distributed as dist
 import yaml
 from torch.distributed.device_mesh import init_device_mesh
 
+from planner.layout import Dist, Layout, input_dist
+
 
 class Recorder:
     """Every collective this rank calls: layer, phase, collective, bytes, group size."""
@@ -63,6 +78,7 @@ class Recorder:
 
 
 REC = Recorder()
+MODES = ("data", "model", "column", "row")  #: the layouts this example runs
 
 
 def all_gather_cat(t: torch.Tensor, group: Any, size: int, dim: int, layer: str, phase: str,
@@ -185,14 +201,6 @@ class Grid:
         self.row = self.mesh.get_group("row")
         self.col = self.mesh.get_group("col")
 
-    def block(self, k: int) -> int:
-        """The batch block of rank k."""
-        return k // self.pr if self.placement == "rows" else k % self.pc
-
-    def replica(self, k: int) -> int:
-        """Rank k's index among the devices holding the same batch block."""
-        return k % self.pr if self.placement == "rows" else k // self.pc
-
 
 _GROUPS: dict[tuple[int, ...], Any] = {}
 
@@ -204,45 +212,94 @@ def _group(members: tuple[int, ...]) -> Any:
     return _GROUPS[members]
 
 
-def gather_groups(src: Grid, dst: Grid, world: int) -> Any:
-    """The groups that gather a coarser batch block from finer ones: the ranks with the
-    same new block and the same replica index of the old layout, one per old block.
-    Every rank creates every group (torch.distributed requires it), in the same order."""
-    groups = set()
-    for k in range(world):
-        members = tuple(sorted(
-            j for j in range(world)
-            if dst.block(j) == dst.block(k) and src.replica(j) == src.replica(k)))
-        groups.add(members)
-    mine = None
-    for members in sorted(groups):
-        if members not in _GROUPS:
-            _GROUPS[members] = dist.new_group(list(members))
-        if dist.get_rank() in members:
-            mine = members
-    assert mine is not None
-    return _GROUPS[mine], mine
+def _range(k: int, digit: tuple[int, int] | None, size: int) -> tuple[int, int]:
+    """The block of an axis of ``size`` that device ``k`` holds under a digit
+    ``(stride, count)`` (block ``(k // stride) % count``; None: the whole axis)."""
+    if digit is None or digit[1] == 1:
+        return 0, size
+    stride, count = digit
+    if size % count:
+        raise SystemExit(f"an axis of {size} does not split {count} ways")
+    i = (k // stride) % count
+    return i * size // count, (i + 1) * size // count
 
 
-def move(x: torch.Tensor, src: Grid, dst: Grid, batch: int, layer: str, phase: str,
-         note: str) -> torch.Tensor:
-    """Redistribute a batch-split activation (replicated across row groups) from the
-    batch blocks of ``src`` to those of ``dst``."""
-    k = dist.get_rank()
-    world = dist.get_world_size()
-    b_src, b_dst = batch // src.pc, batch // dst.pc
-    lo_src, lo_dst = src.block(k) * b_src, dst.block(k) * b_dst
-    if lo_src <= lo_dst and lo_dst + b_dst <= lo_src + b_src:  # the new block is inside
-        return x[lo_dst - lo_src: lo_dst - lo_src + b_dst]
-    if src.pc % dst.pc == 0:  # the new block is a union of old blocks: gather them
-        group, members = gather_groups(src, dst, world)
-        out = all_gather_cat(x, group, len(members), 0, layer, phase, note)
-        first = min(src.block(j) for j in members) * b_src
-        assert first == lo_dst, "old blocks do not tile the new block in rank order"
-        return out
-    raise SystemExit(f"{layer}: this example moves activations between aligned grids only "
-                     f"({src.pr}x{src.pc} {src.placement} -> {dst.pr}x{dst.pc} "
-                     f"{dst.placement})")
+def move(x: torch.Tensor, src: Dist, dst: Dist, batch: int, features: int, layer: str,
+         phase: str, note: str) -> torch.Tensor:
+    """Redistribute this device's block of a (batch x features) activation from the
+    distribution ``src`` to ``dst`` (the plan's: planner.layout.Dist). On an axis where the
+    new block lies inside the old one, slice; where the old blocks tile the new one, collect
+    them from the devices that differ only in that axis's digit: an all-gather when those
+    devices share the new block (sliced first, so only what it needs travels), else a
+    personalised exchange (all_to_all) of the same bytes, each device sending each other
+    the part of its block the other needs (the plan prices both as the all-gather: in the
+    alpha-beta model n-1 messages and (n-1)/n of the block each way)."""
+    if src == dst:
+        return x
+    if src.height is not None or dst.height is not None:
+        raise SystemExit(f"{layer}: this example moves batch and feature blocks only")
+    k, world = dist.get_rank(), dist.get_world_size()
+    axes = [(src.batch, dst.batch, batch), (src.feature, dst.feature, features)]
+    gathers: list[tuple[int, int]] = []
+    for a, z, size in axes:
+        s_lo, s_hi = _range(k, a, size)
+        d_lo, d_hi = _range(k, z, size)
+        if s_lo <= d_lo and d_hi <= s_hi:
+            continue  # the new block lies inside: slice
+        if d_lo <= s_lo and s_hi <= d_hi and a is not None:  # old blocks tile it
+            parts = 1 if z is None else z[1]
+            gathers.append((a[0], a[1] // parts))
+        else:
+            raise SystemExit(f"{layer}: misaligned blocks ({src} -> {dst}): this example "
+                             "moves aligned blocks only")
+
+    def src_of(j: int) -> list[tuple[int, int]]:
+        return [_range(j, a, size) for a, _, size in axes]
+
+    def dst_of(j: int) -> list[tuple[int, int]]:
+        return [_range(j, z, size) for _, z, size in axes]
+
+    def cut(t: torch.Tensor, held: list[tuple[int, int]], want: list[tuple[int, int]]
+            ) -> torch.Tensor:
+        """The part of ``t`` (holding ``held``) inside ``want``."""
+        for dim, ((h_lo, h_hi), (w_lo, w_hi)) in enumerate(zip(held, want, strict=True)):
+            lo, hi = max(h_lo, w_lo), min(h_hi, w_hi)
+            t = t.narrow(dim, lo - h_lo, max(0, hi - lo))
+        return t.contiguous()
+
+    mine = dst_of(k)
+    if not gathers:
+        return cut(x, src_of(k), mine)
+
+    def members_of(j: int) -> tuple[int, ...]:
+        base = j - sum(((j // st) % n) * st for st, n in gathers)
+        out = [base]
+        for st, n in gathers:
+            out = [m + i * st for m in out for i in range(n)]
+        return tuple(sorted(out))
+
+    for members in sorted({members_of(j) for j in range(world)}):
+        _group(members)  # every rank creates every group, in the same order
+    members = members_of(k)
+    group = _group(members)
+    order = [dist.get_global_rank(group, i) for i in range(len(members))]
+    out = torch.empty(mine[0][1] - mine[0][0], mine[1][1] - mine[1][0], dtype=x.dtype,
+                      device=x.device)
+    incoming = [torch.empty_like(cut(out, mine, src_of(j))) for j in order]
+    if all(dst_of(j) == mine for j in order):
+        kind = "all_gather"
+        dist.all_gather(incoming, cut(x, src_of(k), mine), group=group)
+    else:
+        kind = "all_to_all"
+        dist.all_to_all(incoming, [cut(x, src_of(k), dst_of(j)) for j in order], group=group)
+    covered = 0
+    for j, part in zip(order, incoming, strict=True):
+        lo = [max(s_lo, m_lo) - m_lo for (s_lo, _), (m_lo, _) in zip(src_of(j), mine, strict=True)]
+        out[lo[0]:lo[0] + part.shape[0], lo[1]:lo[1] + part.shape[1]] = part
+        covered += part.numel()
+    assert covered == out.numel(), "the collected blocks tile the new block"
+    REC.add(layer, phase, kind, out.numel() * out.element_size(), len(members), note)
+    return out
 
 
 def main() -> None:
@@ -268,7 +325,12 @@ def main() -> None:
         raise SystemExit(f"the plan is for {plan['problem']['gpus']} ranks, not {world}")
     from planner import load_network
 
-    net = load_network(args.network or plan["inputs"]["network"]["file"])
+    net_file = args.network or plan["inputs"]["network"]["file"]
+    if not Path(net_file).is_file():
+        raise SystemExit(f"the network file {net_file} is not found from here (a plan names "
+                         "it as given to `planner plan`, relative to where that ran); give "
+                         "--network FILE")
+    net = load_network(net_file)
     batch = int(plan["problem"]["batch"])
     zero = int(plan["problem"].get("zero", 0))
     hybrid = zero > 0 and plan["problem"].get("zero_shard", "all") == "node"
@@ -312,15 +374,27 @@ def main() -> None:
               for lay in linears}
     x_all = torch.randn(batch, net.input_shape[0], generator=g)
     t_all = torch.randn(batch, linears[-1].linear.out_features, generator=g)
+    layout: dict[str, Layout] = {}
     for lay in linears:  # create every mesh up front, in the same order on every rank
+        rec = layouts[lay.name]
+        if rec["mode"] not in MODES:
+            raise SystemExit(f"{lay.name}: this example runs {', '.join(MODES)} layouts, "
+                             f"not {rec['mode']}")
+        layout[lay.name] = Layout(str(rec["mode"]), int(rec["grid"][0]), int(rec["grid"][1]),
+                                  str(rec["placement"]))
         grid_of(lay.name)
     shards: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for lay in linears:
         gr = grid_of(lay.name)
-        rows = lay.linear.out_features // gr.pr
-        sl = slice(gr.r * rows, (gr.r + 1) * rows)
-        shards[lay.name] = (full_w[lay.name][sl].clone().to(dev),
-                            full_b[lay.name][sl].clone().to(dev))
+        w, b = full_w[lay.name], full_b[lay.name]
+        if layout[lay.name].mode == "row":  # its 1/P_r of the input features; all the bias
+            cols = lay.linear.in_features // gr.pr
+            shards[lay.name] = (w[:, gr.r * cols:(gr.r + 1) * cols].clone().to(dev),
+                                b.clone().to(dev))
+        else:  # data, model, column: its 1/P_r of the output features
+            rows = lay.linear.out_features // gr.pr
+            sl = slice(gr.r * rows, (gr.r + 1) * rows)
+            shards[lay.name] = (w[sl].clone().to(dev), b[sl].clone().to(dev))
     # ZeRO stage 3 keeps only this rank's 1/P_c of its shard, flat (weights, then bias)
     owned: dict[str, torch.Tensor] = {}
     if zero >= 3:
@@ -337,43 +411,51 @@ def main() -> None:
         n_w = w_shape[0] * w_shape[1]
         return flat[:n_w].reshape(w_shape), flat[n_w:]
 
+    def block_of(full: torch.Tensor, where: Dist) -> torch.Tensor:
+        """This rank's block of a whole (batch x features) tensor."""
+        b_lo, b_hi = _range(rank, where.batch, full.shape[0])
+        f_lo, f_hi = _range(rank, where.feature, full.shape[1])
+        return full[b_lo:b_hi, f_lo:f_hi]
+
     for _ in range(args.steps):
         REC.calls.clear()
-        first = grid_of(linears[0].name)
-        b0 = batch // first.pc
-        h = x_all[first.block(rank) * b0:(first.block(rank) + 1) * b0].to(dev)
+        here = input_dist(layout[linears[0].name])
+        h = block_of(x_all, here).to(dev)
         saved: list[tuple[Any, ...]] = []
-        prev: Grid | None = None
         for lay in net.layers:
-            if lay.type == "relu":
+            if lay.type == "relu":  # feature-wise: runs on any block
                 saved.append(("relu", h > 0))
                 h = torch.relu(h)
                 continue
-            gr = grid_of(lay.name)
-            if prev is not None:
-                h = move(h, prev, gr, batch, lay.name, "redistribute", "input (forward)")
+            lo, gr = layout[lay.name], grid_of(lay.name)
+            need = input_dist(lo)
+            h = move(h, here, need, batch, lay.linear.in_features, lay.name, "redistribute",
+                     "input (forward)")
             w, b = weights(lay.name, "gather (forward)")
-            y = h @ w.T + b  # this device's rows of the output
-            y = all_gather_cat(y, gr.row, gr.pr, 1, lay.name, "forward")
-            saved.append(("linear", lay, h, prev))
-            h, prev = y, gr
-        last = grid_of(linears[-1].name)
-        bl = batch // last.pc
-        target = t_all[last.block(rank) * bl:(last.block(rank) + 1) * bl].to(dev)
-        grad = 2.0 * (h - target) / (batch * target.shape[1])  # d(mean squared error)
+            if lo.mode == "row":  # partial sums over the row group's input features
+                y = all_reduce(h @ w.T, gr.row, gr.pr, lay.name, "forward") + b
+            else:
+                y = h @ w.T + b  # this device's output features
+                if lo.mode != "column":  # model/data: the row group gathers them
+                    y = all_gather_cat(y, gr.row, gr.pr, 1, lay.name, "forward")
+            saved.append(("linear", lay, h, here))
+            h, here = y, lo.output_dist()
+        target = block_of(t_all, here).to(dev)
+        grad = 2.0 * (h - target) / (batch * t_all.shape[1])  # d(mean squared error)
         updates: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         grad_chunks: dict[str, torch.Tensor] = {}
         for item in reversed(saved):
             if item[0] == "relu":
                 grad = grad * item[1]
                 continue
-            _, lay, x_in, src_grid = item
-            gr = grid_of(lay.name)
+            _, lay, x_in, before = item
+            lo, gr = layout[lay.name], grid_of(lay.name)
             w, b = weights(lay.name, "gather (backward)")
-            rows = w.shape[0]
-            g_rows = grad[:, gr.r * rows:(gr.r + 1) * rows]  # this device's output rows
-            dw = g_rows.T @ x_in
-            db = g_rows.sum(0)
+            if lo.mode in ("data", "model"):  # the gradient of this device's outputs
+                rows = w.shape[0]
+                grad = grad[:, gr.r * rows:(gr.r + 1) * rows]
+            dw = grad.T @ x_in
+            db = grad.sum(0)
             flat = torch.cat([dw.reshape(-1), db])
             sh = shardings[(gr.pr, gr.pc, gr.placement)]
             if zero and sh.hybrid:
@@ -387,11 +469,11 @@ def main() -> None:
                 updates[lay.name] = (flat[:dw.numel()].reshape(dw.shape), flat[dw.numel():])
             if lay.inputs == (-1,):
                 continue  # the network input needs no gradient
-            grad = g_rows @ w
-            grad = all_reduce(grad, gr.row, gr.pr, lay.name, "backward_data")
-            if src_grid is not None:
-                grad = move(grad, gr, src_grid, batch, lay.name, "redistribute",
-                            "input (backward)")
+            grad = grad @ w
+            if lo.mode != "row":  # row: the input gradient stays split by features
+                grad = all_reduce(grad, gr.row, gr.pr, lay.name, "backward_data")
+            grad = move(grad, input_dist(lo), before, batch, lay.linear.in_features,
+                        lay.name, "redistribute", "input (backward)")
         for name, (dw, db) in updates.items():
             w, b = shards[name]
             w -= args.lr * dw
@@ -421,8 +503,9 @@ def main() -> None:
             bs = [torch.empty_like(b) for _ in range(gr.pr)]
             dist.all_gather(ws, w.contiguous(), group=gr.row)
             dist.all_gather(bs, b.contiguous(), group=gr.row)
-            full[lay.name] = {"weight": torch.cat(ws).cpu().tolist(),
-                              "bias": torch.cat(bs).cpu().tolist()}
+            row = layout[lay.name].mode == "row"  # split by input features; bias whole
+            full[lay.name] = {"weight": torch.cat(ws, dim=1 if row else 0).cpu().tolist(),
+                              "bias": (b if row else torch.cat(bs)).cpu().tolist()}
         if rank == 0:
             (out / "weights.json").write_text(json.dumps(full))
     dist.barrier()
