@@ -38,7 +38,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for net, cluster, p, b in QUESTIONS:
         q = load_question(f"examples/networks/{net}.yaml", f"examples/clusters/{cluster}.yaml",
-                          p, b, "exact", "gradients", "25MiB", "adam", None, None, "mlp", None)
+                          p, b, "exact", "gradients", "25MiB", "adam", None, None, "auto", None)
         search_module.LOCAL_BUDGET = 0
         before = search_module.search(q.ctx, q.options, "time", {})
         search_module.LOCAL_BUDGET = budget
