@@ -187,32 +187,24 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
             raise UsageError("planner: error: torchrun starts the same number of processes "
                              "on every node; this plan's device count is not a multiple of "
                              "the devices per node (use --emit slurm or env)")
-        run = f"  {q(script)} --plan {q(plan_path)}"
         if spec.nodes == 1:  # one node: torchrun's own rendezvous on a free port
-            body = [
-                "#!/usr/bin/env bash",
-                *head,
-                "# Run on the node; paths are as given, relative to where this runs.",
-                "set -euo pipefail",
-                f"export PLANNER_PLAN={q(plan_path)}",
-                f"exec torchrun --standalone --nnodes=1 --nproc-per-node={spec.procs} \\",
-                run,
-            ]
-            return "\n".join(body) + "\n"
-        body = [
-            "#!/usr/bin/env bash",
-            *head,
-            f"# Run on every node with NODE_RANK set (0..{spec.nodes - 1}) and MASTER_ADDR "
-            "set to node 0's address; paths are as given, relative to where this runs.",
-            "set -euo pipefail",
+            note = ["# Run on the node; paths are as given, relative to where this runs."]
+            start = [f"exec torchrun --standalone --nnodes=1 --nproc-per-node={spec.procs} \\"]
+        else:
+            note = [
+                f"# Run on every node with NODE_RANK set (0..{spec.nodes - 1}) and "
+                "MASTER_ADDR set to node 0's address; paths are as given, relative to where "
+                "this runs."]
+            start = [
+                f"exec torchrun --nnodes={spec.nodes} --nproc-per-node={spec.procs} "
+                '--node-rank="$NODE_RANK" \\',
+                f'  --master-addr="$MASTER_ADDR" --master-port="${{MASTER_PORT:-{port}}}" \\']
+        checks = [] if spec.nodes == 1 else [
             f': "${{NODE_RANK:?set NODE_RANK to the index of this node, 0..{spec.nodes - 1}}}"',
-            ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"',
-            f"export PLANNER_PLAN={q(plan_path)}",
-            f"exec torchrun --nnodes={spec.nodes} --nproc-per-node={spec.procs} "
-            '--node-rank="$NODE_RANK" \\',
-            f'  --master-addr="$MASTER_ADDR" --master-port="${{MASTER_PORT:-{port}}}" \\',
-            run,
-        ]
+            ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"']
+        body = ["#!/usr/bin/env bash", *head, *note, "set -euo pipefail", *checks,
+                f"export PLANNER_PLAN={q(plan_path)}", *start,
+                f"  {q(script)} --plan {q(plan_path)}"]
         return "\n".join(body) + "\n"
     if kind == "slurm":
         # Slurm's block distribution balances the task counts over the nodes (12 tasks on

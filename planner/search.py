@@ -1497,11 +1497,10 @@ def _batch_that_fits(batch: int, gpus: int, mem: MemoryReport) -> int | None:
     """The batch at which the activations and the workspace, falling in proportion to it,
     leave the rest of the peak room (rounded down to a multiple of the device count where
     that leaves at least one sample a device), or None where no smaller batch can fit."""
-    per_batch = mem.activations + mem.workspace
-    room = mem.capacity - (mem.peak - per_batch)
-    if room <= 0 or per_batch <= 0 or batch <= 1:
+    room = mem.capacity - (mem.peak - mem.per_batch)
+    if room <= 0 or mem.per_batch <= 0 or batch <= 1:
         return None
-    fits = math.floor(batch * room / per_batch)
+    fits = math.floor(batch * room / mem.per_batch)
     if fits >= gpus:
         fits -= fits % gpus
     return max(1, min(fits, batch - 1))
@@ -1524,9 +1523,7 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
         f"about --gpus {opts.gpus * factor}, if memory per device falls in proportion"
     net = space.ctx.network
     smaller = _batch_that_fits(opts.batch, opts.gpus, mem)
-    # what falls with the batch: the activations kept, and the busiest layer's gradients in
-    # flight (the workspace, as large as the logits' gradient for a language model)
-    per_batch = mem.activations + mem.workspace
+    per_batch = mem.per_batch
     if per_batch > params:
         if len(space.ctx.rebuilt) < len(net.blocks) and opts.cost_model == "exact":
             tips.append("recomputing residual blocks (--recompute auto: as few of the "

@@ -17,6 +17,14 @@ from .conftest import EXAMPLES, ROOT, invoke
 CI = EXAMPLES / "ci"
 
 
+def _config(plan: str, gpus: int = 64) -> str:
+    """A training configuration of ResNet-50 on the DGX cluster (absolute paths) whose
+    strategy is the plan file ``plan`` (relative to the configuration)."""
+    return (f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
+            f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: {gpus}\nbatch: 2048\n"
+            f"strategy: {{plan: {plan}}}\n")
+
+
 @pytest.mark.parametrize(("config", "code"), [
     ("resnet50-dgx.yaml", 0),
     ("gpt2-does-not-fit.yaml", 1),
@@ -107,9 +115,7 @@ def test_plan_for_another_question_fails(runner, tmp_path):
     cfg.parent.mkdir()
     (tmp_path / "plans").mkdir()
     shutil.copy(CI / "plans" / "resnet50-dgx-64.yaml", tmp_path / "plans" / "p.yaml")
-    cfg.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
-                   f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 32\nbatch: 2048\n"
-                   "strategy: {plan: ../plans/p.yaml}\n")
+    cfg.write_text(_config("../plans/p.yaml", gpus=32))
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 1
     assert "the plan is for gpus=64, the configuration says 32" in result.stdout
@@ -135,9 +141,7 @@ def test_plan_for_another_training_setup_is_stale(runner, tmp_path, setting, sai
     cfg.parent.mkdir()
     (tmp_path / "plans").mkdir()
     shutil.copy(CI / "plans" / "resnet50-dgx-64.yaml", tmp_path / "plans" / "p.yaml")
-    text = (f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
-            f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 64\nbatch: 2048\n"
-            "strategy: {plan: ../plans/p.yaml}\n")
+    text = _config("../plans/p.yaml")
     cfg.write_text(text)
     assert invoke(runner, "check", cfg).exit_code == 0
     cfg.write_text(text + setting + "\n")
@@ -188,9 +192,7 @@ def test_sizes_of_older_plans_still_match(runner, tmp_path):
     (tmp_path / "plans").mkdir()
     plan = (CI / "plans" / "resnet50-dgx-64.yaml").read_text()
     assert "  bucket_bytes: 26214400\n" in plan
-    cfg.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
-                   f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 64\nbatch: 2048\n"
-                   "strategy: {plan: ../plans/p.yaml}\n")
+    cfg.write_text(_config("../plans/p.yaml"))
     for old, code in (("26210000.0", 0), ("26200000.0", 1)):
         (tmp_path / "plans" / "p.yaml").write_text(
             plan.replace("  bucket_bytes: 26214400\n", f"  bucket_bytes: {old}\n"))
@@ -222,9 +224,7 @@ def test_a_plan_with_an_impossible_layer_is_an_input_error(runner, tmp_path, lay
                                                       f"{layer}\n"))
     said = re.sub(r"^:(\d+):", lambda m: f":{first + int(m.group(1))}:", said)
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
-                   f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 64\n"
-                   "batch: 2048\nstrategy: {plan: plans/p.yaml}\n")
+    cfg.write_text(_config("plans/p.yaml"))
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 2, result.stdout
     line = result.stderr.splitlines()[0]
@@ -366,9 +366,7 @@ def test_plan_of_another_network_says_so(runner, tmp_path):
                EXAMPLES / "clusters/dgx-h100.yaml", "-p", "64", "-b", "2048", "-o", plan)
     assert r.exit_code == 0, r.stderr
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/resnet50.yaml'}\n"
-                   f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 64\nbatch: 2048\n"
-                   "strategy: {plan: p.yaml}\n")
+    cfg.write_text(_config("p.yaml"))
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 1
     assert "the plan was made for the network 'alexnet'" in result.stdout

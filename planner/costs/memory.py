@@ -93,6 +93,13 @@ class MemoryReport:
                 + self.comm_buffers + self.workspace)
 
     @property
+    def per_batch(self) -> float:
+        """What falls with the batch: the activations kept and the workspace (the busiest
+        layer's gradients in flight, as large as the logits' gradient for a language
+        model)."""
+        return self.activations + self.workspace
+
+    @property
     def fits(self) -> bool:
         """Whether the peak fits in the capacity."""
         return self.peak <= self.capacity
