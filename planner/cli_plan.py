@@ -679,6 +679,11 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
                       textwrap.fill(reason, 16, break_long_words=False))
             continue
         lay = [f"{n}× {k}" for k, n in r["layouts"].items()]
+        # one layout a line; a cols placement continues on the next ("12× column 16x8
+        # cols" would widen the column by the five characters the placement takes)
+        lines = [f"{n}× {k.removesuffix(' cols')}" + ("\n    cols" if k.endswith(" cols")
+                                                       else "")
+                 for k, n in r["layouts"].items()]
         vs = f"{r['speedup_vs_data']:.3g}x" if r.get("speedup_vs_data") is not None else "n/a"
         t.add_row(str(r["gpus"]), str(r["batch"]), format_time(r["time_s"]),
                   f"{r['samples_per_s']:.4g}", format_time(r["exposed_comm_s"]),
@@ -686,7 +691,7 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
                   *((str(r["zero"]) + (" node" if r.get("zero_shard") == "node" else ""),)
                     if auto else ()),
                   *((str(r["recompute"]),) if rec else ()), vs,
-                  ", ".join(lay), "\n".join(lay))
+                  ", ".join(lay), "\n".join(lines))
     return t
 
 

@@ -523,11 +523,24 @@ def _bucket_time(ctx: Context, op: Collective, nbytes: float, group: Group,
     return float(collective_time(op, nbytes, group, ctx.cluster, ctx.algorithm)[0])
 
 
+def communicator(layout: Layout) -> tuple[int, int]:
+    """Which devices reduce a layer's weight gradient (and, with ZeRO, gather its
+    parameters) together, as the digit ``(stride, count)`` that varies among them: all
+    ``P`` for data and domain layouts (weights replicated everywhere), the column group
+    otherwise. Row and column placements of one grid give groups of the same shape but
+    other members (``4x2`` rows: ``{0, 4}``; cols: ``{0, 1}``), which DDP and FSDP reduce
+    in separate process groups, so never in one bucket."""
+    if layout.mode in ("data", "domain"):
+        return (1, layout.p)
+    return layout.c_digit
+
+
 def _bucketed(ctx: Context, results: list[LayerResult], items: list[tuple[int, int]],
               bucket_bytes: float | None, cache: EvalCache,
               ) -> list[tuple[list[tuple[int, int]], float, float]]:
     """Collectives joined into buckets: consecutive terms (``(layer position, term
-    position)`` in ``items``) over the same group, until a bucket holds ``bucket_bytes``
+    position)`` in ``items``) over the same communicator (the same devices, not only a
+    group of the same shape: :func:`communicator`), until a bucket holds ``bucket_bytes``
     (PyTorch DDP's rule); ``None``: each term alone. Returns ``(members, bytes,
     seconds)`` per bucket, and gives each member its share of its bucket's time (by
     bytes) in place of its own."""
@@ -561,7 +574,10 @@ def _bucketed(ctx: Context, results: list[LayerResult], items: list[tuple[int, i
         if bucket_bytes is None:
             runs.append(([item], t.bytes, t.seconds))
             continue
-        if pending and (t.group != at(pending[0]).group or pending_bytes >= bucket_bytes):
+        if pending and (t.group != at(pending[0]).group
+                        or communicator(results[item[0]].layout)
+                        != communicator(results[pending[0][0]].layout)
+                        or pending_bytes >= bucket_bytes):
             flush()
         pending.append(item)
         pending_bytes += t.bytes

@@ -164,10 +164,12 @@ def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: in
     """The worst of the groups of devices that differ only in ``digits`` (each
     ``(stride, count)``: the members are ``base + Σ j_i·stride_i``), as the two-tier
     network sees it. All such groups run their collective at once and the layer waits
-    for the slowest, the one spread over the most nodes: a group of 6 consecutive
-    devices on 8-GPU nodes lies in one node for devices 0-5 but spans two for 6-11.
-    Returned as ``Group(size, ⌈size / nodes⌉)``, which spans exactly that many nodes
-    where the members divide evenly (and within one node of it where they do not)."""
+    for the slowest: a group of 6 consecutive devices on 8-GPU nodes lies in one node
+    for devices 0-5 but spans two for 6-11 (2 + 4). The slowest is the one whose
+    thinnest node's NICs carry the most across nodes, ``(m − 1) / (m · q)`` of the
+    data for ``m`` nodes with ``q`` members on the thinnest (the inter-node share of a
+    hierarchical all-reduce; ties: the most nodes). Returned as ``Group(size, q, m)``
+    (``Group(size, size / m)`` where the members fill their nodes evenly)."""
     digits = tuple(d for d in digits if d[1] > 1)
     size = math.prod(c for _, c in digits)
     g = per_node_devices
@@ -189,8 +191,20 @@ def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: in
     for stride, count in digits:
         is_base &= (k // stride) % count == 0
     nodes = np.sort((k[is_base][:, None] + offsets[None, :]) // g, axis=1)
-    touched = int(np.max(1 + np.count_nonzero(np.diff(nodes, axis=1), axis=1)))
-    return Group(size, -(-size // touched))
+    rows = nodes.shape[0]
+    # runs of one node in each sorted row: their lengths are the members per node
+    flat = (nodes + np.arange(rows, dtype=np.int64)[:, None] * (nodes.max() + 1)).ravel()
+    starts = np.flatnonzero(np.diff(flat, prepend=-1) != 0)
+    lengths = np.diff(np.append(starts, flat.size))
+    first = np.searchsorted(starts, np.arange(rows, dtype=np.int64) * size)
+    thinnest = np.minimum.reduceat(lengths, first)
+    touched = np.diff(np.append(first, starts.size))
+    load = (touched - 1) / (touched * thinnest)
+    worst = int(np.lexsort((-touched, -load))[0])
+    m, q = int(touched[worst]), int(thinnest[worst])
+    if q * m == size:
+        return Group(size, q)
+    return Group(size, q, m)
 
 
 @dataclass(frozen=True)
@@ -221,9 +235,18 @@ class Redistribution:
     """What moving from one distribution to another costs one device, at worst.
 
     ``received`` is the fraction of the whole activation (``B × d``) the busiest device
-    receives; ``kind`` is ``none``, ``gather`` (an all-gather over ``group``: the new block
-    is a union of old blocks held by ``group``) or ``exchange`` (misaligned blocks: a
-    personalised exchange with ``sources`` peers over ``group``).
+    receives; ``kind`` is ``none``, ``gather`` (an all-gather over ``group``: every
+    member's new block is the same union of old blocks held by ``group``) or
+    ``exchange``: a personalised exchange with ``sources`` peers over ``group``. An
+    exchange is ``tiered`` where the blocks are aligned but the members of ``group``
+    need different parts of one another's blocks (data → domain: device ``k`` needs
+    height block ``k`` of every batch block), so that each peer sends an equal part and
+    only the peers on other nodes cross the inter-node tier; otherwise (misaligned
+    blocks) all of it is priced on the slowest tier the group crosses. A tiered
+    exchange may instead all-gather the members' whole blocks, ``whole`` of the
+    activation, and keep what the device needs: more bytes, but across nodes in
+    ``m − 1`` hierarchical steps rather than one message per peer (the cost model
+    takes the cheaper).
     """
 
     kind: str
@@ -231,6 +254,8 @@ class Redistribution:
     need: float
     group: Group | None = None
     sources: int = 0
+    tiered: bool = False
+    whole: float = 0.0
 
 
 def _nested(src: tuple[int, int], dst: tuple[int, int]) -> bool:
@@ -297,6 +322,31 @@ def _axis(src: tuple[int, int] | None, dst: tuple[int, int] | None,
     return None
 
 
+def _shared_target(dst: Dist, strides: tuple[tuple[int, int], ...]) -> bool:
+    """Whether all devices that differ only in the digits ``strides`` have the same
+    block of ``dst`` (then gathering over them is an all-gather). Checked on every such
+    group, each device in one, up to :data:`BRUTE_FORCE_MAX_P` devices; beyond, by the
+    digits' place values: a gather digit ``(s, c)`` leaves a block digit ``(t, n)``
+    alone when ``[s, s·c)`` and ``[t, t·n)`` do not overlap (exact where the digits
+    are those of one mixed radix, as a grid's are)."""
+    digits = [d for d in (dst.batch, dst.height, dst.feature) if d is not None and d[1] > 1]
+    if dst.p > BRUTE_FORCE_MAX_P:
+        return all(s * c <= t or t * n <= s for s, c in strides for t, n in digits)
+    offsets = np.zeros(1, dtype=np.int64)
+    for stride, count in strides:
+        offsets = (offsets[:, None] + np.arange(count, dtype=np.int64) * stride).ravel()
+    k = np.arange(dst.p, dtype=np.int64)
+    is_base = np.ones(dst.p, dtype=bool)
+    for stride, count in strides:
+        is_base &= (k // stride) % count == 0
+    members = k[is_base][:, None] + offsets[None, :]
+    for digit in digits:
+        index = (members // digit[0]) % digit[1]
+        if np.any(index != index[:, :1]):
+            return False
+    return True
+
+
 @functools.lru_cache(maxsize=65536)
 def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistribution:
     """The worst device's data movement from ``src`` to ``dst`` (see :class:`Dist`)."""
@@ -311,8 +361,14 @@ def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistributio
         strides = tuple(d for _, d in aligned if d is not None)
         if not strides:
             return Redistribution("none", 0.0, need)
-        return Redistribution("gather", max(0.0, need - overlap), need,
-                              node_group(strides, src.p, per_node_devices))
+        group = node_group(strides, src.p, per_node_devices)
+        if _shared_target(dst, strides):
+            return Redistribution("gather", max(0.0, need - overlap), need, group)
+        # the members need different parts of one another's blocks: not an all-gather,
+        # whose hierarchical form sends each byte across nodes once for the whole node
+        return Redistribution("exchange", max(0.0, need - overlap), need, group,
+                              group.size - 1, tiered=True,
+                              whole=min(1.0, group.size * src.fraction))
     # Misaligned blocks: the worst device's overlap, exactly where we can.
     p = src.p
     if all(_pow2(x) for a, z in axes for d in (a or (1, 1), z or (1, 1)) for x in d):

@@ -25,6 +25,8 @@ files)::
         comm: {forward_s, backward_data_s, weight_grad_s, redistribute_s, parameters_s,
                recompute_s,
                terms: [{phase, collective, group, per_node, bytes, seconds, algorithm, note}]},
+               # per_node: the group's ranks in each node it touches; where they do not
+               # fill their nodes evenly (12 on 8-GPU nodes: 8 + 4), the fewest (4)
         memory: {params_bytes, activation_bytes}   # params_bytes: what this device keeps
 
     ZeRO (``problem.zero`` 1-3) turns each weight-gradient all-reduce into a reduce-scatter
@@ -357,9 +359,11 @@ def placement_record(ev: Evaluation, gpus: int, per_node: int, expand: bool,
             "placement": pl,
             "layers": names,
             "row_groups": {"count": pc, "size": pr, "per_node": row_g.per_node,
-                           "spans_nodes": row_g.spans_nodes, "rule": row_rule},
+                           "nodes": row_g.nodes, "spans_nodes": row_g.spans_nodes,
+                           "rule": row_rule},
             "col_groups": {"count": pr, "size": pc, "per_node": col_g.per_node,
-                           "spans_nodes": col_g.spans_nodes, "rule": col_rule},
+                           "nodes": col_g.nodes, "spans_nodes": col_g.spans_nodes,
+                           "rule": col_rule},
         }
         if expand:
             rows, cols = group_ranks(pr, pc, pl)

@@ -162,14 +162,15 @@ def test_redistribution_brute_force_non_power_of_two():
 
 def test_groups_are_priced_as_the_one_spread_over_most_nodes():
     """A grid side that does not divide the node: 6x4 on 8-GPU nodes (24 ranks). Row
-    groups are ranks 6c..6c+5: {0-5} in node 0, {6-11} on nodes 0 and 1, {12-17} on 1
-    and 2, {18-23} in node 2. They all-gather at once and the layer waits for the
-    slowest, so the row group spans nodes: Group(6, 6 / 2 = 3)."""
+    groups are ranks 6c..6c+5: {0-5} in node 0, {6-11} is 2 on node 0 and 4 on node 1,
+    {12-17} 4 + 2, {18-23} in node 2. They all-gather at once and the layer waits for
+    the slowest, the one whose thinnest node's 2 NICs carry (m−1)/(m·q) = 1/4 of the
+    data across: Group(6, 2) on 2 nodes."""
     lay = make_layout("model", 6, 4)
-    assert lay.row_group(8) == Group(6, 3) and lay.row_group(8).spans_nodes
-    # column groups {r, r+6, r+12, r+18}: r = 0 is on nodes 0, 0, 1, 2 (three nodes),
-    # reported as ceil(4 / 3) = 2 a node
-    assert lay.col_group(8) == Group(4, 2) and lay.col_group(8).spans_nodes
+    assert lay.row_group(8) == Group(6, 2, 2) and lay.row_group(8).nodes == 2
+    # column groups {r, r+6, r+12, r+18}: r = 0 is on nodes 0, 0, 1, 2: three nodes,
+    # one member on the thinnest
+    assert lay.col_group(8) == Group(4, 1, 3) and lay.col_group(8).nodes == 3
     # where the side divides the node, every group is alike: as before
     assert make_layout("model", 4, 6).row_group(8) == Group(4, 4)
     assert make_layout("model", 4, 6).col_group(8) == Group(6, 2)   # 4 apart: 2 a node
@@ -177,23 +178,23 @@ def test_groups_are_priced_as_the_one_spread_over_most_nodes():
     assert make_layout("model", 2, 16, "cols").row_group(8) == Group(2, 1)  # 16 apart
     # 6 divides 12-GPU nodes: every row group lies in one node
     assert make_layout("model", 6, 2).row_group(12) == Group(6, 6)
-    # 5x7: ranks 5-9 are 3 on node 0 and 2 on node 1, ceil(5 / 2) = 3 a node
-    assert make_layout("model", 5, 7).row_group(8) == Group(5, 3)
+    # 5x7: ranks 5-9 are 3 + 2, but ranks 15-19 are 1 on node 1 and 4 on node 2
+    assert make_layout("model", 5, 7).row_group(8) == Group(5, 1, 2)
     # a model-parallel all-gather on 6x4 is priced on the inter-node tier
     net = mlp([64, 128, 32])
     cl = cluster(per_node=8)
     ctx, _ = _ctx(net, cl, 24, 48)
     (fwd,) = [t for t in weighted_terms(net.by_name("fc2"), lay, ctx)
               if t.phase == "forward"]
-    assert fwd.group == Group(6, 3)
+    assert fwd.group == Group(6, 2, 2)
     from planner.costs.comm import collective_time
     assert fwd.seconds == pytest.approx(collective_time("all_gather", fwd.bytes,
-                                                        Group(6, 3), cl)[0], rel=1e-12)
+                                                        Group(6, 2, 2), cl)[0], rel=1e-12)
     # at a bandwidth-bound size the spanning group is the slower one (the 1.5 kB gathered
     # here is latency-bound: on NCCL a one-node ring of 6 pays 5 intra-node steps and the
     # hierarchical gather across two nodes 2 intra + 1 inter, so it may go either way)
     big = 64e6
-    assert (collective_time("all_gather", big, Group(6, 3), cl)[0]
+    assert (collective_time("all_gather", big, Group(6, 2, 2), cl)[0]
             > 2 * collective_time("all_gather", big, Group(6, 6), cl)[0])
 
 
@@ -286,12 +287,132 @@ def test_domain_shard_kernel_reads_its_halo(alexnet):
 
 def test_all_device_group_is_priced_where_it_is_worst():
     """12 devices on 8-GPU nodes are 8 + 4: the data-parallel gradient all-reduce is
-    priced as the row and column groups are (the worst-placed member: two nodes of 6),
-    not as one node of 8 and a half."""
+    priced on two nodes with 4 on the thinner, whose 4 NICs each carry 1/4 of the
+    gradient across (not two nodes of 6, 1/6 each, nor one node of 8 and a half)."""
     net = mlp([64, 128, 32])
-    ctx, _ = _ctx(net, cluster(per_node=8), 12, 48)
+    cl = cluster(per_node=8)
+    ctx, _ = _ctx(net, cl, 12, 48)
     (t,) = weighted_terms(net.by_name("fc2"), make_layout("data", 1, 12), ctx)
-    assert t.group == Group(12, 6)
+    assert t.group == Group(12, 4, 2) and t.group.nodes == 2
+    # hierarchical, by hand (intra α 2 µs, 100 GB/s; inter α 5 µs, 10 GB/s; NCCL's
+    # ring, REFERENCES §4: reduce-scatter (p−1)α + (p−1)/p nβ): reduce-scatter and
+    # all-gather inside over 4 ranks, a ring all-reduce across the 2 nodes on n/4 (at
+    # 64 MB the ring beats the tree's 2nβ)
+    from planner.costs.comm import collective_time
+    n = 64e6
+    a_i, b_i = cl.intra.latency_s, 1 / cl.intra.bandwidth
+    a_x, b_x = cl.inter.latency_s, 1 / cl.inter.bandwidth
+    inside = 3 * a_i + 3 / 4 * n * b_i
+    across = 2 * a_x + 2 * (1 / 2) * (n / 4) * b_x
+    hier = collective_time("all_reduce", n, Group(12, 4, 2), cl, "hierarchical")[0]
+    assert hier == pytest.approx(2 * inside + across, rel=1e-9)
     ctx, _ = _ctx(net, cluster(per_node=8), 16, 48)
     (t,) = weighted_terms(net.by_name("fc2"), make_layout("data", 1, 16), ctx)
     assert t.group == Group(16, 8)
+
+
+def test_gather_whose_members_need_different_blocks_is_an_exchange():
+    """data 1x16 → domain 16x1 on two 8-GPU nodes: every device gathers from all 16
+    batch blocks, but device k needs only height block k of each, so the 16 devices
+    need different parts of one another's blocks. A hierarchical all-gather would send
+    each byte across nodes once for the whole node (8× too few bytes on each NIC); it is
+    a personalised exchange: 15 peers each send 1/256 of the activation, the 7 in the
+    node over NVLink, the 8 on the other node over the device's own NIC."""
+    net = mlp([64, 128, 32])
+    cl = cluster(per_node=8)
+    ctx, _ = _ctx(net, cl, 16, 16)
+    data = make_layout("data", 1, 16).output_dist()
+    dom = make_layout("domain", 16, 1).output_dist()
+    for src, dst in ((data, dom), (dom, data)):
+        r = redistribution(src, dst, 8)
+        assert (r.kind, r.tiered, r.sources, r.group) == ("exchange", True, 15, Group(16, 8))
+        assert (r.received, r.need) == (pytest.approx(15 / 256), pytest.approx(1 / 16))
+    elems = 1 << 20  # 64 MiB in all: bandwidth-bound
+    total = 16 * elems * 4
+    each = total / 256
+    by_hand = (7 * (cl.intra.latency_s + each / cl.intra.bandwidth)
+               + 8 * (cl.inter.latency_s + each / cl.inter.bandwidth))
+    terms = redistribute_terms(data, dom, elems, ctx, "input")
+    assert [(t.note, t.collective) for t in terms] == [("input (forward)", "exchange"),
+                                                       ("input (backward)", "exchange")]
+    for t in terms:
+        assert t.bytes == pytest.approx(15 * each, rel=1e-12)
+        assert t.seconds == pytest.approx(by_hand, rel=1e-12)
+    # small and latency-bound (16 kB), all-gathering the whole blocks (the whole
+    # activation: 1 step across nodes, hierarchical) beats 8 messages across nodes
+    from planner.costs.comm import collective_time
+    terms = redistribute_terms(data, dom, 256, ctx, "input")
+    whole = 16 * 256 * 4
+    assert [(t.collective, t.bytes) for t in terms] == [("all_gather", whole)] * 2
+    assert terms[0].seconds == pytest.approx(
+        collective_time("all_gather", float(whole), Group(16, 8), cl)[0], rel=1e-12)
+    small = 15 * whole / 256 / 15
+    assert terms[0].seconds < 8 * (cl.inter.latency_s + small / cl.inter.bandwidth)
+    # where every member of the gather needs the same block it is still an all-gather:
+    # data → model 4x4 gathers the 4 quarter-blocks of one batch block in each row group
+    r = redistribution(data, make_layout("model", 4, 4).output_dist(), 8)
+    assert (r.kind, r.group) == ("gather", Group(4, 4))
+
+
+def test_uneven_batch_blocks_communicate_the_busiest_block():
+    """B = 50 on P_c = 4: blocks of 13, 13, 12 and 12 samples. The model-parallel
+    all-gather of fc2's 32 outputs moves the busiest block, 13 × 32 × 4 bytes (compute
+    times 13 samples too); the paper's Eq. 8 charges B / P_c = 12.5. The input's
+    gather from data 1x8 to model 2x4 gathers a block of 13 samples."""
+    net = mlp([64, 128, 32])
+    cl = cluster(per_node=8)
+    lay = make_layout("model", 2, 4)
+    for model, samples in (("exact", 13), ("gholami2018", 12.5)):
+        ctx, _ = _ctx(net, cl, 8, 50, model)
+        (fwd,) = [t for t in weighted_terms(net.by_name("fc2"), lay, ctx)
+                  if t.phase == "forward"]
+        assert fwd.bytes == pytest.approx(samples * 32 * 4, rel=1e-12)
+    ctx, _ = _ctx(net, cl, 8, 50)
+    terms = redistribute_terms(make_layout("data", 1, 8).output_dist(), lay.output_dist(),
+                               64, ctx, "input")
+    assert [t.bytes for t in terms] == pytest.approx([13 * 64 * 4])
+
+
+def test_grouped_convolution_gathers_its_input_gradient():
+    """A grouped convolution whose 4 groups split evenly over P_r = 2 or 4: each device
+    reads only its 1/P_r of the input channels, so the input-gradient blocks are
+    disjoint and all-gathered (same bytes, half an all-reduce's traffic); over P_r = 8
+    a group spans devices and its partial sums are all-reduced."""
+    from planner.inputs import load_network_text
+    net = load_network_text(
+        "kind: network\nname: g\ninput: [8, 16, 16]\nlayers:\n"
+        "  - {name: c1, type: conv2d, out_channels: 8, kernel: 3, padding: 1}\n"
+        "  - {name: c2, type: conv2d, out_channels: 16, kernel: 3, padding: 1, groups: 4}\n")
+    ctx, _ = _ctx(net, cluster(per_node=8), 8, 8)
+    c2 = net.by_name("c2")
+    for pr, op in ((2, "all_gather"), (4, "all_gather"), (8, "all_reduce")):
+        (bwd,) = [t for t in weighted_terms(c2, make_layout("model", pr, 8 // pr), ctx)
+                  if t.phase == "backward_data"]
+        assert bwd.collective == op
+        assert bwd.bytes == (8 // (8 // pr)) * 8 * 16 * 16 * 4
+
+
+@pytest.mark.parametrize("p", [16, 24, 36])
+def test_shared_target_rule_beyond_brute_force_agrees(p, monkeypatch):
+    """Beyond 65,536 devices whether a gather's members share their new block is decided
+    by the digits' place values instead of device by device: on every pair of layouts
+    of 16, 24 and 36 devices (mixed radices included) both give the same kinds."""
+    import planner.layout as layout_mod
+    from planner.layout import input_dist
+
+    lays = {make_layout(m, pr, p // pr, pl) for m in ("model", "domain", "column", "row")
+            for pr in range(1, p + 1) if p % pr == 0 for pl in ("rows", "cols")}
+    dists = sorted({d for lay in lays for d in (lay.output_dist(), input_dist(lay))},
+                   key=repr)
+
+    def kinds():
+        layout_mod.redistribution.cache_clear()
+        return [(redistribution(a, z, 8).kind, redistribution(a, z, 8).tiered)
+                for a in dists for z in dists]
+
+    brute = kinds()
+    monkeypatch.setattr(layout_mod, "BRUTE_FORCE_MAX_P", 0)
+    by_digits = kinds()
+    layout_mod.redistribution.cache_clear()
+    assert by_digits == brute
+    assert ("exchange", True) in brute and ("gather", False) in brute

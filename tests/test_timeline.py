@@ -58,3 +58,23 @@ def test_buckets_merge_layers():
     # each layer carries its share of the bucket: the sum is the bucket's time
     per_layer = sum(r.cost.comm("weight_grad") for r in ev.layers)
     assert per_layer == pytest.approx(ev.weight_grad_s)
+
+
+def test_buckets_keep_process_groups_apart():
+    """Rows and cols placements of one 4x2 grid reduce their weight gradients over
+    column groups of the same shape (2 ranks in one node) but other members ({0, 4}
+    against {0, 1}): DDP reduces them in separate process groups, so two buckets, where
+    two layers of one placement share one."""
+    net = mlp([1000, 1000, 1000], bias=False, relu=False)
+    cl = cluster(per_node=8, intra=(0.0, 1e9), algorithm="ring")
+    opts = Options(gpus=8, batch=8, overlap="gradients", bucket_bytes=100 * 2**20)
+    ctx = make_context(net, cl, opts, FixedEstimator(K))
+    fc1, fc2 = net.by_name("fc1").index, net.by_name("fc2").index
+    same = evaluate(ctx, opts, {fc1: make_layout("model", 4, 2),
+                                fc2: make_layout("model", 4, 2)})
+    assert [b["layers"] for b in same.buckets] == [2]
+    mixed = evaluate(ctx, opts, {fc1: make_layout("model", 4, 2),
+                                 fc2: make_layout("model", 4, 2, "cols")})
+    assert [b["layers"] for b in mixed.buckets] == [1, 1]
+    # each a ring all-reduce of its 1/4 shard (1 MB) over 2 ranks: n/bw = 1 ms
+    assert [b["end_s"] - b["start_s"] for b in mixed.buckets] == pytest.approx([1e-3, 1e-3])

@@ -20,10 +20,11 @@ Every layer with weights runs on its own P_r x P_c grid from the plan, in its mo
 In every mode the weight gradient is all-reduced over the column group. Between layers
 the activations move as the plan's redistribution says: where the new block lies inside
 the old one it is sliced; where old blocks tile it they are collected from the devices
-that differ in that digit, by an all-gather where those devices share the new block and
-by a personalised exchange (all_to_all) of the same bytes where they do not (column 4x1
-to row 2x2: each device holds a quarter of the features of the whole batch and needs half
-the features of half the batch); gradients move back the same way.
+that differ in that digit, by an all-gather where those devices share the new block;
+where they do not (column 4x1 to row 2x2: each device holds a quarter of the features of
+the whole batch and needs half the features of half the batch) as the plan priced it: a
+personalised exchange (all_to_all), or an all-gather of the whole blocks where fewer
+messages across nodes made that cheaper; gradients move back the same way.
 
 The meshes come from torch.distributed.device_mesh.init_device_mesh, one per grid, laid
 out as the plan's placement says (rank = c*P_r + r for "rows", r*P_c + c for "cols").
@@ -78,6 +79,9 @@ class Recorder:
 
 
 REC = Recorder()
+#: how the plan moves each activation whose gather group needs different blocks:
+#: (layer, note) -> "exchange" (all_to_all) or "all_gather" (of the members' whole blocks)
+METHODS: dict[tuple[str, str], str] = {}
 MODES = ("data", "model", "column", "row")  #: the layouts this example runs
 
 
@@ -230,10 +234,11 @@ def move(x: torch.Tensor, src: Dist, dst: Dist, batch: int, features: int, layer
     distribution ``src`` to ``dst`` (the plan's: planner.layout.Dist). On an axis where the
     new block lies inside the old one, slice; where the old blocks tile the new one, collect
     them from the devices that differ only in that axis's digit: an all-gather when those
-    devices share the new block (sliced first, so only what it needs travels), else a
-    personalised exchange (all_to_all) of the same bytes, each device sending each other
-    the part of its block the other needs (the plan prices both as the all-gather: in the
-    alpha-beta model n-1 messages and (n-1)/n of the block each way)."""
+    devices share the new block (sliced first, so only what it needs travels), else as the
+    plan prices it (METHODS): a personalised exchange (all_to_all), each device sending
+    each other the part of its block the other needs, or, where the plan found it cheaper
+    (fewer messages across nodes), an all-gather of the members' whole blocks of which
+    each device keeps its part."""
     if src == dst:
         return x
     if src.height is not None or dst.height is not None:
@@ -289,16 +294,28 @@ def move(x: torch.Tensor, src: Dist, dst: Dist, batch: int, features: int, layer
     if all(dst_of(j) == mine for j in order):
         kind = "all_gather"
         dist.all_gather(incoming, cut(x, src_of(k), mine), group=group)
+    elif METHODS.get((layer, note)) == "all_gather":
+        # gather the members' whole blocks, then keep this device's part of each
+        whole = [torch.empty_like(x) for _ in order]
+        dist.all_gather(whole, x.contiguous(), group=group)
+        incoming = [cut(w, src_of(j), mine) for j, w in zip(order, whole, strict=True)]
+        REC.add(layer, phase, "all_gather", sum(w.numel() for w in whole) * x.element_size(),
+                len(members), note)
+        kind = ""
     else:
-        kind = "all_to_all"
         dist.all_to_all(incoming, [cut(x, src_of(k), dst_of(j)) for j in order], group=group)
+        own = incoming[order.index(k)].numel()  # what this device already held
+        REC.add(layer, phase, "exchange", (out.numel() - own) * out.element_size(),
+                len(members), note)
+        kind = ""
     covered = 0
     for j, part in zip(order, incoming, strict=True):
         lo = [max(s_lo, m_lo) - m_lo for (s_lo, _), (m_lo, _) in zip(src_of(j), mine, strict=True)]
         out[lo[0]:lo[0] + part.shape[0], lo[1]:lo[1] + part.shape[1]] = part
         covered += part.numel()
     assert covered == out.numel(), "the collected blocks tile the new block"
-    REC.add(layer, phase, kind, out.numel() * out.element_size(), len(members), note)
+    if kind:
+        REC.add(layer, phase, kind, out.numel() * out.element_size(), len(members), note)
     return out
 
 
@@ -316,6 +333,10 @@ def main() -> None:
     if not args.plan:
         raise SystemExit("give --plan PLAN (or set PLANNER_PLAN)")
     plan = yaml.safe_load(Path(args.plan).read_text())
+    for rec in plan["layers"]:
+        for t in rec["comm"]["terms"]:
+            if t["phase"] == "redistribute":
+                METHODS[(rec["name"], t.get("note", ""))] = t["collective"]
     backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
     dist.init_process_group(backend)
     if args.device == "cuda":

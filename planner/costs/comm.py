@@ -117,19 +117,28 @@ def clog2(p: int) -> int:
 
 @dataclass(frozen=True)
 class Group:
-    """A communicator: ``size`` ranks, ``per_node`` of them in each node it touches."""
+    """A communicator: ``size`` ranks, ``per_node`` of them in each node it touches.
+
+    Where the ranks do not fill their nodes evenly (12 ranks on 8-GPU nodes: 8 + 4),
+    ``per_node`` is the fewest in any of them, whose NICs each carry ``1/per_node`` of
+    the cross-node traffic (the rails that finish last), and ``span`` the nodes touched
+    (0: ``⌈size / per_node⌉``, the even case)."""
 
     size: int
     per_node: int
+    span: int = 0
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.per_node < 1 or self.per_node > self.size:
             raise ValueError(f"invalid group {self.size}/{self.per_node}")
+        if self.span and not (1 <= self.span <= self.size
+                              and self.per_node * self.span <= self.size):
+            raise ValueError(f"invalid group {self.size}/{self.per_node} on {self.span} nodes")
 
     @property
     def nodes(self) -> int:
         """Nodes the group spans."""
-        return -(-self.size // self.per_node)
+        return self.span or -(-self.size // self.per_node)
 
     @property
     def spans_nodes(self) -> bool:

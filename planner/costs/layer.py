@@ -273,7 +273,8 @@ def weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]
 def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
     g = ctx.per_node
     e = ctx.elem_bytes
-    b = ctx.batch / layout.pc
+    # the busiest batch block where P_c does not divide the batch (the paper: B / P_c)
+    b = ctx.batch / layout.pc if ctx.paper else _ceil_div(ctx.batch, layout.pc)
     row, col, allg = layout.row_group(g), layout.col_group(g), layout.all_group(g)
     terms: list[CommTerm] = []
     own = layer.params  # a tied head's shared weight is reduced once, by its embedding
@@ -309,7 +310,13 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
             else "all_gather"
         _add(terms, term(ctx, "forward", fwd_op, row, b * layer.out_elems * e))
         if _needs_input_grad(layer):
-            _add(terms, term(ctx, "backward_data", "all_reduce", row, b * layer.in_elems * e))
+            # a grouped convolution whose groups split evenly over P_r: each device's
+            # groups read only their own 1/P_r of the input channels, so the input
+            # gradient's blocks are disjoint and are gathered, not summed
+            conv = layer.conv
+            bwd_op: Collective = "all_gather" if conv is not None and conv.groups > 1 \
+                and conv.groups % layout.pr == 0 else "all_reduce"
+            _add(terms, term(ctx, "backward_data", bwd_op, row, b * layer.in_elems * e))
         terms += gradient_terms(ctx, col, local_params(layer, layout) * e)
         return terms
     # domain: halo rows, weights replicated on all P
@@ -353,6 +360,16 @@ class _Part:
     group: Group
     share: float  # bytes = share × B × d × e
     sources: int = 0
+    tiered: bool = False
+    blocks: int = 1  # batch blocks of the distribution that receives
+    whole: float = 0.0  # a tiered exchange's alternative: all-gather this share
+
+    def nbytes(self, totals: FloatArray, batch: int, share: float | None = None
+               ) -> FloatArray:
+        """Bytes the busiest device receives, of activations of ``totals`` bytes: its
+        share, for the largest batch block where the blocks do not divide the batch."""
+        return (self.share if share is None else share) * totals * (
+            _ceil_div(batch, self.blocks) * self.blocks / batch)
 
 
 @functools.lru_cache(maxsize=131072)
@@ -368,17 +385,30 @@ def _parts(src: Dist, dst: Dist, per_node: int, paper: bool) -> tuple[_Part, ...
         r = redistribution(a, z, per_node)
         if r.kind == "none" or r.received <= 0 or r.group is None:
             continue
+        blocks = 1 if paper else z.batch[1]
         if paper or r.kind == "gather":
-            parts.append(_Part(direction, "gather", r.group, r.need))
+            parts.append(_Part(direction, "gather", r.group, r.need, blocks=blocks))
         else:
-            parts.append(_Part(direction, "exchange", r.group, r.received, r.sources))
+            parts.append(_Part(direction, "exchange", r.group, r.received, r.sources,
+                               r.tiered, blocks, r.whole))
     return tuple(parts)
 
 
 def _exchange_seconds(ctx: Context, part: _Part, nbytes: FloatArray) -> FloatArray:
     """A personalised exchange: ``sources`` messages, the bytes through the device's link
-    on the tier the group crosses."""
-    link = ctx.cluster.inter if part.group.spans_nodes else ctx.cluster.intra
+    on the tier the group crosses. A tiered one (each of the ``size − 1`` peers sends an
+    equal part) receives from its ``per_node − 1`` peers in the node over the intra-node
+    link, and from the others, on other nodes, over its own inter-node link, one after
+    the other (as :func:`planner.costs.comm.hierarchical_time` prices an all-to-all)."""
+    group = part.group
+    if part.tiered and group.spans_nodes and group.size > 1:
+        near = group.per_node - 1
+        far = group.size - group.per_node
+        each = nbytes / (group.size - 1)
+        intra, inter = ctx.cluster.intra, ctx.cluster.inter
+        return (near * intra.latency_s + near * each / intra.bandwidth
+                + far * inter.latency_s + far * each / inter.bandwidth)
+    link = ctx.cluster.inter if group.spans_nodes else ctx.cluster.intra
     return part.sources * link.latency_s + nbytes / link.bandwidth
 
 
@@ -390,21 +420,28 @@ def redistribute_terms(src: Dist, dst: Dist, elems_per_sample: int, ctx: Context
     terms: list[CommTerm] = []
     for part in _parts(src, dst, ctx.per_node, ctx.paper):
         label = f"{note} ({part.direction})"
-        nbytes = part.share * total
+        nbytes = float(part.nbytes(np.array([total]), ctx.batch)[0])
         if part.kind == "gather":
             _add(terms, term(ctx, "redistribute", "all_gather", part.group, nbytes, label))
-        else:
-            secs = float(_exchange_seconds(ctx, part, np.array([nbytes]))[0])
-            terms.append(CommTerm("redistribute", "exchange", part.group, nbytes, secs,
-                                  "p2p", label))
+            continue
+        secs = float(_exchange_seconds(ctx, part, np.array([nbytes]))[0])
+        if part.whole:
+            # or all-gather the members' whole blocks and keep this device's part
+            whole = float(part.nbytes(np.array([total]), ctx.batch, part.whole)[0])
+            gathered = term(ctx, "redistribute", "all_gather", part.group, whole, label)
+            if gathered is not None and gathered.seconds < secs:
+                terms.append(gathered)
+                continue
+        terms.append(CommTerm("redistribute", "exchange", part.group, nbytes, secs, "p2p",
+                              label))
     return terms
 
 
 def redistribute_key(src: Dist, dst: Dist, ctx: Context) -> tuple[object, ...]:
     """What :func:`redistribute_seconds` depends on besides the sizes: pairs of
     distributions with the same key cost the same (the search prices each key once)."""
-    return tuple((part.kind, part.group, part.share, part.sources)
-                 for part in _parts(src, dst, ctx.per_node, ctx.paper))
+    return tuple((part.kind, part.group, part.share, part.sources, part.tiered,
+                  part.blocks, part.whole) for part in _parts(src, dst, ctx.per_node, ctx.paper))
 
 
 def redistribute_seconds(src: Dist, dst: Dist, totals: FloatArray, ctx: Context,
@@ -416,12 +453,17 @@ def redistribute_seconds(src: Dist, dst: Dist, totals: FloatArray, ctx: Context,
     for part in _parts(src, dst, ctx.per_node, ctx.paper):
         if forward_only and part.direction != "forward":
             continue
-        nbytes = part.share * totals
+        nbytes = part.nbytes(totals, ctx.batch)
         if part.kind == "gather":
             secs, _ = price(ctx, "all_gather", part.group, nbytes)
             out += np.where(nbytes > 0, secs, 0.0)
-        else:
-            out += _exchange_seconds(ctx, part, nbytes)
+            continue
+        secs = _exchange_seconds(ctx, part, nbytes)
+        if part.whole:
+            gathered, _ = price(ctx, "all_gather", part.group,
+                                part.nbytes(totals, ctx.batch, part.whole))
+            secs = np.minimum(secs, gathered)
+        out += secs
     return out
 
 
@@ -441,7 +483,7 @@ def _follower_terms(layer: Layer, dist: Dist, ctx: Context
     terms: list[CommTerm] = []
     g = ctx.per_node
     e = ctx.elem_bytes
-    b = ctx.batch / dist.batch[1]
+    b = _ceil_div(ctx.batch, dist.batch[1])  # the busiest batch block
     if ctx.paper:
         return terms, dist, dist
     if dist.feature is not None:
