@@ -159,6 +159,20 @@ def make_layout(mode: str, pr: int, pc: int, placement: str = "rows") -> Layout:
 NODE_GROUP_MAX_PAIRS = 1 << 22
 
 
+def _groups(digits: tuple[tuple[int, int], ...], span: int) -> np.ndarray:
+    """The groups of devices below ``span`` that differ only in ``digits``: one row per
+    group, its members ``base + Σ j_i·stride_i``."""
+    offsets = np.zeros(1, dtype=np.int64)
+    for stride, count in digits:
+        offsets = (offsets[:, None] + np.arange(count, dtype=np.int64) * stride).ravel()
+    k = np.arange(span, dtype=np.int64)
+    is_base = np.ones(span, dtype=bool)
+    for stride, count in digits:
+        is_base &= (k // stride) % count == 0
+    members: np.ndarray = k[is_base][:, None] + offsets[None, :]
+    return members
+
+
 @functools.lru_cache(maxsize=8192)
 def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: int) -> Group:
     """The worst of the groups of devices that differ only in ``digits`` (each
@@ -183,14 +197,7 @@ def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: in
         for stride, count in digits:
             inside *= 1 if stride >= g else min(count, max(1, g // stride))
         return Group(size, max(1, min(size, inside)))
-    offsets = np.zeros(1, dtype=np.int64)
-    for stride, count in digits:
-        offsets = (offsets[:, None] + np.arange(count, dtype=np.int64) * stride).ravel()
-    k = np.arange(span, dtype=np.int64)
-    is_base = np.ones(span, dtype=bool)
-    for stride, count in digits:
-        is_base &= (k // stride) % count == 0
-    nodes = np.sort((k[is_base][:, None] + offsets[None, :]) // g, axis=1)
+    nodes = np.sort(_groups(digits, span) // g, axis=1)
     rows = nodes.shape[0]
     # runs of one node in each sorted row: their lengths are the members per node
     flat = (nodes + np.arange(rows, dtype=np.int64)[:, None] * (nodes.max() + 1)).ravel()
@@ -332,14 +339,7 @@ def _shared_target(dst: Dist, strides: tuple[tuple[int, int], ...]) -> bool:
     digits = [d for d in (dst.batch, dst.height, dst.feature) if d is not None and d[1] > 1]
     if dst.p > BRUTE_FORCE_MAX_P:
         return all(s * c <= t or t * n <= s for s, c in strides for t, n in digits)
-    offsets = np.zeros(1, dtype=np.int64)
-    for stride, count in strides:
-        offsets = (offsets[:, None] + np.arange(count, dtype=np.int64) * stride).ravel()
-    k = np.arange(dst.p, dtype=np.int64)
-    is_base = np.ones(dst.p, dtype=bool)
-    for stride, count in strides:
-        is_base &= (k // stride) % count == 0
-    members = k[is_base][:, None] + offsets[None, :]
+    members = _groups(strides, dst.p)
     for digit in digits:
         index = (members // digit[0]) % digit[1]
         if np.any(index != index[:, :1]):
