@@ -152,6 +152,18 @@ def test_searched_plans_with_column_and_row_layouts(gpus, pins, tmp_path, refere
     _run_and_compare(tmp_path, gpus, plan, reference)
 
 
+def _nodes(tmp: Path, nodes: int, per_node: int, latency: str) -> Path:
+    """The PCIe box's cluster file split into ``nodes`` nodes of ``per_node``, joined by
+    a 10 GB/s network with ``latency``."""
+    path = tmp / f"{nodes}-nodes.yaml"
+    path.write_text((CLUSTERS / "pcie-8gpu.yaml").read_text()
+                    .replace("nodes: 1", f"nodes: {nodes}")
+                    .replace("devices_per_node: 8", f"devices_per_node: {per_node}")
+                    .replace("  intra_node:", f"  inter_node: {{latency: {latency}, "
+                                              "bandwidth: 10 GB/s}\n  intra_node:"))
+    return path
+
+
 MIXED8 = ["--pin", "fc1=data", "--pin", "fc2=model:2x4", "--pin", "fc3=model:8x1", "--pin",
           "fc4=model:4x2"]
 
@@ -163,12 +175,7 @@ def test_hybrid_sharding_matches_the_plan(zero, tmp_path, reference):
     node) over none (an all-reduce across the nodes), fc3 has no replicas. Every rank's
     collectives are the plan's terms (hybrid reductions, gathers inside the node), and
     the weights are one process's."""
-    cluster = tmp_path / "two-nodes.yaml"
-    cluster.write_text((CLUSTERS / "pcie-8gpu.yaml").read_text()
-                       .replace("nodes: 1", "nodes: 2")
-                       .replace("devices_per_node: 8", "devices_per_node: 4")
-                       .replace("  intra_node:", "  inter_node: {latency: 5 us, bandwidth: "
-                                                 "10 GB/s}\n  intra_node:"))
+    cluster = _nodes(tmp_path, 2, 4, "5 us")
     plan = _plan(tmp_path, 8, [*MIXED8, "--zero", zero, "--zero-shard", "node"], cluster)
     predicted = _predicted(plan)
     kinds = {(k[0], k[2], k[4]) for k in predicted}
@@ -186,12 +193,7 @@ def test_moves_across_nodes_run_as_priced(tmp_path, reference):
     across nodes, the whole 4 kB activation) and each keeps its part. fc3 column 4x2 to
     fc4 data 1x8 does the same over groups of 4 (two nodes of 2). The program runs what
     the plan says: every collective is the plan's, and the weights are one process's."""
-    cluster = tmp_path / "four-nodes.yaml"
-    cluster.write_text((CLUSTERS / "pcie-8gpu.yaml").read_text()
-                       .replace("nodes: 1", "nodes: 4")
-                       .replace("devices_per_node: 8", "devices_per_node: 2")
-                       .replace("  intra_node:", "  inter_node: {latency: 100 us, bandwidth: "
-                                                 "10 GB/s}\n  intra_node:"))
+    cluster = _nodes(tmp_path, 4, 2, "100 us")
     plan = _plan(tmp_path, 8, ["--pin", "fc1=column:8x1", "--pin", "fc2=data", "--pin",
                                "fc3=column:4x2", "--pin", "fc4=data"], cluster)
     moves = {(k[0], k[2], k[3], k[4], k[5]) for k in _predicted(plan)

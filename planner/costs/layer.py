@@ -27,7 +27,7 @@ gathers first.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -440,8 +440,8 @@ def redistribute_terms(src: Dist, dst: Dist, elems_per_sample: int, ctx: Context
 def redistribute_key(src: Dist, dst: Dist, ctx: Context) -> tuple[object, ...]:
     """What :func:`redistribute_seconds` depends on besides the sizes: pairs of
     distributions with the same key cost the same (the search prices each key once)."""
-    return tuple((part.kind, part.group, part.share, part.sources, part.tiered,
-                  part.blocks, part.whole) for part in _parts(src, dst, ctx.per_node, ctx.paper))
+    return tuple(replace(part, direction="")
+                 for part in _parts(src, dst, ctx.per_node, ctx.paper))
 
 
 def redistribute_seconds(src: Dist, dst: Dist, totals: FloatArray, ctx: Context,
