@@ -198,3 +198,18 @@ def test_cost_grows_with_bytes_and_latency(op, alg, size, per_node, n, factor):
     # never below the latency of one message, never below moving the bytes once
     assert t1 >= 2e-6 * (1 - 1e-12)
     assert math.isfinite(t1)
+
+
+def test_hierarchical_all_to_all_by_hand():
+    """All-to-all of n bytes a rank over 4 nodes of 8 (rail-wise, two phases): a pairwise
+    exchange inside the node, 7α_intra + 7/8·n/B_intra, then one across the 4 nodes on
+    each rail, 3α_inter + 3/4·n/B_inter. The NIC term is the floor: 3/4 of what a rank
+    sends is bound for other nodes and leaves through its own NIC, so no two-tier
+    schedule moves less across nodes."""
+    cl = cluster(intra=(2e-6, 100e9), inter=(5e-6, 10e9), algorithm="hierarchical")
+    n = 64e6
+    t, alg = collective_time("all_to_all", n, Group(32, 8), cl)
+    assert alg == "hierarchical"
+    assert t == pytest.approx(7 * 2e-6 + 7 / 8 * n / 100e9 + 3 * 5e-6 + 3 / 4 * n / 10e9,
+                              rel=1e-12)
+    assert t >= 3 / 4 * n / 10e9

@@ -51,7 +51,11 @@ splits the work (REFERENCES §3): for all-reduce, a reduce-scatter inside each n
 ``q`` group members, an all-reduce across the ``m`` nodes on ``n/q`` bytes (the ``q``
 local ranks each drive their own NIC in parallel), and an all-gather inside the node.
 All-gather and reduce-scatter go the same way in one direction; broadcast is an
-inter-node broadcast followed by an intra-node one.
+inter-node broadcast followed by an intra-node one. All-to-all is two all-to-alls of the
+rank's ``n`` bytes: inside the node, each rank gathers what its node's ranks send to
+its rail (local index) on every node (``(q−1)/q·n`` over NVLink), then across the ``m``
+nodes on each rail (``(m−1)/m·n`` through the rank's own NIC: what leaves a node is what
+its ranks send to the other nodes, and no algorithm sends less).
 
 **Trees of switches.** A tier may list bandwidths by group size (PCIe systems, where a
 ring behind one switch runs faster than one across switches); a group inside the node
@@ -242,9 +246,11 @@ def hierarchical_time(op: Collective, nbytes: Bytes, group: Group, cluster: Clus
         return (_best_flat(op, nbytes, inter_g, cluster, "auto")[0]
                 + _best_flat(op, nbytes, intra, cluster, "auto")[0])
     if op == "all_to_all":
-        # (m−1)/m of each rank's data crosses nodes, 1/m stays inside
-        return (_best_flat(op, nbytes * (m - 1) / m, inter_g, cluster, "auto")[0]
-                + _best_flat(op, nbytes / m, intra, cluster, "auto")[0])
+        # two phases: inside the node each rank hands its peer on rail j everything bound
+        # for rail j on any node ((q−1)/q of its n bytes); then each rail exchanges across
+        # the m nodes, the rank's NIC carrying the (m−1)/m of the n bytes bound elsewhere
+        return (_best_flat(op, nbytes, intra, cluster, "auto")[0]
+                + _best_flat(op, nbytes, inter_g, cluster, "auto")[0])
     return _best_flat(op, nbytes, group, cluster, "auto")[0]
 
 
