@@ -245,8 +245,9 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
                    "convolutions over P_r (other layers model); megatron: linear layers "
                    "in column/row pairs over P_r, a tied head column (other layers "
                    "model).")
-@click.option("--pin", "pins", multiple=True, metavar="'GLOB=MODE[:PRxPC]'",
-              help="Layout for matching layers, e.g. 'conv*=data' 'fc*=model:32x16'. "
+@click.option("--pin", "pins", multiple=True, metavar="'GLOB=MODE[:PRxPC[:rows|cols]]'",
+              help="Layout for matching layers, e.g. 'conv*=data' 'fc*=model:32x16', "
+                   "'fc7=model:4x2:cols' (a placement of its own, else --placement). "
                    "Repeatable; the first match wins.")
 @click.option("--placement", type=click.Choice(("rows", "cols")), default="rows",
               show_default=True,
@@ -370,7 +371,8 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
             # a grid of one row is data parallelism whatever the mode says (as in cost)
             mode = "data" if pin.grid is not None and pin.grid[0] == 1 else pin.mode
             allowed = [lay for lay in candidate_layouts(layer, p, b, paper)
-                       if lay.mode == mode and (pin.grid is None or lay.grid == pin.grid)]
+                       if lay.mode == mode and (pin.grid is None or lay.grid == pin.grid)
+                       and (pin.placement is None or lay.placement == pin.placement)]
             if not allowed:
                 from .layout import pin_layout
 
@@ -437,9 +439,10 @@ objective_option = click.option(
     "--objective", type=click.Choice(("time", "comm")), default="time", show_default=True,
     help="time: iteration time (with overlap); comm: communication time alone.")
 pin_option = click.option(
-    "--pin", "pins", multiple=True, metavar="'GLOB=MODE[:PRxPC]'",
-    help="Constrain matching layers: a mode (the search picks the grid) or a mode and a "
-         "grid. Repeatable; the first match wins.")
+    "--pin", "pins", multiple=True, metavar="'GLOB=MODE[:PRxPC[:rows|cols]]'",
+    help="Constrain matching layers: a mode (the search picks the grid and placement), "
+         "a mode and a grid (the search picks the placement), or all three. Repeatable; "
+         "the first match wins.")
 
 
 @click.command()

@@ -418,41 +418,59 @@ def parse_grid(text: str, gpus: int, count: str = "--gpus") -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Pin:
-    """``GLOB=MODE[:PRxPC]`` from ``--pin``."""
+    """``GLOB=MODE[:PRxPC[:rows|cols]]`` from ``--pin``."""
 
     pattern: str
     mode: str
     grid: tuple[int, int] | None
     text: str
+    #: rows or cols for this pin's layers (None: the command's --placement, or, in the
+    #: search, either)
+    placement: str | None = None
+
+
+PIN_FORM = "GLOB=MODE[:PRxPC[:rows|cols]]"
 
 
 def parse_pin(text: str, gpus: int, count: str = "--gpus", what: str = "--pin") -> Pin:
     """Parse one ``--pin`` value (``what`` and ``count`` name its source in messages)."""
     if "=" not in text:
-        raise UsageError(f"planner: error: invalid {what} {text!r}: expected GLOB=MODE[:PRxPC], "
-                         "e.g. 'conv*=data' or 'fc*=model:32x16'")
+        raise UsageError(f"planner: error: invalid {what} {text!r}: expected {PIN_FORM}, "
+                         "e.g. 'conv*=data' or 'fc*=model:32x16:cols'")
     pattern, _, rhs = text.partition("=")
     pattern = pattern.strip()
-    mode, _, grid_text = rhs.partition(":")
-    mode = mode.strip()
+    mode, _, rest = rhs.partition(":")
+    grid_text, _, placement = rest.partition(":")
+    mode, placement = mode.strip(), placement.strip()
     if not pattern:
         raise UsageError(f"planner: error: invalid {what} {text!r}: the layer pattern is empty")
     if mode not in MODES:
         raise UsageError(f"planner: error: invalid {what} {text!r}: mode must be one of "
                          f"{', '.join(MODES)}")
+    if ":" in rest and not grid_text.strip():
+        raise UsageError(f"planner: error: invalid {what} {text!r}: a placement needs the "
+                         f"grid it places, e.g. '{pattern}={mode}:4x2:cols' ({PIN_FORM})")
+    if placement and placement not in ("rows", "cols"):
+        raise UsageError(f"planner: error: invalid {what} {text!r}: placement "
+                         f"{placement[:20]!r} must be rows or cols ({PIN_FORM})")
     grid = parse_grid(grid_text, gpus, count) if grid_text.strip() else None
     if mode == "data" and grid is not None and grid[0] != 1:
         raise UsageError(f"planner: error: invalid {what} {text!r}: data parallelism is the "
                          f"grid 1x{gpus}")
-    return Pin(pattern, mode, grid, text)
+    if placement and grid is not None and 1 in grid:
+        raise UsageError(f"planner: error: invalid {what} {text!r}: the grid "
+                         f"{grid[0]}x{grid[1]} has one dimension, so nothing to place; "
+                         "rows or cols apply to grids with both sides above 1")
+    return Pin(pattern, mode, grid, text, placement or None)
 
 
 def pin_layout(pin: Pin, gpus: int, placement: str = "rows") -> Layout:
-    """The layout a pin asks for (model/domain without a grid: all devices on P_r)."""
+    """The layout a pin asks for (model/domain without a grid: all devices on P_r; the
+    pin's own placement before the command's)."""
     if pin.mode == "data":
         return make_layout("data", 1, gpus)
     pr, pc = pin.grid if pin.grid is not None else (gpus, 1)
-    return make_layout(pin.mode, pr, pc, placement)
+    return make_layout(pin.mode, pr, pc, pin.placement or placement)
 
 
 def divisors(n: int) -> list[int]:

@@ -261,7 +261,8 @@ def test_training_pin_errors_name_the_file_key(runner, tmp_path, command):
                    "gpus: 16\nbatch: 256\nstrategy:\n  pins:\n"
                    "    - 'conv*=data'\n"
                    "    - 'fc*=model:4x2'\n"
-                   "    - 'fc8=sideways'\n")
+                   "    - 'fc8=sideways'\n"
+                   "    - 'fc7=model:8x2:sideways'\n")
     result = invoke(runner, command, str(cfg))
     assert result.exit_code == 2, result.stdout + result.stderr
     lines = [x for x in result.stderr.splitlines() if ": error: " in x]
@@ -269,7 +270,10 @@ def test_training_pin_errors_name_the_file_key(runner, tmp_path, command):
         f"{cfg}:9:7: error: grid 4x2 has 8 devices but gpus is 16; P_r × P_c must equal the "
         "device count (at $.strategy.pins[1])",
         f"{cfg}:10:7: error: invalid pin 'fc8=sideways': mode must be one of data, model, "
-        "domain, column, row (at $.strategy.pins[2])"], result.stderr
+        "domain, column, row (at $.strategy.pins[2])",
+        f"{cfg}:11:7: error: invalid pin 'fc7=model:8x2:sideways': placement 'sideways' must "
+        "be rows or cols (GLOB=MODE[:PRxPC[:rows|cols]]) (at $.strategy.pins[3])"],\
+        result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -561,10 +565,10 @@ def test_training_non_string_pins_and_a_fraction_of_a_byte(runner, tmp_path):
     assert lines == [
         f"{cfg}:6:14: error: '0.4 B' is less than one byte; use 0 for one bucket per layer, "
         "or a size such as '25 MiB' (at $.bucket_size)",
-        f"{cfg}:10:7: error: expected a pin string 'GLOB=MODE[:PRxPC]', got 5 (at "
+        f"{cfg}:10:7: error: expected a pin string 'GLOB=MODE[:PRxPC[:rows|cols]]', got 5 (at "
         "$.strategy.pins[1])",
-        f"{cfg}:11:7: error: expected a pin string 'GLOB=MODE[:PRxPC]', got a mapping (at "
-        "$.strategy.pins[2])"], result.stderr
+        f"{cfg}:11:7: error: expected a pin string 'GLOB=MODE[:PRxPC[:rows|cols]]', got a "
+        "mapping (at $.strategy.pins[2])"], result.stderr
 
 
 def test_training_paths_that_are_directories(runner, tmp_path):

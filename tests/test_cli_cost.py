@@ -74,6 +74,11 @@ def test_one_grid_domain(runner):
     (["--pin", "conv1=model:512x1"], "layer 'conv1' cannot use model 512x1: it has 96 "
      "output channels, fewer than P_r=512 (--pin 'conv1=model:512x1')"),
     (["--pin", "fc*=sideways"], "mode must be one of data, model, domain, column, row"),
+    (["--pin", "fc*=model:32x16:diagonal"], "placement 'diagonal' must be rows or cols"),
+    (["--pin", "fc*=model::cols"], "a placement needs the grid it places, e.g. "
+     "'fc*=model:4x2:cols'"),
+    (["--pin", "fc*=model:512x1:cols"], "the grid 512x1 has one dimension, so nothing to "
+     "place"),
     (["--grid", "16x32", "--mode", "data"], "--mode data is the grid 1x512; --grid 16x32 "
                                             "needs --mode model, domain or megatron"),
 ])
@@ -146,3 +151,22 @@ def test_cost_expands_ranks(runner):
     assert grid["col_groups"]["ranks"] == [[r + 4 * c for c in range(4)] for r in range(4)]
     plain = json.loads(invoke(runner, "cost", *args).stdout)
     assert all("ranks" not in g["row_groups"] for g in plain["placement"]["grids"])
+
+
+def test_pin_places_its_own_layers(runner):
+    """A pin's placement applies to its layers, ahead of --placement (which places the
+    pins without one): a plan whose layers differ in placement can be priced again."""
+    args = [ALEX, DGX, "-p", "8", "-b", "64"]
+    doc = cost_json(runner, *args, "--pin", "fc6=model:4x2:cols", "--pin", "fc7=model:4x2",
+                    "--pin", "*=data")
+    placed = {r["name"]: r["placement"] for r in doc["layers"]}
+    assert (placed["fc6"], placed["fc7"]) == ("cols", "rows")
+    # --placement sets pins without one of their own, never one that has
+    doc2 = cost_json(runner, *args, "--pin", "fc6=model:4x2:cols", "--pin", "fc7=model:4x2",
+                     "--pin", "*=data", "--placement", "cols")
+    placed2 = {r["name"]: r["placement"] for r in doc2["layers"]}
+    assert (placed2["fc6"], placed2["fc7"]) == ("cols", "cols")
+    doc3 = cost_json(runner, *args, "--pin", "fc6=model:4x2:rows", "--pin", "fc7=model:4x2",
+                     "--pin", "*=data", "--placement", "cols")
+    placed3 = {r["name"]: r["placement"] for r in doc3["layers"]}
+    assert (placed3["fc6"], placed3["fc7"]) == ("rows", "cols")

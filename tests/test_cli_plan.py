@@ -409,3 +409,35 @@ def test_sweep_reason_is_the_message_alone(runner):
     assert result.exit_code == 1
     (row,) = json.loads(result.stdout)["results"]
     assert row["feasible"] is False and row["reason"].startswith("no plan fits in memory")
+
+
+def _as_pins(doc):
+    """A plan's layouts as pins, one a layer with weights: GLOB=MODE:PRxPC:PLACEMENT."""
+    return [arg for r in doc["layers"] if "follows" not in r and r["type"] != "input"
+            for arg in ("--pin", f"{r['name']}={r['mode']}:{r['grid'][0]}x{r['grid'][1]}"
+                        + (f":{r['placement']}" if 1 not in r["grid"] else ""))]
+
+
+def test_searched_placement_is_kept_by_pins_and_priced_again_by_cost(runner):
+    """A pin with a placement constrains the search to it; a plan whose layers differ in
+    placement, written back as pins, prices to the same iteration time in ``cost``
+    (before pins had a placement, ``cost`` could only give every layer the same one)."""
+    args = [ALEX, DGX, "-p", "16", "-b", "128", "--format", "json"]
+    result = invoke(runner, "plan", *args, "--pin", "fc6=model:8x2:cols",
+                    "--pin", "fc7=model:8x2:rows")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    placed = {r["name"]: (r["mode"], r["grid"], r["placement"]) for r in doc["layers"]}
+    assert placed["fc6"] == ("model", [8, 2], "cols")
+    assert placed["fc7"] == ("model", [8, 2], "rows")
+    # with a mode and grid alone, the search picks the placement
+    free = invoke(runner, "plan", *args, "--pin", "fc6=model:8x2")
+    assert free.exit_code == 0, free.stderr
+    assert json.loads(free.stdout)["iteration"]["time_s"] <= doc["iteration"]["time_s"]
+    pins = _as_pins(doc)
+    assert "fc6=model:8x2:cols" in pins and "fc7=model:8x2:rows" in pins
+    again = invoke(runner, "cost", *args, *pins)
+    assert again.exit_code == 0, again.stderr
+    priced = json.loads(again.stdout)
+    assert priced["iteration"] == doc["iteration"]
+    assert [r["placement"] for r in priced["layers"]] == [r["placement"] for r in doc["layers"]]
