@@ -390,7 +390,34 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr = _Closed(report=False)
     _tolerant_streams()
     _one_blas_thread()
-    cli.main(args=argv, prog_name="planner")
+    _unix_signals()
+    try:
+        cli.main(args=argv, prog_name="planner")
+    except SystemExit:
+        if _INTERRUPTED:  # click prints "Aborted!" and exits 1, a "no" answer here
+            raise SystemExit(130) from None
+        raise
+
+
+_INTERRUPTED = False
+
+
+def _unix_signals() -> None:
+    """Exit as Unix tools do: killed by SIGPIPE when the reader of the output goes away
+    (``planner plan ... | head``: status 141 in the shell, not 1, which means "no plan
+    fits" to a CI job under ``pipefail``), and 130 after Ctrl-C. Files written with
+    ``-o`` are replaced atomically, so neither leaves a partial one."""
+    import signal
+
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+    def interrupted(signum: int, frame: object) -> None:
+        global _INTERRUPTED
+        _INTERRUPTED = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
 
 
 def _one_blas_thread() -> None:

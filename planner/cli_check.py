@@ -104,6 +104,10 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
                                  "rank runs", param_hint="'--script'")
     doc = load_file(plan_file)
     spec = launch_spec(doc, plan_file)
+    if not spec.fits:
+        click.echo(f"planner: warning: {plan_file}: the plan does not fit in memory "
+                   "(memory.fits: false): its ranks will run out of device memory; "
+                   "`planner plan` finds one that fits", err=True)
     # neither the plan nor the training program is overwritten by -o
     emit(render(kind, spec, plan_file, script, master_port), output, (plan_file, script))
 

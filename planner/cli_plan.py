@@ -280,7 +280,7 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     if zero_trials is not None:
         extra["zero_auto"] = zero_trials
     extra["placement"] = placement_record(ev, q.options.gpus, q.cluster.devices_per_node,
-                                          expand_ranks)
+                                          expand_ranks, q.cluster.device.kind)
     doc = plan_document("cost", q.network, network, q.cluster.name, cluster, q.options, ev,
                         q.estimator_name, nodes_used(q), extra)
     render_data(doc, fmt, output, lambda: plan_table(doc, all_layers), ins)
@@ -424,7 +424,8 @@ def plan_doc(q: Question, result: Any, objective: str, expand: bool) -> dict[str
         "objective": objective,
         "search": {"evaluated": result.explored, "chosen": result.best.name,
                    "lower_bound_s": result.lower_bound_s, "notes": result.notes},
-        "placement": placement_record(ev, q.options.gpus, q.cluster.devices_per_node, expand),
+        "placement": placement_record(ev, q.options.gpus, q.cluster.devices_per_node, expand,
+                                      q.cluster.device.kind),
         "baselines": rounded(bases, 4),
     }
     if result.zero_trials:

@@ -15,10 +15,13 @@ Inputs (several files at once; each row is one measured collective):
 
 Model (REFERENCES §3, the planner's :mod:`planner.costs.comm`): NCCL's ring, e.g. for
 all-reduce ``t = 2(p−1)α + 2(p−1)/p · S β``, one ``(α, 1/β)`` per tier — single-node rows
-fit the intra-node tier; rows that span nodes fit the inter-node tier with a flat ring
-over all ranks (each ring step that crosses a node runs at the network). The fit is a
-non-negative least-squares problem on the *relative* error, ``Σ ((t̂ − t)/t)²``, which is
-linear in ``(α, β)`` (scipy ``nnls``).
+fit the intra-node tier; rows that span nodes fit the inter-node tier with NCCL's ring
+across nodes (:func:`~planner.costs.comm.nccl_ring_time`: the steps inside a node at the
+fitted intra-node α, the ``2(m−1)`` between nodes at the network's, the bytes through
+the ``q`` NICs of a node, ``1/q`` each), so the fitted bandwidth is per device: a node
+whose devices share one NIC gets its share. The fit is a non-negative least-squares
+problem on the *relative* error, ``Σ ((t̂ − t)/t)²``, which is linear in ``(α, β)``
+(scipy ``nnls``).
 
 NVLS: on NVSwitch systems NCCL reduces inside the switch from about 2 MiB on (NVLink
 SHARP); the time then follows ``t = α_nvls + 2(p−1)/p · S / busbw_nvls`` with a bus
@@ -412,11 +415,13 @@ def read_samples(paths: Sequence[str | Path]) -> list[Sample]:
 
 
 def _nnls_relative(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any],
-                   t: np.ndarray[Any, Any]) -> tuple[float, float]:
-    """Non-negative (x, y) minimising Σ((a·x + b·y − t)/t)²."""
+                   t: np.ndarray[Any, Any], c: np.ndarray[Any, Any] | None = None
+                   ) -> tuple[float, float]:
+    """Non-negative (x, y) minimising Σ((c + a·x + b·y − t)/t)² (c: known parts, 0)."""
     from scipy.optimize import nnls
 
-    sol, _ = nnls(np.column_stack([a / t, b / t]), np.ones_like(t))
+    rest = np.ones_like(t) if c is None else 1.0 - c / t
+    sol, _ = nnls(np.column_stack([a / t, b / t]), rest)
     return float(sol[0]), float(sol[1])
 
 
@@ -437,6 +442,30 @@ def fit_ring(rows: Sequence[Sample], tier: str) -> TierFit | None:
     alpha, beta = _nnls_relative(a, b, t)
     bw = 1.0 / beta if beta > 0 else float("inf")
     return TierFit(tier, alpha, bw, len(rows))
+
+
+def fit_ring_net(rows: Sequence[Sample], intra: TierFit | None) -> TierFit | None:
+    """α and per-device bandwidth of the network from rows that span nodes, with NCCL's
+    ring as :func:`planner.costs.comm.nccl_ring_time` prices it: the steps inside a node
+    at the intra-node α (0 without an intra-node fit), the ``2(m−1)`` (all-reduce; ``m−1``
+    otherwise) between nodes at the network's, and the bytes through the NICs of the
+    ``q`` ranks a node, each carrying ``1/q`` of the ring's traffic."""
+    rows = [r for r in rows if r.ranks > 1 and r.nodes > 1]
+    if len(rows) < 2 or len({r.nbytes for r in rows}) < 2:
+        return None
+    a_in = intra.latency_s if intra is not None else 0.0
+    const, a, b = [], [], []
+    for r in rows:
+        q, m = max(1, r.ranks // r.nodes), r.nodes
+        steps = flat_time(r.op, "ring", 1.0, r.ranks, 1.0, 0.0)
+        net = steps * (m - 1) / (r.ranks - 1)
+        const.append((steps - net) * a_in)
+        a.append(net)
+        b.append(flat_time(r.op, "ring", r.nbytes, r.ranks, 0.0, 1.0) / q)
+    t = np.array([r.seconds for r in rows])
+    alpha, beta = _nnls_relative(np.array(a), np.array(b), t, np.array(const))
+    bw = 1.0 / beta if beta > 0 else float("inf")
+    return TierFit("inter", alpha, bw, len(rows))
 
 
 def fit_ring_by_group(rows: Sequence[Sample], single: TierFit) -> TierFit:
@@ -555,7 +584,7 @@ def fit_system(system: str, rows: Sequence[Sample]) -> SystemFit:
     if out.intra is not None:
         out.intra = fit_ring_by_group(ring_rows, out.intra)
     out.nvls = fit_nvls(nvls_rows) if nvls_rows else None
-    out.inter = fit_ring(multi, "inter")
+    out.inter = fit_ring_net(multi, out.intra)
     if out.intra is None and out.inter is None:
         return out
     groups: dict[tuple[str, int, int], list[float]] = {}

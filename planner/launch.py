@@ -31,6 +31,8 @@ class LaunchSpec:
     grids: list[dict[str, Any]]
     zero: int = 0  #: the plan's ZeRO stage
     zero_shard: str = "all"  #: over all replicas, or within nodes
+    device_kind: str = "gpu"  #: gpu or cpu (plans before 2026-11-24 name none: gpu)
+    fits: bool = True  #: the plan's memory.fits
 
     @property
     def fsdp(self) -> str | None:
@@ -132,10 +134,16 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                                 f"expected placement rows or cols, got {placement!r}"))
             continue
         shaped.append({"grid": [grid[0], grid[1]], "placement": placement})
+    kind = pl.get("device_kind", "gpu")
+    if kind not in ("gpu", "cpu"):
+        issues.append(Issue("$.placement.device_kind", f"expected gpu or cpu, got "
+                                                       f"{show(kind)}"))
     if issues:
         raise doc.error(issues)
+    memory = data.get("memory")
+    fits = not (isinstance(memory, dict) and memory.get("fits") is False)
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
-                      nodes, per_node, world, shaped, int(zero), str(zero_shard))
+                      nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits)
 
 
 def _job_name(name: str) -> str:
@@ -218,7 +226,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
             f"#SBATCH --nodes={spec.nodes}",
             f"#SBATCH --ntasks={tasks}",
             f"#SBATCH --ntasks-per-node={spec.procs}",
-            f"#SBATCH --gpus-per-node={spec.procs}",
+            *([f"#SBATCH --gpus-per-node={spec.procs}"] if spec.device_kind == "gpu" else []),
             "#SBATCH --distribution=block:block",
             *head,
             *([f"# {tasks - spec.world} surplus tasks on the last node exit at once"]

@@ -34,6 +34,13 @@ from .errors import MAX_ISSUES, InputError, Issue, Located
 MAX_FILE_BYTES = 4 * 2**20
 MAX_DEPTH = 64
 MAX_NODES = 200_000  #: values in the document, with every alias expanded
+# A plan has about 55 values a layer: the plans `planner plan` writes for the deepest
+# networks it plans (20,000 layers: 10 MB of YAML, 1.1 million values, read in about 8 s)
+# must read back in `launch`, `check` and `validate`. A file that starts as planner's
+# plans do (`planner:` first) gets these bounds.
+MAX_PLAN_FILE_BYTES = 32 * 2**20
+MAX_PLAN_NODES = 2_000_000
+_PLAN_HEAD = re.compile(rb'^(?:\xef\xbb\xbf)?\s*(?:\{\s*"planner"|planner)\s*:')
 
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -171,20 +178,22 @@ def read_text(path: str | os.PathLike[str], display: str | None = None) -> tuple
         raise _fail(name, 0, 0, "is a directory, expected a YAML file") from None
     if not stat.S_ISREG(st.st_mode):
         raise _fail(name, 0, 0, "is not a regular file, expected a YAML file") from None
-    if st.st_size > MAX_FILE_BYTES:
-        raise _fail(
-            name, 0, 0,
-            f"file is too large ({st.st_size:,} bytes); input files are limited to "
-            f"{MAX_FILE_BYTES // 2**20} MiB",
-        )
     try:
         with p.open("rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
+            head = fh.read(64)
+            limit = MAX_PLAN_FILE_BYTES if _PLAN_HEAD.match(head) else MAX_FILE_BYTES
+            if st.st_size > limit:
+                raise _fail(
+                    name, 0, 0,
+                    f"file is too large ({st.st_size:,} bytes); input files are limited to "
+                    f"{limit // 2**20} MiB{' (plans)' if limit == MAX_PLAN_FILE_BYTES else ''}",
+                )
+            raw = head + fh.read(limit + 1 - len(head))
     except OSError as exc:
         raise _fail(name, 0, 0, _read_error(exc)) from None
-    if len(raw) > MAX_FILE_BYTES:
+    if len(raw) > limit:
         raise _fail(name, 0, 0, f"file is too large; input files are limited to "
-                    f"{MAX_FILE_BYTES // 2**20} MiB")
+                    f"{limit // 2**20} MiB")
     return name, decode(raw, name)
 
 
@@ -327,11 +336,12 @@ def parse_text(text: str, file: str = "<string>") -> Document:
     root: Any = None
     root_set = False
     values = 0  # values of the document so far, aliases expanded
+    max_values = MAX_PLAN_NODES if _PLAN_HEAD.match(text[:64].encode()) else MAX_NODES
 
     def too_many(event: Any, path: str) -> InputError:
         return InputError([located(
                 event.start_mark,
-                f"the document expands to more than {MAX_NODES:,} values (an alias counts "
+                f"the document expands to more than {max_values:,} values (an alias counts "
                 "as everything it stands for); planner files are much smaller: is this the "
                 "right file?", path,
             )])
@@ -439,7 +449,7 @@ def parse_text(text: str, file: str = "<string>") -> Document:
                 if event.anchor is not None:
                     anchors[event.anchor] = (value, 1)
                 values += 1
-                if values > MAX_NODES:
+                if values > max_values:
                     raise too_many(event, path)
                 attach(value, 1, mark, path, event)
                 continue
@@ -451,7 +461,7 @@ def parse_text(text: str, file: str = "<string>") -> Document:
                     continue
                 value, size = anchors[event.anchor]
                 values += size
-                if values > MAX_NODES:
+                if values > max_values:
                     raise too_many(event, current_child_path())
                 attach(value, size, mark, "", event)
                 continue
@@ -472,7 +482,7 @@ def parse_text(text: str, file: str = "<string>") -> Document:
                         "shallow, check the indentation or brackets", path))
                     raise _Abort()
                 values += 1
-                if values > MAX_NODES:
+                if values > max_values:
                     raise too_many(event, path)
                 stack.append(_Frame({} if is_map else [], path, event.anchor))
                 doc.marks.setdefault(path, mark)

@@ -209,6 +209,10 @@ def output_target(path: str | os.PathLike[str],
     if not shown:
         raise UsageError("planner: error: the output file name is empty; give -o FILE, or "
                          "leave -o out for standard output")
+    if shown.endswith(("/", os.sep)) or shown.endswith(os.sep + ".") or shown == ".":
+        # Path() drops a trailing slash: 'keep.txt/' would replace the file keep.txt
+        raise UsageError(f"planner: error: cannot write {shown}: a file name that ends in "
+                         "'/' names a folder; give the file's name (-o folder/plan.yaml)")
     given = Path(path)
     if is_stream(given):
         return given
@@ -225,8 +229,9 @@ def output_target(path: str | os.PathLike[str],
         raise UsageError(f"planner: error: cannot write {shown}: it is a directory")
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
-        raise UsageError(f"planner: error: cannot write {shown}: folder {folder} does not "
-                         "exist")
+        what = f"{folder} is a file, not a folder" if folder.exists() else \
+            f"folder {folder} does not exist"
+        raise UsageError(f"planner: error: cannot write {shown}: {what}")
     return target
 
 

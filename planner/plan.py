@@ -340,8 +340,9 @@ def group_ranks(pr: int, pc: int, placement: str) -> tuple[list[list[int]], list
 
 
 def placement_record(ev: Evaluation, gpus: int, per_node: int, expand: bool,
-                     ) -> dict[str, Any]:
-    """Where every rank runs, and each grid's row and column groups."""
+                     device_kind: str = "gpu") -> dict[str, Any]:
+    """Where every rank runs (on devices of ``device_kind``: gpu or cpu), and each grid's
+    row and column groups."""
     from .layout import make_layout
 
     used: dict[tuple[int, int, str], list[str]] = {}
@@ -373,6 +374,7 @@ def placement_record(ev: Evaluation, gpus: int, per_node: int, expand: bool,
     return {
         "devices": gpus,
         "devices_per_node": per_node,
+        "device_kind": device_kind,
         "nodes": -(-gpus // per_node),
         "rank_to_device": f"rank k runs on node k // {per_node}, local device k % {per_node}",
         "grids": grids,

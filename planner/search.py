@@ -1519,8 +1519,12 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     factor = 2
     while factor < 2**40 and mem.peak > mem.capacity * factor:
         factor *= 2
-    more = f"--gpus {opts.gpus * factor}" if factor == 2 else \
-        f"about --gpus {opts.gpus * factor}, if memory per device falls in proportion"
+    if opts.gpus * factor > 2**30:  # the most --gpus takes
+        more = ("more than the 2^30 devices planner plans for, if memory per device "
+                "falls in proportion")
+    else:
+        more = f"--gpus {opts.gpus * factor}" if factor == 2 else \
+            f"about --gpus {opts.gpus * factor}, if memory per device falls in proportion"
     net = space.ctx.network
     smaller = _batch_that_fits(opts.batch, opts.gpus, mem)
     per_batch = mem.per_batch

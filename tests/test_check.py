@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from .conftest import EXAMPLES, ROOT, invoke
 
@@ -343,6 +344,28 @@ def test_slurm_uneven_plan_keeps_ranks_on_their_nodes(runner, tmp_path):
     lines = ran.stdout.splitlines()
     assert lines == [f"rank={k} local={k % 8} node={k // 8} world=12 train.py --plan {plan}"
                      for k in range(12)]
+
+
+def test_slurm_on_cpus_asks_for_no_gpus_and_a_plan_that_does_not_fit_warns(runner,
+                                                                          tmp_path):
+    """sbatch refuses --gpus-per-node on a partition without GPUs (Cori's KNL nodes);
+    a plan written by `cost` for a layout that does not fit launches with a warning."""
+    knl, dgx = tmp_path / "knl.yaml", tmp_path / "dgx.yaml"
+    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
+               EXAMPLES / "clusters/cori-knl.yaml", "-p", "4", "-b", "64", "-o", knl)
+    assert r.exit_code == 0, r.stderr
+    assert yaml.safe_load(knl.read_text())["placement"]["device_kind"] == "cpu"
+    out = invoke(runner, "launch", knl, "--emit", "slurm")
+    assert out.exit_code == 0 and "--gpus-per-node" not in out.stdout
+    assert "#SBATCH --ntasks-per-node=1\n" in out.stdout and out.stderr == ""
+    r = invoke(runner, "cost", EXAMPLES / "networks/gpt2-small.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "8", "-b", "4096", "-o", dgx)
+    assert r.exit_code == 1, r.stderr  # does not fit
+    out = invoke(runner, "launch", dgx, "--emit", "slurm")
+    assert out.exit_code == 0 and "#SBATCH --gpus-per-node=8\n" in out.stdout
+    assert out.stderr == (f"planner: warning: {dgx}: the plan does not fit in memory "
+                          "(memory.fits: false): its ranks will run out of device memory; "
+                          "`planner plan` finds one that fits\n")
 
 
 def test_launch_does_not_overwrite_the_program(runner, tmp_path, monkeypatch):

@@ -178,3 +178,48 @@ def test_the_command_line_loads_blas_with_one_thread_unless_told(preset):
                        "OPENBLAS_NUM_THREADS": None}
     else:
         assert got == dict.fromkeys(BLAS_THREAD_VARS, "1")
+
+
+def _process(args, **kw):
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.Popen([sys.executable, "-m", "planner", *map(str, args)], env=env,
+                            **kw)
+
+
+def test_a_closed_pipe_and_ctrl_c_are_not_a_no(tmp_path):
+    """Exit 1 means "a valid question whose answer is no" (it does not fit). The reader
+    of a pipe going away (`planner plan ... | head`) and Ctrl-C exited 1 too (click's
+    "Aborted!"), which a CI job under `pipefail` reads as that answer. Now the process
+    ends by SIGPIPE (141 in the shell) as Unix tools do, and with 130 after Ctrl-C,
+    leaving no temporary file beside the -o target."""
+    import signal
+    import subprocess
+    import time
+
+    dgx = CLUSTERS / "dgx-h100.yaml"
+    proc = _process(["plan", NETWORKS / "alexnet.yaml", dgx, "-p", "8", "-b", "64"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the table is written
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGPIPE, proc.stderr.read()
+    proc.stderr.close()
+    net = tmp_path / "deep.yaml"
+    net.write_text("kind: network\nname: deep\ninput: [256]\nlayers:\n  - repeat: 10000\n"
+                   "    name: g\n    layers:\n      - {type: linear, out_features: 256}\n"
+                   "      - {type: relu}\n")
+    proc = _process(["plan", net, dgx, "-p", "16", "-b", "256", "-o", tmp_path / "p.yaml"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(4)  # past start-up, into the search (which takes about 30 s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert b"Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.yaml"]

@@ -70,10 +70,35 @@ def test_intra_node_group_uses_intra_tier():
     assert t == pytest.approx(2 * 7 * 2e-6 + 2 * 7 / 8 * 8e6 / 100e9, rel=1e-12)
 
 
-def test_spanning_group_flat_is_limited_by_inter_tier():
+def test_spanning_ring_runs_a_channel_per_nic():
+    """NCCL's ring over 2 nodes of 8, a NIC a device (REFERENCES §3, NCCL's tuning model:
+    bus bandwidth = channels × per-channel bandwidth; 2(nodes−1) of the 2(p−1) steps at
+    the network's latency). Each of the 8 channels leaves a node through another rank's
+    NIC, so a rank sends 1/8 of the ring's 2·15/16·n over its NIC (10 GB/s) and 7/8 over
+    NVLink (100 GB/s) at once: the slower share is the NIC's, n/8 at 10 GB/s, an
+    effective 80 GB/s. One rank a node (or MPI's single ring) is the network's alone."""
     cl = cluster(intra=(2e-6, 100e9), inter=(5e-6, 10e9), algorithm="ring")
-    t, _ = collective_time("all_reduce", 8e6, Group(16, 8), cl)
-    assert t == pytest.approx(2 * 15 * 5e-6 + 2 * 15 / 16 * 8e6 / 10e9, rel=1e-12)
+    n = 8e6
+    t, _ = collective_time("all_reduce", n, Group(16, 8), cl)
+    assert t == pytest.approx(28 * 2e-6 + 2 * 5e-6 + 2 * 15 / 16 * n / 80e9, rel=1e-12)
+    t, _ = collective_time("all_gather", n, Group(32, 8), cl)  # 4 nodes: 3 hops between
+    assert t == pytest.approx(28 * 2e-6 + 3 * 5e-6 + 31 / 32 * n / 80e9, rel=1e-12)
+    # two ranks a node: two channels, the NIC's half (n/2 at 10 GB/s) is the slower
+    t, _ = collective_time("all_reduce", n, Group(8, 2), cl)
+    assert t == pytest.approx(8 * 2e-6 + 6 * 5e-6 + 2 * 7 / 8 * n / 20e9, rel=1e-12)
+    t, _ = collective_time("all_reduce", n, Group(4, 1), cl)
+    assert t == pytest.approx(6 * 5e-6 + 2 * 3 / 4 * n / 10e9, rel=1e-12)
+    # a fast network: the node's links are the slower share, 7/8 of the traffic
+    fast = cluster(intra=(2e-6, 100e9), inter=(5e-6, 50e9), algorithm="ring")
+    t, _ = collective_time("all_reduce", n, Group(16, 8), fast)
+    assert t == pytest.approx(28 * 2e-6 + 2 * 5e-6 + 2 * 15 / 16 * n * 7 / 8 / 100e9,
+                              rel=1e-12)
+    # pairwise all-to-all: 8 of 16 peers a node away, their half of n through the NIC
+    t, _ = collective_time("all_to_all", n, Group(16, 8), cl)
+    assert t == pytest.approx(7 * 2e-6 + 8 * 5e-6 + 8 / 16 * n / 10e9, rel=1e-12)
+    mpi = dataclasses.replace(cl, library="mpi")
+    t, _ = collective_time("all_reduce", n, Group(16, 8), mpi)
+    assert t == pytest.approx(2 * 15 * 5e-6 + 2 * 15 / 16 * n / 10e9, rel=1e-12)
 
 
 @pytest.mark.parametrize("library", ["mpi", "nccl"])
@@ -119,7 +144,9 @@ def test_nccl_auto_runs_what_nccl_runs():
     t, alg = collective_time("all_gather", n, Group(8, 8), cl)
     assert alg == "ring" and t == pytest.approx(7 * 2e-6 + 7 / 8 * n / 100e9, rel=1e-12)
     t, alg = collective_time("all_reduce", n, Group(32, 8), cl, "tree")
-    assert alg == "tree" and t == pytest.approx(2 * (7 * 2e-6 + 2 * 5e-6) + 2 * n / 10e9,
+    # the tree's 2n per node leave over the node's 8 NICs (80 GB/s), the chain runs on
+    # NVLink (100 GB/s): the NICs are the slower
+    assert alg == "tree" and t == pytest.approx(2 * (7 * 2e-6 + 2 * 5e-6) + 2 * n / 80e9,
                                                 rel=1e-12)
     mpi = dataclasses.replace(cl, library="mpi")
     assert collective_time("all_reduce", n, Group(8, 8), mpi)[1] == "recursive"

@@ -201,3 +201,21 @@ def test_moves_across_nodes_run_as_priced(tmp_path, reference):
     assert ("fc2", "all_gather", BATCH * 32 * 4, 8, "input (forward)") in moves
     assert ("fc4", "all_gather", BATCH // 2 * 32 * 4, 4, "input (forward)") in moves
     _run_and_compare(tmp_path, 8, plan, reference)
+
+
+def test_uneven_feature_blocks_are_refused_by_name(tmp_path):
+    """The planner prices a feature split that P_r does not divide by its busiest block
+    (32 features on 3 devices: 11); the example holds equal blocks, and sliced
+    ``features // P_r`` rows, dropping two of them and training another network with
+    exit 0. It stops, naming the layer."""
+    plan = _plan(tmp_path, 3, ["--pin", "fc1=model:3x1", "--pin", "*=data"])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+           "--master-port", str(29300 + (os.getpid() % 500)), str(TRAIN), "--plan",
+           str(plan), "--network", str(MLP), "--device", "cpu", "--backend", "gloo",
+           "--out", str(tmp_path / "run"), "--lr", "0.1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode != 0
+    assert "fc1: 32 features do not split 3 ways; this example needs equal blocks" in \
+        proc.stdout + proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -75,6 +75,14 @@ def test_plan_at_scale(name: str, generated: Path) -> None:
     assert doc["memory"]["fits"] is True
     assert all(math.isfinite(v) and v >= 0 for v in doc["iteration"].values())
     assert doc["placement"]["nodes"] == -(-p // 8)
+    if name == "mlp-10000":
+        # the plans planner writes read back whole where plans are read: launch scripts
+        # and validate (a 10,000-layer plan has over 200,000 values, the bound of the
+        # other inputs)
+        for command in (["launch", out.name], ["validate", out.name]):
+            code, stderr, cpu, peak = run_process(command, generated, timeout_s=120)
+            assert code == 0, (command, stderr)
+            assert cpu < 15.0 and peak < 400 * MiB, (command, cpu, peak / MiB)
 
 
 @pytest.mark.slow

@@ -403,6 +403,13 @@ def main() -> None:
                              f"not {rec['mode']}")
         layout[lay.name] = Layout(str(rec["mode"]), int(rec["grid"][0]), int(rec["grid"][1]),
                                   str(rec["placement"]))
+        split = lay.linear.in_features if rec["mode"] == "row" else lay.linear.out_features
+        if split % layout[lay.name].pr:
+            # the planner prices uneven blocks by the busiest; this example holds equal
+            # ones, and slicing features // P_r would silently drop the rest
+            raise SystemExit(f"{lay.name}: {split} features do not split "
+                             f"{layout[lay.name].pr} ways; this example needs equal blocks "
+                             "(pin a grid whose P_r divides them)")
         grid_of(lay.name)
     shards: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for lay in linears:

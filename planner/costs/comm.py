@@ -44,9 +44,20 @@ tuning model (REFERENCES §3), ``2((q−1)α_intra + ⌈log m⌉α_inter)`` for 
 node, and it moves ``2nβ`` at the slower tier. An algorithm named on the command line
 (``--algorithm recursive``) is priced as asked, whatever the library.
 
-**Two tiers.** A group lies either inside one node (intra-node tier) or spans nodes. A
-flat algorithm over a spanning group runs at the slower tier: its steps pay the
-inter-node latency and the smaller of the two bandwidths. The **hierarchical** algorithm
+**Two tiers.** A group lies either inside one node (intra-node tier) or spans nodes. The
+inter-node bandwidth is per device: its own NIC, or its share of a NIC its node's devices
+share. NCCL's ring over a spanning group with ``q`` ranks a node runs ``q`` channels,
+each leaving the node through another rank's NIC (its tuning model: bus bandwidth =
+channels × per-channel bandwidth, REFERENCES §3), so a rank sends ``1/q`` of the ring's
+bytes through its NIC and ``(q−1)/q`` over the node's links at the same time:
+``β_eff = max(β_inter/q, (q−1)/q·β_intra)``; of its ``2(p−1)`` all-reduce steps only the
+``2(m−1)`` between nodes pay the network's latency (``m−1`` of ``p−1`` for all-gather,
+reduce-scatter and broadcast). NCCL's tree moves ``2n`` per node through its ``q`` NICs
+and along the chain inside it: ``2n·max(β_inter/q, β_intra)``. A pairwise all-to-all
+sends the ``(p−q)/p`` of its bytes bound for other nodes through the rank's own NIC.
+Other flat algorithms over a spanning group (MPI's, or with one rank a node) run at the
+slower tier: their steps pay the inter-node latency and the smaller of the two
+bandwidths. The **hierarchical** algorithm
 splits the work (REFERENCES §3): for all-reduce, a reduce-scatter inside each node over its
 ``q`` group members, an all-reduce across the ``m`` nodes on ``n/q`` bytes (the ``q``
 local ranks each drive their own NIC in parallel), and an all-gather inside the node.
@@ -271,18 +282,49 @@ def hybrid_reduce_time(nbytes: Bytes, group: Group, cluster: Cluster, alg: str
 
 def nccl_tree_time(nbytes: Bytes, group: Group, cluster: Cluster) -> Bytes:
     """NCCL's all-reduce tree: a chain through the ``q`` ranks of each node and a double
-    binary tree across the ``m`` nodes, pipelined (see the module notes)."""
+    binary tree across the ``m`` nodes, pipelined, one channel per NIC of the group's
+    ranks in a node (see the module notes)."""
     q, m = group.per_node, group.nodes
-    _, beta = _tier(cluster, group)
     latency = 2 * (max(q - 1, 0) * cluster.intra.latency_s
                    + clog2(m) * cluster.inter.latency_s)
+    if m <= 1:
+        return latency + 2 * nbytes / cluster.intra.bandwidth_for(q)
+    beta_net = 1.0 / cluster.inter.bandwidth / q
+    beta = max(beta_net, 1.0 / cluster.intra.bandwidth_for(q)) if q > 1 else beta_net
     return latency + 2 * nbytes * beta
+
+
+def nccl_ring_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster) -> Bytes:
+    """NCCL's ring over a group that spans nodes (see the module notes): ``q`` channels,
+    each leaving the node through another rank's NIC, so a rank sends ``1/q`` of the
+    ring's traffic over its NIC and ``(q−1)/q`` over the node's links, both at once;
+    only the ``m`` steps a channel takes between nodes pay the network's latency."""
+    p, q, m = group.size, group.per_node, group.nodes
+    a_in, a_net = cluster.intra.latency_s, cluster.inter.latency_s
+    b_net = 1.0 / cluster.inter.bandwidth
+    b_in = 1.0 / cluster.intra.bandwidth_for(q) if q > 1 else 0.0
+    if op == "all_to_all":  # pairwise: (p − q)/p of the bytes leave through the NIC
+        return ((q - 1) * a_in + (p - q) * a_net
+                + max((p - q) / p * b_net, (q - 1) / p * b_in) * nbytes)
+    if op == "all_reduce":
+        steps, net, volume = 2 * (p - 1), 2 * (m - 1), 2 * (p - 1) / p
+    elif op in ("all_gather", "reduce_scatter"):
+        steps, net, volume = p - 1, m - 1, (p - 1) / p
+    elif op == "broadcast":
+        steps, net, volume = p - 1, m - 1, 1.0
+    else:
+        raise ValueError(f"no ring for {op}")
+    beta = max(b_net / q, (q - 1) / q * b_in)
+    return (steps - net) * a_in + net * a_net + volume * nbytes * beta
 
 
 def _flat(op: Collective, name: str, nbytes: Bytes, group: Group, cluster: Cluster,
           alpha: float, beta: float) -> Bytes:
-    if name == "tree" and op == "all_reduce" and cluster.collective_library == "nccl":
-        return nccl_tree_time(nbytes, group, cluster)
+    if cluster.collective_library == "nccl":
+        if name == "tree" and op == "all_reduce":
+            return nccl_tree_time(nbytes, group, cluster)
+        if name == "ring" and group.spans_nodes:
+            return nccl_ring_time(op, nbytes, group, cluster)
     return flat_time(op, name, nbytes, group.size, alpha, beta)
 
 
