@@ -288,7 +288,8 @@ def cli(debug: bool) -> None:
 
     Inputs are a network file and a cluster file (YAML); see `planner show --help` and
     the README. Exit codes: 0 success, 1 a valid question whose answer is "no" (does not
-    fit, too slow, no feasible plan), 2 invalid input or usage.
+    fit, too slow, no feasible plan), 2 invalid input or usage, 3 an internal error (a
+    bug), 130 interrupted.
     """
 
 
