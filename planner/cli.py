@@ -257,17 +257,26 @@ def render_data(data: Any, fmt: str | None, output: str | None,
     else:
         assert table is not None
         if output not in (None, "-"):
-            import io
-
-            from rich.console import Console
-
-            sink = io.StringIO()
-            print_fitted(Console(file=sink, width=140, color_system=None, highlight=False),
-                         table())
-            lines = sink.getvalue().split("\n")  # rich pads every line to the width
-            emit("\n".join(line.rstrip() for line in lines), output, protect)
+            emit(_plain_table(table(), 140), output, protect)
         else:
-            print_fitted(console(), table())
+            con = console()
+            if con.is_terminal:
+                print_fitted(con, table())
+            else:  # piped or captured: the bytes a file gets, at the console's width
+                click.echo(_plain_table(table(), con.width), nl=False)
+
+
+def _plain_table(renderable: Any, width: int) -> str:
+    """A table as plain text ``width`` wide, without the spaces rich pads each line to
+    the width with."""
+    import io
+
+    from rich.console import Console
+
+    sink = io.StringIO()
+    print_fitted(Console(file=sink, width=width, color_system=None, highlight=False),
+                 renderable)
+    return "\n".join(line.rstrip() for line in sink.getvalue().split("\n"))
 
 
 format_option = click.option(

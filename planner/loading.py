@@ -338,10 +338,11 @@ def parse_text(text: str, file: str = "<string>") -> Document:
     values = 0  # values of the document so far, aliases expanded
     max_values = MAX_PLAN_NODES if _PLAN_HEAD.match(text[:64].encode()) else MAX_NODES
 
-    def too_many(event: Any, path: str) -> InputError:
+    def too_many(event: Any, path: str, limit: int = max_values) -> InputError:
+        # the bound as an argument: the parse loop reads max_values as a plain local
         return InputError([located(
                 event.start_mark,
-                f"the document expands to more than {max_values:,} values (an alias counts "
+                f"the document expands to more than {limit:,} values (an alias counts "
                 "as everything it stands for); planner files are much smaller: is this the "
                 "right file?", path,
             )])

@@ -223,3 +223,16 @@ def test_a_closed_pipe_and_ctrl_c_are_not_a_no(tmp_path):
     assert proc.returncode == 130, err
     assert b"Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.yaml"]
+
+
+def test_piped_tables_have_no_trailing_spaces(runner, tmp_path):
+    """rich pads every line of a table to the console's width; a piped table (as a CI
+    log or `diff` sees it) is the text a file written with -o gets, without the padding."""
+    args = ["plan", NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml", "-p", "64", "-b",
+            "1024"]
+    piped = invoke(runner, *args)
+    assert piped.exit_code == 0, piped.stderr
+    lines = piped.stdout.splitlines()
+    assert len(lines) > 20 and all(line == line.rstrip() for line in lines)
+    assert max(len(line) for line in lines) <= 120 < 140
+    assert any(line.startswith(" fc6 ") for line in lines)
