@@ -41,7 +41,8 @@ Rabenseifner's ``2⌈log p⌉`` latency steps with a latency fitted to NCCL's ri
 8-GPU all-reduce of 8 KiB take 17 µs against the 39 µs measured. NCCL's tree is a chain
 inside each node and a binary tree across the ``m`` nodes; its latency follows NCCL's own
 tuning model (REFERENCES §3), ``2((q−1)α_intra + ⌈log m⌉α_inter)`` for ``q`` ranks a
-node, and it moves ``2nβ`` at the slower tier. An algorithm named on the command line
+node, and it moves ``2n`` through the node's NICs and along the chain (see *Two tiers*).
+An algorithm named on the command line
 (``--algorithm recursive``) is priced as asked, whatever the library.
 
 **Two tiers.** A group lies either inside one node (intra-node tier) or spans nodes. The
@@ -298,7 +299,8 @@ def nccl_ring_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster
     """NCCL's ring over a group that spans nodes (see the module notes): ``q`` channels,
     each leaving the node through another rank's NIC, so a rank sends ``1/q`` of the
     ring's traffic over its NIC and ``(q−1)/q`` over the node's links, both at once;
-    only the ``m`` steps a channel takes between nodes pay the network's latency."""
+    only the steps between nodes (``2(m−1)`` for an all-reduce) pay the network's
+    latency."""
     p, q, m = group.size, group.per_node, group.nodes
     a_in, a_net = cluster.intra.latency_s, cluster.inter.latency_s
     b_net = 1.0 / cluster.inter.bandwidth
