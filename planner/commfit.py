@@ -60,6 +60,7 @@ from .costs.comm import (
     collective_time,
     flat_time,
     nvls_time,
+    ring_steps,
 )
 from .errors import InputError, Located, UsageError
 from .loading import decode
@@ -456,12 +457,10 @@ def fit_ring_net(rows: Sequence[Sample], intra: TierFit | None) -> TierFit | Non
     a_in = intra.latency_s if intra is not None else 0.0
     const, a, b = [], [], []
     for r in rows:
-        q, m = max(1, r.ranks // r.nodes), r.nodes
-        steps = flat_time(r.op, "ring", 1.0, r.ranks, 1.0, 0.0)
-        net = steps * (m - 1) / (r.ranks - 1)
+        steps, net, volume = ring_steps(r.op, r.ranks, r.nodes)
         const.append((steps - net) * a_in)
         a.append(net)
-        b.append(flat_time(r.op, "ring", r.nbytes, r.ranks, 0.0, 1.0) / q)
+        b.append(volume * r.nbytes / max(1, r.ranks // r.nodes))
     t = np.array([r.seconds for r in rows])
     alpha, beta = _nnls_relative(np.array(a), np.array(b), t, np.array(const))
     bw = 1.0 / beta if beta > 0 else float("inf")

@@ -450,7 +450,7 @@ def parse_pin(text: str, gpus: int, count: str = "--gpus", what: str = "--pin") 
     if ":" in rest and not grid_text.strip():
         raise UsageError(f"planner: error: invalid {what} {text!r}: a placement needs the "
                          f"grid it places, e.g. '{pattern}={mode}:4x2:cols' ({PIN_FORM})")
-    if placement and placement not in ("rows", "cols"):
+    if placement and placement not in PLACEMENTS:
         raise UsageError(f"planner: error: invalid {what} {text!r}: placement "
                          f"{placement[:20]!r} must be rows or cols ({PIN_FORM})")
     grid = parse_grid(grid_text, gpus, count) if grid_text.strip() else None

@@ -62,6 +62,7 @@ from .fields import (
 from .inputs import cluster_from_document, network_from_document
 from .layout import (
     MODES,
+    PIN_FORM,
     PLACEMENTS,
     Layout,
     holds_alike,
@@ -182,7 +183,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         given = [k for k in ("plan", "grid", "pins") if sf.has(k)]
         if sf.ok and len(given) != 1:
             sf.error(None, "give exactly one of 'plan' (a plan file), 'grid' (e.g. 8x8, "
-                           "with 'mode'), or 'pins' (a list of 'GLOB=MODE[:PRxPC[:rows|cols]]')")
+                           f"with 'mode'), or 'pins' (a list of '{PIN_FORM}')")
         if sf.has("plan"):
             rel = sf.req("plan", string)
             if rel is not None:
@@ -208,7 +209,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
             for i, text in enumerate(strategy["pins"] or []):
                 if not isinstance(text, str):
                     issues.append(Issue(f"{sf.at('pins')}[{i}]", "expected a pin string "
-                                        f"'GLOB=MODE[:PRxPC[:rows|cols]]', got {show(text)}"))
+                                        f"'{PIN_FORM}', got {show(text)}"))
                     continue
                 try:  # as `check` parses them, so `validate` reports the same
                     if gpus is not None:

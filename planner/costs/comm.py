@@ -308,16 +308,21 @@ def nccl_ring_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster
     if op == "all_to_all":  # pairwise: (p − q)/p of the bytes leave through the NIC
         return ((q - 1) * a_in + (p - q) * a_net
                 + max((p - q) / p * b_net, (q - 1) / p * b_in) * nbytes)
-    if op == "all_reduce":
-        steps, net, volume = 2 * (p - 1), 2 * (m - 1), 2 * (p - 1) / p
-    elif op in ("all_gather", "reduce_scatter"):
-        steps, net, volume = p - 1, m - 1, (p - 1) / p
-    elif op == "broadcast":
-        steps, net, volume = p - 1, m - 1, 1.0
-    else:
-        raise ValueError(f"no ring for {op}")
+    steps, net, volume = ring_steps(op, p, m)
     beta = max(b_net / q, (q - 1) / q * b_in)
     return (steps - net) * a_in + net * a_net + volume * nbytes * beta
+
+
+def ring_steps(op: Collective, p: int, m: int) -> tuple[int, int, float]:
+    """A ring of ``p`` ranks on ``m`` nodes: its steps, those of them between nodes, and
+    the bytes each rank sends as a fraction of ``n``."""
+    if op == "all_reduce":
+        return 2 * (p - 1), 2 * (m - 1), 2 * (p - 1) / p
+    if op in ("all_gather", "reduce_scatter"):
+        return p - 1, m - 1, (p - 1) / p
+    if op == "broadcast":
+        return p - 1, m - 1, 1.0
+    raise ValueError(f"no ring for {op}")
 
 
 def _flat(op: Collective, name: str, nbytes: Bytes, group: Group, cluster: Cluster,
@@ -447,5 +452,5 @@ def bus_bandwidth_factor(op: Collective, p: int) -> float:
 
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "Group", "collective_time", "flat_time",
-           "hierarchical_time", "hybrid_reduce_time", "nvls_time", "paper_all_gather",
-           "paper_all_reduce", "paper_halo"]
+           "hierarchical_time", "hybrid_reduce_time", "nccl_ring_time", "nvls_time",
+           "paper_all_gather", "paper_all_reduce", "paper_halo", "ring_steps"]
