@@ -49,6 +49,10 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "network's (bf16 = bfloat16, fp16 = float16, fp32 = float32)."),
         click.option("--master-weights/--no-master-weights", default=None,
                      help="Keep fp32 master weights (default: for 16-bit dtypes)."),
+        click.option("--grad-precision", type=click.Choice(PRECISIONS), default=None,
+                     help="dtype the gradients are accumulated and reduced in (default: "
+                          "the weights'; fp32 for a bf16 model as Megatron-LM does: "
+                          "twice the gradient memory and traffic)."),
         click.option("--zero", type=click.Choice(("0", "1", "2", "3", "auto")),
                      default="0", show_default=True,
                      help="ZeRO stage: shard the optimizer state (1), the gradients too "
@@ -116,11 +120,13 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                   overlap: str, bucket: str, optimizer: str, master_weights: bool | None,
                   algorithm: str | None, estimator: str, models_dir: str | None,
                   zero: int | str = 0, recompute: str = "none", zero_shard: str = "all",
-                  precision: str | None = None) -> Question:
+                  precision: str | None = None, grad_precision: str | None = None
+                  ) -> Question:
     """Load both files, build the options and the cost context (``zero="auto"`` or
     ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
     from .evaluate import ZERO_STAGES, Options, check_question, make_context
     from .inputs import load_cluster, load_network
+    from .network import DTYPE_ALIASES
 
     if str(zero) == "0" and zero_shard != "all":
         raise UsageError(f"planner: error: --zero-shard {zero_shard} needs ZeRO: add "
@@ -149,7 +155,9 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                       zero=0 if auto else stages[0],
                       zero_shard="all" if auto else shards[0],
                       recompute="none" if rec_auto else
-                      canonical_recompute(recompute, len(net.blocks)))
+                      canonical_recompute(recompute, len(net.blocks)),
+                      grad_dtype=DTYPE_ALIASES.get(grad_precision, grad_precision)
+                      if grad_precision is not None else None)
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)

@@ -54,7 +54,7 @@ from .costs.layer import (
 from .costs.memory import MemoryReport, param_bytes
 from .errors import UsageError
 from .layout import Dist, Layout, input_dist
-from .network import Layer, Network
+from .network import DTYPE_BYTES, Layer, Network
 
 OVERLAPS = ("none", "gradients")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -85,6 +85,8 @@ class Options:
     zero: int = 0  #: ZeRO stage (0: none; 1: optimizer state, 2: + gradients, 3: + weights)
     zero_shard: str = "all"  #: ZeRO shards over all replicas, or those in a "node"
     recompute: str = "none"  #: "blocks": residual blocks re-run their forward in backward
+    #: the dtype gradients are accumulated and reduced in (None: the weights')
+    grad_dtype: str | None = None
 
 
 @dataclass
@@ -126,6 +128,12 @@ class Evaluation:
         return self.comm_s - self.weight_grad_s - self.parameters_s
 
 
+def grad_dtype(network: Network, options: Options) -> str:
+    """The dtype the gradients are accumulated and reduced in: ``--grad-precision``, else
+    the weights'."""
+    return options.grad_dtype or network.dtype
+
+
 def make_context(network: Network, cluster: Cluster, options: Options,
                  estimator: Estimator | None = None) -> Context:
     """The cost context of a question."""
@@ -133,7 +141,8 @@ def make_context(network: Network, cluster: Cluster, options: Options,
     return Context(network=network, cluster=cluster, gpus=options.gpus, batch=options.batch,
                    estimator=estimator or Roofline(), cost_model=options.cost_model,
                    algorithm=options.algorithm, zero=options.zero,
-                   zero_shard=options.zero_shard, recompute=options.recompute)
+                   zero_shard=options.zero_shard, recompute=options.recompute,
+                   grad_dtype=options.grad_dtype)
 
 
 def check_question(network: Network, cluster: Cluster, options: Options) -> None:
@@ -165,6 +174,13 @@ def _check_settings(options: Options, network: Network | None = None) -> None:
         raise UsageError("planner: error: --zero needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
                          "--zero or the cost model")
+    if options.grad_dtype is not None and options.grad_dtype not in DTYPE_BYTES:
+        raise UsageError(f"planner: error: unknown gradient precision "
+                         f"{options.grad_dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+    if options.grad_dtype is not None and options.cost_model == "gholami2018":
+        raise UsageError("planner: error: --grad-precision needs --cost-model exact: the "
+                         "paper's accounting (Gholami et al. 2018) moves every word in the "
+                         "network's dtype; drop --grad-precision or the cost model")
 
 
 def beyond_cluster(cluster: Cluster, counts: list[int], sweep: bool = False) -> None:
@@ -426,7 +442,7 @@ def _recomputed(ctx: Context, results: list[LayerResult],
 def memory_report(ctx: Context, options: Options, results: list[LayerResult]) -> MemoryReport:
     """Peak memory of the busiest device for an evaluated assignment."""
     e = ctx.elem_bytes
-    pb = param_bytes(options.optimizer, e, options.master_weights)
+    pb = param_bytes(options.optimizer, e, options.master_weights, ctx.grad_bytes)
     params = sum(r.cost.params_local for r in results)
     grads = params * pb.gradients
     if options.zero:
@@ -719,7 +735,8 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
             gather_runs[when] = _bucketed(ctx, results, gathers, options.bucket_bytes, cache)
     fwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "forward")
     bwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "backward")
-    pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
+    pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights,
+                     ctx.grad_bytes)
     # the optimizer step: one memory-bound pass over each layer's parameter shard (with
     # ZeRO, over the 1/R of it whose optimizer state this device keeps)
     updates = [optimizer_kernel(stepped(r.cost.params_local, ctx.zero, r.cost.terms), pb)

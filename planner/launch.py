@@ -16,6 +16,7 @@ from typing import Any
 from .errors import Issue, UsageError, printable
 from .fields import show
 from .loading import Document
+from .network import DTYPE_BYTES
 
 EMITTERS = ("torchrun", "slurm", "env")
 
@@ -33,6 +34,8 @@ class LaunchSpec:
     zero_shard: str = "all"  #: over all replicas, or within nodes
     device_kind: str = "gpu"  #: gpu or cpu (plans before 2026-11-24 name none: gpu)
     fits: bool = True  #: the plan's memory.fits
+    dtype: str = "float32"  #: the weights' and activations' dtype
+    grad_dtype: str = "float32"  #: the gradients' (plans before 2026-11-24: the weights')
 
     @property
     def fsdp(self) -> str | None:
@@ -88,7 +91,14 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                                                  f"{nodes}"))
     problem = data.get("problem")
     zero, zero_shard = 0, "all"
+    dtype, grad_dtype = "float32", None
     if isinstance(problem, dict):
+        dtype, grad_dtype = problem.get("dtype", "float32"), problem.get("grad_dtype")
+        for key, value in (("dtype", dtype), ("grad_dtype", grad_dtype)):
+            if value is not None and value not in DTYPE_BYTES:
+                issues.append(Issue(f"$.problem.{key}", f"expected one of "
+                                                        f"{', '.join(DTYPE_BYTES)}, got "
+                                                        f"{show(value)}"))
         zero = problem.get("zero", 0)
         zero_shard = problem.get("zero_shard", "all")
         if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
@@ -143,7 +153,8 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     memory = data.get("memory")
     fits = not (isinstance(memory, dict) and memory.get("fits") is False)
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
-                      nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits)
+                      nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits,
+                      str(dtype), str(grad_dtype or dtype))
 
 
 def _job_name(name: str) -> str:
@@ -177,6 +188,10 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
         where = "within each node" if spec.zero_shard == "node" else "over all replicas"
         head.append(f"# ZeRO stage {spec.zero} {where}"
                     + (f" (PyTorch FSDP: ShardingStrategy.{spec.fsdp})" if spec.fsdp else ""))
+    if spec.grad_dtype != spec.dtype:
+        head.append(f"# {spec.dtype} weights, gradients accumulated and reduced in "
+                    f"{spec.grad_dtype} (PyTorch FSDP: MixedPrecision(reduce_dtype="
+                    f"torch.{spec.grad_dtype}))")
     if kind == "env":
         lines = [
             f"PLANNER_PLAN={q(plan_path)}",
@@ -188,6 +203,8 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
             f"PLANNER_RANK_RULE={q(f'node=rank//{spec.per_node},local=rank%{spec.per_node}')}",
             f"PLANNER_ZERO={spec.zero}",
             f"PLANNER_ZERO_SHARD={spec.zero_shard}",
+            f"PLANNER_DTYPE={spec.dtype}",
+            f"PLANNER_GRAD_DTYPE={spec.grad_dtype}",
         ]
         return "\n".join(head + lines) + "\n"
     if kind == "torchrun":

@@ -11,7 +11,7 @@ files)::
       network: {file, name, sha256}
       cluster: {file, name, sha256}
     problem: {gpus, batch, dtype, cost_model, overlap, bucket_bytes, optimizer,
-              master_weights, zero, zero_shard (with zero 1-3: all|node), recompute,
+              master_weights, grad_dtype, zero, zero_shard (with zero 1-3: all|node), recompute,
               estimator, algorithm, nodes}
     iteration: {time_s, compute_s, comm_s, exposed_comm_s, forward_s, backward_s,
                 optimizer_s, weight_grad_s, activation_comm_s, parameters_comm_s,
@@ -47,9 +47,9 @@ from typing import Any
 
 from . import __version__
 from .costs.layer import CommTerm, held
-from .costs.memory import param_bytes, uses_master_weights
-from .evaluate import Evaluation, LayerResult, Options, zero_label
-from .network import Network
+from .costs.memory import ParamBytes, param_bytes, uses_master_weights
+from .evaluate import Evaluation, LayerResult, Options, grad_dtype, zero_label
+from .network import DTYPE_BYTES, Network
 from .output import rounded
 from .units import count, format_bytes, format_time
 
@@ -74,11 +74,10 @@ def _term(t: CommTerm) -> dict[str, Any]:
     return rec
 
 
-def layer_record(r: LayerResult, elem_bytes: int, optimizer: str,
-                 master: bool | None, zero: int = 0) -> dict[str, Any]:
-    """One layer of the plan document."""
+def layer_record(r: LayerResult, pb: ParamBytes, zero: int = 0) -> dict[str, Any]:
+    """One layer of the plan document (``pb``: the bytes per parameter before ZeRO)."""
     c = r.cost
-    pb = held(param_bytes(optimizer, elem_bytes, master), zero, c.terms)
+    pb = held(pb, zero, c.terms)
     rec: dict[str, Any] = {
         "name": r.layer.name,
         "type": r.layer.type,
@@ -140,6 +139,7 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
         "bucket_bytes": options.bucket_bytes,
         "optimizer": options.optimizer,
         "master_weights": uses_master_weights(network.elem_bytes, options.master_weights),
+        "grad_dtype": grad_dtype(network, options),
         "zero": options.zero,
         # ZeRO's sharding only where there is ZeRO (a plan without it reads the same)
         **({"zero_shard": options.zero_shard} if options.zero else {}),
@@ -178,8 +178,9 @@ def plan_document(command: str, network: Network, network_file: str, cluster_nam
     }
     if extra:
         doc.update(extra)
-    doc["layers"] = [layer_record(r, network.elem_bytes, options.optimizer,
-                                  options.master_weights, options.zero) for r in ev.layers]
+    pb = param_bytes(options.optimizer, network.elem_bytes, options.master_weights,
+                     DTYPE_BYTES[grad_dtype(network, options)])
+    doc["layers"] = [layer_record(r, pb, options.zero) for r in ev.layers]
     return rounded(doc, 4)  # type: ignore[no-any-return]
 
 
@@ -221,7 +222,9 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 style="bold")
     zero = int(prob.get("zero", 0))
     setting = zero_label(zero, str(prob.get("zero_shard", "all")))
-    head.append(f"{count(int(prob['gpus']), 'device')}, batch {prob['batch']}, {prob['dtype']}, "
+    grads = prob.get("grad_dtype", prob["dtype"])
+    head.append(f"{count(int(prob['gpus']), 'device')}, batch {prob['batch']}, {prob['dtype']}"
+                + (f" (gradients in {grads})" if grads != prob["dtype"] else "") + ", "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
                 + (f", ZeRO {setting}" if zero else "")
                 + (f", recomputing {_recomputing(str(prob['recompute']))} "

@@ -170,7 +170,8 @@ class Space:
                 self._dist(lay.output_dist())
         for d in list(self.dists):
             self._dist(Dist(d.p, d.batch, None))
-        self.pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights)
+        self.pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights,
+                              ctx.grad_bytes)
         self.prefetch = prefetches(ctx, options)
         self._weighted: dict[tuple[Any, ...], np.ndarray] = {}
         self._follow: dict[tuple[Any, ...], tuple[np.ndarray, int]] = {}

@@ -12,6 +12,8 @@ team chose: a plan file, one grid for every layer, or pins::
     batch: 2048
     optimizer: momentum          # sgd | momentum | adam
     precision: float32           # the dtype of weights and activations (default: the network's)
+    grad_precision: float32      # the dtype gradients are accumulated and reduced in
+                                 # (default: the weights')
     overlap: gradients           # none | gradients
     zero: 0                      # ZeRO stage 0-3: optimizer state / + gradients / + weights sharded
     zero_shard: all              # all | node: over all replicas, or within nodes (hybrid)
@@ -89,6 +91,7 @@ class TrainingConfig:
     optimizer: str
     precision: str | None
     master_weights: bool | None
+    grad_precision: str | None
     overlap: str
     bucket_bytes: float
     cost_model: str
@@ -160,6 +163,12 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
             f.error("precision", f"unknown precision {precision!r}; expected one of "
                                  f"{', '.join(DTYPE_BYTES)}")
     master = f.opt_none("master_weights", boolean)
+    grad_precision = f.opt_none("grad_precision", string)
+    if grad_precision is not None:
+        grad_precision = DTYPE_ALIASES.get(grad_precision, grad_precision)
+        if grad_precision not in DTYPE_BYTES:
+            f.error("grad_precision", f"unknown precision {grad_precision!r}; expected one "
+                                      f"of {', '.join(DTYPE_BYTES)}")
     overlap = f.opt("overlap", choice(OVERLAPS), "gradients")
     bucket = f.opt("bucket_size", bucket_size, float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
@@ -171,6 +180,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     if zero and cost_model == "gholami2018":
         f.error("zero", "ZeRO needs 'cost_model: exact': the paper's accounting (Gholami "
                         "et al. 2018) has no sharded optimizer")
+    if grad_precision is not None and cost_model == "gholami2018":
+        f.error("grad_precision", "a gradient precision needs 'cost_model: exact': the "
+                                  "paper's accounting (Gholami et al. 2018) moves every word "
+                                  "in the network's dtype")
     recompute = f.opt("recompute", _recompute_setting, "none")
     if recompute != "none" and cost_model == "gholami2018":
         f.error("recompute", "recomputation needs 'cost_model: exact': the paper's accounting "
@@ -228,6 +241,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     return TrainingConfig(name=name, path=str(path), network_path=paths["network"],
                           cluster_path=paths["cluster"], gpus=gpus, batch=batch,
                           optimizer=optimizer, precision=precision, master_weights=master,
+                          grad_precision=grad_precision,
                           overlap=overlap, bucket_bytes=bucket, cost_model=cost_model,
                           strategy=strategy, zero=zero, zero_shard=zero_shard,
                           recompute=recompute, algorithm=algorithm,
@@ -349,7 +363,9 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
 
     for key, value in rounded(problem_record(net, options), 4).items():
         # a plan made before ZeRO was modelled had none
-        had = prob.get(key, {"zero": 0, "zero_shard": "all", "recompute": "none"}.get(key))
+        # (and before gradients had a dtype of their own, the weights')
+        had = prob.get(key, {"zero": 0, "zero_shard": "all", "recompute": "none",
+                             "grad_dtype": prob.get("dtype")}.get(key))
         if key.endswith("_bytes") and _same_size(had, value):
             continue  # plans before 2026-11-23 rounded sizes to 4 digits
         if had != value:
@@ -494,7 +510,7 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                       optimizer=cfg.optimizer, master_weights=cfg.master_weights,
                       zero=cfg.zero, zero_shard=cfg.zero_shard,
                       recompute=canonical_recompute(cfg.recompute, len(net.blocks)),
-                      algorithm=cfg.algorithm)
+                      algorithm=cfg.algorithm, grad_dtype=cfg.grad_precision)
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..layout import Dist, Layout, node_group, redistribution
-from ..network import Layer, Network, layer_kernels
+from ..network import DTYPE_BYTES, Layer, Network, layer_kernels
 from ..ops import Elementwise, Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
 from .compute import Estimator, FloatArray
@@ -92,6 +92,8 @@ class Context:
     #: "none", "blocks" (every residual block re-runs its forward in backward) or a count
     #: of blocks, the first ones in the network
     recompute: str = "none"
+    #: the dtype gradients are accumulated and reduced in (None: the weights')
+    grad_dtype: str | None = None
 
     @functools.cached_property
     def rebuilt(self) -> frozenset[str]:
@@ -103,6 +105,11 @@ class Context:
     def elem_bytes(self) -> int:
         """Bytes per activation / weight element."""
         return self.network.elem_bytes
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per weight-gradient element, as accumulated and reduced."""
+        return DTYPE_BYTES[self.grad_dtype] if self.grad_dtype else self.network.elem_bytes
 
     @property
     def per_node(self) -> int:
@@ -279,20 +286,20 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
     terms: list[CommTerm] = []
     own = layer.params  # a tied head's shared weight is reduced once, by its embedding
     if layout.mode == "data":
-        terms += gradient_terms(ctx, allg, own * e)
+        terms += gradient_terms(ctx, allg, own)
         return terms
     if layout.mode == "column":
         # Megatron's column-parallel linear: the output stays split by features; the
         # input gradient's partial sums are all-reduced over the row group
         if _needs_input_grad(layer):
             _add(terms, term(ctx, "backward_data", "all_reduce", row, b * layer.in_elems * e))
-        terms += gradient_terms(ctx, col, local_params(layer, layout) * e)
+        terms += gradient_terms(ctx, col, local_params(layer, layout))
         return terms
     if layout.mode == "row":
         # Megatron's row-parallel linear: partial outputs all-reduced; the input gradient
         # is split by features as the input is; the bias is whole on every device
         _add(terms, term(ctx, "forward", "all_reduce", row, b * layer.out_elems * e))
-        terms += gradient_terms(ctx, col, local_params(layer, layout) * e)
+        terms += gradient_terms(ctx, col, local_params(layer, layout))
         return terms
     if layout.mode == "model":
         if ctx.paper:
@@ -300,7 +307,7 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
             _add(terms, term(ctx, "forward", "all_gather", row, d_i))
             _add(terms, term(ctx, "backward_data", "all_reduce", row, d_i))
             _add(terms, term(ctx, "weight_grad", "all_reduce", col,
-                             layer.weight_elems / layout.pr * e))
+                             layer.weight_elems / layout.pr * ctx.grad_bytes))
             return terms
         # attention sums its heads' projections; an embedding whose table an output
         # head shares is split by vocabulary rows, as the head splits it (Megatron's
@@ -317,12 +324,12 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
             bwd_op: Collective = "all_gather" if conv is not None and conv.groups > 1 \
                 and conv.groups % layout.pr == 0 else "all_reduce"
             _add(terms, term(ctx, "backward_data", bwd_op, row, b * layer.in_elems * e))
-        terms += gradient_terms(ctx, col, local_params(layer, layout) * e)
+        terms += gradient_terms(ctx, col, local_params(layer, layout))
         return terms
     # domain: halo rows, weights replicated on all P
     terms += halo_terms(layer, layout, ctx, b)
     wg = layer.weight_elems if ctx.paper else own
-    terms += gradient_terms(ctx, allg, wg * e)
+    terms += gradient_terms(ctx, allg, wg)
     return terms
 
 
@@ -568,12 +575,13 @@ def _params_terms(layer: Layer, dist: Dist, ctx: Context) -> list[CommTerm]:
         return []
     digits = (dist.batch,) + ((dist.height,) if dist.height else ())
     grp = node_group(digits, dist.p, ctx.per_node)
-    return gradient_terms(ctx, grp, layer.params * ctx.elem_bytes)
+    return gradient_terms(ctx, grp, layer.params)
 
 
-def gradient_terms(ctx: Context, group: Group, nbytes: float) -> list[CommTerm]:
-    """The collectives of ``nbytes`` of weight gradient summed over ``group``, the
-    devices that hold the same parameters (its data-parallel replicas).
+def gradient_terms(ctx: Context, group: Group, elems: float) -> list[CommTerm]:
+    """The collectives of ``elems`` weight-gradient elements summed over ``group``, the
+    devices that hold the same parameters (its data-parallel replicas). Gradients move
+    in :attr:`Context.grad_bytes` a element, parameters in the weights' dtype.
 
     Without ZeRO, one all-reduce, which may overlap the backward pass. With ZeRO
     (Rajbhandari et al., SC'20), each of the ``R`` replicas keeps the optimizer state of
@@ -594,19 +602,20 @@ def gradient_terms(ctx: Context, group: Group, nbytes: float) -> list[CommTerm]:
     collective; :func:`planner.costs.comm.hybrid_reduce_time`), and every parameter
     gather stays inside the node."""
     terms: list[CommTerm] = []
+    grads, params = elems * ctx.grad_bytes, elems * ctx.elem_bytes
     if ctx.zero == 0:
-        _add(terms, term(ctx, "weight_grad", "all_reduce", group, nbytes))
+        _add(terms, term(ctx, "weight_grad", "all_reduce", group, grads))
         return terms
     hybrid = ctx.zero_shard == "node" and group.spans_nodes
     shard = Group(group.per_node, group.per_node) if hybrid else group
     if ctx.zero >= 3:
-        _add(terms, term(ctx, "parameters", "all_gather", shard, nbytes, "gather (forward)"))
-        _add(terms, term(ctx, "parameters", "all_gather", shard, nbytes,
+        _add(terms, term(ctx, "parameters", "all_gather", shard, params, "gather (forward)"))
+        _add(terms, term(ctx, "parameters", "all_gather", shard, params,
                          "gather (backward)"))
     _add(terms, term(ctx, "weight_grad", "hybrid_reduce" if hybrid else "reduce_scatter",
-                     group, nbytes))
+                     group, grads))
     if ctx.zero < 3:
-        _add(terms, term(ctx, "parameters", "all_gather", shard, nbytes, "gather (update)"))
+        _add(terms, term(ctx, "parameters", "all_gather", shard, params, "gather (update)"))
     return terms
 
 

@@ -6,17 +6,24 @@ Bytes per parameter (``e`` = bytes of the network dtype):
 ==========================  ========  =========  =================================
 setting                     weights   gradients  optimizer state
 ==========================  ========  =========  =================================
-sgd                         e         e          0
-momentum (SGD)              e         e          e            (one buffer)
-adam                        e         e          2e           (first and second moments)
-… with master weights       e         e          4 + n·4      (fp32 copy + fp32 states)
+sgd                         e         g          0
+momentum (SGD)              e         g          e            (one buffer)
+adam                        e         g          2e           (first and second moments)
+… with master weights       e         g          4 + n·4      (fp32 copy + fp32 states)
 ==========================  ========  =========  =================================
+
+``g`` = ``e`` unless the gradients are kept in another dtype.
 
 So fp32 Adam is 16 bytes per parameter and bf16 Adam with fp32 master weights is
 2 + 2 + 12 = 16 (Rajbhandari et al., ZeRO, SC'20, §3.1). Master weights are the default
-for 16-bit dtypes. ZeRO divides columns by the ``R`` devices that hold the same
-parameters (:func:`sharded`): stage 1 the optimizer state (with master weights, the fp32
-copy is part of it, as in the paper), stage 2 the gradients too, stage 3 the weights too.
+for 16-bit dtypes. Gradients may be accumulated and reduced in a wider dtype than the
+weights (``--grad-precision``): Megatron-LM keeps a bf16 model's gradients in fp32,
+2 + 4 + 12 = 18 bytes for Adam, and 6 + 12/d under its distributed optimizer, ZeRO stage 1
+over ``d`` replicas (the Megatron Core developer guide, "Distributed Optimizer", its
+table of bytes per parameter). ZeRO divides columns by the ``R`` devices that hold the
+same parameters (:func:`sharded`): stage 1 the optimizer state (with master weights, the
+fp32 copy is part of it, as in the paper), stage 2 the gradients too, stage 3 the weights
+too.
 """
 
 from __future__ import annotations
@@ -58,15 +65,16 @@ def sharded(pb: ParamBytes, zero: int, replicas: int) -> ParamBytes:
                       pb.optimizer / (r if zero >= 1 else 1.0))
 
 
-def param_bytes(optimizer: str, elem_bytes: int, master_weights: bool | None = None
-                ) -> ParamBytes:
-    """Bytes per parameter for an optimizer and dtype (see the module table)."""
+def param_bytes(optimizer: str, elem_bytes: int, master_weights: bool | None = None,
+                grad_bytes: int | None = None) -> ParamBytes:
+    """Bytes per parameter for an optimizer and dtype (see the module table); gradients
+    of ``grad_bytes`` (default: the weights' ``elem_bytes``)."""
     if optimizer not in _STATES:
         raise ValueError(f"unknown optimizer {optimizer!r}")
     master = uses_master_weights(elem_bytes, master_weights)
     n = _STATES[optimizer]
     state = 4.0 + 4.0 * n if master else float(elem_bytes * n)
-    return ParamBytes(float(elem_bytes), float(elem_bytes), state)
+    return ParamBytes(float(elem_bytes), float(grad_bytes or elem_bytes), state)
 
 
 @dataclass(frozen=True)

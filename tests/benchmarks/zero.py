@@ -1,6 +1,6 @@
 """What ZeRO stages cost and save on a 6.6 B-parameter transformer (not a test module).
 
-    python tests/benchmarks/zero.py
+    python tests/benchmarks/zero.py [--grad-precision float32]
 
 A generated transformer (32 blocks, width 4,096, 32 heads, 2,048 tokens, bf16; see
 ``generate.py``), Adam, the batch equal to the device count, on the example DGX H100
@@ -12,6 +12,8 @@ of the README's *Compute, memory, overlap*: the layouts the search chose, the it
 time, the weight-gradient and parameter communication and the peak memory per device;
 then what ``--zero auto`` (and ``--zero auto --zero-shard auto`` on eight nodes) chose,
 and its search time against one stage's (wall clock, kernel times memoised for both).
+With ``--grad-precision float32`` (Megatron-LM's fp32 gradients for a bf16 model), the
+first table only, with the gradients accumulated and reduced in fp32.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from generate import transformer
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def main() -> None:
+def main(grad_dtype: str | None = None) -> None:
     net = load_network_text(transformer(324, width=4096, heads=32, seq=2048))
     cl = load_cluster(ROOT / "examples" / "clusters" / "dgx-h100.yaml")
     print("| GPUs | stage | plan | iteration | gradient / parameter comm | peak memory |")
@@ -46,7 +48,7 @@ def main() -> None:
                          (3, "none", "node")]
         for zero, overlap, shard in settings:
             opts = Options(gpus=p, batch=p, optimizer="adam", zero=zero, overlap=overlap,
-                           zero_shard=shard)
+                           zero_shard=shard, grad_dtype=grad_dtype)
             ctx = make_context(net, cl, opts, make_estimator("auto", None, cl.device))
             ev = search(ctx, opts).best.evaluation
             grids = collections.Counter(f"{r.layout.pr}×{r.layout.pc}" for r in ev.layers
@@ -59,6 +61,8 @@ def main() -> None:
             print(f"| {p} | {label} | {plan} | {ev.time_s * 1e3:.1f} ms | "
                   f"{ev.weight_grad_s * 1e3:.1f} / {ev.parameters_s * 1e3:.1f} ms | "
                   f"{ev.memory.peak / 2**30:.1f} GiB |")
+    if grad_dtype is not None:
+        return
     print()
     print("| GPUs | shards tried | --zero auto | iteration | stages searched "
           "| search, auto / stage 0 |")
@@ -80,4 +84,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    args = sys.argv[1:]
+    if args not in ([], ["--grad-precision", "float32"], ["--grad-precision", "bfloat16"]):
+        sys.exit("usage: zero.py [--grad-precision float32|bfloat16]")
+    main(args[1] if args else None)
