@@ -298,8 +298,12 @@ def cli(debug: bool) -> None:
     Inputs are a network file and a cluster file (YAML); see `planner show --help` and
     the README. Exit codes: 0 success, 1 a valid question whose answer is "no" (does not
     fit, too slow, no feasible plan), 2 invalid input or usage, 3 an internal error (a
-    bug), 130 interrupted.
+    bug), 130 interrupted. A network, cluster or configuration given as `-` is read
+    from standard input.
     """
+    from .loading import forget_streams
+
+    forget_streams()
 
 
 @cli.command()
@@ -325,7 +329,8 @@ def validate(files: tuple[str, ...], quiet: bool) -> None:
             problems.append(exc.render())
             continue
         if not quiet:
-            click.echo(f"{path}: ok ({kind} {_describe(kind, obj)})")
+            shown = "<stdin>" if path == "-" else path
+            click.echo(f"{shown}: ok ({kind} {_describe(kind, obj)})")
     if problems:
         raise UsageError("\n".join(problems))
 

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from .cli import Finite, Whole, emit, output_option
-from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError
+from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError, UsageError
 
 
 @click.command()
@@ -102,6 +102,10 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
     if not script.strip():
         raise click.BadParameter("the training program is empty; name the program each "
                                  "rank runs", param_hint="'--script'")
+    if plan_file == "-":
+        raise UsageError("planner: error: launch needs the plan as a file: the scripts it "
+                         "writes name it (PLANNER_PLAN) for the training script to read on "
+                         "every node; write it with `planner plan ... -o plan.yaml`")
     doc = load_file(plan_file)
     spec = launch_spec(doc, plan_file)
     if not spec.fits:

@@ -128,6 +128,10 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     from .inputs import load_cluster, load_network
     from .network import DTYPE_ALIASES
 
+    if network == cluster == "-":
+        raise UsageError("planner: error: the network and the cluster cannot both come from "
+                         "standard input (-); name one of them as a file, or pipe one in "
+                         "with <(command)")
     if str(zero) == "0" and zero_shard != "all":
         raise UsageError(f"planner: error: --zero-shard {zero_shard} needs ZeRO: add "
                          "--zero 1, 2, 3 or auto")

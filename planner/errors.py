@@ -71,7 +71,8 @@ class Located:
         return f"{head}\n    {line}\n    {' ' * caret_at}^"
 
 
-_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f"
+                       r"\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str) -> str:

@@ -160,7 +160,11 @@ _EXAMPLE = {"time": "'2 us'", "bytes": "'80 GiB'", "bandwidth": "'400 Gbit/s'",
 
 
 MAX_TEXT = 10_000  #: characters in a name or description (they end up in every table)
-_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: C0 and C1 controls, and the bidirectional marks, embeddings, overrides and isolates,
+#: which reorder what a terminal shows ("Trojan Source", CVE-2021-42574): a name with
+#: U+202E reads backwards in a table
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f"
+                            r"\u202a-\u202e\u2066-\u2069]")
 
 
 def string(value: object) -> str:

@@ -160,14 +160,82 @@ def _fail(file: str, line: int, col: int, message: str, text: str = "") -> Input
     return InputError([Located(file, line + 1, col + 1, message, "$", src)])
 
 
+#: what was read from standard input (``-``) and from pipes (``<(command)``), by the
+#: name given: a stream can be read once, and a plan records the digest of what was read
+_STREAMS: dict[str, bytes] = {}
+STDIN = "-"
+
+
+def forget_streams() -> None:
+    """Forget what was read from standard input and pipes (each command starts afresh)."""
+    _STREAMS.clear()
+
+
+def input_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of an input as it was read: a stream's from memory, a file's from disk
+    (for the digests a plan records)."""
+    key = os.fspath(path)
+    return _STREAMS[key] if key in _STREAMS else Path(path).read_bytes()
+
+
+def _read_stream(fh: Any, name: str) -> bytes:
+    head = fh.read(64)
+    limit = MAX_PLAN_FILE_BYTES if _PLAN_HEAD.match(head) else MAX_FILE_BYTES
+    raw = head + fh.read(limit + 1 - len(head))
+    if len(raw) > limit:
+        raise _fail(name, 0, 0, f"input is too large; input files are limited to "
+                    f"{limit // 2**20} MiB{' (plans)' if limit == MAX_PLAN_FILE_BYTES else ''}")
+    return bytes(raw)
+
+
+def _read_pipe(p: Path, name: str) -> bytes:
+    """A pipe's bytes. Opened without blocking, so that a named pipe nobody writes to is
+    an error rather than a wait forever (reading a pipe with no writer gives end of
+    file); a pipe whose writer is there, as the shell's ``<(command)``, is read to its
+    end."""
+    import fcntl
+
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+            with os.fdopen(fd, "rb", closefd=False) as fh:
+                raw = _read_stream(fh, name)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _fail(name, 0, 0, _read_error(exc)) from None
+    if not raw:
+        raise _fail(name, 0, 0, "is a pipe that nothing writes to, expected YAML")
+    return raw
+
+
 def read_text(path: str | os.PathLike[str], display: str | None = None) -> tuple[str, str]:
     """Read a file as UTF-8 text with the checks of this module; returns (display, text).
+    ``-`` is standard input (``<stdin>`` in messages), and a pipe (``<(command)`` in the
+    shell) is read as a file is; each is read once and kept.
 
     Raises :class:`InputError` for a missing, unreadable, oversized, binary or
     non-UTF-8 file, each with a position where one makes sense.
     """
+    key = os.fspath(path)
+    if key == STDIN:
+        name = display if display is not None else "<stdin>"
+        if key not in _STREAMS:
+            import sys
+
+            if sys.stdin is None or sys.stdin.isatty():
+                raise _fail(name, 0, 0, "standard input is a terminal; pipe the YAML in "
+                                        "(generate | planner ... -) or name a file")
+            try:
+                _STREAMS[key] = _read_stream(sys.stdin.buffer, name)
+            except OSError as exc:
+                raise _fail(name, 0, 0, _read_error(exc)) from None
+        return name, decode(_STREAMS[key], name)
     p = Path(path)
     name = display if display is not None else str(path)
+    if key in _STREAMS:
+        return name, decode(_STREAMS[key], name)
     try:
         st = p.stat()
     except FileNotFoundError:
@@ -176,8 +244,12 @@ def read_text(path: str | os.PathLike[str], display: str | None = None) -> tuple
         raise _fail(name, 0, 0, _read_error(exc)) from None
     if stat.S_ISDIR(st.st_mode):
         raise _fail(name, 0, 0, "is a directory, expected a YAML file") from None
+    if stat.S_ISFIFO(st.st_mode):  # a pipe: <(generate-network) in bash
+        _STREAMS[key] = _read_pipe(p, name)
+        return name, decode(_STREAMS[key], name)
     if not stat.S_ISREG(st.st_mode):
-        raise _fail(name, 0, 0, "is not a regular file, expected a YAML file") from None
+        raise _fail(name, 0, 0, "is not a regular file or a pipe, expected a YAML file") \
+            from None
     try:
         with p.open("rb") as fh:
             head = fh.read(64)

@@ -55,8 +55,11 @@ from .units import count, format_bytes, format_time
 
 
 def file_digest(path: str | Path) -> str:
-    """sha256 of a file's bytes (plans record what they were made from)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """sha256 of an input's bytes as they were read (plans record what they were made
+    from; standard input and pipes included)."""
+    from .loading import input_bytes
+
+    return hashlib.sha256(input_bytes(path)).hexdigest()
 
 
 def _term(t: CommTerm) -> dict[str, Any]:

@@ -139,7 +139,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     kind = f.opt("kind", string, "training")
     if kind != "training":
         f.error("kind", f"expected 'kind: training', got {kind!r}")
-    name = f.opt("name", string, Path(path).stem)
+    stdin = str(path) == "-"
+    name = f.opt("name", string, "stdin" if stdin else Path(path).stem)
     f.opt_none("description", string)
     paths: dict[str, Path] = {}
     for key in ("network", "cluster"):
@@ -238,8 +239,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     if issues:
         raise doc.error(issues)
     assert gpus is not None and batch is not None
-    return TrainingConfig(name=name, path=str(path), network_path=paths["network"],
-                          cluster_path=paths["cluster"], gpus=gpus, batch=batch,
+    return TrainingConfig(name=name, path="<stdin>" if stdin else str(path),
+                          network_path=paths["network"], cluster_path=paths["cluster"], gpus=gpus, batch=batch,
                           optimizer=optimizer, precision=precision, master_weights=master,
                           grad_precision=grad_precision,
                           overlap=overlap, bucket_bytes=bucket, cost_model=cost_model,

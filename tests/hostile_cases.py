@@ -175,7 +175,7 @@ def _make(kind: str, folder: Path) -> Path | None:
     elif kind == "missing":
         f = folder / "no-such-network.yaml"
     elif kind == "fifo":
-        os.mkfifo(f)  # reading it would block forever
+        os.mkfifo(f)  # nobody writes to it: an error, not a wait forever
     elif kind == "symlink_loop":
         (folder / "b.yaml").symlink_to(folder / "input.yaml")
         f.symlink_to(folder / "b.yaml")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -236,3 +237,58 @@ def test_piped_tables_have_no_trailing_spaces(runner, tmp_path):
     assert len(lines) > 20 and all(line == line.rstrip() for line in lines)
     assert max(len(line) for line in lines) <= 120 < 140
     assert any(line.startswith(" fc6 ") for line in lines)
+
+
+def test_inputs_from_standard_input_and_pipes(tmp_path):
+    """A generator's output goes straight in: `-` reads standard input and `<(command)`
+    (a pipe) is read as a file is; the plan records the digest of what was read, so that
+    `check` finds it current against the file with the same bytes. Errors name
+    `<stdin>`; both inputs from `-` and `launch -` are refused; a named pipe nobody writes
+    to is an error, not a wait forever."""
+    import hashlib
+    import subprocess
+
+    net, dgx = NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml"
+    text = net.read_bytes()
+    proc = _process(["plan", "-", dgx, "-p", "8", "-b", "256", "--format", "json"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(text, timeout=120)
+    assert proc.returncode == 0, err
+    doc = json.loads(out)
+    assert doc["inputs"]["network"]["file"] == "-"
+    assert doc["inputs"]["network"]["sha256"] == hashlib.sha256(text).hexdigest()
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(out)
+    config = tmp_path / "train.yaml"
+    config.write_text(f"kind: training\nnetwork: {net}\ncluster: {dgx}\ngpus: 8\nbatch: 256\n"
+                      f"strategy: {{plan: {plan}}}\nmax_slowdown: 1.0\n")
+    proc = _process(["check", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    out, err = proc.communicate(config.read_bytes(), timeout=120)
+    assert proc.returncode == 0, out + err
+    assert b"<stdin>:6:12: ok: [plan] the plan matches its network" in out, out
+    # a pipe, as bash's <(cat network.yaml) gives
+    rd, wr = os.pipe()
+    os.write(wr, text)
+    os.close(wr)
+    proc = _process(["validate", f"/dev/fd/{rd}"], pass_fds=(rd,), stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=60)
+    os.close(rd)
+    assert proc.returncode == 0 and b": ok (network 'alexnet'" in out, err
+    bad = b"kind: network\nname: x\ninput: [8]\nlayers:\n  - {type: linear, out_feature: 4}\n"
+    proc = _process(["show", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    _, err = proc.communicate(bad, timeout=60)
+    assert proc.returncode == 2 and b"<stdin>:5:20: error: unknown key 'out_feature'" in err
+    for args, message in ((["plan", "-", "-", "-p", "2", "-b", "8"], b"cannot both come from"),
+                          (["launch", "-"], b"launch needs the plan as a file")):
+        proc = _process(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE)
+        _, err = proc.communicate(text, timeout=60)
+        assert proc.returncode == 2 and message in err, err
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    proc = _process(["validate", fifo], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and b"is a pipe that nothing writes to" in err, err

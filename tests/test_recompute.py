@@ -258,3 +258,23 @@ def test_recompute_auto_takes_the_fewest_blocks_that_fit(runner):
                              "--optimizer", "adam", "--recompute", "auto",
                              "--format", "json").output)["results"]
     assert [r["recompute"] for r in rows] == ["none", str(k)]
+
+
+def test_a_network_without_blocks_has_nothing_to_recompute(runner, tmp_path):
+    """blocks or a count on a network without residual blocks is refused (it used to
+    print "recomputing blocks (0 s a step)"); none, 0 and auto stay valid."""
+    net, cl = tmp_path / "mlp.yaml", str(CLUSTERS / "dgx-h100.yaml")
+    net.write_text("kind: network\nname: mlp\ninput: [64]\nlayers:\n"
+                   "  - {type: linear, out_features: 64}\n  - {type: linear, out_features: 8}\n")
+    for value in ("blocks", "2"):
+        res = invoke(runner, "cost", str(net), cl, "-p", "2", "-b", "8", "--recompute", value)
+        assert res.exit_code == 2, res.output
+        assert "the network has no residual blocks" in res.output
+    for value in ("none", "0", "auto"):
+        res = invoke(runner, "cost", str(net), cl, "-p", "2", "-b", "8", "--recompute", value)
+        assert res.exit_code == 0, res.output
+    config = tmp_path / "train.yaml"
+    config.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 2\nbatch: 8\n"
+                      "recompute: blocks\nstrategy: {grid: 1x2}\n")
+    res = invoke(runner, "check", str(config))
+    assert res.exit_code == 2 and "train.yaml:6:12" in res.output, res.output

@@ -155,10 +155,16 @@ RECOMPUTE = ("none", "blocks")
 def recompute_error(value: str, blocks: int | None = None) -> str | None:
     """What is wrong with a recomputation setting (None: nothing); with ``blocks``, the
     network's count of residual blocks, a count above it is wrong too."""
+    if value == "none" or (value.isdigit() and int(value) == 0):
+        return None
+    if value not in RECOMPUTE and not value.isdigit():
+        return f"unknown recomputation {value!r}; use none, blocks or a number of blocks"
+    if blocks == 0:
+        return (f"cannot recompute {value if value == 'blocks' else value + ' blocks'}: the "
+                "network has no residual blocks (an 'add' layer summing a body and its "
+                "shortcut), which is what recomputation re-runs; use none")
     if value in RECOMPUTE:
         return None
-    if not value.isdigit():
-        return f"unknown recomputation {value!r}; use none, blocks or a number of blocks"
     if blocks is not None and int(value) > blocks:
         return (f"cannot recompute {int(value)} residual blocks: the network has {blocks} "
                 f"residual blocks; use at most {blocks} (or blocks)")
