@@ -240,7 +240,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         raise doc.error(issues)
     assert gpus is not None and batch is not None
     return TrainingConfig(name=name, path="<stdin>" if stdin else str(path),
-                          network_path=paths["network"], cluster_path=paths["cluster"], gpus=gpus, batch=batch,
+                          network_path=paths["network"], cluster_path=paths["cluster"],
+                          gpus=gpus, batch=batch,
                           optimizer=optimizer, precision=precision, master_weights=master,
                           grad_precision=grad_precision,
                           overlap=overlap, bucket_bytes=bucket, cost_model=cost_model,
