@@ -102,7 +102,11 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
     if not script.strip():
         raise click.BadParameter("the training program is empty; name the program each "
                                  "rank runs", param_hint="'--script'")
-    if plan_file == "-":
+    from pathlib import Path
+
+    from .output import is_stream
+
+    if plan_file == "-" or is_stream(Path(plan_file)):
         raise UsageError("planner: error: launch needs the plan as a file: the scripts it "
                          "writes name it (PLANNER_PLAN) for the training script to read on "
                          "every node; write it with `planner plan ... -o plan.yaml`")

@@ -12,6 +12,7 @@ import click
 
 from .cli import Whole, check_output, format_option, output_option, plain_whole, render_data
 from .errors import UsageError
+from .units import MAX_BATCH, MAX_GPUS
 
 ESTIMATORS = ("auto", "roofline", "learned")
 #: --precision: the network dtypes and their short names (a subset of network.DTYPE_ALIASES)
@@ -236,7 +237,6 @@ def nodes_used(q: Question) -> int:
     return int(-(-q.options.gpus // q.cluster.devices_per_node))
 
 
-MAX_GPUS, MAX_BATCH = 2**30, 2**40
 gpus_option = click.option("--gpus", "-p", type=Whole(1, MAX_GPUS), required=True,
                            help="Number of devices P.")
 expand_option = click.option("--expand-ranks", is_flag=True,
@@ -611,6 +611,7 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     # a device count the cluster cannot hold is asked wrongly: before anything is planned
     beyond_cluster(load_cluster(cluster), gpus_values, sweep=True)
     rows: list[dict[str, Any]] = []
+    settings: dict[str, Any] = {}  # the question's settings, the same for every row
     combos = [(b, p) for b in batch_values for p in gpus_values]
     start = time.monotonic()
     progress = None
@@ -627,6 +628,8 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                 task = progress.add_task("planning", total=len(combos), completed=i)
             try:
                 q = load_question(network, cluster, p, b, **kw)
+                if not settings:
+                    settings = _sweep_settings(q, kw)
                 result = run_search(q, objective, pins)
                 ev = result.best.evaluation
                 data_base = next((x for x in result.baselines if x.name == "data"), None)
@@ -658,13 +661,35 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     from .output import rounded
 
     data = rounded({"network": network, "cluster": cluster, "objective": objective,
-                    "results": rows}, 4)
+                    "problem": settings, "results": rows}, 4)
     if plot:
         _plot(data["results"], plot, ins)
     render_data(data, fmt, output, lambda: _sweep_table(data["results"]), ins)
     if not any(r["feasible"] for r in rows):
         raise NoFeasiblePlan("planner: no device count and batch size of the sweep has a "
                              "feasible plan")
+
+
+def _sweep_settings(q: Question, kw: dict[str, Any]) -> dict[str, Any]:
+    """What a sweep asked besides the device counts and batches: a plan's ``problem``
+    less those, ZeRO and recomputation as asked (``auto``: the search picks per row,
+    and the row says what)."""
+    from .plan import DEFAULT_ALGORITHM, problem_record
+
+    rec: dict[str, Any] = {}
+    for k, v in problem_record(q.network, q.options).items():
+        if k == "zero":
+            zero = str(kw.get("zero", 0))
+            rec["zero"] = zero if zero == "auto" else int(zero)
+            if rec["zero"]:
+                rec["zero_shard"] = kw.get("zero_shard", "all")
+        elif k not in ("gpus", "batch", "zero_shard"):
+            rec[k] = v
+    if q.recompute_auto:
+        rec["recompute"] = "auto"
+    rec["estimator"] = q.estimator_name
+    rec["algorithm"] = q.options.algorithm or DEFAULT_ALGORITHM
+    return rec
 
 
 def _sweep_table(rows: list[dict[str, Any]]) -> Any:

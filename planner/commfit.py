@@ -63,7 +63,7 @@ from .costs.comm import (
     ring_steps,
 )
 from .errors import InputError, Located, UsageError
-from .loading import decode
+from .loading import STDIN_CSV, decode
 
 OPS: tuple[Collective, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s.*?\son\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s*(.*)$")
@@ -388,6 +388,9 @@ def read_samples(paths: Sequence[str | Path]) -> list[Sample]:
     problems: list[Located] = []
     for p in paths:
         display = str(p)
+        if display == "-":
+            problems.append(Located(display, 1, 1, STDIN_CSV, "$"))
+            continue
         try:
             raw = Path(p).read_bytes()
         except FileNotFoundError:

@@ -17,6 +17,7 @@ from .errors import Issue, UsageError, printable
 from .fields import show
 from .loading import Document
 from .network import DTYPE_BYTES
+from .units import MAX_GPUS
 
 EMITTERS = ("torchrun", "slurm", "env")
 
@@ -77,7 +78,8 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
             issues.append(Issue("$.placement", f"the placement needs '{key}'"))
             continue
         value = pl[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**30:
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not 1 <= value <= MAX_GPUS:
             issues.append(Issue(f"$.placement.{key}", f"expected a whole number from 1 to "
                                                       f"2^30, got {show(value)}"))
             continue
@@ -95,7 +97,7 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     if isinstance(problem, dict):
         dtype, grad_dtype = problem.get("dtype", "float32"), problem.get("grad_dtype")
         for key, value in (("dtype", dtype), ("grad_dtype", grad_dtype)):
-            if value is not None and value not in DTYPE_BYTES:
+            if value is not None and (not isinstance(value, str) or value not in DTYPE_BYTES):
                 issues.append(Issue(f"$.problem.{key}", f"expected one of "
                                                         f"{', '.join(DTYPE_BYTES)}, got "
                                                         f"{show(value)}"))

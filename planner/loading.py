@@ -164,6 +164,9 @@ def _fail(file: str, line: int, col: int, message: str, text: str = "") -> Input
 #: name given: a stream can be read once, and a plan records the digest of what was read
 _STREAMS: dict[str, bytes] = {}
 STDIN = "-"
+#: the message for ``-`` where a command reads measurement files (CSV, nccl-tests output)
+STDIN_CSV = ("measurement files are not read from standard input; name the file, or pipe "
+             "it in with <(command)")
 
 
 def forget_streams() -> None:

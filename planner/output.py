@@ -202,9 +202,10 @@ def output_target(path: str | os.PathLike[str],
                   protect: tuple[str | os.PathLike[str], ...] = ()) -> Path:
     """The file ``-o path`` will replace, checked before any work is done: not one of
     ``protect`` (the command's inputs, however named: another relative path, a symlink or
-    a hard link), not a directory, in a folder that exists. A symlink is followed (its
-    target is rewritten, as ``>`` would). A device, pipe or socket (``/dev/null``,
-    ``/dev/stdout``, a FIFO) is written into, not replaced. Raises :class:`UsageError`."""
+    a hard link; ``-``: the file standard input is redirected from), not a directory, in
+    a folder that exists. A symlink is followed (its target is rewritten, as ``>``
+    would). A device, pipe or socket (``/dev/null``, ``/dev/stdout``, a FIFO) is written
+    into, not replaced. Raises :class:`UsageError`."""
     shown = os.fspath(path)  # as the user wrote it
     if not shown:
         raise UsageError("planner: error: the output file name is empty; give -o FILE, or "
@@ -219,8 +220,12 @@ def output_target(path: str | os.PathLike[str],
     target = Path(os.path.realpath(given)) if given.is_symlink() else given
     for p in protect:
         try:
-            same = target.exists() and Path(p).exists() and os.path.samefile(target, p)
-        except OSError:
+            if os.fspath(p) == "-":  # standard input, redirected from this very file?
+                mine, got = os.fstat(0), os.stat(target)
+                same = (mine.st_dev, mine.st_ino) == (got.st_dev, got.st_ino)
+            else:
+                same = target.exists() and Path(p).exists() and os.path.samefile(target, p)
+        except (OSError, ValueError):
             continue
         if same:
             raise UsageError(f"planner: error: refusing to write {shown}: it is one of this "

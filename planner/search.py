@@ -77,7 +77,7 @@ from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
 from .network import Layer
 from .ops import Elementwise, Kernel
 from .strategies import candidate_layouts, megatron_modes, why_invalid
-from .units import format_bytes, format_time
+from .units import MAX_GPUS, format_bytes, format_time
 
 INF = math.inf
 OBJECTIVES = ("time", "comm")
@@ -1520,7 +1520,7 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     factor = 2
     while factor < 2**40 and mem.peak > mem.capacity * factor:
         factor *= 2
-    if opts.gpus * factor > 2**30:  # the most --gpus takes
+    if opts.gpus * factor > MAX_GPUS:  # the most --gpus takes
         more = ("more than the 2^30 devices planner plans for, if memory per device "
                 "falls in proportion")
     else:
@@ -1547,7 +1547,7 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
         if opts.zero and opts.zero_shard == "node" and space.ctx.gpus > space.ctx.per_node:
             tips.append("--zero-shard all (shards over all the data-parallel replicas, not "
                         "those in one node)")
-        if opts.zero < 3 and opts.cost_model == "exact":
+        if opts.zero < 3 and opts.cost_model == "exact" and space.ctx.gpus > 1:
             what = ("the optimizer state", "the gradients too", "the weights too")[opts.zero]
             tips.append(f"--zero {opts.zero + 1} (shards {what} over the data-parallel "
                         "replicas)")
@@ -1555,6 +1555,11 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
             tips.append("a lighter optimizer (--optimizer momentum or sgd)")
         if smaller is not None:
             tips.append(f"a smaller batch (about --batch {smaller})")
+    ctx = space.ctx
+    if ctx.grad_bytes > ctx.elem_bytes:
+        saved = mem.gradients * (1 - ctx.elem_bytes / ctx.grad_bytes)
+        tips.append(f"gradients in the weights' dtype (--grad-precision "
+                    f"{ctx.network.dtype}: {format_bytes(saved)} less)")
     message = (f"planner: no plan fits in memory: the leanest layout found needs "
                f"{format_bytes(mem.peak)} per device, {format_bytes(mem.capacity)} is "
                f"available (short by {format_bytes(short)}); try " + " or ".join(tips))

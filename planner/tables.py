@@ -5,8 +5,9 @@ rich shrinks a table that is wider than the console by truncating every column a
 short is worse than no number, so before a table is printed: columns the table marks as
 ``wide`` (a breakdown) give way to its ``narrow`` columns (their sum) when the whole
 does not fit; an unwrapped column keeps its widest cell and a wrapped one its longest
-word (columns that fold, such as layer names, may break anywhere); and if the table
-still does not fit, it is printed at the width it needs and the terminal wraps the lines.
+word (columns that fold, such as layer names, may break anywhere, down to 16 characters);
+and if the table still does not fit, it is printed at its natural width, no name broken,
+and the terminal wraps the lines.
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ def fit(console: Console, renderable: Any) -> int:
             if max(slack) <= 0:
                 break
             widths[slack.index(max(slack))] -= 1
+        if sum(widths) > room:
+            # wider than the console whatever is folded: the terminal wraps the lines
+            # anyway, so break no name ("h.0.attn.resid_d" / "rop")
+            widths = list(hi)
         if widths != hi:
             for column, w in zip(table.columns, widths, strict=True):
                 column.width = w

@@ -76,6 +76,7 @@ from .loading import Document, Mark, load_file
 from .network import DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
 from .plan import DEFAULT_ALGORITHM
 from .strategies import StrategyError, fixed_assignment, why_invalid
+from .units import MAX_BATCH, MAX_GPUS
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                 f.error(key, f"{key} file '{rel}' not found (paths are relative to the "
                              f"configuration's folder, {base})")
             paths[key] = p
-    gpus = f.req("gpus", integer(1, 2**30))
-    batch = f.req("batch", integer(1, 2**40))
+    gpus = f.req("gpus", integer(1, MAX_GPUS))
+    batch = f.req("batch", integer(1, MAX_BATCH))
     optimizer = f.opt("optimizer", choice(("sgd", "momentum", "adam")), "momentum")
     precision = f.opt_none("precision", string)
     if precision is not None:
@@ -482,7 +483,7 @@ def _as_keys(advice: str) -> str:
 
     advice = advice.replace("(--recompute auto: as few of the", "(recompute: N, which "
                             "`planner plan ... --recompute auto` finds: as few of the")
-    return re.sub(r"--(gpus|batch|zero-shard|zero|optimizer) ",
+    return re.sub(r"--(gpus|batch|zero-shard|zero|optimizer|grad-precision) ",
                   lambda m: m.group(1).replace("-", "_") + ": ", advice)
 
 

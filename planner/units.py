@@ -23,6 +23,10 @@ import math
 import re
 from typing import Literal
 
+#: the most devices and the largest batch any command or file takes (far above any
+#: machine: they keep arithmetic on them exact and bounded)
+MAX_GPUS, MAX_BATCH = 2**30, 2**40
+
 Kind = Literal["time", "bytes", "bandwidth", "flop_rate", "frequency", "power", "number"]
 
 _DEC = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}

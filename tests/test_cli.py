@@ -287,6 +287,24 @@ def test_inputs_from_standard_input_and_pipes(tmp_path):
                         stderr=subprocess.PIPE)
         _, err = proc.communicate(text, timeout=60)
         assert proc.returncode == 2 and message in err, err
+    # -o never replaces the file standard input is redirected from, nor may launch
+    # name a pipe in the scripts it writes
+    copy = tmp_path / "net.yaml"
+    copy.write_bytes(text)
+    with copy.open("rb") as fh:
+        proc = _process(["cost", "-", dgx, "-p", "8", "-b", "256", "-o", copy], stdin=fh,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and b"it is one of this command's inputs" in err, err
+    assert copy.read_bytes() == text
+    rd, wr = os.pipe()
+    os.write(wr, plan.read_bytes())
+    os.close(wr)
+    proc = _process(["launch", f"/dev/fd/{rd}"], pass_fds=(rd,), stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=60)
+    os.close(rd)
+    assert proc.returncode == 2 and b"launch needs the plan as a file" in err, err
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
     proc = _process(["validate", fifo], stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -441,3 +441,17 @@ def test_searched_placement_is_kept_by_pins_and_priced_again_by_cost(runner):
     priced = json.loads(again.stdout)
     assert priced["iteration"] == doc["iteration"]
     assert [r["placement"] for r in priced["layers"]] == [r["placement"] for r in doc["layers"]]
+
+
+def test_a_table_too_wide_anyway_breaks_no_name(runner, monkeypatch):
+    """At 60 columns `show`'s table cannot fit whatever its names fold to, so it prints at
+    its natural width with every name whole (it broke "h.0.attn.resid_drop" after 16
+    characters and still printed wider than 60); at 88 columns folding a few names makes it
+    fit, and it does."""
+    net = NETWORKS / "gpt2-small.yaml"
+    monkeypatch.setenv("COLUMNS", "60")
+    out = invoke(runner, "show", net).stdout
+    assert " h.0.attn.resid_drop " in out and "\n rop " not in out
+    monkeypatch.setenv("COLUMNS", "88")
+    out = invoke(runner, "show", net).stdout
+    assert max(len(line) for line in out.splitlines()) <= 88

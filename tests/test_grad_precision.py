@@ -235,3 +235,45 @@ def test_launch_passes_the_dtypes_on(runner, tmp_path):
     plan.write_text(text.replace("  grad_dtype: float32\n", ""))
     old = invoke(runner, "launch", str(plan), "--emit", "env").output
     assert "PLANNER_GRAD_DTYPE=bfloat16\n" in old and "MixedPrecision" not in old
+
+
+def test_the_no_fit_advice_names_the_gradients(runner, tmp_path):
+    """GPT-2 small in bf16 with Adam on one H100 left 3.2 GiB: fp32 gradients miss by
+    90 MiB, and the advice says what bf16 ones save (a quarter of 1 GB of them); on one
+    device it suggests no ZeRO stage, which would shard over nobody."""
+    small = tmp_path / "small.yaml"
+    small.write_text((CLUSTERS / "dgx-h100.yaml").read_text().replace(
+        "reserved_memory: 1 GiB", "reserved_memory: 76.45 GiB"))
+    args = ("plan", NET, small, "-p", "1", "-b", "1", "--precision", "bf16", "--optimizer",
+            "adam")
+    res = invoke(runner, *args, "--grad-precision", "fp32")
+    assert res.exit_code == 1, res.output
+    assert "gradients in the weights' dtype (--grad-precision bfloat16: 237.4 MiB less)" \
+        in res.output and "--zero" not in res.output
+    assert invoke(runner, *args).exit_code == 0
+
+
+def test_launch_refuses_a_plan_it_cannot_name_and_a_dtype_not_a_name(runner, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    res = invoke(runner, "plan", NET, CL, "-p", "8", "-b", "8", "--format", "yaml", "-o",
+                 str(plan))
+    assert res.exit_code == 0, res.output
+    text = plan.read_text()
+    plan.write_text(text.replace("  grad_dtype: float32", "  grad_dtype: [a]"))
+    bad = invoke(runner, "validate", str(plan))
+    assert bad.exit_code == 2 and "got a list (at $.problem.grad_dtype)" in bad.output
+    assert "Traceback" not in bad.output
+
+
+def test_a_sweep_says_what_it_asked(runner):
+    """Two sweeps that differ only in the gradients' dtype (or the ZeRO setting) could
+    not be told apart: their JSON held the files, the objective and the rows."""
+    args = ("sweep", str(NETWORKS / "alexnet.yaml"), CL, "-p", "8,16", "-b", "256",
+            "--format", "json")
+    plain = json.loads(invoke(runner, *args).output)["problem"]
+    wide = json.loads(invoke(runner, *args, "--precision", "bf16", "--grad-precision", "fp32",
+                             "--zero", "auto", "--zero-shard", "node").output)["problem"]
+    assert (plain["dtype"], plain["grad_dtype"], plain["zero"]) == ("float32", "float32", 0)
+    assert "zero_shard" not in plain and "gpus" not in plain
+    assert (wide["dtype"], wide["grad_dtype"], wide["zero"], wide["zero_shard"]) == \
+        ("bfloat16", "float32", "auto", "node")

@@ -54,7 +54,7 @@ from numpy.typing import NDArray
 
 from ..cluster import Device, lookup_device, suggest_device
 from ..errors import InputError, Located
-from ..loading import decode
+from ..loading import STDIN_CSV, decode
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -314,6 +314,8 @@ class _Reader:
 def _open_csv(path: str | Path) -> tuple[str, str]:
     p = Path(path)
     display = str(path)
+    if display == "-":
+        raise InputError([Located(display, 1, 1, STDIN_CSV, "$")])
     try:
         if p.is_dir():
             raise InputError([Located(display, 1, 1, "is a directory, expected a CSV file",
