@@ -411,16 +411,17 @@ def _exchange_seconds(ctx: Context, part: _Part, nbytes: FloatArray) -> FloatArr
     """A personalised exchange: ``sources`` messages, the bytes through the device's link
     on the tier the group crosses. A tiered one (each of the ``size − 1`` peers sends an
     equal part) receives from its ``per_node − 1`` peers in the node over the intra-node
-    link, and from the others, on other nodes, over its own inter-node link, one after
-    the other (as :func:`planner.costs.comm.hierarchical_time` prices an all-to-all)."""
+    links and from the others, on other nodes, over its own inter-node link, both at
+    once, each message paying its tier's latency: as NCCL's grouped sends run, and as
+    :func:`planner.costs.comm.nccl_ring_time` prices the pairwise all-to-all."""
     group = part.group
     if part.tiered and group.spans_nodes and group.size > 1:
         near = group.per_node - 1
         far = group.size - group.per_node
         each = nbytes / (group.size - 1)
         intra, inter = ctx.cluster.intra, ctx.cluster.inter
-        return (near * intra.latency_s + near * each / intra.bandwidth
-                + far * inter.latency_s + far * each / inter.bandwidth)
+        return (near * intra.latency_s + far * inter.latency_s
+                + np.maximum(near * each / intra.bandwidth, far * each / inter.bandwidth))
     link = ctx.cluster.inter if group.spans_nodes else ctx.cluster.intra
     return part.sources * link.latency_s + nbytes / link.bandwidth
 
