@@ -298,6 +298,11 @@ class CheckReport:
         return all(x.ok for x in self.findings)
 
 
+#: a plan's problem keys that a configuration names otherwise
+_CONFIG_KEY = {"dtype": "precision", "grad_dtype": "grad_precision",
+               "bucket_bytes": "bucket_size"}
+
+
 def _rel(path: Path, config: TrainingConfig) -> str:
     """A path as the configuration names it (relative to its folder)."""
     import os
@@ -372,8 +377,9 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
         if key.endswith("_bytes") and _same_size(had, value):
             continue  # plans before 2026-11-23 rounded sizes to 4 digits
         if had != value:
+            named = _CONFIG_KEY.get(key)  # where the configuration's key is named otherwise
             problems.append(f"the plan is for {key}={_yaml(had)}, the configuration says "
-                            f"{_yaml(value)}")
+                            f"{_yaml(value)}" + (f" ({named})" if named else ""))
     # the algorithm the plan was priced with: the cluster's unless `plan --algorithm` chose
     had = prob.get("algorithm", DEFAULT_ALGORITHM)
     made = cl.algorithm if had == DEFAULT_ALGORITHM else had

@@ -207,7 +207,8 @@ def test_training_configuration(runner, tmp_path):
                          ("grad_precision: fp32\n", True)):
         out = invoke(runner, "check", str(_config(tmp_path, extra + strategy)),
                      "--format", "json").output
-        msg = "the plan is for grad_dtype=bfloat16, the configuration says float32"
+        msg = ("the plan is for grad_dtype=bfloat16, the configuration says float32 "
+               "(grad_precision)")
         assert (msg in out) == stale, out
     doc = json.loads(plan.read_text())
     del doc["problem"]["grad_dtype"]
