@@ -41,6 +41,12 @@ CASES = {
                          "fc3=model:8x1", "--pin", "fc4=model:4x2", "--zero", "2"]),
     "mixed8-zero3": (8, ["--pin", "fc1=data", "--pin", "fc2=model:2x4", "--pin",
                          "fc3=model:8x1", "--pin", "fc4=model:4x2", "--zero", "3"]),
+    # gradients reduced in a dtype of their own (--grad-precision): every reduction
+    # moves twice the bytes, the parameter gathers what they moved
+    "2x2-grads64": (4, ["--grid", "2x2", "--mode", "model", "--grad-precision", "fp64"]),
+    "mixed8-zero1-grads64": (8, ["--pin", "fc1=data", "--pin", "fc2=model:2x4", "--pin",
+                                 "fc3=model:8x1", "--pin", "fc4=model:4x2", "--zero", "1",
+                                 "--grad-precision", "fp64"]),
 }
 
 

@@ -353,6 +353,12 @@ def main() -> None:
                          "--network FILE")
     net = load_network(net_file)
     batch = int(plan["problem"]["batch"])
+    if plan["problem"].get("dtype", "float32") != "float32":
+        raise SystemExit(f"this example trains in float32; the plan is for "
+                         f"{plan['problem']['dtype']} (make it without --precision)")
+    grad_dtype = {"float32": torch.float32, "float64": torch.float64,
+                  "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        plan["problem"].get("grad_dtype", "float32")]
     zero = int(plan["problem"].get("zero", 0))
     hybrid = zero > 0 and plan["problem"].get("zero_shard", "all") == "node"
     per_node = int(plan["placement"]["devices_per_node"])
@@ -484,7 +490,8 @@ def main() -> None:
                 grad = grad[:, gr.r * rows:(gr.r + 1) * rows]
             dw = grad.T @ x_in
             db = grad.sum(0)
-            flat = torch.cat([dw.reshape(-1), db])
+            # gradients are reduced in the plan's gradient dtype (problem.grad_dtype)
+            flat = torch.cat([dw.reshape(-1), db]).to(grad_dtype)
             sh = shardings[(gr.pr, gr.pc, gr.placement)]
             if zero and sh.hybrid:
                 # hybrid: its 1/q of the gradient summed over the whole column group
@@ -494,6 +501,7 @@ def main() -> None:
                 grad_chunks[lay.name] = reduce_scatter(flat, gr.col, gr.pc, lay.name)
             else:
                 all_reduce(flat, gr.col, gr.pc, lay.name, "weight_grad")
+                flat = flat.to(dw.dtype)
                 updates[lay.name] = (flat[:dw.numel()].reshape(dw.shape), flat[dw.numel():])
             if lay.inputs == (-1,):
                 continue  # the network input needs no gradient
@@ -507,6 +515,7 @@ def main() -> None:
             w -= args.lr * dw
             b -= args.lr * db
         for name, g_chunk in grad_chunks.items():  # ZeRO: step on the owned chunk
+            g_chunk = g_chunk.to(torch.float32)  # the weights' dtype: gathers move it
             if zero >= 3:
                 owned[name] -= args.lr * g_chunk
                 continue
