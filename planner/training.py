@@ -158,19 +158,9 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     gpus = f.req("gpus", integer(1, MAX_GPUS))
     batch = f.req("batch", integer(1, MAX_BATCH))
     optimizer = f.opt("optimizer", choice(("sgd", "momentum", "adam")), "momentum")
-    precision = f.opt_none("precision", string)
-    if precision is not None:
-        precision = DTYPE_ALIASES.get(precision, precision)
-        if precision not in DTYPE_BYTES:
-            f.error("precision", f"unknown precision {precision!r}; expected one of "
-                                 f"{', '.join(DTYPE_BYTES)}")
+    precision = f.opt_none("precision", _dtype)
     master = f.opt_none("master_weights", boolean)
-    grad_precision = f.opt_none("grad_precision", string)
-    if grad_precision is not None:
-        grad_precision = DTYPE_ALIASES.get(grad_precision, grad_precision)
-        if grad_precision not in DTYPE_BYTES:
-            f.error("grad_precision", f"unknown precision {grad_precision!r}; expected one "
-                                      f"of {', '.join(DTYPE_BYTES)}")
+    grad_precision = f.opt_none("grad_precision", _dtype)
     overlap = f.opt("overlap", choice(OVERLAPS), "gradients")
     bucket = f.opt("bucket_size", bucket_size, float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
@@ -249,6 +239,15 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           strategy=strategy, zero=zero, zero_shard=zero_shard,
                           recompute=recompute, algorithm=algorithm,
                           max_slowdown=slowdown, document=doc)
+
+
+def _dtype(value: object) -> str:
+    """Converter: a dtype or its short name (bf16), as its name (bfloat16)."""
+    text = string(value)
+    name = DTYPE_ALIASES.get(text, text)
+    if name not in DTYPE_BYTES:
+        raise Invalid(f"unknown precision {text!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    return name
 
 
 def _recompute_setting(value: object) -> str:
