@@ -134,6 +134,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                                f"configuration names it as '{kind}: FILE', with "
                                f"'{'cluster' if kind == 'network' else 'network'}', 'gpus' "
                                "and 'batch'")])
+    if doc.data is None:  # as the network and cluster loaders say it
+        raise doc.error([Issue("$", "the file is empty: expected a YAML mapping with 'kind: "
+                                    "training', 'network', 'cluster', 'gpus', 'batch' and "
+                                    "'strategy'")])
     f = Fields(doc.data, "$", issues, "a training configuration")
     if not f.ok:
         raise doc.error(issues)
@@ -592,6 +596,12 @@ def github_lines(reports: list[CheckReport], errors: list[InputError]) -> list[s
     """GitHub Actions workflow commands: ``::error file=F,line=L::message``."""
     lines: list[str] = []
 
+    def where(file: str, line: int, column: int) -> str:
+        # standard input is no file of the repository: an annotation without a place
+        if file == "<stdin>":
+            return ""
+        return f"file={prop(file)},line={line},col={column},"
+
     def esc(text: str) -> str:
         return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
@@ -602,12 +612,11 @@ def github_lines(reports: list[CheckReport], errors: list[InputError]) -> list[s
         for x in r.findings:
             m = r.config.mark(x.key)
             level = "error" if not x.ok else "notice"
-            lines.append(f"::{level} file={prop(r.config.path)},line={m.line + 1},"
-                         f"col={m.column + 1},title={prop('planner check: ' + x.check)}::"
-                         f"{esc(x.message)}")
+            lines.append(f"::{level} {where(r.config.path, m.line + 1, m.column + 1)}"
+                         f"title={prop('planner check: ' + x.check)}::{esc(x.message)}")
     for e in errors:
         for p in e.problems:
-            lines.append(f"::error file={prop(p.file)},line={p.line},col={p.column},"
+            lines.append(f"::error {where(p.file, p.line, p.column)}"
                          f"title={prop('planner: invalid input')}::{esc(p.message)}")
     return lines
 

@@ -267,6 +267,16 @@ def test_inputs_from_standard_input_and_pipes(tmp_path):
     out, err = proc.communicate(config.read_bytes(), timeout=120)
     assert proc.returncode == 0, out + err
     assert b"<stdin>:6:12: ok: [plan] the plan matches its network" in out, out
+    # GitHub cannot place an annotation on standard input: it gets none
+    proc = _process(["check", "-", "--format", "github"], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(config.read_bytes(), timeout=120)
+    assert proc.returncode == 0 and out.startswith(b"::notice title=planner check%3A plan::")
+    assert b"file=" not in out
+    proc = _process(["check", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    _, err = proc.communicate(b"", timeout=60)
+    assert proc.returncode == 2 and b"<stdin>:1:1: error: the file is empty" in err, err
     # a pipe, as bash's <(cat network.yaml) gives
     rd, wr = os.pipe()
     os.write(wr, text)
