@@ -188,6 +188,13 @@ def check_output(output: str | None, protect: tuple[str, ...] = ()) -> None:
     output_target(output, protect)
 
 
+def one_stdin(paths: tuple[str, ...]) -> None:
+    """Refuse ``-`` given twice: standard input holds one file."""
+    if paths.count("-") > 1:
+        raise UsageError("planner: error: '-' (standard input) is given more than once; it "
+                         "holds one file: name the others, or pipe them in with <(command)")
+
+
 def emit(text: str, output: str | None, protect: tuple[str, ...] = ()) -> None:
     """Write the product: to stdout, or atomically to ``output`` (``-`` is stdout)."""
     if output is None or output == "-":
@@ -321,6 +328,7 @@ def validate(files: tuple[str, ...], quiet: bool) -> None:
     from .errors import InputError
     from .inputs import validate_file
 
+    one_stdin(files)
     problems: list[str] = []
     for path in files:
         try:

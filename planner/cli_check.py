@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from .cli import Finite, Whole, emit, output_option
+from .cli import Finite, Whole, emit, one_stdin, output_option
 from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError, UsageError
 
 
@@ -37,6 +37,7 @@ def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
     from .output import to_json
     from .training import check_config, github_lines, load_training, report_data, text_lines
 
+    one_stdin(configs)
     reports = []
     errors: list[InputError] = []
     for path in configs:

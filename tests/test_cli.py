@@ -292,7 +292,9 @@ def test_inputs_from_standard_input_and_pipes(tmp_path):
     _, err = proc.communicate(bad, timeout=60)
     assert proc.returncode == 2 and b"<stdin>:5:20: error: unknown key 'out_feature'" in err
     for args, message in ((["plan", "-", "-", "-p", "2", "-b", "8"], b"cannot both come from"),
-                          (["launch", "-"], b"launch needs the plan as a file")):
+                          (["launch", "-"], b"launch needs the plan as a file"),
+                          (["validate", "-", "-"], b"is given more than once"),
+                          (["check", "-", "-"], b"is given more than once")):
         proc = _process(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE)
         _, err = proc.communicate(text, timeout=60)
