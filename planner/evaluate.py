@@ -51,7 +51,7 @@ from .costs.layer import (
     weighted_kernels,
     weighted_terms,
 )
-from .costs.memory import MemoryReport, param_bytes
+from .costs.memory import MemoryReport, ParamBytes, param_bytes
 from .errors import UsageError
 from .layout import Dist, Layout, input_dist
 from .network import DTYPE_BYTES, Layer, Network
@@ -132,6 +132,13 @@ def grad_dtype(network: Network, options: Options) -> str:
     """The dtype the gradients are accumulated and reduced in: ``--grad-precision``, else
     the weights'."""
     return options.grad_dtype or network.dtype
+
+
+def question_param_bytes(network: Network, options: Options) -> ParamBytes:
+    """Bytes per parameter of a question (before ZeRO): its optimizer, the network's
+    dtype, master weights and the gradients' dtype."""
+    return param_bytes(options.optimizer, network.elem_bytes, options.master_weights,
+                       DTYPE_BYTES[grad_dtype(network, options)])
 
 
 def make_context(network: Network, cluster: Cluster, options: Options,
@@ -442,7 +449,7 @@ def _recomputed(ctx: Context, results: list[LayerResult],
 def memory_report(ctx: Context, options: Options, results: list[LayerResult]) -> MemoryReport:
     """Peak memory of the busiest device for an evaluated assignment."""
     e = ctx.elem_bytes
-    pb = param_bytes(options.optimizer, e, options.master_weights, ctx.grad_bytes)
+    pb = question_param_bytes(ctx.network, options)
     params = sum(r.cost.params_local for r in results)
     grads = params * pb.gradients
     if options.zero:
@@ -735,8 +742,7 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
             gather_runs[when] = _bucketed(ctx, results, gathers, options.bucket_bytes, cache)
     fwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "forward")
     bwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "backward")
-    pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights,
-                     ctx.grad_bytes)
+    pb = question_param_bytes(ctx.network, options)
     # the optimizer step: one memory-bound pass over each layer's parameter shard (with
     # ZeRO, over the 1/R of it whose optimizer state this device keeps)
     updates = [optimizer_kernel(stepped(r.cost.params_local, ctx.zero, r.cost.terms), pb)

@@ -47,9 +47,16 @@ from typing import Any
 
 from . import __version__
 from .costs.layer import CommTerm, held
-from .costs.memory import ParamBytes, param_bytes, uses_master_weights
-from .evaluate import Evaluation, LayerResult, Options, grad_dtype, zero_label
-from .network import DTYPE_BYTES, Network
+from .costs.memory import ParamBytes, uses_master_weights
+from .evaluate import (
+    Evaluation,
+    LayerResult,
+    Options,
+    grad_dtype,
+    question_param_bytes,
+    zero_label,
+)
+from .network import Network
 from .output import rounded
 from .units import count, format_bytes, format_time
 
@@ -181,8 +188,7 @@ def plan_document(command: str, network: Network, network_file: str, cluster_nam
     }
     if extra:
         doc.update(extra)
-    pb = param_bytes(options.optimizer, network.elem_bytes, options.master_weights,
-                     DTYPE_BYTES[grad_dtype(network, options)])
+    pb = question_param_bytes(network, options)
     doc["layers"] = [layer_record(r, pb, options.zero) for r in ev.layers]
     return rounded(doc, 4)  # type: ignore[no-any-return]
 

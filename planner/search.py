@@ -58,7 +58,7 @@ from .costs.layer import (
     weighted_kernels,
     weighted_terms,
 )
-from .costs.memory import MemoryReport, param_bytes
+from .costs.memory import MemoryReport
 from .errors import NoFeasiblePlan, Shortfall, UsageError
 from .evaluate import (
     ZERO_STAGES,
@@ -70,6 +70,7 @@ from .evaluate import (
     local_elems,
     own_kept_bytes,
     prefetches,
+    question_param_bytes,
     time_and_comm,
     zero_label,
 )
@@ -170,8 +171,7 @@ class Space:
                 self._dist(lay.output_dist())
         for d in list(self.dists):
             self._dist(Dist(d.p, d.batch, None))
-        self.pb = param_bytes(options.optimizer, ctx.elem_bytes, options.master_weights,
-                              ctx.grad_bytes)
+        self.pb = question_param_bytes(ctx.network, options)
         self.prefetch = prefetches(ctx, options)
         self._weighted: dict[tuple[Any, ...], np.ndarray] = {}
         self._follow: dict[tuple[Any, ...], tuple[np.ndarray, int]] = {}

@@ -44,3 +44,16 @@ class FixedEstimator:
 
     def estimate(self, kernels, device, dtype) -> KernelTimes:
         return KernelTimes(np.full(len(kernels), self.seconds), ("fixed",) * len(kernels))
+
+
+def program_and_evaluation(net, cl, opts):
+    """The search's dynamic program on a question (no memory weight) and the evaluation
+    of its answer: ``(program value, Evaluation)``, which tests hold equal."""
+    from planner.evaluate import evaluate, make_context
+    from planner.search import Space, Weights, solve
+
+    ctx = make_context(net, cl, opts)
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    value, assignment = solve(space, Weights())
+    return value, evaluate(ctx, opts, assignment)

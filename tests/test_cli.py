@@ -239,6 +239,33 @@ def test_piped_tables_have_no_trailing_spaces(runner, tmp_path):
     assert any(line.startswith(" fc6 ") for line in lines)
 
 
+def _fed(args, data: bytes, timeout: int = 120):
+    """Run the planner with ``data`` on its standard input: (exit code, stdout, stderr)."""
+    import subprocess
+
+    proc = _process(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)
+    out, err = proc.communicate(data, timeout=timeout)
+    return proc.returncode, out, err
+
+
+def _piped(args, data: bytes):
+    """Run the planner with ``data`` in a pipe named last on its command line, as bash's
+    ``<(cat FILE)`` gives: (exit code, stdout, stderr)."""
+    import subprocess
+
+    rd, wr = os.pipe()
+    os.write(wr, data)
+    os.close(wr)
+    try:
+        proc = _process([*args, f"/dev/fd/{rd}"], pass_fds=(rd,), stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(rd)
+    return proc.returncode, out, err
+
+
 def test_inputs_from_standard_input_and_pipes(tmp_path):
     """A generator's output goes straight in: `-` reads standard input and `<(command)`
     (a pipe) is read as a file is; the plan records the digest of what was read, so that
@@ -250,10 +277,8 @@ def test_inputs_from_standard_input_and_pipes(tmp_path):
 
     net, dgx = NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml"
     text = net.read_bytes()
-    proc = _process(["plan", "-", dgx, "-p", "8", "-b", "256", "--format", "json"],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = proc.communicate(text, timeout=120)
-    assert proc.returncode == 0, err
+    code, out, err = _fed(["plan", "-", dgx, "-p", "8", "-b", "256", "--format", "json"], text)
+    assert code == 0, err
     doc = json.loads(out)
     assert doc["inputs"]["network"]["file"] == "-"
     assert doc["inputs"]["network"]["sha256"] == hashlib.sha256(text).hexdigest()
@@ -262,43 +287,27 @@ def test_inputs_from_standard_input_and_pipes(tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text(f"kind: training\nnetwork: {net}\ncluster: {dgx}\ngpus: 8\nbatch: 256\n"
                       f"strategy: {{plan: {plan}}}\nmax_slowdown: 1.0\n")
-    proc = _process(["check", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE)
-    out, err = proc.communicate(config.read_bytes(), timeout=120)
-    assert proc.returncode == 0, out + err
+    code, out, err = _fed(["check", "-"], config.read_bytes())
+    assert code == 0, out + err
     assert b"<stdin>:6:12: ok: [plan] the plan matches its network" in out, out
     # GitHub cannot place an annotation on standard input: it gets none
-    proc = _process(["check", "-", "--format", "github"], stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = proc.communicate(config.read_bytes(), timeout=120)
-    assert proc.returncode == 0 and out.startswith(b"::notice title=planner check%3A plan::")
+    code, out, err = _fed(["check", "-", "--format", "github"], config.read_bytes())
+    assert code == 0 and out.startswith(b"::notice title=planner check%3A plan::")
     assert b"file=" not in out
-    proc = _process(["check", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE)
-    _, err = proc.communicate(b"", timeout=60)
-    assert proc.returncode == 2 and b"<stdin>:1:1: error: the file is empty" in err, err
+    code, _, err = _fed(["check", "-"], b"", timeout=60)
+    assert code == 2 and b"<stdin>:1:1: error: the file is empty" in err, err
     # a pipe, as bash's <(cat network.yaml) gives
-    rd, wr = os.pipe()
-    os.write(wr, text)
-    os.close(wr)
-    proc = _process(["validate", f"/dev/fd/{rd}"], pass_fds=(rd,), stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE)
-    out, err = proc.communicate(timeout=60)
-    os.close(rd)
-    assert proc.returncode == 0 and b": ok (network 'alexnet'" in out, err
+    code, out, err = _piped(["validate"], text)
+    assert code == 0 and b": ok (network 'alexnet'" in out, err
     bad = b"kind: network\nname: x\ninput: [8]\nlayers:\n  - {type: linear, out_feature: 4}\n"
-    proc = _process(["show", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE)
-    _, err = proc.communicate(bad, timeout=60)
-    assert proc.returncode == 2 and b"<stdin>:5:20: error: unknown key 'out_feature'" in err
+    code, _, err = _fed(["show", "-"], bad, timeout=60)
+    assert code == 2 and b"<stdin>:5:20: error: unknown key 'out_feature'" in err
     for args, message in ((["plan", "-", "-", "-p", "2", "-b", "8"], b"cannot both come from"),
                           (["launch", "-"], b"launch needs the plan as a file"),
                           (["validate", "-", "-"], b"is given more than once"),
                           (["check", "-", "-"], b"is given more than once")):
-        proc = _process(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE)
-        _, err = proc.communicate(text, timeout=60)
-        assert proc.returncode == 2 and message in err, err
+        code, _, err = _fed(args, text, timeout=60)
+        assert code == 2 and message in err, err
     # -o never replaces the file standard input is redirected from, nor may launch
     # name a pipe in the scripts it writes
     copy = tmp_path / "net.yaml"
@@ -309,14 +318,8 @@ def test_inputs_from_standard_input_and_pipes(tmp_path):
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and b"it is one of this command's inputs" in err, err
     assert copy.read_bytes() == text
-    rd, wr = os.pipe()
-    os.write(wr, plan.read_bytes())
-    os.close(wr)
-    proc = _process(["launch", f"/dev/fd/{rd}"], pass_fds=(rd,), stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE)
-    _, err = proc.communicate(timeout=60)
-    os.close(rd)
-    assert proc.returncode == 2 and b"launch needs the plan as a file" in err, err
+    code, _, err = _piped(["launch"], plan.read_bytes())
+    assert code == 2 and b"launch needs the plan as a file" in err, err
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
     proc = _process(["validate", fifo], stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -19,10 +19,9 @@ from planner.errors import UsageError
 from planner.evaluate import Options, evaluate, make_context
 from planner.inputs import load_network_text
 from planner.layout import make_layout
-from planner.search import Space, Weights, solve
 
 from .conftest import CLUSTERS, NETWORKS, invoke
-from .helpers import FixedEstimator, cluster, mlp
+from .helpers import FixedEstimator, cluster, mlp, program_and_evaluation
 from .test_search import _transformer_text
 
 ALPHA, BW = 2e-6, 100e9  # helpers.cluster's intra-node tier
@@ -123,11 +122,8 @@ def test_dynamic_program_equals_the_evaluation(zero):
     cl = cluster(per_node=8, intra=(1e-6, 1e11), inter=(5e-6, 1e10))
     opts = Options(gpus=16, batch=128, overlap="none", optimizer="adam", zero=zero,
                    grad_dtype="float32")
-    ctx = make_context(net, cl, opts)
-    space = Space(ctx, opts, {})
-    space.prepare_transitions()
-    value, assignment = solve(space, Weights())
-    assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
+    value, ev = program_and_evaluation(net, cl, opts)
+    assert value == pytest.approx(ev.time_s, rel=1e-12)
 
 
 def test_the_library_refuses_it_under_the_paper_accounting():

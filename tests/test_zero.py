@@ -18,10 +18,10 @@ from planner.errors import NoFeasiblePlan
 from planner.evaluate import Options, evaluate, make_context
 from planner.inputs import load_network_text
 from planner.layout import make_layout
-from planner.search import Space, Weights, search, solve
+from planner.search import search
 
 from .conftest import CLUSTERS, NETWORKS, ROOT, invoke
-from .helpers import FixedEstimator, cluster, mlp
+from .helpers import FixedEstimator, cluster, mlp, program_and_evaluation
 from .test_search import _transformer_text
 
 E = 4  # fp32
@@ -157,11 +157,8 @@ def test_dynamic_program_equals_the_evaluation(zero, p, batch):
     net = load_network_text(_transformer_text(2))
     cl = cluster(per_node=8, intra=(1e-6, 1e11), inter=(5e-6, 1e10))
     opts = Options(gpus=p, batch=batch, overlap="none", optimizer="adam", zero=zero)
-    ctx = make_context(net, cl, opts)
-    space = Space(ctx, opts, {})
-    space.prepare_transitions()
-    value, assignment = solve(space, Weights())
-    assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
+    value, ev = program_and_evaluation(net, cl, opts)
+    assert value == pytest.approx(ev.time_s, rel=1e-12)
 
 
 def _wide(width=40960, layers=4):
@@ -577,13 +574,9 @@ def test_hybrid_dynamic_program_equals_the_evaluation(zero):
     cl = cluster(per_node=8, intra=(1e-6, 1e11), inter=(5e-6, 1e10))
     opts = Options(gpus=16, batch=128, overlap="none", optimizer="adam", zero=zero,
                    zero_shard="node")
-    ctx = make_context(net, cl, opts)
-    space = Space(ctx, opts, {})
-    space.prepare_transitions()
-    value, assignment = solve(space, Weights())
-    assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
-    assert any(t.collective == "hybrid_reduce" for r in evaluate(ctx, opts, assignment).layers
-               for t in r.cost.terms)
+    value, ev = program_and_evaluation(net, cl, opts)
+    assert value == pytest.approx(ev.time_s, rel=1e-12)
+    assert any(t.collective == "hybrid_reduce" for r in ev.layers for t in r.cost.terms)
 
 
 @pytest.mark.parametrize("width, depth, overlap, want", [
