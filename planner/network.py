@@ -70,21 +70,28 @@ DTYPE_PEAK_KEY: dict[str, str] = {"float32": "fp32", "float16": "fp16", "bfloat1
 # Elementwise arithmetic per element, forward (a convention, documented in the README).
 _ELEMENTWISE_FLOPS: dict[str, int] = {
     "relu": 1, "gelu": 8, "silu": 4, "tanh": 4, "sigmoid": 4, "identity": 0, "dropout": 1,
-    "softmax": 5, "batchnorm": 2, "layernorm": 5, "add": 1, "lrn": 6, "flatten": 0,
-    "positional_embedding": 1,
+    "softmax": 5, "batchnorm": 2, "layernorm": 5, "rmsnorm": 4, "add": 1, "lrn": 6,
+    "flatten": 0, "positional_embedding": 1,
+    # gated linear units, per output element: the gate's activation and the product
+    "glu": 5, "swiglu": 5, "geglu": 9,
 }
+#: Rotary position embeddings, per query and key element: ``x·cos + rot(x)·sin``.
+ROTARY_FLOPS = 3
+#: Gated linear units (Dauphin et al. 2017; Shazeer 2020): ``act(a) · b`` for the two
+#: halves ``[a, b]`` of the last dimension, and the gate's activation.
+GATED = {"glu": "sigmoid", "swiglu": "silu", "geglu": "gelu"}
 
 ACTIVATIONS = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity")
 LAYER_TYPES = (
     "conv2d", "linear", "maxpool", "avgpool", "global_avgpool", "adaptive_avgpool",
-    *ACTIVATIONS, "softmax", "dropout", "batchnorm", "layernorm", "lrn", "flatten",
-    "embedding", "positional_embedding", "attention",
+    *ACTIVATIONS, *GATED, "softmax", "dropout", "batchnorm", "layernorm", "rmsnorm", "lrn",
+    "flatten", "embedding", "positional_embedding", "attention",
 )
 _TYPE_ALIASES = {
     "conv": "conv2d", "fc": "linear", "dense": "linear", "max_pool": "maxpool",
     "avg_pool": "avgpool", "global_avg_pool": "global_avgpool", "gap": "global_avgpool",
     "adaptive_avg_pool": "adaptive_avgpool", "bn": "batchnorm", "batch_norm": "batchnorm",
-    "ln": "layernorm", "layer_norm": "layernorm", "mha": "attention",
+    "ln": "layernorm", "layer_norm": "layernorm", "rms_norm": "rmsnorm", "mha": "attention",
     "self_attention": "attention", "multihead_attention": "attention",
     "pos_embedding": "positional_embedding",
 }
@@ -169,6 +176,8 @@ class AttentionGeom:
     causal: bool
     flash: bool
     dropout: float = 0.0  #: on the attention probabilities
+    #: rotary position embeddings (Su et al. 2021) rotate each query and key
+    rotary: bool = False
 
     def held(self, split: int) -> tuple[int, int]:
         """Query and key/value heads on the busiest of ``split`` devices (rounded up:
@@ -391,6 +400,14 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         out["backward_data"] += ([scores] if a.flash else []) + [
             scores, mix, mix, mix, Gemm(t, proj_in, a.dim), Gemm(t, a.dim, qkv)]
         out["backward_weight"] += [Gemm(a.dim, proj_in, t), Gemm(qkv, a.dim, t)]
+        if a.rotary:
+            # one memory-bound pass over the queries and keys (read, write; the cos and
+            # sin tables are per position, cached) after their projection, and its
+            # transpose on dQ and dK before the projection's backward
+            n_rot = float(t) * (h_local + kv_local) * a.head_dim
+            rope = Elementwise(2 * elem_bytes * n_rot, ROTARY_FLOPS * n_rot, "rotary")
+            out["forward"].insert(1, rope)
+            out["backward_data"].insert(5 + a.flash, rope)
         if not a.flash:
             # an unfused kernel also passes over the score matrix in memory: the scaled,
             # masked softmax as one pass (Megatron-LM's fused kernel: read the scores,
@@ -424,11 +441,16 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         fwd_flops = elems_out * per_out
     else:
         fwd_flops = elems_out * per
-    passes_in = 2.0 if layer.type in ("batchnorm", "layernorm") else 1.0  # stats + normalise
+    # norms: a pass for the statistics, one to normalise
+    passes_in = 2.0 if layer.type in ("batchnorm", "layernorm", "rmsnorm") else 1.0
     fwd_bytes = (elems_in * passes_in + elems_out) * elem_bytes
     out["forward"].append(Elementwise(fwd_bytes, fwd_flops, layer.type))
-    bwd_bytes = (elems_in + 2 * elems_out) * elem_bytes if layer.type != "add" else (
-        3 * elems_out * elem_bytes)
+    if layer.type == "add":
+        bwd_bytes = 3 * elems_out * elem_bytes
+    elif layer.type in GATED:  # read the saved input and dY, write both halves' gradients
+        bwd_bytes = (2 * elems_in + elems_out) * elem_bytes
+    else:
+        bwd_bytes = (elems_in + 2 * elems_out) * elem_bytes
     out["backward_data"].append(Elementwise(bwd_bytes, fwd_flops * 2, layer.type))
     return out
 
@@ -623,6 +645,9 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
         p["affine"] = f.opt("affine", boolean, True)
         p["bias"] = f.opt("bias", boolean, True)
         f.opt("eps", number(0.0), 1e-5)
+    elif kind == "rmsnorm":
+        p["affine"] = f.opt("affine", boolean, True)
+        f.opt("eps", number(0.0), 1e-6)
     elif kind == "lrn":
         p["size"] = f.opt("size", integer(1), 5)
         f.opt("alpha", number(0.0), 1e-4)
@@ -641,6 +666,7 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
         p["causal"] = f.opt("causal", boolean, False)
         p["flash"] = f.opt("flash", boolean, False)
         p["dropout"] = f.opt("dropout", number(0.0, 1.0), 0.0)
+        p["rotary"] = f.opt("rotary", boolean, False)
     elif kind == "softmax":
         pass
     return p
@@ -991,6 +1017,23 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         rows = n_in // d
         return mk(shape, params=prm, flops=5 * n_in, saves_input=True,
                   saved_bytes_extra=2 * rows * 4)
+    if kind == "rmsnorm":
+        d = shape[-1]
+        rows = n_in // d
+        # a fused kernel keeps its input and one fp32 reciprocal deviation per row
+        return mk(shape, params=d if p["affine"] else 0, flops=4 * n_in, saves_input=True,
+                  saved_bytes_extra=rows * 4)
+    if kind in GATED:
+        need((1, 2), kind)
+        d = shape[-1]
+        if d % 2:
+            raise _ShapeError(path, f"layer '{name}' ({kind}) splits its {d} input features "
+                                    "into a gate and a value half, so needs an even number; "
+                                    "give the linear layer before it twice the width wanted")
+        out = (*shape[:-1], d // 2)
+        # a fused kernel (Megatron-LM's, Liger's) keeps its input alone; eager PyTorch
+        # also keeps act(a), half as much again
+        return mk(out, flops=_ELEMENTWISE_FLOPS[kind] * (n_in // 2), saves_input=True)
     if kind == "lrn":
         need((3,), "lrn")
         return mk(shape, flops=(2 * p["size"] + 4) * n_in, saves_input=True,
@@ -1058,15 +1101,21 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         if kv > h or h % kv:
             raise _ShapeError(child_path(path, "kv_heads"),
                               f"layer '{name}': kv_heads={kv} must divide heads={h}")
+        if p["rotary"] and hd % 2:
+            raise _ShapeError(child_path(path, "rotary"),
+                              f"layer '{name}': rotary embeddings turn pairs of a head's "
+                              f"features, and head_dim={hd} is odd")
         q_out, kv_out = h * hd, kv * hd
         att = AttentionGeom(seq, d, h, kv, hd, p["bias"], p["causal"], p["flash"],
-                            float(p["dropout"]))
+                            float(p["dropout"]), p["rotary"])
         wts = att.weights()
         proj_macs = seq * d * (q_out + 2 * kv_out) + seq * q_out * d
         attn_macs = 2 * h * seq * seq * hd
         if p["causal"] and p["flash"]:
             attn_macs //= 2  # a causal flash kernel skips the masked half
         sm = 5 * h * seq * seq
+        if p["rotary"]:
+            sm += ROTARY_FLOPS * seq * (q_out + kv_out)
         internal, extra = att.saved()
         macs = proj_macs + attn_macs
         return mk(shape, params=wts, weight_elems=wts, macs=macs, flops=2 * macs + sm,

@@ -99,13 +99,18 @@ def network_data(draw: st.DrawFn, wide: bool | None = None) -> dict[str, Any]:
             shape = [dim]
         for _ in range(draw(st.integers(2 if wide else 0, 5))):
             choice = draw(st.sampled_from(["linear", "relu", "gelu", "layernorm", "attention",
-                                           "dropout", "repeat"]))
+                                           "dropout", "repeat", "rmsnorm", "gated"]))
             if choice == "attention" and kind == "features":
                 layers.append({"type": "relu"})  # attention needs a sequence
             elif choice == "attention":
                 layers.append({"type": "attention",
                                "heads": _maybe_wild(draw, st.sampled_from([1, 2, 4, 8, 3])),
-                               "causal": draw(st.booleans()), "flash": draw(st.booleans())})
+                               "causal": draw(st.booleans()), "flash": draw(st.booleans()),
+                               "rotary": draw(st.booleans())})
+            elif choice == "gated":  # a Llama MLP: fused gate and up, SwiGLU, down
+                layers += [{"type": "linear", "out_features": 2 * dim},
+                           {"type": draw(st.sampled_from(["swiglu", "geglu", "glu"]))},
+                           {"type": "linear", "out_features": dim}]
             elif choice == "repeat":
                 layers.append({"repeat": draw(st.integers(1, 3)), "name": "blk", "layers": [
                     {"type": "linear", "out_features": dim}, {"type": "gelu"}]})

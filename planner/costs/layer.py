@@ -33,16 +33,19 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..layout import Dist, Layout, node_group, redistribution
-from ..network import DTYPE_BYTES, Layer, Network, layer_kernels
+from ..network import DTYPE_BYTES, GATED, Layer, Network, layer_kernels
 from ..ops import Elementwise, Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
 from .compute import Estimator, FloatArray
 from .memory import ParamBytes, sharded
 
 ELEMENTWISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout", "add", "lrn",
-               "flatten")
-#: layers that work on each feature alone, so on features split by a column layout
-FEATURE_WISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout")
+               "flatten", *GATED)
+#: layers that work on each feature alone, so on features split by a column layout; a
+#: gated unit pairs feature ``i`` of its gate half with feature ``i`` of its value half,
+#: which a column layer's shard holds together when its weight's rows are stored
+#: interleaved per shard, as Megatron-LM stores its fused gate and up projection
+FEATURE_WISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout", *GATED)
 COST_MODELS = ("exact", "gholami2018")
 
 

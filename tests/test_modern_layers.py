@@ -1,0 +1,170 @@
+"""The layers of current decoder-only language models: RMSNorm (Zhang and Sennrich 2019),
+gated linear units (SwiGLU, GEGLU: Shazeer 2020, "GLU Variants Improve Transformer"),
+rotary position embeddings (Su et al. 2021) and grouped-query attention, and the Llama 3
+8B example built from them. Every figure is derived by hand in the test's docstring."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.costs.layer import follower_kernels, follower_terms
+from planner.errors import InputError
+from planner.evaluate import Options, evaluate, make_context
+from planner.inputs import load_network, load_network_text
+from planner.layout import make_layout
+from planner.network import layer_kernels
+from planner.ops import Elementwise, Gemm
+from planner.search import Space, Weights, solve
+from planner.strategies import megatron_modes
+
+from .conftest import NETWORKS
+from .helpers import FixedEstimator, cluster
+
+
+def _net(body: str, shape: str = "[16, 64]") -> object:
+    return load_network_text(f"kind: network\nname: n\ninput: {shape}\nlayers:\n{body}")
+
+
+def _passes(kernels):
+    return [(k.label, k.bytes, k.flops) for k in kernels if isinstance(k, Elementwise)]
+
+
+def test_rmsnorm_by_hand():
+    """RMSNorm over 64 features of 16 tokens: 64 scale parameters and no shift (none with
+    ``affine: false``); 4 FLOPs an element (square, sum, scale by the reciprocal root,
+    multiply by the gain); a fused kernel keeps its input and one fp32 reciprocal root a
+    row (16 × 4 bytes a sample), where LayerNorm keeps a mean besides. Forward it reads
+    the input twice (the statistics, then the normalisation) and writes once: 3 × 1,024
+    elements × 4 bytes a sample in fp32."""
+    net = _net("  - {type: linear, out_features: 64}\n  - {name: n, type: rmsnorm}\n"
+               "  - {name: m, type: rms_norm, affine: false}\n")
+    n, m = net.by_name("n"), net.by_name("m")
+    assert (n.type, n.params, m.type, m.params) == ("rmsnorm", 64, "rmsnorm", 0)
+    assert n.flops == 4 * 16 * 64
+    assert n.saves_input and n.saved_bytes_extra == 16 * 4
+    assert net.params == 64 * 64 + 64 + 64
+    ks = layer_kernels(n, 2, 4)
+    assert _passes(ks["forward"]) == [("rmsnorm", 3 * 2 * 1024 * 4, 4 * 2 * 1024)]
+    assert _passes(ks["backward_data"]) == [("rmsnorm", 3 * 2 * 1024 * 4, 8 * 2 * 1024)]
+
+
+@pytest.mark.parametrize(("kind", "per"), [("swiglu", 5), ("geglu", 9), ("glu", 5)])
+def test_gated_units_by_hand(kind, per):
+    """A gated unit halves the features, ``act(a) · b`` for ``[a, b]``: 128 in, 64 out a
+    token. FLOPs per output element: the gate's activation (SiLU 4, GELU 8, sigmoid 4,
+    the planner's convention for these activations) and the product. It keeps its input
+    (128 a token) for backward; forward it reads 128 and writes 64 elements a token,
+    backward reads the saved input and dY (128 + 64) and writes dA and dB (128)."""
+    net = _net(f"  - {{name: up, type: linear, out_features: 128}}\n"
+               f"  - {{name: act, type: {kind}}}\n"
+               "  - {name: down, type: linear, out_features: 64}\n")
+    act = net.by_name("act")
+    assert act.input_shape == (16, 128) and act.output_shape == (16, 64)
+    assert act.flops == per * 16 * 64 and act.params == 0
+    assert act.saves_input
+    kept = net.saved_tensors()
+    assert kept[net.by_name("up").index] == 16 * 128  # the gated unit's input
+    assert kept[act.index] == 16 * 64  # the down projection's input
+    ks = layer_kernels(act, 3, 2)
+    t = 3 * 16
+    assert _passes(ks["forward"]) == [(kind, (128 + 64) * t * 2, per * 64 * t)]
+    assert _passes(ks["backward_data"]) == [(kind, (2 * 128 + 64) * t * 2, 2 * per * 64 * t)]
+
+
+def test_gated_unit_shape_errors():
+    """An odd width cannot be halved; an image is not a sequence of features."""
+    with pytest.raises(InputError) as exc:
+        _net("  - {type: linear, out_features: 7}\n  - {type: swiglu}\n")
+    assert "needs an even number" in str(exc.value)
+    assert str(exc.value).startswith("<network>:6:5: error: layer 'swiglu1'")
+    with pytest.raises(InputError) as exc:
+        _net("  - {type: conv2d, out_channels: 4, kernel: 3}\n  - {type: swiglu}\n",
+             "[3, 8, 8]")
+    assert "(swiglu) needs a vector [features] or a sequence [seq, dim]" in str(exc.value)
+
+
+def test_gated_mlp_is_a_megatron_pair():
+    """Megatron-LM's SwiGLU MLP (``--swiglu``): the fused gate-and-up projection is split
+    by output features (column), the gated unit runs on each device's features with no
+    communication (each shard holds its gate rows and their value rows), and the down
+    projection takes them split (row). On 4 × 2 devices with 16 samples: the unit works
+    on 8 samples × 16 tokens × 64/4 output features a device."""
+    net = _net("  - {name: ln, type: rmsnorm}\n"
+               "  - {name: up, type: linear, out_features: 128, bias: false}\n"
+               "  - {name: act, type: swiglu}\n"
+               "  - {name: down, type: linear, out_features: 64, bias: false}\n")
+    up, act, down = (net.by_name(n) for n in ("up", "act", "down"))
+    assert megatron_modes(net) == {up.index: "column", down.index: "row"}
+    opts = Options(gpus=8, batch=16, overlap="none")
+    ctx = make_context(net, cluster(), opts, FixedEstimator(1e-5))
+    split = make_layout("column", 4, 2).output_dist()
+    terms, work, out = follower_terms(act, split, ctx)
+    assert terms == [] and work == out == split
+    (fwd,) = follower_kernels(act, split, ctx)["forward"]
+    local_out = 8 * 16 * 64 / 4
+    assert fwd.bytes == (2 * local_out + local_out) * 4 and fwd.flops == 5 * local_out
+    # the whole MLP as the search finds it with the weights that large: the program's
+    # value is the evaluation of its answer
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    value, assignment = solve(space, Weights())
+    assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("flash", ["false", "true"])
+def test_rotary_attention_by_hand(flash):
+    """Rotary embeddings on 8 query and 2 key/value heads of 16 over 32 tokens: each
+    query and key element costs ``x·cos + rot(x)·sin``, 3 FLOPs, so 3 × 32 × (128 + 32)
+    more a sample; one memory-bound pass over Q and K each way (read and write them, 2
+    bytes an element in bf16), after the projection forward and before its backward;
+    nothing more is kept (the rotated Q and K replace the plain ones)."""
+    plain = _net("  - {name: a, type: attention, heads: 8, kv_heads: 2, bias: false, "
+                 f"flash: {flash}}}\n", "[32, 128]")
+    rope = _net("  - {name: a, type: attention, heads: 8, kv_heads: 2, bias: false, "
+                f"flash: {flash}, rotary: true}}\n", "[32, 128]")
+    a, r = plain.layers[0], rope.layers[0]
+    assert r.flops - a.flops == 3 * 32 * (128 + 32)
+    assert (r.params, r.saved_internal, r.saved_bytes_extra) == (
+        a.params, a.saved_internal, a.saved_bytes_extra)
+    ks, kp = layer_kernels(r, 2, 2), layer_kernels(a, 2, 2)
+    n = 2 * 32 * (8 + 2) * 16
+    rot = Elementwise(2 * 2 * n, 3 * n, "rotary")
+    qkv = Gemm(2 * 32, 128, (8 + 2 * 2) * 16)  # dX of the fused Q, K, V projection
+    assert ks["forward"] == [kp["forward"][0], rot, *kp["forward"][1:]]
+    at = kp["backward_data"].index(qkv)
+    assert ks["backward_data"] == [*kp["backward_data"][:at], rot, *kp["backward_data"][at:]]
+    # split by heads over 4 devices: 2 query heads and 1 key/value head a device
+    k4 = layer_kernels(r, 2, 2, model_split=4)
+    n4 = 2 * 32 * (2 + 1) * 16
+    assert Elementwise(4 * n4, 3 * n4, "rotary") in k4["forward"]
+    with pytest.raises(InputError) as exc:
+        _net("  - {type: attention, heads: 4, head_dim: 3, rotary: true}\n", "[8, 12]")
+    assert "head_dim=3 is odd" in str(exc.value)
+
+
+def test_llama3_8b():
+    """Meta's Llama 3 8B ("The Llama 3 Herd of Models", 2024, Table 3: 32 layers, model
+    dimension 4,096, FFN dimension 14,336, 32 attention heads, 8 key/value heads; the
+    released tokenizer has 128,256 tokens; untied head). Its parameters by hand: per
+    block 4096 · (4096 + 2 · 1024) + 4096 · 4096 = 41,943,040 in attention, 3 · 4096 ·
+    14,336 = 176,160,768 in the MLP and 2 · 4096 in its norms, 218,112,000 a block;
+    32 blocks, the embedding and the head (128,256 · 4096 each) and the final norm:
+    8,030,261,248, the count the released checkpoint has. The data-parallel search on
+    its MLP pairs the projections as Megatron-LM does when the weights are split."""
+    net = load_network(NETWORKS / "llama3-8b.yaml")
+    assert net.params == 32 * 218_112_000 + 2 * 128_256 * 4096 + 4096 == 8_030_261_248
+    blocks = [lay for lay in net.layers if lay.name.startswith("layers.0.")]
+    assert [lay.type for lay in blocks] == ["rmsnorm", "attention", "add", "rmsnorm",
+                                            "linear", "swiglu", "linear", "add"]
+    attn = net.by_name("layers.0.attn.self_attn")
+    assert attn.params == 41_943_040 and attn.attention.rotary
+    modes = megatron_modes(net)
+    assert modes[net.by_name("layers.7.mlp.gate_up_proj").index] == "column"
+    assert modes[net.by_name("layers.7.mlp.down_proj").index] == "row"
+    # forward FLOPs of one sequence: 2 × parameters × 8,192 tokens for the matrix
+    # products outside attention (the embedding is a lookup: no FLOPs), the causal flash
+    # kernel's half of 2 · 2 · 32 · 8192² · 128 a layer, plus the elementwise passes
+    dense = 2 * (net.params - 128_256 * 4096) * 8192
+    attention = 32 * 2 * 2 * 32 * 8192 * 8192 * 128 // 2
+    assert net.flops > dense + attention
+    assert net.flops - dense - attention < 0.01 * net.flops
