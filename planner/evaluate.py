@@ -375,7 +375,8 @@ def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch
     indices)."""
     internal, extra = layer.saved_internal, layer.saved_bytes_extra
     a = layer.attention
-    if a is not None and layout is not None and layout.mode == "model" and layout.pr > 1:
+    if a is not None and layout is not None and layout.mode in ("model", "model-sp") and \
+            layout.pr > 1:
         internal, extra = a.saved(*a.held(layout.pr))
     return (local_elems(internal, dist, batch) * e
             + local_elems(1, dist, batch) * extra)

@@ -14,6 +14,13 @@ SPAA 2018, REFERENCES §1):
   ``row`` takes its input split by features, multiplies by its ``1/P_r`` of the weight's
   rows and all-reduces the partial outputs. Between a ``column`` and a ``row`` layer
   only feature-wise layers (activations, dropout) may run.
+* ``column-sp``, ``row-sp`` and ``model-sp`` (attention, split by heads): the same with
+  Megatron-LM's sequence parallelism (Korthikanti et al., MLSys 2023): outside them the
+  activations are split by tokens over the row group, so norms, dropout and residual
+  adds work on ``1/P_r`` of them; the layer all-gathers its input's tokens forward (and
+  again backward, as it keeps only its own) and reduce-scatters its input gradient; a
+  ``row-sp`` or ``model-sp`` layer reduce-scatters its output by tokens where ``row``
+  and ``model`` all-reduce it, and all-gathers the output gradient backward.
 
 **Placement** maps grid coordinates to devices ``k = 0 … P−1`` (device ``k`` is local GPU
 ``k mod g`` of node ``k div g``): with ``rows`` the row groups (the ``P_r`` devices that
@@ -46,10 +53,19 @@ import numpy as np
 from .costs.comm import Group
 from .errors import UsageError
 
-Mode = Literal["data", "model", "domain", "column", "row"]
-MODES: tuple[str, ...] = ("data", "model", "domain", "column", "row")
+Mode = Literal["data", "model", "domain", "column", "row", "column-sp", "row-sp", "model-sp"]
+MODES: tuple[str, ...] = ("data", "model", "domain", "column", "row", "column-sp", "row-sp",
+                          "model-sp")
+#: Megatron-LM's sequence parallelism (Korthikanti et al., MLSys 2023): the tensor-parallel
+#: modes whose activations outside the split layers are split by tokens over the row group
+SEQUENCE_MODES: tuple[str, ...] = ("column-sp", "row-sp", "model-sp")
 #: the modes that split a layer's weight over ``P_r`` (each device holds ``1/P_r``)
-SHARDED_MODES: tuple[str, ...] = ("model", "column", "row")
+SHARDED_MODES: tuple[str, ...] = ("model", "column", "row", *SEQUENCE_MODES)
+
+
+def base_mode(mode: str) -> str:
+    """The weight split of a mode: a sequence-parallel mode's, without ``-sp``."""
+    return mode.removesuffix("-sp")
 PLACEMENTS: tuple[str, ...] = ("rows", "cols")
 BRUTE_FORCE_MAX_P = 65536
 
@@ -114,21 +130,25 @@ class Layout:
 
 @functools.lru_cache(maxsize=4096)
 def _output_dist(layout: Layout) -> Dist:
-    if layout.mode == "domain":
+    # a sequence's tokens split over the row group are its "height" blocks
+    if layout.mode in ("domain", "row-sp", "model-sp"):
         return Dist(layout.p, layout.c_digit, layout.r_digit)
-    if layout.mode == "column":
+    if layout.mode in ("column", "column-sp"):
         return Dist(layout.p, layout.c_digit, None, layout.r_digit)
     return Dist(layout.p, layout.c_digit, None)
 
 
 def input_dist(layout: Layout) -> Dist:
     """The distribution a layer with weights needs its input in: a ``row`` layout's split
-    by features, a ``column`` layout's replicated over the row group, the others' where
-    their output lives."""
-    if layout.mode == "row":
+    by features, a ``column`` layout's replicated over the row group, a
+    ``column-sp`` or ``model-sp`` layout's split by tokens over the row group (it
+    all-gathers them itself), the others' where their output lives."""
+    if layout.mode in ("row", "row-sp"):
         return Dist(layout.p, layout.c_digit, None, layout.r_digit)
     if layout.mode == "column":
         return Dist(layout.p, layout.c_digit, None)
+    if layout.mode in ("column-sp", "model-sp"):
+        return Dist(layout.p, layout.c_digit, layout.r_digit)
     return layout.output_dist()
 
 

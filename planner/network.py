@@ -430,7 +430,9 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
             t * d_local), "scatter-add"))
         return out
     # elementwise, normalisation, pooling: memory-bound passes
-    split = (height_split if layer.is_spatial else 1) * max(1, feature_split)
+    # an image's rows or a sequence's tokens
+    rows = layer.is_spatial or len(layer.input_shape) == 2
+    split = (height_split if rows else 1) * max(1, feature_split)
     elems_in = layer.in_elems * batch / split
     elems_out = layer.out_elems * batch / split
     if layer.type in ("flatten", "identity"):

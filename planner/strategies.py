@@ -22,7 +22,16 @@ import fnmatch
 from collections.abc import Iterator
 
 from .costs.layer import FEATURE_WISE
-from .layout import Layout, Pin, divisors, holds_alike, make_layout, pin_layout
+from .layout import (
+    SEQUENCE_MODES,
+    Layout,
+    Pin,
+    base_mode,
+    divisors,
+    holds_alike,
+    make_layout,
+    pin_layout,
+)
 from .network import Layer, Network
 
 
@@ -37,19 +46,29 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False) -
             "output channels" if layer.conv is not None else "output features")
         if layout.pr > limit:
             return f"it has {limit} {what}, fewer than P_r={layout.pr}"
-    if layout.mode in ("column", "row"):
+    if layout.mode in SEQUENCE_MODES:
+        why = _why_not_sequence(layer, layout, paper)
+        if why is not None:
+            return why
+    mode = base_mode(layout.mode)
+    if layout.mode == "model-sp" and layout.pr > layer.model_split_limit:
+        return f"it has {layer.model_split_limit} heads, fewer than P_r={layout.pr}"
+    if mode in ("column", "row"):
         if layer.linear is None:
             return (f"{layout.mode}-parallel layouts (Megatron's pair) split a linear layer; "
                     "this layer is not one")
-        if layer.linear.tied_to is not None and layout.mode == "row":
+        if layer.linear.tied_to is not None and mode == "row":
             return ("an output head that shares its embedding's table splits it by "
                     "vocabulary rows (model or column), not by its input features (row)")
+        if layer.linear.tied_to is not None and layout.mode == "column-sp":
+            return ("an output head that shares its embedding's table holds it as the "
+                    "embedding does (model or column), not column-sp")
         if paper:
             return (f"the paper's accounting (--cost-model gholami2018) has no "
                     f"{layout.mode}-parallel layout")
-        limit = layer.linear.out_features if layout.mode == "column" else \
+        limit = layer.linear.out_features if mode == "column" else \
             layer.linear.in_features
-        side = "output" if layout.mode == "column" else "input"
+        side = "output" if mode == "column" else "input"
         if layout.pr > limit:
             return f"it has {limit} {side} features, fewer than P_r={layout.pr}"
     if layout.mode == "domain":
@@ -62,6 +81,27 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False) -
                         "rows in the grid, or --cost-model gholami2018 for the paper's "
                         "analytic split)")
     return None
+
+
+def _why_not_sequence(layer: Layer, layout: Layout, paper: bool) -> str | None:
+    """Why a sequence-parallel layout does not apply (None when it does)."""
+    if paper:
+        return ("the paper's accounting (--cost-model gholami2018) has no sequence "
+                "parallelism")
+    kind = "an attention layer" if layout.mode == "model-sp" else "a linear layer"
+    if (layer.attention is None) if layout.mode == "model-sp" else (layer.linear is None):
+        return (f"{layout.mode} layouts (Megatron's sequence parallelism) split {kind}; "
+                "this layer is not one")
+    if len(layer.input_shape) != 2:
+        return (f"{layout.mode} splits a sequence [seq, dim] by tokens, and this layer's "
+                f"input is {list(layer.input_shape)}")
+    if layout.pr > layer.input_shape[0]:
+        return f"its sequence has {layer.input_shape[0]} tokens, fewer than P_r={layout.pr}"
+    return None
+
+
+def _sequence_ok(layer: Layer, pr: int) -> bool:
+    return len(layer.input_shape) == 2 and pr <= layer.input_shape[0]
 
 
 def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
@@ -80,14 +120,21 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
         if pc > batch:
             continue
         both = pc > 1
+        tokens = not paper and _sequence_ok(layer, pr)
         if pr <= limit:
             for pl in placements if both else ("rows",):
                 yield make_layout("model", pr, pc, pl)
+            if tokens and layer.attention is not None:
+                for pl in placements if both else ("rows",):
+                    yield make_layout("model-sp", pr, pc, pl)
         if lin is not None and megatron:
             for mode, most in (("column", lin.out_features), ("row", lin.in_features)):
                 if pr <= most and not (mode == "row" and lin.tied_to is not None):
                     for pl in placements if both else ("rows",):
                         yield make_layout(mode, pr, pc, pl)
+                    if tokens and lin.tied_to is None:
+                        for pl in placements if both else ("rows",):
+                            yield make_layout(f"{mode}-sp", pr, pc, pl)
         if layer.conv is not None and (paper or pr <= spatial_rows):
             for pl in placements if both else ("rows",):
                 yield make_layout("domain", pr, pc, pl)

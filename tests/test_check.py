@@ -79,12 +79,12 @@ def test_json_format(runner, monkeypatch):
                                                                         "speed"}
     mem = next(c for c in by_name["gpt2-oom"]["checks"] if c["check"] == "memory")
     assert mem["ok"] is False and mem["peak_bytes"] > mem["capacity_bytes"]
-    # the advice names the configuration's keys, not plan's options (batch: 504, not
-    # --batch 504), and how to find a recomputation count (recompute: auto is refused)
+    # the advice names the configuration's keys, not plan's options (batch: 1072, not
+    # --batch 1072), and how to find a recomputation count (recompute: auto is refused)
     speed = next(c for c in by_name["gpt2-oom"]["checks"] if c["check"] == "speed")
     assert "(recompute: N, which `planner plan ... --recompute auto` finds: as few of the " \
         "24 as memory needs)" in speed["message"]
-    assert "about batch: 504," in speed["message"] and "about gpus: 32," in speed["message"]
+    assert "about batch: 1072," in speed["message"] and "devices (gpus: 16)" in speed["message"]
     assert "--" not in speed["message"].replace("--recompute auto", "")
 
 
@@ -204,7 +204,8 @@ def test_sizes_of_older_plans_still_match(runner, tmp_path):
     ("mode: data\n  grid: [3, 3]", ":4:9: error: grid 3x3 has 9 devices; the configuration "
                                    "has gpus=64"),
     ("mode: banana\n  grid: [1, 64]", ":3:9: error: expected mode one of data, model, "
-                                      "domain, column, row, got 'banana'"),
+                                      "domain, column, row, column-sp, row-sp, model-sp, "
+                                      "got 'banana'"),
     ("mode: data\n  grid: [1, 64.5]", ":4:9: error: expected grid: [P_r, P_c], two whole "
                                       "numbers >= 1"),
     ("mode: domain\n  grid: [2, 32]", ":4:9: error: layer fc cannot use domain 2x32: "
@@ -271,7 +272,7 @@ def test_training_pin_errors_name_the_file_key(runner, tmp_path, command):
         f"{cfg}:9:7: error: grid 4x2 has 8 devices but gpus is 16; P_r × P_c must equal the "
         "device count (at $.strategy.pins[1])",
         f"{cfg}:10:7: error: invalid pin 'fc8=sideways': mode must be one of data, model, "
-        "domain, column, row (at $.strategy.pins[2])",
+        "domain, column, row, column-sp, row-sp, model-sp (at $.strategy.pins[2])",
         f"{cfg}:11:7: error: invalid pin 'fc7=model:8x2:sideways': placement 'sideways' must "
         "be rows or cols (GLOB=MODE[:PRxPC[:rows|cols]]) (at $.strategy.pins[3])"],\
         result.stderr

@@ -398,11 +398,12 @@ def test_layout_groups_match_ranks():
 
 
 def test_no_plan_suggests_a_batch_that_fits():
-    """GPT-2 small on 8 H100s at 256 sequences a GPU is activation-bound (306.9 GiB of a
-    308.9 GiB peak are activations and the workspace): the advice names the batch at which
-    those, falling in proportion, leave room, a multiple of the 8 devices; that batch has a
-    plan that fits and the next multiple of 8 has none (the advice is the largest batch
-    here). Halving the batch (the advice before) would not have fitted."""
+    """GPT-2 small on 8 H100s at 256 sequences a GPU is activation-bound (141.9 GiB of
+    the leanest plan's 145.8 GiB peak, its activations split by tokens, are activations
+    and the workspace): the advice names the batch at which those, falling in
+    proportion, leave room, a multiple of the 8 devices; that batch has a plan that fits
+    (before sequence parallelism it was also the largest that did: the token-split
+    activations fall faster than in proportion, as the search splits more of them)."""
     net = dataclasses.replace(load_network(NETWORKS / "gpt2-small.yaml"), dtype="bfloat16")
     cl = load_cluster(CLUSTERS / "dgx-h100.yaml")
     opts = Options(gpus=8, batch=2048, optimizer="adam")
@@ -414,13 +415,8 @@ def test_no_plan_suggests_a_batch_that_fits():
     assert found, str(exc.value)
     batch = int(found[1])
     assert batch % 8 == 0 and 256 < batch < 2048
-    for b, fits in ((batch, True), (batch + 8, False), (2048 // 2, False)):
-        o = dataclasses.replace(opts, batch=b)
-        if fits:
-            assert search(make_context(net, cl, o), o).best.evaluation.memory.fits
-        else:
-            with pytest.raises(NoFeasiblePlan):
-                search(make_context(net, cl, o), o)
+    o = dataclasses.replace(opts, batch=batch)
+    assert search(make_context(net, cl, o), o).best.evaluation.memory.fits
 
 
 def test_no_plan_counts_the_workspace_as_falling_with_the_batch():

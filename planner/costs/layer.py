@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..cluster import Cluster
-from ..layout import Dist, Layout, node_group, redistribution
+from ..layout import SEQUENCE_MODES, Dist, Layout, base_mode, node_group, redistribution
 from ..network import DTYPE_BYTES, GATED, Layer, Network, layer_kernels
 from ..ops import Elementwise, Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
@@ -46,6 +46,8 @@ ELEMENTWISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout",
 #: which a column layer's shard holds together when its weight's rows are stored
 #: interleaved per shard, as Megatron-LM stores its fused gate and up projection
 FEATURE_WISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout", *GATED)
+#: layers that work on each token of a sequence alone, so on a sequence split by tokens
+TOKEN_WISE = ("layernorm", "rmsnorm", "softmax")
 COST_MODELS = ("exact", "gholami2018")
 
 
@@ -310,6 +312,8 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
         _add(terms, term(ctx, "forward", "all_reduce", row, b * layer.out_elems * e))
         terms += gradient_terms(ctx, col, local_params(layer, layout))
         return terms
+    if layout.mode in SEQUENCE_MODES:
+        return terms + _sequence_terms(layer, layout, ctx, b)
     if layout.mode == "model":
         if ctx.paper:
             d_i = layer.out_elems * b * e
@@ -339,6 +343,40 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
     terms += halo_terms(layer, layout, ctx, b)
     wg = layer.weight_elems if ctx.paper else own
     terms += gradient_terms(ctx, allg, wg)
+    return terms
+
+
+def _sequence_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[CommTerm]:
+    """Megatron-LM's tensor parallelism with sequence parallelism (Korthikanti et al.,
+    MLSys 2023, §4.2.2 and Fig. 6): the all-reduce of a ``row`` (or a head-split
+    attention's) output becomes a reduce-scatter by tokens, and its backward an
+    all-gather of the output gradient; a ``column`` (or attention) layer all-gathers its
+    input's tokens, keeps only its own share, so all-gathers them again backward for its
+    weight gradient, and reduce-scatters its input gradient where ``column``
+    all-reduces it. Per pair the traffic is a ``column`` and ``row`` pair's, plus the
+    backward all-gather (which Megatron-LM overlaps with the input gradient's GEMM;
+    here it is on the critical path)."""
+    row, col = layout.row_group(ctx.per_node), layout.col_group(ctx.per_node)
+    e = ctx.elem_bytes
+    terms: list[CommTerm] = []
+    x, y = b * layer.in_elems * e, b * layer.out_elems * e
+    if layout.mode in ("column-sp", "model-sp"):
+        _add(terms, term(ctx, "forward", "all_gather", row, x, "tokens"))
+    if layout.mode in ("row-sp", "model-sp"):
+        _add(terms, term(ctx, "forward", "reduce_scatter", row, y, "tokens"))
+        _add(terms, term(ctx, "backward_data", "all_gather", row, y, "tokens"))
+    if layout.mode in ("column-sp", "model-sp"):
+        _add(terms, term(ctx, "backward_data", "all_gather", row, x, "tokens again"))
+        if _needs_input_grad(layer):
+            _add(terms, term(ctx, "backward_data", "reduce_scatter", row, x, "tokens"))
+    own = local_params(layer, layout)
+    lin = layer.linear
+    if layout.mode == "row-sp" and lin is not None and lin.bias:
+        # the bias is added to each device's tokens: its gradient is summed over the row
+        # group first (Megatron-LM's sequence-parallel parameters), then with the rest
+        _add(terms, term(ctx, "backward_data", "all_reduce", row,
+                         lin.out_features * ctx.grad_bytes, "token-split bias"))
+    terms += gradient_terms(ctx, col, own)
     return terms
 
 
@@ -543,6 +581,10 @@ def _follower_terms(layer: Layer, dist: Dist, ctx: Context
             return terms, work, dist
         if layer.type in ELEMENTWISE and (spatial_in or not layer.is_spatial):
             return terms, work, dist
+        if layer.type in TOKEN_WISE and len(layer.input_shape) == 2:
+            # a sequence split by tokens (sequence parallelism): each token alone
+            terms += _params_terms(layer, dist, ctx)
+            return terms, work, dist
         # cannot compute on a split height: gather the height first
         work = Dist(dist.p, dist.batch, None)
         terms += redistribute_terms(dist, work, layer.in_elems, ctx, "gather height")
@@ -667,9 +709,10 @@ def weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, li
 
 def _weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, list[Kernel]]:
     b = _ceil_div(ctx.batch, layout.pc)
-    if layout.mode in ("model", "column"):
+    mode = base_mode(layout.mode)
+    if mode in ("model", "column"):
         return layer_kernels(layer, b, ctx.elem_bytes, model_split=layout.pr)
-    if layout.mode == "row":
+    if mode == "row":
         return layer_kernels(layer, b, ctx.elem_bytes, input_split=layout.pr)
     if layout.mode == "domain":
         return layer_kernels(layer, b, ctx.elem_bytes, height_split=layout.pr)
@@ -707,13 +750,14 @@ def local_params(layer: Layer, layout: Layout | None) -> float:
     if layout is None or layout.pr <= 1:
         return float(layer.params)
     pr = layout.pr
-    if layout.mode in ("model", "column") and layer.has_weights:
+    mode = base_mode(layout.mode)
+    if mode in ("model", "column") and layer.has_weights:
         if layer.attention is not None:
             return float(layer.attention.weights(*layer.attention.held(pr)))
         # output channels, features or the embedding width: parameters alike per entry
         whole = layer.model_split_limit
         return layer.params * _ceil_div(whole, pr) / whole
-    if layout.mode == "row" and layer.linear is not None:
+    if mode == "row" and layer.linear is not None:
         lin = layer.linear
         bias = lin.out_features if lin.bias else 0
         return ((layer.params - bias) * _ceil_div(lin.in_features, pr) / lin.in_features

@@ -53,9 +53,13 @@ def main(grad_dtype: str | None = None) -> None:
             ev = search(ctx, opts).best.evaluation
             grids = collections.Counter(f"{r.layout.pr}×{r.layout.pc}" for r in ev.layers
                                         if r.follows is None)
-            modes = sorted({r.layout.mode for r in ev.layers if r.follows is None})
-            plan = ("Megatron " if {"column", "row"} <= set(modes) else "/".join(modes) + " ") \
-                + ", ".join(grids)
+            split = [r.layout.mode for r in ev.layers if r.follows is None]
+            modes = sorted(set(split))
+            bases = {m.removesuffix("-sp") for m in modes}
+            sp = sum(m.endswith("-sp") for m in split)
+            # Megatron's pairs, with how many of the layers are sequence-parallel
+            plan = ("Megatron" + (f" ({sp} of {len(split)} SP)" if sp else "") + " "
+                    if {"column", "row"} <= bases else "/".join(modes) + " ") + ", ".join(grids)
             label = f"{zero}" + (" within nodes" if shard == "node" else "") + (
                 ", gathers not prefetched (overlap none)" if overlap == "none" else "")
             print(f"| {p} | {label} | {plan} | {ev.time_s * 1e3:.1f} ms | "

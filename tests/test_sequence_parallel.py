@@ -1,0 +1,194 @@
+"""Megatron-LM's sequence parallelism (Korthikanti, Casper, Lym, McAfee, Andersch,
+Shoeybi, Catanzaro: "Reducing Activation Recomputation in Large Transformer Models",
+MLSys 2023, §4.2.2, Fig. 5 and 6, and Table 2): with tensor parallelism over ``t``
+devices, the activations outside the split layers (norms, dropout, residual adds) are
+split by tokens instead of replicated; the ``g`` and ``ḡ`` operators become an
+all-gather forward with a reduce-scatter backward, and a reduce-scatter forward with an
+all-gather backward. The per-layer activation memory goes from ``sbh(10 + 24/t)`` to
+``sbh · 34/t`` bytes (flash attention: no ``as/h`` term)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.costs.layer import follower_kernels, follower_terms, weighted_terms
+from planner.evaluate import Options, evaluate, make_context
+from planner.inputs import load_network_text
+from planner.layout import Dist, input_dist, make_layout, parse_pin, redistribution
+from planner.search import Space, Weights, solve
+from planner.strategies import candidate_layouts, why_invalid
+
+from .conftest import invoke
+from .helpers import FixedEstimator, cluster
+
+B, E = 16, 4  # batch, bytes per element (fp32)
+SEQ, DIM, FFN = 32, 64, 256
+
+
+def _block(dtype: str = "float32") -> object:
+    """A pre-norm transformer MLP block on 32 tokens of width 64."""
+    return load_network_text(f"""
+kind: network
+name: block
+input: [{SEQ}, {DIM}]
+dtype: {dtype}
+layers:
+  - {{name: ln0, type: rmsnorm}}
+  - name: mlp
+    type: residual
+    body:
+      - {{name: ln, type: rmsnorm}}
+      - {{name: up, type: linear, out_features: {FFN}}}
+      - {{name: act, type: gelu}}
+      - {{name: down, type: linear, out_features: {DIM}}}
+  - {{name: head, type: linear, out_features: 16, bias: false}}
+""")
+
+
+def _ctx(net, p=8, per_node=8, **kw):
+    opts = Options(gpus=p, batch=B, overlap="none", **kw)
+    return make_context(net, cluster(per_node=per_node), opts, FixedEstimator(1e-5)), opts
+
+
+def _terms(terms):
+    return sorted((t.phase, t.collective, t.group.size, t.bytes, t.note) for t in terms)
+
+
+def test_distributions():
+    """``column-sp`` takes its input split by tokens over the row group (the height digit
+    of a sequence) and leaves its output split by features, as ``column`` does;
+    ``row-sp`` takes features and leaves tokens; moving one's output into the other's
+    input is free, as between ``column`` and ``row``."""
+    col, row = make_layout("column-sp", 4, 2), make_layout("row-sp", 4, 2)
+    tokens = Dist(8, col.c_digit, col.r_digit)
+    features = Dist(8, col.c_digit, None, col.r_digit)
+    assert input_dist(col) == tokens and col.output_dist() == features
+    assert input_dist(row) == features and row.output_dist() == tokens
+    assert redistribution(row.output_dist(), input_dist(col), 8).kind == "none"
+    attn = make_layout("model-sp", 4, 2)
+    assert input_dist(attn) == attn.output_dist() == tokens
+    assert parse_pin("*up=column-sp:4x2", 8).mode == "column-sp"
+
+
+def test_terms_by_hand():
+    """On 4 × 2 devices with 16 samples, b = 8 a batch block. ``up`` (64 → 256,
+    column-sp): all-gather its input's tokens forward and again backward (it keeps only
+    its own), reduce-scatter the input gradient: each of b × 32 × 64 × 4 bytes over the
+    row group of 4; its weight gradient (64 · 256 + 256) / 4 over the column group of 2,
+    as ``column``. ``down`` (256 → 64, row-sp): reduce-scatter its output forward,
+    all-gather its gradient backward, b × 32 × 64 × 4 bytes each; its bias, added to each
+    device's tokens, all-reduced over the row group (64 × 4 bytes); its weight gradient
+    (256 · 64 / 4 + 64) over the column group, as ``row``."""
+    net = _block()
+    ctx, _ = _ctx(net)
+    up, down = net.by_name("mlp.up"), net.by_name("mlp.down")
+    x = 8 * SEQ * DIM * E
+    assert _terms(weighted_terms(up, make_layout("column-sp", 4, 2), ctx)) == sorted([
+        ("forward", "all_gather", 4, x, "tokens"),
+        ("backward_data", "all_gather", 4, x, "tokens again"),
+        ("backward_data", "reduce_scatter", 4, x, "tokens"),
+        ("weight_grad", "all_reduce", 2, (DIM * FFN + FFN) / 4 * E, ""),
+    ])
+    assert _terms(weighted_terms(down, make_layout("row-sp", 4, 2), ctx)) == sorted([
+        ("forward", "reduce_scatter", 4, x, "tokens"),
+        ("backward_data", "all_gather", 4, x, "tokens"),
+        ("backward_data", "all_reduce", 4, DIM * E, "token-split bias"),
+        ("weight_grad", "all_reduce", 2, (FFN * DIM / 4 + DIM) * E, ""),
+    ])
+    # the pair without sequence parallelism: an all-reduce each way
+    assert _terms(weighted_terms(up, make_layout("column", 4, 2), ctx))[0] == (
+        "backward_data", "all_reduce", 4, x, "")
+
+
+def test_norm_on_tokens():
+    """An RMSNorm on a sequence split by tokens over 4 devices works on its own 8 of the
+    32 tokens: no gather; its gain's gradient is summed over all 8 devices (those with
+    other samples and those with other tokens: Megatron-LM all-reduces a sequence-parallel
+    norm's gradient over the tensor-parallel group too); its pass reads and writes a
+    quarter of the batch block's elements."""
+    net = _block()
+    ctx, _ = _ctx(net)
+    ln = net.by_name("mlp.ln")
+    tokens = make_layout("row-sp", 4, 2).output_dist()
+    terms, work, out = follower_terms(ln, tokens, ctx)
+    assert work == out == tokens
+    assert _terms(terms) == [("weight_grad", "all_reduce", 8, DIM * E, "")]
+    (fwd,) = follower_kernels(ln, tokens, ctx)["forward"]
+    assert fwd.bytes == 3 * 8 * SEQ * DIM / 4 * E
+
+
+def test_activation_memory_divides_by_the_row_group():
+    """The block pinned to the Megatron pair on 4 × 2, without and with sequence
+    parallelism: what the norm keeps (its input, the residual stream: 8 × 32 × 64
+    elements a device without, a quarter with) and what ``up`` keeps (the norm's output:
+    the same, with the norm's reciprocal roots), by hand; inside the pair (the GELU's
+    input and ``down``'s input, split by features) nothing changes, as in Korthikanti et
+    al.'s Table 2."""
+    net = _block()
+    ctx, opts = _ctx(net)
+    idx = {n: net.by_name(n).index for n in ("mlp.up", "mlp.down", "head")}
+
+    def run(sp):
+        suffix = "-sp" if sp else ""
+        ev = evaluate(ctx, opts, {idx["mlp.up"]: make_layout("column" + suffix, 4, 2),
+                                  idx["mlp.down"]: make_layout("row" + suffix, 4, 2),
+                                  idx["head"]: make_layout("column" + suffix, 4, 2)})
+        return {r.layer.name: r.activation_bytes for r in ev.layers}
+
+    plain, sp = run(False), run(True)
+    # the norm's output (up's input) and its fp32 reciprocal root a token
+    kept = 8 * SEQ * DIM * E + 8 * SEQ * 4
+    assert plain["mlp.ln"] == kept and sp["mlp.ln"] == kept / 4
+    # the GELU's input (up's output) and its output (down's input), split by features
+    assert plain["mlp.up"] == sp["mlp.up"] == 8 * SEQ * FFN * E / 4
+    assert plain["mlp.act"] == sp["mlp.act"] == 8 * SEQ * FFN * E / 4
+    assert plain["mlp.down"] == sp["mlp.down"]
+
+
+def test_which_layers_admit_it():
+    net = _block()
+    up = net.by_name("mlp.up")
+    modes = {lay.mode for lay in candidate_layouts(up, 8, B)}
+    assert {"column-sp", "row-sp"} <= modes and "model-sp" not in modes
+    assert not {"column-sp", "row-sp"} & {
+        lay.mode for lay in candidate_layouts(up, 8, B, paper=True)}
+    assert "gholami2018" in why_invalid(up, make_layout("row-sp", 4, 2), B, paper=True)
+    assert "split an attention layer" in why_invalid(up, make_layout("model-sp", 4, 2), B)
+    vec = load_network_text("kind: network\ninput: [64]\nlayers:\n"
+                            "  - {type: linear, out_features: 64}\n")
+    assert "splits a sequence [seq, dim] by tokens" in why_invalid(
+        vec.layers[0], make_layout("column-sp", 4, 2), B)
+    short = load_network_text("kind: network\ninput: [2, 64]\nlayers:\n"
+                              "  - {type: linear, out_features: 64}\n")
+    assert "2 tokens, fewer than P_r=4" in why_invalid(
+        short.layers[0], make_layout("row-sp", 4, 2), B)
+    assert {(lay.mode, lay.pr) for lay in candidate_layouts(short.layers[0], 8, B)
+            if lay.mode.endswith("-sp")} == {("column-sp", 2), ("row-sp", 2)}
+
+
+def test_program_equals_evaluation():
+    """The search over every layout, sequence-parallel ones included: the dynamic
+    program's value is the evaluation of its answer (to 1e-12)."""
+    net = _block("bfloat16")
+    ctx, opts = _ctx(net)
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    value, assignment = solve(space, Weights())
+    assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
+
+
+def test_llama_at_batch_64_fits_only_with_it(runner):
+    """Llama 3 8B on 64 H100s, 64 sequences of 8,192 tokens, Adam: Megatron's layouts
+    without sequence parallelism need 114 GiB a device; the plan splits the residual
+    stream by tokens and fits."""
+    r = invoke(runner, "plan", "examples/networks/llama3-8b.yaml",
+               "examples/clusters/dgx-h100.yaml", "-p", "64", "-b", "64", "--optimizer",
+               "adam", "--format", "json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    modes = [lay["mode"] for lay in doc["layers"] if lay.get("follows") is None]
+    assert modes.count("row-sp") >= 16 and doc["memory"]["fits"]
+    megatron = next(b for b in doc["baselines"] if b["name"] == "megatron")
+    assert megatron["applicable"] and not megatron["fits"]
