@@ -120,21 +120,23 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
         if pc > batch:
             continue
         both = pc > 1
-        tokens = not paper and _sequence_ok(layer, pr)
+        # sequence parallelism with its row group on consecutive ranks only (in one
+        # node where it fits, as Megatron-LM places tensor parallelism): its
+        # collectives run on that group at every layer, and each placement searched
+        # costs a distribution more in every step of the dynamic program
+        tokens = not paper and _sequence_ok(layer, pr) and "rows" in placements
         if pr <= limit:
             for pl in placements if both else ("rows",):
                 yield make_layout("model", pr, pc, pl)
             if tokens and layer.attention is not None:
-                for pl in placements if both else ("rows",):
-                    yield make_layout("model-sp", pr, pc, pl)
+                yield make_layout("model-sp", pr, pc, "rows")
         if lin is not None and megatron:
             for mode, most in (("column", lin.out_features), ("row", lin.in_features)):
                 if pr <= most and not (mode == "row" and lin.tied_to is not None):
                     for pl in placements if both else ("rows",):
                         yield make_layout(mode, pr, pc, pl)
                     if tokens and lin.tied_to is None:
-                        for pl in placements if both else ("rows",):
-                            yield make_layout(f"{mode}-sp", pr, pc, pl)
+                        yield make_layout(f"{mode}-sp", pr, pc, "rows")
         if layer.conv is not None and (paper or pr <= spatial_rows):
             for pl in placements if both else ("rows",):
                 yield make_layout("domain", pr, pc, pl)

@@ -36,7 +36,7 @@ from .hostile_cases import OPEN_CLUSTER, run_process
 MiB = 2**20
 
 CASES = {
-    "transformer-10000": ("t10000.yaml", 1024, 128, 20.0, 300 * MiB),
+    "transformer-10000": ("t10000.yaml", 1024, 128, 30.0, 300 * MiB),
     "mlp-10000": ("m10000.yaml", 64, 512, 30.0, 300 * MiB),
     "resnet50-2^20": (str(NETWORKS / "resnet50.yaml"), 2**20, 2**21, 5.0, 150 * MiB),
     "transformer-1000-2^20": ("t1000.yaml", 2**20, 2**21, 8.0, 150 * MiB),
