@@ -385,6 +385,14 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
             allowed = [lay for lay in candidate_layouts(layer, p, b, paper)
                        if lay.mode == mode and (pin.grid is None or lay.grid == pin.grid)
                        and (pin.placement is None or lay.placement == pin.placement)]
+            if not allowed and pin.grid is not None and pin.placement == "cols" and \
+                    mode.endswith("-sp"):
+                # searched on rows only (see candidate_layouts); pinned, cols is priced
+                from .layout import make_layout
+
+                cols = make_layout(mode, *pin.grid, "cols")
+                if why_invalid(layer, cols, b, paper) is None:
+                    allowed = [cols]
             if not allowed:
                 from .layout import pin_layout
 

@@ -192,3 +192,19 @@ def test_llama_at_batch_64_fits_only_with_it(runner):
     assert modes.count("row-sp") >= 16 and doc["memory"]["fits"]
     megatron = next(b for b in doc["baselines"] if b["name"] == "megatron")
     assert megatron["applicable"] and not megatron["fits"]
+
+
+def test_pinned_to_cols(runner):
+    """The search tries sequence-parallel layouts with their row group on consecutive
+    ranks only; a pin may still place one by columns, and plan prices it as cost does."""
+    base = ["examples/networks/gpt2-small.yaml", "examples/clusters/dgx-h100.yaml", "-p", "8",
+            "-b", "64", "--pin", "h.*.mlp.c_fc=column-sp:4x2:cols", "--format", "json"]
+    plan = invoke(runner, "plan", *base)
+    assert plan.exit_code == 0, plan.output
+    layers = {lay["name"]: lay for lay in json.loads(plan.stdout)["layers"]}
+    assert (layers["h.3.mlp.c_fc"]["mode"], layers["h.3.mlp.c_fc"]["placement"]) == (
+        "column-sp", "cols")
+    cost = invoke(runner, "cost", *base)
+    assert cost.exit_code == 0, cost.output
+    priced = {lay["name"]: lay for lay in json.loads(cost.stdout)["layers"]}
+    assert priced["h.3.mlp.c_fc"]["mode"] == "column-sp"
