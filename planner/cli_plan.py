@@ -382,17 +382,12 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
             used[i] = True
             # a grid of one row is data parallelism whatever the mode says (as in cost)
             mode = "data" if pin.grid is not None and pin.grid[0] == 1 else pin.mode
-            allowed = [lay for lay in candidate_layouts(layer, p, b, paper)
+            # sequence parallelism is searched on rows only; a pin may place it by cols
+            seq = (pin.placement,) if pin.placement else ("rows",)
+            allowed = [lay for lay in candidate_layouts(layer, p, b, paper,
+                                                        sequence_placements=seq)
                        if lay.mode == mode and (pin.grid is None or lay.grid == pin.grid)
                        and (pin.placement is None or lay.placement == pin.placement)]
-            if not allowed and pin.grid is not None and pin.placement == "cols" and \
-                    mode.endswith("-sp"):
-                # searched on rows only (see candidate_layouts); pinned, cols is priced
-                from .layout import make_layout
-
-                cols = make_layout(mode, *pin.grid, "cols")
-                if why_invalid(layer, cols, b, paper) is None:
-                    allowed = [cols]
             if not allowed:
                 from .layout import pin_layout
 

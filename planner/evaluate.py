@@ -53,7 +53,7 @@ from .costs.layer import (
 )
 from .costs.memory import MemoryReport, ParamBytes, param_bytes
 from .errors import UsageError
-from .layout import Dist, Layout, input_dist
+from .layout import Dist, Layout, base_mode, input_dist
 from .network import DTYPE_BYTES, Layer, Network
 
 OVERLAPS = ("none", "gradients")
@@ -375,7 +375,7 @@ def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch
     indices)."""
     internal, extra = layer.saved_internal, layer.saved_bytes_extra
     a = layer.attention
-    if a is not None and layout is not None and layout.mode in ("model", "model-sp") and \
+    if a is not None and layout is not None and base_mode(layout.mode) == "model" and \
             layout.pr > 1:
         internal, extra = a.saved(*a.held(layout.pr))
     return (local_elems(internal, dist, batch) * e

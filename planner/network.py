@@ -394,20 +394,18 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         # score matrix and masks it
         sk = -(-a.seq // 2) if a.causal and a.flash else a.seq
         scores, mix = Gemm(a.seq, sk, a.head_dim, bh), Gemm(a.seq, a.head_dim, sk, bh)
-        out["forward"] += [Gemm(t, qkv, a.dim), scores, mix, Gemm(t, a.dim, proj_in)]
+        # rotary embeddings: one memory-bound pass over the queries and keys (read,
+        # write; the cos and sin tables are per position, cached) after their
+        # projection, and its transpose on dQ and dK before the projection's backward
+        n_rot = float(t) * (h_local + kv_local) * a.head_dim
+        rope = [Elementwise(2 * elem_bytes * n_rot, ROTARY_FLOPS * n_rot, "rotary")
+                ] if a.rotary else []
+        out["forward"] += [Gemm(t, qkv, a.dim), *rope, scores, mix, Gemm(t, a.dim, proj_in)]
         # backward through P·V (dP, dV), Q·Kᵀ (dQ, dK), then the two projections; flash
         # attention keeps no probabilities, so it computes Q·Kᵀ again first
         out["backward_data"] += ([scores] if a.flash else []) + [
-            scores, mix, mix, mix, Gemm(t, proj_in, a.dim), Gemm(t, a.dim, qkv)]
+            scores, mix, mix, mix, Gemm(t, proj_in, a.dim), *rope, Gemm(t, a.dim, qkv)]
         out["backward_weight"] += [Gemm(a.dim, proj_in, t), Gemm(qkv, a.dim, t)]
-        if a.rotary:
-            # one memory-bound pass over the queries and keys (read, write; the cos and
-            # sin tables are per position, cached) after their projection, and its
-            # transpose on dQ and dK before the projection's backward
-            n_rot = float(t) * (h_local + kv_local) * a.head_dim
-            rope = Elementwise(2 * elem_bytes * n_rot, ROTARY_FLOPS * n_rot, "rotary")
-            out["forward"].insert(1, rope)
-            out["backward_data"].insert(5 + a.flash, rope)
         if not a.flash:
             # an unfused kernel also passes over the score matrix in memory: the scaled,
             # masked softmax as one pass (Megatron-LM's fused kernel: read the scores,

@@ -105,8 +105,13 @@ def _sequence_ok(layer: Layer, pr: int) -> bool:
 
 
 def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
-                      placements: tuple[str, ...] = ("rows", "cols")) -> Iterator[Layout]:
-    """Every valid layout of a layer with weights, in a stable order."""
+                      placements: tuple[str, ...] = ("rows", "cols"),
+                      sequence_placements: tuple[str, ...] = ("rows",)) -> Iterator[Layout]:
+    """Every valid layout of a layer with weights, in a stable order. Sequence-parallel
+    layouts take ``sequence_placements`` (the search: their row group on consecutive
+    ranks only, in one node where it fits, as Megatron-LM places tensor parallelism:
+    their collectives run on that group at every layer, and each placement searched
+    costs a distribution more in every step of the dynamic program)."""
     if gpus <= batch:
         yield make_layout("data", 1, gpus)
     limit = layer.model_split_limit
@@ -120,23 +125,22 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
         if pc > batch:
             continue
         both = pc > 1
-        # sequence parallelism with its row group on consecutive ranks only (in one
-        # node where it fits, as Megatron-LM places tensor parallelism): its
-        # collectives run on that group at every layer, and each placement searched
-        # costs a distribution more in every step of the dynamic program
-        tokens = not paper and _sequence_ok(layer, pr) and "rows" in placements
+        tokens = not paper and _sequence_ok(layer, pr)
+        sp_placements = [pl for pl in sequence_placements if both or pl == "rows"]
         if pr <= limit:
             for pl in placements if both else ("rows",):
                 yield make_layout("model", pr, pc, pl)
             if tokens and layer.attention is not None:
-                yield make_layout("model-sp", pr, pc, "rows")
+                for pl in sp_placements:
+                    yield make_layout("model-sp", pr, pc, pl)
         if lin is not None and megatron:
             for mode, most in (("column", lin.out_features), ("row", lin.in_features)):
                 if pr <= most and not (mode == "row" and lin.tied_to is not None):
                     for pl in placements if both else ("rows",):
                         yield make_layout(mode, pr, pc, pl)
                     if tokens and lin.tied_to is None:
-                        yield make_layout(f"{mode}-sp", pr, pc, "rows")
+                        for pl in sp_placements:
+                            yield make_layout(f"{mode}-sp", pr, pc, pl)
         if layer.conv is not None and (paper or pr <= spatial_rows):
             for pl in placements if both else ("rows",):
                 yield make_layout("domain", pr, pc, pl)

@@ -369,14 +369,13 @@ def _sequence_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> lis
         _add(terms, term(ctx, "backward_data", "all_gather", row, x, "tokens again"))
         if _needs_input_grad(layer):
             _add(terms, term(ctx, "backward_data", "reduce_scatter", row, x, "tokens"))
-    own = local_params(layer, layout)
     lin = layer.linear
     if layout.mode == "row-sp" and lin is not None and lin.bias:
         # the bias is added to each device's tokens: its gradient is summed over the row
         # group first (Megatron-LM's sequence-parallel parameters), then with the rest
         _add(terms, term(ctx, "backward_data", "all_reduce", row,
                          lin.out_features * ctx.grad_bytes, "token-split bias"))
-    terms += gradient_terms(ctx, col, own)
+    terms += gradient_terms(ctx, col, local_params(layer, layout))
     return terms
 
 
