@@ -251,12 +251,14 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
 @batch_option
 @click.option("--grid", default=None, metavar="PRxPC",
               help="One grid for every layer with weights, e.g. 32x16 (1xP: data).")
-@click.option("--mode", type=click.Choice(("data", "model", "domain", "megatron")),
+@click.option("--mode", type=click.Choice(("data", "model", "domain", "megatron",
+                                           "megatron-sp")),
               default=None,
               help="model: split output features over P_r; domain: split the height of "
                    "convolutions over P_r (other layers model); megatron: linear layers "
                    "in column/row pairs over P_r, a tied head column (other layers "
-                   "model).")
+                   "model); megatron-sp: megatron with sequence parallelism (the pairs "
+                   "column-sp/row-sp, attention and embeddings model-sp).")
 @click.option("--pin", "pins", multiple=True, metavar="'GLOB=MODE[:PRxPC[:rows|cols]]'",
               help="Layout for matching layers, e.g. 'conv*=data' 'fc*=model:32x16', "
                    "'fc7=model:4x2:cols' (a placement of its own, else --placement). "

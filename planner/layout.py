@@ -155,13 +155,14 @@ def input_dist(layout: Layout) -> Dist:
 def holds_alike(a: Layout, b: Layout) -> bool:
     """Whether an embedding in layout ``a`` and the output head that shares its table in
     ``b`` hold the table alike: the same layout, or the embedding split by vocabulary
-    rows (``model``) and the head split by output features, which are those rows, with
-    its logits left split (``column``: Megatron's vocabulary-parallel embedding, head
-    and cross-entropy), on the same grid."""
+    rows (``model``, or ``model-sp``: its output reduce-scattered by tokens) and the head
+    split by output features, which are those rows (``model``, or ``column`` or
+    ``column-sp`` with its logits left split: Megatron's vocabulary-parallel embedding,
+    head and cross-entropy), on the same grid."""
     if a == b:
         return True
-    return (a.mode, b.mode) == ("model", "column") and (a.pr, a.pc, a.placement) == (
-        b.pr, b.pc, b.placement)
+    return a.mode in ("model", "model-sp") and b.mode in ("model", "column", "column-sp") \
+        and (a.pr, a.pc, a.placement) == (b.pr, b.pc, b.placement)
 
 
 def make_layout(mode: str, pr: int, pc: int, placement: str = "rows") -> Layout:

@@ -340,8 +340,10 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
 
     ``batch`` is the local batch; ``model_split`` divides output channels, features or
     heads (rounded up: the busiest device); ``height_split`` divides the image height,
-    the input shard including the forward halo rows; ``input_split`` divides a linear
-    layer's input features (a row-parallel shard: the reduction of its forward GEMM);
+    the input shard including the forward halo rows, or a sequence's tokens (an
+    attention layer's queries: each meets every key, context parallelism);
+    ``input_split`` divides a linear layer's input features (a row-parallel shard: the
+    reduction of its forward GEMM);
     ``feature_split`` divides the features an activation or dropout works on.
     """
     out: dict[str, list[Kernel]] = {"forward": [], "backward_data": [], "backward_weight": []}
@@ -374,7 +376,7 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         return out
     if layer.linear is not None:
         lin = layer.linear
-        t = batch * lin.tokens
+        t = batch * -(-lin.tokens // max(1, height_split))
         n_local = -(-lin.out_features // ms)
         k_local = -(-lin.in_features // max(1, input_split))
         out["forward"].append(Gemm(t, n_local, k_local))
@@ -384,16 +386,20 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         return out
     if layer.attention is not None:
         a = layer.attention
-        t = batch * a.seq
+        # a token split (context parallelism): this device's queries meet every key
+        sq = -(-a.seq // max(1, height_split))
+        t = batch * sq
         h_local, kv_local = a.held(ms)
         qkv = (h_local + 2 * kv_local) * a.head_dim
         proj_in = h_local * a.head_dim
         bh = batch * h_local
         # the keys each query meets: a causal flash kernel skips the tiles above the
-        # diagonal, half of them (Dao et al. 2022); an unfused one computes the whole
-        # score matrix and masks it
+        # diagonal, half of them (Dao et al. 2022; split by tokens, as Megatron-LM's
+        # context parallelism balances it: each device holds chunks i and 2·P_r − 1 − i
+        # of 2·P_r, so its queries meet half the keys too); an unfused one computes the
+        # whole score matrix and masks it
         sk = -(-a.seq // 2) if a.causal and a.flash else a.seq
-        scores, mix = Gemm(a.seq, sk, a.head_dim, bh), Gemm(a.seq, a.head_dim, sk, bh)
+        scores, mix = Gemm(sq, sk, a.head_dim, bh), Gemm(sq, a.head_dim, sk, bh)
         # rotary embeddings: one memory-bound pass over the queries and keys (read,
         # write; the cos and sin tables are per position, cached) after their
         # projection, and its transpose on dQ and dK before the projection's backward
@@ -412,7 +418,7 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
             # write P) and its backward (read P and dP, write dS); with dropout a pass
             # that writes the dropped P and a byte of mask per score, and its backward
             # (read the gradient and the mask, write). Flash attention fuses all of it.
-            n, eb = float(bh) * a.seq * a.seq, elem_bytes
+            n, eb = float(bh) * sq * a.seq, elem_bytes
             out["forward"].append(Elementwise(2 * eb * n, 5 * n, "softmax"))
             out["backward_data"].append(Elementwise(3 * eb * n, 10 * n, "softmax"))
             if a.dropout > 0:
@@ -422,7 +428,7 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
     if layer.embedding is not None:
         e = layer.embedding
         d_local = -(-e.dim // ms)
-        t = batch * e.seq
+        t = batch * -(-e.seq // max(1, height_split))
         out["forward"].append(Elementwise(float(t * d_local * elem_bytes * 2), 0.0, "gather"))
         out["backward_weight"].append(Elementwise(float(t * d_local * elem_bytes * 3), float(
             t * d_local), "scatter-add"))

@@ -94,6 +94,9 @@ class Weights:
     #: what may overlap compute
     gradient: float = 1.0
     memory: float = 0.0  #: seconds per byte (a Lagrange multiplier)
+    #: the largest collective buffer a layer with weights may hold (bytes; the memory
+    #: search's bound on the peak's transient part, which is not additive)
+    buffer_cap: float = INF
 
 
 # Columns of a part vector: compute, activation comm, gradient comm, memory bytes
@@ -174,6 +177,8 @@ class Space:
         self.pb = question_param_bytes(ctx.network, options)
         self.prefetch = prefetches(ctx, options)
         self._weighted: dict[tuple[Any, ...], np.ndarray] = {}
+        #: per weighted key: each candidate's largest collective buffer (bytes)
+        self._buffers: dict[tuple[Any, ...], np.ndarray] = {}
         self._follow: dict[tuple[Any, ...], tuple[np.ndarray, int]] = {}
         self._trans: dict[float, np.ndarray] = {}
         self._trans_fwd: dict[float, np.ndarray] = {}  # forward moves only (recomputation)
@@ -182,6 +187,7 @@ class Space:
         self._by_layer: dict[int, np.ndarray] = {}
         self._io: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._entry: dict[int, np.ndarray] = {}
+        self._entry_shared: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
         self._entry_mem: dict[int, np.ndarray] = {}
         self._ckpt: dict[str, np.ndarray] = {}
         self._mem_terms: dict[int, tuple[Any, ...]] = {}
@@ -220,6 +226,7 @@ class Space:
             key = (cost_signature(layer, ctx), tuple(lays))
             if key not in self._weighted:
                 self._weighted[key] = np.zeros((len(lays), 4))
+                self._buffers[key] = np.zeros(len(lays))
                 todo.append((key, layer, lays))
         kernels: list[Kernel] = []
         owners: list[tuple[tuple[Any, ...], int]] = []
@@ -229,6 +236,7 @@ class Space:
             for j, lay in enumerate(lays):
                 comm_a = comm_g = 0.0
                 terms = weighted_terms(layer, lay, ctx)
+                self._buffers[key][j] = max((t.bytes for t in terms), default=0.0)
                 for t in terms:
                     if self._hideable(t):
                         comm_g += t.seconds
@@ -413,8 +421,15 @@ class Space:
         input distribution of each candidate layout ``j``."""
         hit = self._entry.get(layer.index)
         if hit is None:
-            hit = self.moves(layer)[:, self.dist_indices(layer)[0]]
-            self._entry[layer.index] = hit
+            # layers alike (the same moves, the same candidates: the same parts array)
+            # share one array: a 10,000-layer transformer's take 100 MB one a layer
+            moves, parts = self.moves(layer), self.weighted(layer)
+            shared = self._entry_shared.get((id(moves), id(parts)))
+            # the arrays are kept with it, so their ids stay theirs
+            if shared is None or shared[0] is not moves or shared[1] is not parts:
+                shared = (moves, parts, moves[:, self.dist_indices(layer)[0]])
+                self._entry_shared[(id(moves), id(parts))] = shared
+            hit = self._entry[layer.index] = shared[2]
         return hit
 
     def entry_costs(self, layer: Layer, w: Weights) -> np.ndarray:
@@ -432,14 +447,27 @@ class Space:
             self._out_groups[layer.index] = hit
         return hit
 
+    def buffers(self, layer: Layer) -> np.ndarray:
+        """Each candidate layout's largest collective buffer (bytes)."""
+        return self._buffers[(cost_signature(layer, self.ctx),
+                              tuple(self.candidates[layer.index]))]
+
     def weighted_own(self, layer: Layer, w: Weights) -> np.ndarray:
-        """The weighted score of each candidate layout of a layer with weights."""
+        """The weighted score of each candidate layout of a layer with weights (INF where
+        its largest collective buffer is over ``w.buffer_cap``)."""
         parts = self.weighted(layer)
         key = (id(parts), w)  # layers with the same costs share one parts array
         hit = self._own.get(key)
         if hit is None:
-            hit = self._own[key] = _score(parts, w)
+            hit = _score(parts, w)
+            if w.buffer_cap < INF:
+                hit = np.where(self.buffers(layer) > w.buffer_cap, INF, hit)
+            hit = self._own[key] = hit
         return hit
+
+    def fewest_buffer_bytes(self) -> float:
+        """The smallest cap on collective buffers every layer with weights can keep."""
+        return max((float(b.min()) for b in self._buffers.values() if len(b)), default=0.0)
 
     def map_groups(self, out_map: np.ndarray) -> _Groups:
         """Distributions grouped by where a layer without weights leaves them."""
@@ -690,9 +718,11 @@ def _start(space: Space, origin: int | None) -> np.ndarray:
 
 
 def _advance(space: Space, w: Weights, cost: np.ndarray, lo: int, hi: int,
-             steps: list[_Step], origin: int | None, fixed: dict[int, int]) -> np.ndarray:
+             steps: list[_Step], origin: int | None, fixed: dict[int, int],
+             unpriced: frozenset[int] = frozenset()) -> np.ndarray:
     """Run the layers ``space.layers[lo:hi]`` (and the block events before each) from the
-    state ``cost``, appending their back-pointers to ``steps``."""
+    state ``cost``, appending their back-pointers to ``steps``; the layers in
+    ``unpriced`` pay their moves but not their own costs."""
     n = len(space.dists)
     events, blocks, first_weighted = space.structure
     for layer in space.layers[lo:hi]:
@@ -710,7 +740,8 @@ def _advance(space: Space, w: Weights, cost: np.ndarray, lo: int, hi: int,
         if layer.has_weights:
             cost = _weighted_step(space, layer, cost, w, steps,
                                   restrict=origin if layer.index == first_weighted else None,
-                                  only=fixed.get(layer.index))
+                                  only=fixed.get(layer.index),
+                                  unpriced=layer.index in unpriced)
         elif layer.type == "add":
             cost = _add_step(space, layer, cost, w, steps, blocks[layer.index])
         else:
@@ -719,28 +750,47 @@ def _advance(space: Space, w: Weights, cost: np.ndarray, lo: int, hi: int,
 
 
 def _member_bounds(space: Space, w: Weights, origin: int | None, fixed: dict[int, int],
-                   member: int, head: np.ndarray | None = None) -> np.ndarray:
-    """For every candidate ``j`` of ``member``, the optimum with only ``member`` held to
-    ``j`` (and ``fixed``): a relaxation of holding its whole tied group to ``j``, so a
-    lower bound of that problem, exact in floating point as well (a path's cost is summed
-    in the same order in both, and the relaxation only minimises over more paths). One
-    run up to ``member`` (or its state ``head`` from a run already made), then one run of
-    the layers from it on per candidate."""
+                   group: tuple[int, ...], head: np.ndarray | None = None) -> np.ndarray:
+    """For every common layout ``j`` of a tied group, a lower bound of the optimum with
+    the group held to ``j`` (and ``fixed``), the larger of two relaxations:
+
+    * only the group's last member held to ``j``, the others free: exact in floating
+      point as well (a path's cost is summed in the same order in both, and the
+      relaxation only minimises over more paths);
+    * the last member held to ``j``, the others free and their own costs left out, plus
+      their own costs at ``j`` (a table parted from its head is cheap alone: this one
+      counts what holding it alike costs it; less a relative 1e-12, as it sums in
+      another order).
+
+    One run up to the last member for each (the first from the state ``head`` of a run
+    already made), then one run of the layers from it on per layout and relaxation."""
+    member = max(group)
     pos = member  # a layer's index is its place in the network
+    others = frozenset(group) - {member}
     if head is None:
         head = _advance(space, w, _start(space, origin), 0, pos, [], origin, fixed)
+    bare = _advance(space, w, _start(space, origin), 0, pos, [], origin, fixed, others)
+    own = [space.weighted_own(space.layers[t], w) for t in sorted(others)]
     out = np.full(len(space.candidates[member]), INF)
     for j in range(len(out)):
         tail = _advance(space, w, head, pos, len(space.layers), [], origin,
                         {**fixed, member: j})
         out[j] = float((tail[0] + space.terminal(w)).min())
+        if not math.isfinite(out[j]):
+            continue
+        tail = _advance(space, w, bare, pos, len(space.layers), [], origin,
+                        {**fixed, member: j})
+        alike = float((tail[0] + space.terminal(w)).min()) + sum(float(o[j]) for o in own)
+        out[j] = max(out[j], alike * (1 - 1e-12))
     return out
 
 
 def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
                    steps: list[_Step], restrict: int | None,
-                   only: int | None = None) -> np.ndarray:
+                   only: int | None = None, unpriced: bool = False) -> np.ndarray:
     own = space.weighted_own(layer, w)
+    if unpriced:
+        own = np.where(np.isfinite(own), 0.0, own)
     in_idx = space.dist_indices(layer)[0]
     if restrict is not None:
         own = np.where(in_idx == restrict, own, INF)
@@ -1097,6 +1147,18 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
         result.append(best_of("megatron", "Megatron-LM: linear layers in column/row pairs, "
                                           "the other layers model-split, on the best grid",
                               mg_opts))
+    sp = megatron_modes(space.ctx.network, sequence=True)
+    if any(m.endswith("-sp") for m in sp.values()) and not ctx.paper:
+        sp_opts: list[tuple[str, dict[int, Layout] | str]] = []
+        for pr, pc in _grids(p):
+            if pr > 1:
+                sp_opts.append((f"sequence parallel, {pr}x{pc}", _assign(
+                    space, lambda layer, pr=pr, pc=pc: make_layout(
+                        sp.get(layer.index, "model"), pr, pc))))
+        result.append(best_of("megatron-sp", "Megatron-LM with sequence parallelism: the "
+                                             "pairs column-sp/row-sp, attention and "
+                                             "embeddings model-sp, on the best grid",
+                              sp_opts))
     return result
 
 
@@ -1134,8 +1196,7 @@ def solve(space: Space, w: Weights) -> tuple[float, dict[int, Layout]]:
         # layouts are tried best bound first, and the search stops at a bound above the
         # best found. The answer is the one trying every layout in order gives (ties: the
         # first layout), at a few dynamic programs
-        member = max(group)
-        bounds = np.min([_member_bounds(space, w, origin, fixed, member,
+        bounds = np.min([_member_bounds(space, w, origin, fixed, group,
                                         heads[k] if g == 0 else None)
                          for k, origin in enumerate(_origins(space))], axis=0)
         best = (INF, {})
@@ -1446,6 +1507,8 @@ def improve(space: Space, start: Candidate, objective: str,
 
 #: most answers of the program the memory search tries (each a full dynamic program)
 FIT_BUDGET = 24
+#: bounds on the collective buffers tried when the leanest answer does not fit
+CAP_TRIES = 4
 
 
 def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
@@ -1461,7 +1524,11 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
     on the side that fits (Handler & Zang, "A dual algorithm for the constrained shortest
     path problem", Networks 10, 1980). When even the leanest answer does not fit, no
     weight is tried: the program's memory is the evaluation's up to what the module's
-    memory notes list."""
+    memory notes list, and the transient collective buffers: the program's memory is a
+    sum over layers, the evaluation's peak adds the largest buffer. Where the leanest
+    answer does not fit, the layouts whose buffers are over what its other parts leave
+    room for are left out (halving that bound while the answer still does not fit), and
+    the hull is walked with them left out."""
     found: list[Candidate] = []
     timed = Weights(base.compute, base.activation, base.gradient, 0.0)
     memory = Weights(0.0, 0.0, 0.0, 1.0)
@@ -1471,6 +1538,19 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
 
     lean = solve(space, memory)[1]
     leanest = consider("search", lean)
+    cap = INF
+    if leanest is not None and not leanest.evaluation.memory.fits:
+        mem = leanest.evaluation.memory
+        cap = mem.capacity - (mem.peak - mem.comm_buffers)
+        floor = space.fewest_buffer_bytes()
+        for _ in range(CAP_TRIES):
+            if cap < floor:
+                break
+            lean = solve(space, Weights(0.0, 0.0, 0.0, 1.0, buffer_cap=cap))[1]
+            leanest = consider("search", lean)
+            if leanest is None or leanest.evaluation.memory.fits:
+                break
+            cap /= 2
     if leanest is None or not leanest.evaluation.memory.fits:
         return found
     found.append(leanest)
@@ -1479,7 +1559,8 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
         if m_a <= m_b:
             break  # the answer that fits is no larger: nothing in between
         lam = max((t_b - t_a) / (m_a - m_b), 0.0)
-        mid = solve(space, Weights(base.compute, base.activation, base.gradient, lam))[1]
+        mid = solve(space, Weights(base.compute, base.activation, base.gradient, lam,
+                                   buffer_cap=cap))[1]
         t_c, m_c = point(mid)
         if t_c + lam * m_c >= (t_a + lam * m_a) * (1 - 1e-12):
             break  # on the segment: the hull edge between A and B

@@ -7,13 +7,18 @@ A layer with weights on ``P = P_r × P_c`` devices admits
 * ``model P_r×P_c`` for every divisor ``P_r > 1`` of ``P`` with ``P_r`` at most its output
   features / channels / heads and ``P_c ≤ B``;
 * ``domain P_r×P_c`` for convolutions whose input and output heights are at least ``P_r``
-  (the paper's analytic accounting, ``gholami2018``, splits any convolution);
+  (the paper's analytic accounting, ``gholami2018``, splits any convolution), and (not
+  under ``gholami2018``) for linear, attention and embedding layers on a sequence of at
+  least ``P_r`` tokens, split by tokens (context parallelism);
 * for linear layers (not under ``gholami2018``, which has no such layouts) ``column`` and
   ``row P_r×P_c``, Megatron's pair: ``P_r`` at most the output features (column) or the
   input features (row);
+* ``column-sp``, ``row-sp`` and ``model-sp`` (attention, embeddings) on sequences of at
+  least ``P_r`` tokens: Megatron-LM's sequence parallelism;
 
 each grid with both dimensions above one in the two placements (rows or columns inside a
-node).
+node; the layouts that split a sequence's tokens in the ``sequence_placements`` of
+:func:`candidate_layouts`).
 """
 
 from __future__ import annotations
@@ -60,9 +65,6 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False) -
         if layer.linear.tied_to is not None and mode == "row":
             return ("an output head that shares its embedding's table splits it by "
                     "vocabulary rows (model or column), not by its input features (row)")
-        if layer.linear.tied_to is not None and layout.mode == "column-sp":
-            return ("an output head that shares its embedding's table holds it as the "
-                    "embedding does (model or column), not column-sp")
         if paper:
             return (f"the paper's accounting (--cost-model gholami2018) has no "
                     f"{layout.mode}-parallel layout")
@@ -73,7 +75,7 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False) -
             return f"it has {limit} {side} features, fewer than P_r={layout.pr}"
     if layout.mode == "domain":
         if layer.conv is None:
-            return "domain parallelism splits the height of a convolution; this layer has none"
+            return _why_not_context(layer, layout, paper)
         if not paper:
             h = min(layer.input_shape[1], layer.output_shape[1])
             if layout.pr > h:
@@ -83,25 +85,59 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False) -
     return None
 
 
+def _why_not_context(layer: Layer, layout: Layout, paper: bool) -> str | None:
+    """Why ``domain`` does not apply to a layer with weights that is no convolution:
+    on a sequence it splits the tokens (context parallelism)."""
+    tokens = sequence_tokens(layer)
+    if tokens is None:
+        return ("domain parallelism splits the height of a convolution or the tokens of "
+                "a sequence; this layer has neither")
+    if paper:
+        return ("the paper's accounting (--cost-model gholami2018) splits the height of "
+                "convolutions only, not a sequence's tokens")
+    if layout.pr > tokens:
+        return f"its sequence has {tokens} tokens, fewer than P_r={layout.pr}"
+    return None
+
+
 def _why_not_sequence(layer: Layer, layout: Layout, paper: bool) -> str | None:
     """Why a sequence-parallel layout does not apply (None when it does)."""
     if paper:
         return ("the paper's accounting (--cost-model gholami2018) has no sequence "
                 "parallelism")
-    kind = "an attention layer" if layout.mode == "model-sp" else "a linear layer"
-    if (layer.attention is None) if layout.mode == "model-sp" else (layer.linear is None):
+    if layout.mode == "model-sp":
+        kind = "an attention layer or an embedding"
+        wrong = layer.attention is None and layer.embedding is None
+    else:
+        kind, wrong = "a linear layer", layer.linear is None
+    if wrong:
         return (f"{layout.mode} layouts (Megatron's sequence parallelism) split {kind}; "
                 "this layer is not one")
-    if len(layer.input_shape) != 2:
+    tokens = sequence_tokens(layer)
+    if tokens is None:
         return (f"{layout.mode} splits a sequence [seq, dim] by tokens, and this layer's "
                 f"input is {list(layer.input_shape)}")
-    if layout.pr > layer.input_shape[0]:
-        return f"its sequence has {layer.input_shape[0]} tokens, fewer than P_r={layout.pr}"
+    if layout.pr > tokens:
+        return f"its sequence has {tokens} tokens, fewer than P_r={layout.pr}"
+    emb = layer.embedding
+    if emb is not None and layout.pr > emb.vocab:
+        return f"its table has {emb.vocab} rows, fewer than P_r={layout.pr}"
     return None
 
 
-def _sequence_ok(layer: Layer, pr: int) -> bool:
-    return len(layer.input_shape) == 2 and pr <= layer.input_shape[0]
+def sequence_tokens(layer: Layer) -> int | None:
+    """The tokens a sequence-parallel layout splits: an embedding's sequence, or the
+    first dimension of a ``[seq, dim]`` input (None: the layer has no sequence)."""
+    if layer.embedding is not None:
+        return layer.embedding.seq
+    return layer.input_shape[0] if len(layer.input_shape) == 2 else None
+
+
+def _token_split_limit(layer: Layer) -> int:
+    """The most devices a sequence-parallel layout of ``layer`` spans (the reasons are
+    :func:`_why_not_sequence`'s): its tokens, and an embedding's table rows (0: none)."""
+    tokens = sequence_tokens(layer) or 0
+    return min(tokens, layer.embedding.vocab) if layer.embedding is not None else tokens
 
 
 def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
@@ -125,12 +161,12 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
         if pc > batch:
             continue
         both = pc > 1
-        tokens = not paper and _sequence_ok(layer, pr)
+        tokens = not paper and pr <= _token_split_limit(layer)
         sp_placements = [pl for pl in sequence_placements if both or pl == "rows"]
         if pr <= limit:
             for pl in placements if both else ("rows",):
                 yield make_layout("model", pr, pc, pl)
-            if tokens and layer.attention is not None:
+            if tokens and (layer.attention is not None or layer.embedding is not None):
                 for pl in sp_placements:
                     yield make_layout("model-sp", pr, pc, pl)
         if lin is not None and megatron:
@@ -138,11 +174,14 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
                 if pr <= most and not (mode == "row" and lin.tied_to is not None):
                     for pl in placements if both else ("rows",):
                         yield make_layout(mode, pr, pc, pl)
-                    if tokens and lin.tied_to is None:
+                    if tokens:
                         for pl in sp_placements:
                             yield make_layout(f"{mode}-sp", pr, pc, pl)
         if layer.conv is not None and (paper or pr <= spatial_rows):
             for pl in placements if both else ("rows",):
+                yield make_layout("domain", pr, pc, pl)
+        elif layer.conv is None and not paper and pr <= (sequence_tokens(layer) or 0):
+            for pl in sp_placements:  # context parallelism: split by tokens
                 yield make_layout("domain", pr, pc, pl)
 
 
@@ -164,16 +203,24 @@ def grid_layout(layer: Layer, gpus: int, pr: int, pc: int, mode: str | None,
         return make_layout("data", 1, gpus)
     if mode == "domain" and layer.conv is not None:
         return make_layout("domain", pr, pc, placement)
-    if mode == "megatron" and pairs:
+    if mode in MEGATRON_MODES and pairs:
         return make_layout(pairs.get(layer.index, "model"), pr, pc, placement)
     return make_layout("model", pr, pc, placement)
 
 
-def megatron_modes(network: Network) -> dict[int, str]:
+#: the one-grid modes of Megatron-LM: tensor parallelism, and with sequence parallelism
+MEGATRON_MODES: tuple[str, ...] = ("megatron", "megatron-sp")
+
+
+def megatron_modes(network: Network, sequence: bool = False) -> dict[int, str]:
     """Megatron-LM's tensor parallelism for a network's linear layers: a linear whose
     output reaches another linear through feature-wise layers only is ``column``, that
-    other one ``row``; an output head that shares its embedding's table ``column`` (the
-    others are left out: model-split)."""
+    other one ``row``; the output head (the last layer, or one that shares its
+    embedding's table) ``column``, its logits left split for the vocabulary-parallel
+    cross-entropy (the others are left out: model-split). With ``sequence``
+    (Megatron-LM's ``--sequence-parallel``), the linear layers so split on sequences are
+    ``column-sp`` and ``row-sp``, attention layers and embeddings on sequences
+    ``model-sp`` (a vocabulary-parallel embedding reduce-scattering by tokens)."""
     consumers: dict[int, list[int]] = {}
     for layer in network.layers:
         for i in layer.inputs:
@@ -182,8 +229,8 @@ def megatron_modes(network: Network) -> dict[int, str]:
     for layer in network.layers:
         if layer.linear is None or layer.index in modes:
             continue
-        if layer.linear.tied_to is not None:
-            modes[layer.index] = "column"
+        if layer.linear.tied_to is not None or layer.index == len(network.layers) - 1:
+            modes[layer.index] = "column"  # the head: its logits stay split for the loss
             continue
         nxt = consumers.get(layer.index, [])
         while len(nxt) == 1 and network.layers[nxt[0]].type in FEATURE_WISE:
@@ -193,6 +240,15 @@ def megatron_modes(network: Network) -> dict[int, str]:
             if target.linear is not None and target.linear.tied_to is None:
                 modes[layer.index] = "column"
                 modes[target.index] = "row"
+    if not sequence:
+        return modes
+    for layer in network.layers:
+        if sequence_tokens(layer) is None:
+            continue
+        if layer.attention is not None or layer.embedding is not None:
+            modes[layer.index] = "model-sp"
+        elif layer.index in modes:
+            modes[layer.index] += "-sp"
     return modes
 
 
@@ -240,15 +296,16 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
         pr, pc = grid
         if mode == "data" and pr != 1:
             raise StrategyError(f"--mode data is the grid 1x{gpus}; --grid {pr}x{pc} needs "
-                                "--mode model, domain or megatron", "grid")
-    elif mode in ("model", "domain", "megatron"):
+                                "--mode model, domain, megatron or megatron-sp", "grid")
+    elif mode in ("model", "domain", *MEGATRON_MODES):
         pr, pc = gpus, 1
     else:
         pr, pc = 1, gpus
     used = [False] * len(pins)
     out: dict[int, Layout] = {}
     owner_of = {t: o for o, tied in network.ties.items() for t in tied}
-    pairs = megatron_modes(network) if mode == "megatron" else None
+    pairs = megatron_modes(network, mode == "megatron-sp") if mode in MEGATRON_MODES \
+        else None
     for layer in network.layers:
         if not layer.has_weights:
             continue

@@ -21,7 +21,8 @@ team chose: a plan file, one grid for every layer, or pins::
                                  # their forward in backward
     algorithm: ring              # collective algorithm (default: the cluster file's)
     strategy:
-      plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron), or: pins: [...]
+      plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron|
+                                 # megatron-sp), or: pins: [...]
     max_slowdown: 1.10           # allowed ratio to the searched optimum
 
 Checks: the strategy fits in memory on every device; its predicted iteration time is
@@ -75,7 +76,7 @@ from .layout import (
 from .loading import Document, Mark, load_file
 from .network import DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
 from .plan import DEFAULT_ALGORITHM
-from .strategies import StrategyError, fixed_assignment, why_invalid
+from .strategies import MEGATRON_MODES, StrategyError, fixed_assignment, why_invalid
 from .units import MAX_BATCH, MAX_GPUS
 
 
@@ -210,8 +211,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                     parse_grid(strategy["grid"], gpus, "gpus")
                 except PlannerError as exc:
                     sf.error("grid", str(exc).removeprefix("planner: error: "))
-            strategy["mode"] = sf.opt("mode", choice(("data", "model", "domain", "megatron")),
-                                      "model")
+            strategy["mode"] = sf.opt("mode", choice(("data", "model", "domain",
+                                                      *MEGATRON_MODES)), "model")
             strategy["placement"] = sf.opt("placement", choice(("rows", "cols")), "rows")
         elif sf.has("pins"):
             strategy["pins"] = sf.req("pins", _pins)

@@ -79,12 +79,12 @@ def test_json_format(runner, monkeypatch):
                                                                         "speed"}
     mem = next(c for c in by_name["gpt2-oom"]["checks"] if c["check"] == "memory")
     assert mem["ok"] is False and mem["peak_bytes"] > mem["capacity_bytes"]
-    # the advice names the configuration's keys, not plan's options (batch: 1072, not
-    # --batch 1072), and how to find a recomputation count (recompute: auto is refused)
+    # the advice names the configuration's keys, not plan's options (batch: 1080, not
+    # --batch 1080), and how to find a recomputation count (recompute: auto is refused)
     speed = next(c for c in by_name["gpt2-oom"]["checks"] if c["check"] == "speed")
     assert "(recompute: N, which `planner plan ... --recompute auto` finds: as few of the " \
         "24 as memory needs)" in speed["message"]
-    assert "about batch: 1072," in speed["message"] and "devices (gpus: 16)" in speed["message"]
+    assert "about batch: 1080," in speed["message"] and "devices (gpus: 16)" in speed["message"]
     assert "--" not in speed["message"].replace("--recompute auto", "")
 
 

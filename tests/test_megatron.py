@@ -247,9 +247,19 @@ def test_the_megatron_baseline_pairs_each_mlp():
     assert modes["h.0.mlp.c_fc"] == "column" and modes["h.0.mlp.c_proj"] == "row"
     assert modes["lm_head"] == "column"
     assert len(modes) == 2 * 12 + 1
-    tiny = mlp([64, 128, 256, 32])  # fc1 → relu → fc2 → relu → fc3: fc1/fc2 a pair
+    # fc1 → relu → fc2 → relu → fc3: fc1/fc2 a pair; fc3, the head, column (Megatron-LM's
+    # output layer is a ColumnParallelLinear, tied or not, its logits left split)
+    tiny = mlp([64, 128, 256, 32])
     assert {tiny.layers[i].name: m for i, m in megatron_modes(tiny).items()} == {
-        "fc1": "column", "fc2": "row"}
+        "fc1": "column", "fc2": "row", "fc3": "column"}
+    # with sequence parallelism: the pairs, the head, attention and the table on tokens
+    sp = {net.layers[i].name: m for i, m in megatron_modes(net, sequence=True).items()}
+    assert (sp["h.0.mlp.c_fc"], sp["h.0.mlp.c_proj"]) == ("column-sp", "row-sp")
+    assert (sp["wte"], sp["h.0.attn.attn"], sp["lm_head"]) == ("model-sp", "model-sp",
+                                                               "column-sp")
+    assert len(sp) == 2 * 12 + 1 + 12 + 1
+    # a vector (no tokens): no sequence parallelism
+    assert megatron_modes(tiny, sequence=True) == megatron_modes(tiny)
     big = load_network_text(transformer(324, width=4096, heads=32, seq=2048))
     opts = Options(gpus=64, batch=64)
     ctx = make_context(big, load_cluster(CLUSTERS / "dgx-h100.yaml"), opts)
@@ -295,7 +305,7 @@ def test_cost_and_check_take_the_megatron_mode(runner, tmp_path):
     assert by["wte"] == ("model", [4, 2]) and by["lm_head"] == ("column", [4, 2])
     assert by["h.0.attn.attn"] == ("model", [4, 2])
     r = invoke(runner, "cost", *gpt2, "--grid", "4x2", "--mode", "data")
-    assert r.exit_code == 2 and "--mode model, domain or megatron" in r.stderr
+    assert r.exit_code == 2 and "--mode model, domain, megatron or megatron-sp" in r.stderr
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"kind: training\nnetwork: {gpt2[0]}\ncluster: {gpt2[1]}\ngpus: 8\n"
                    "batch: 8\nstrategy: {grid: 4x2, mode: megatron}\n")

@@ -160,11 +160,13 @@ def _every_common_layout(space, w):
        bw=st.sampled_from([1e9, 1e11]))
 def test_tie_search_bounds_hold_and_equal_trying_every_layout(p, batch, blocks, memory, bw):
     """The tie search tries common layouts best lower bound first and stops at a bound
-    above the best found. Each bound (the head held alone) is at most the exact optimum
-    with the whole group held, compared exactly (no tolerance: the relaxation sums each
-    path in the same order), and the answer, value and assignment, is the one the
-    exhaustive loop gives (same first-layout tie rule), on transformer blocks with
-    residuals, under memory weights as the memory search uses them."""
+    above the best found. Each bound (the head held alone, or held with the table's own
+    cost at the common layout added to a run that leaves it out) is at most the exact
+    optimum with the whole group held, compared exactly (no tolerance: the first
+    relaxation sums each path in the same order, the second is lowered by a relative
+    1e-12), and the answer, value and assignment, is the one the exhaustive loop gives
+    (same first-layout tie rule), on transformer blocks with residuals, under memory
+    weights as the memory search uses them."""
     net = load_network_text(_transformer_text(blocks))
     cl = cluster(per_node=8, intra=(1e-6, bw * 10), inter=(5e-6, bw))
     opts = Options(gpus=p, batch=batch)
@@ -173,7 +175,7 @@ def test_tie_search_bounds_hold_and_equal_trying_every_layout(p, batch, blocks, 
     space.prepare_transitions()
     w = Weights(memory=memory)
     group = space.ties[0]
-    bounds = search_module._member_bounds(space, w, None, {}, max(group))
+    bounds = search_module._member_bounds(space, w, None, {}, group)
     for j, bound in enumerate(bounds):
         exact = search_module._solve_origins(space, w, dict.fromkeys(group, j))[0]
         assert bound <= exact

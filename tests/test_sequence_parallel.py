@@ -11,14 +11,28 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from planner.costs.layer import follower_kernels, follower_terms, weighted_terms
+from planner.costs.layer import (
+    follower_kernels,
+    follower_terms,
+    local_params,
+    weighted_kernels,
+    weighted_terms,
+)
 from planner.evaluate import Options, evaluate, make_context
-from planner.inputs import load_network_text
-from planner.layout import Dist, input_dist, make_layout, parse_pin, redistribution
+from planner.inputs import load_cluster, load_network, load_network_text
+from planner.layout import (
+    Dist,
+    holds_alike,
+    input_dist,
+    make_layout,
+    parse_pin,
+    redistribution,
+)
 from planner.search import Space, Weights, solve
-from planner.strategies import candidate_layouts, why_invalid
+from planner.strategies import candidate_layouts, megatron_modes, why_invalid
 
 from .conftest import invoke
 from .helpers import FixedEstimator, cluster
@@ -179,10 +193,121 @@ def test_program_equals_evaluation():
     assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
 
 
+VOCAB = 1000
+
+
+def _language_model() -> object:
+    """A token table, learned positions and one MLP block on 32 tokens of width 64."""
+    return load_network_text(f"""
+kind: network
+name: lm
+input: [{SEQ}]
+dtype: float32
+layers:
+  - {{name: wte, type: embedding, vocab: {VOCAB}, dim: {DIM}}}
+  - {{name: wpe, type: positional_embedding, positions: {SEQ}}}
+  - name: mlp
+    type: residual
+    body:
+      - {{name: ln, type: layernorm}}
+      - {{name: up, type: linear, out_features: {FFN}}}
+      - {{name: act, type: gelu}}
+      - {{name: down, type: linear, out_features: {DIM}}}
+  - {{name: head, type: linear, out_features: {VOCAB}, bias: false, tie: wte}}
+""")
+
+
+def test_vocabulary_parallel_embedding_by_hand():
+    """``model-sp`` on a token table (Megatron-LM's vocabulary-parallel embedding with
+    ``--sequence-parallel``), 4 × 2 devices, b = 8: every device gathers the batch
+    block's token ids (8 × 32 int64, 8 bytes each), looks them all up in its 250 of the
+    1,000 rows (the others read zero: the lookup is the whole block's, 8 × 32 × 64
+    elements written), reduce-scatters the partial sums by tokens (8 × 32 × 64 × 4
+    bytes) and all-gathers their gradient backward; no input gradient; its quarter of
+    the table (250 × 64) is reduced over the column group of 2. Its input arrives split
+    by tokens, its output leaves split by tokens, and the tied head may hold the table
+    alike as ``column-sp`` on the same grid."""
+    net = _language_model()
+    ctx, _ = _ctx(net)
+    wte = net.by_name("wte")
+    lay = make_layout("model-sp", 4, 2)
+    y = 8 * SEQ * DIM * E
+    assert _terms(weighted_terms(wte, lay, ctx)) == sorted([
+        ("forward", "all_gather", 4, 8 * SEQ * 8, "token ids"),
+        ("forward", "reduce_scatter", 4, y, "tokens"),
+        ("backward_data", "all_gather", 4, y, "tokens"),
+        ("weight_grad", "all_reduce", 2, VOCAB / 4 * DIM * E, ""),
+    ])
+    assert local_params(wte, lay) == VOCAB / 4 * DIM
+    (gather,) = weighted_kernels(wte, lay, ctx)["forward"]
+    assert gather.bytes == 8 * SEQ * DIM * E * 2  # read and write the whole block
+    assert lay in candidate_layouts(wte, 8, B)
+    assert holds_alike(lay, make_layout("column-sp", 4, 2))
+    assert holds_alike(lay, make_layout("column", 4, 2))
+    assert not holds_alike(lay, make_layout("column-sp", 2, 4))
+    assert "1000 rows, fewer than P_r=1024" in why_invalid(
+        load_network_text(f"kind: network\ninput: [2048]\nlayers:\n  - {{type: embedding, "
+                          f"vocab: {VOCAB}, dim: 64}}\n").layers[0],
+        make_layout("model-sp", 1024, 1), 1)
+    # learned positions on a token split: each device adds its own tokens' rows, no
+    # gather; the table's gradient is summed over all 8 devices (batch and token digits)
+    tokens = lay.output_dist()
+    terms, work, out = follower_terms(net.by_name("wpe"), tokens, ctx)
+    assert work == out == tokens
+    assert _terms(terms) == [("weight_grad", "all_reduce", 8, SEQ * DIM * E, "")]
+
+
+def test_megatron_sp_grid(runner):
+    """``cost --grid 4x2 --mode megatron-sp`` on the small language model: the pair
+    column-sp/row-sp, the table model-sp, the tied head column-sp; the program's pairs
+    without it are the ``megatron`` grid's, the head column."""
+    net = _language_model()
+    assert {net.layers[i].name: m for i, m in megatron_modes(net).items()} == {
+        "mlp.up": "column", "mlp.down": "row", "head": "column"}
+    assert {net.layers[i].name: m for i, m in megatron_modes(net, sequence=True).items()} \
+        == {"wte": "model-sp", "mlp.up": "column-sp", "mlp.down": "row-sp",
+            "head": "column-sp"}
+    r = invoke(runner, "cost", "examples/networks/gpt2-small.yaml",
+               "examples/clusters/dgx-h100.yaml", "-p", "8", "-b", "8", "--grid", "4x2",
+               "--mode", "megatron-sp", "--format", "json")
+    assert r.exit_code == 0, r.output
+    by = {rec["name"]: (rec["mode"], rec["grid"]) for rec in json.loads(r.stdout)["layers"]
+          if "follows" not in rec}
+    assert by["wte"] == ("model-sp", [4, 2]) and by["lm_head"] == ("column-sp", [4, 2])
+    assert by["h.0.attn.attn"] == ("model-sp", [4, 2])
+    assert (by["h.0.mlp.c_fc"][0], by["h.0.mlp.c_proj"][0]) == ("column-sp", "row-sp")
+
+
+def test_buffer_cap():
+    """The search's memory part is a sum over layers; a collective's buffer is not (the
+    peak adds the largest). Llama 3 8B's head (4,096 → 128,256) as ``row-sp 64x1``
+    reduce-scatters every device's whole partial logits, 64 × 8,192 × 128,256 bf16
+    values (134 GB, more than a device holds): under a cap below that, the program
+    prices it out (INF), and the cheapest cap every layer can keep is the largest of
+    the layers' smallest buffers."""
+    net = load_network("examples/networks/llama3-8b.yaml")
+    opts = Options(gpus=64, batch=64, optimizer="adam")
+    ctx = make_context(net, load_cluster("examples/clusters/dgx-h100.yaml"), opts,
+                       FixedEstimator(1e-5))
+    space = Space(ctx, opts, {})
+    head = net.by_name("lm_head")
+    lays = space.candidates[head.index]
+    j = lays.index(make_layout("row-sp", 64, 1))
+    assert space.buffers(head)[j] == 64 * 8192 * 128256 * 2
+    capped = space.weighted_own(head, Weights(0.0, 0.0, 0.0, 1.0, buffer_cap=1e11))
+    assert capped[j] == float("inf")
+    free = space.weighted_own(head, Weights(0.0, 0.0, 0.0, 1.0))
+    assert np.isfinite(free).all()
+    assert np.array_equal(np.isinf(capped), space.buffers(head) > 1e11)
+    assert space.fewest_buffer_bytes() == max(
+        space.buffers(lay).min() for lay in net.layers if lay.has_weights)
+
+
 def test_llama_at_batch_64_fits_only_with_it(runner):
     """Llama 3 8B on 64 H100s, 64 sequences of 8,192 tokens, Adam: Megatron's layouts
-    without sequence parallelism need 114 GiB a device; the plan splits the residual
-    stream by tokens and fits."""
+    without sequence parallelism need 107 GiB a device; the plan splits the residual
+    stream by tokens and fits, as Megatron-LM's layouts with sequence parallelism do,
+    and is no slower than they are."""
     r = invoke(runner, "plan", "examples/networks/llama3-8b.yaml",
                "examples/clusters/dgx-h100.yaml", "-p", "64", "-b", "64", "--optimizer",
                "adam", "--format", "json")
@@ -192,6 +317,8 @@ def test_llama_at_batch_64_fits_only_with_it(runner):
     assert modes.count("row-sp") >= 16 and doc["memory"]["fits"]
     megatron = next(b for b in doc["baselines"] if b["name"] == "megatron")
     assert megatron["applicable"] and not megatron["fits"]
+    sp = next(b for b in doc["baselines"] if b["name"] == "megatron-sp")
+    assert sp["fits"] and doc["iteration"]["time_s"] <= sp["time_s"]
 
 
 def test_pinned_to_cols(runner):

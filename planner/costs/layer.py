@@ -47,7 +47,8 @@ ELEMENTWISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout",
 #: interleaved per shard, as Megatron-LM stores its fused gate and up projection
 FEATURE_WISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout", *GATED)
 #: layers that work on each token of a sequence alone, so on a sequence split by tokens
-TOKEN_WISE = ("layernorm", "rmsnorm", "softmax")
+#: (a learned position embedding adds the rows of its own tokens)
+TOKEN_WISE = ("layernorm", "rmsnorm", "softmax", "positional_embedding")
 COST_MODELS = ("exact", "gholami2018")
 
 
@@ -339,8 +340,12 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
             _add(terms, term(ctx, "backward_data", bwd_op, row, b * layer.in_elems * e))
         terms += gradient_terms(ctx, col, local_params(layer, layout))
         return terms
-    # domain: halo rows, weights replicated on all P
-    terms += halo_terms(layer, layout, ctx, b)
+    # domain: halo rows (a sequence's tokens: none; attention gathers the keys and
+    # values), weights replicated on all P
+    if layer.conv is not None or ctx.paper:
+        terms += halo_terms(layer, layout, ctx, b)
+    elif layer.attention is not None:
+        terms += context_terms(layer, layout, ctx, b)
     wg = layer.weight_elems if ctx.paper else own
     terms += gradient_terms(ctx, allg, wg)
     return terms
@@ -360,6 +365,17 @@ def _sequence_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> lis
     e = ctx.elem_bytes
     terms: list[CommTerm] = []
     x, y = b * layer.in_elems * e, b * layer.out_elems * e
+    if layer.embedding is not None:
+        # Megatron-LM's vocabulary-parallel embedding under sequence parallelism: each
+        # device looks up every token of its batch block in its rows of the table (the
+        # others read zero), and the partial sums are reduce-scattered by tokens where
+        # tensor parallelism alone all-reduces them; the token ids (int64) are gathered
+        _add(terms, term(ctx, "forward", "all_gather", row, b * layer.in_elems * 8,
+                         "token ids"))
+        _add(terms, term(ctx, "forward", "reduce_scatter", row, y, "tokens"))
+        _add(terms, term(ctx, "backward_data", "all_gather", row, y, "tokens"))
+        terms += gradient_terms(ctx, col, local_params(layer, layout))
+        return terms
     if layout.mode in ("column-sp", "model-sp"):
         _add(terms, term(ctx, "forward", "all_gather", row, x, "tokens"))
     if layout.mode in ("row-sp", "model-sp"):
@@ -376,6 +392,27 @@ def _sequence_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> lis
         _add(terms, term(ctx, "backward_data", "all_reduce", row,
                          lin.out_features * ctx.grad_bytes, "token-split bias"))
     terms += gradient_terms(ctx, col, local_params(layer, layout))
+    return terms
+
+
+def context_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[CommTerm]:
+    """Attention over a sequence split by tokens (``domain`` on a sequence: context
+    parallelism, Megatron-LM's ``--context-parallel-size``; Liu et al.'s ring attention,
+    ICLR 2024): each device projects its own tokens' queries, keys and values, and its
+    queries meet every key, so the keys and values (``2 · kv_heads · head_dim`` a
+    token) are all-gathered over the row group forward; backward they are gathered
+    again (each device keeps only its own) and their gradients reduce-scattered back.
+    Megatron-LM passes them around a ring of point-to-point sends, the bytes of the
+    gather's ring, overlapped with the attention kernels; here on the critical path."""
+    a = layer.attention
+    assert a is not None
+    row = layout.row_group(ctx.per_node)
+    kv = b * a.seq * 2 * a.kv_heads * a.head_dim * ctx.elem_bytes
+    terms: list[CommTerm] = []
+    _add(terms, term(ctx, "forward", "all_gather", row, kv, "keys and values"))
+    _add(terms, term(ctx, "backward_data", "all_gather", row, kv, "keys and values again"))
+    _add(terms, term(ctx, "backward_data", "reduce_scatter", row, kv,
+                     "key and value gradients"))
     return terms
 
 
@@ -709,6 +746,9 @@ def weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, li
 def _weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, list[Kernel]]:
     b = _ceil_div(ctx.batch, layout.pc)
     mode = base_mode(layout.mode)
+    if layout.mode == "model-sp" and layer.embedding is not None:
+        # split by vocabulary rows: every token of the batch block is looked up (masked)
+        return layer_kernels(layer, b, ctx.elem_bytes)
     if mode in ("model", "column"):
         return layer_kernels(layer, b, ctx.elem_bytes, model_split=layout.pr)
     if mode == "row":
@@ -750,6 +790,9 @@ def local_params(layer: Layer, layout: Layout | None) -> float:
         return float(layer.params)
     pr = layout.pr
     mode = base_mode(layout.mode)
+    emb = layer.embedding
+    if layout.mode == "model-sp" and emb is not None:  # split by vocabulary rows
+        return layer.params * _ceil_div(emb.vocab, pr) / emb.vocab
     if mode in ("model", "column") and layer.has_weights:
         if layer.attention is not None:
             return float(layer.attention.weights(*layer.attention.held(pr)))

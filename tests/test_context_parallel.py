@@ -1,0 +1,191 @@
+"""Context parallelism: ``domain`` on a sequence splits its tokens over the row group,
+as the paper's domain parallelism splits an image's rows (Gholami et al., SPAA 2018,
+§3.3). Linear layers, token tables and the layers between them work on their own tokens
+with their weights whole, which are reduced over all ``P`` devices; attention's queries
+meet every key, so its keys and values are gathered over the row group (Megatron-LM's
+``--context-parallel-size``; Liu, Zaharia and Abbeel's ring attention, ICLR 2024, passes
+the same bytes around a ring)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.costs.layer import weighted_kernels, weighted_terms
+from planner.evaluate import Options, evaluate, make_context
+from planner.inputs import load_network_text
+from planner.layout import input_dist, make_layout
+from planner.search import Space, Weights, solve
+from planner.strategies import candidate_layouts, why_invalid
+
+from .conftest import invoke
+from .helpers import FixedEstimator, cluster
+
+B, E = 16, 2  # batch, bytes per element (bf16)
+SEQ, DIM, HEADS, KV, FFN = 64, 128, 8, 2, 256
+HD = DIM // HEADS
+
+
+def _net(flash: bool = True):
+    """A token table and one pre-norm decoder block with grouped-query attention."""
+    return load_network_text(f"""
+kind: network
+name: cp
+input: [{SEQ}]
+dtype: bfloat16
+layers:
+  - {{name: wte, type: embedding, vocab: 512, dim: {DIM}}}
+  - name: attn
+    type: residual
+    body:
+      - {{name: ln, type: rmsnorm}}
+      - {{name: sa, type: attention, heads: {HEADS}, kv_heads: {KV}, causal: true,
+          flash: {str(flash).lower()}, bias: false}}
+  - name: mlp
+    type: residual
+    body:
+      - {{name: ln, type: rmsnorm}}
+      - {{name: up, type: linear, out_features: {FFN}, bias: false}}
+      - {{name: act, type: gelu}}
+      - {{name: down, type: linear, out_features: {DIM}, bias: false}}
+  - {{name: head, type: linear, out_features: 512, bias: false}}
+""")
+
+
+def _ctx(net, p=8):
+    opts = Options(gpus=p, batch=B, overlap="none")
+    return make_context(net, cluster(per_node=8), opts, FixedEstimator(1e-5)), opts
+
+
+def _terms(terms):
+    return sorted((t.phase, t.collective, t.group.size, t.bytes, t.note) for t in terms)
+
+
+def test_attention_terms_by_hand():
+    """``domain 4x2``, b = 8 a batch block: the keys and values of all 64 tokens, 2 KV
+    heads of 16 each way (8 × 64 × 2 · 2 · 16 × 2 bytes), all-gathered forward and again
+    backward and their gradients reduce-scattered, over the row group of 4; the whole
+    weight (4 projections of 128 × 128, 128 × 32 and 128 × 32 and 128 × 128: 40,960
+    elements) reduced over all 8 devices. Linear layers and the table move nothing but
+    their gradients."""
+    net = _net()
+    ctx, _ = _ctx(net)
+    lay = make_layout("domain", 4, 2)
+    kv = 8 * SEQ * 2 * KV * HD * E
+    weights = DIM * (DIM + 2 * KV * HD) + DIM * DIM
+    assert net.by_name("attn.sa").params == weights
+    assert _terms(weighted_terms(net.by_name("attn.sa"), lay, ctx)) == sorted([
+        ("forward", "all_gather", 4, kv, "keys and values"),
+        ("backward_data", "all_gather", 4, kv, "keys and values again"),
+        ("backward_data", "reduce_scatter", 4, kv, "key and value gradients"),
+        ("weight_grad", "all_reduce", 8, weights * E, ""),
+    ])
+    assert _terms(weighted_terms(net.by_name("mlp.up"), lay, ctx)) == [
+        ("weight_grad", "all_reduce", 8, DIM * FFN * E, "")]
+    assert _terms(weighted_terms(net.by_name("wte"), lay, ctx)) == [
+        ("weight_grad", "all_reduce", 8, 512 * DIM * E, "")]
+    # its input and output are the tokens split over the row group: the height digit
+    assert input_dist(lay) == lay.output_dist() == make_layout("row-sp", 4, 2).output_dist()
+
+
+def test_kernels_by_hand():
+    """The busiest device of ``domain 4x2`` (b = 8): 8 × 16 of the 64 tokens through each
+    GEMM; its 16 queries a sequence meet 32 keys (causal, flash: half of 64, as a
+    load-balanced split gives every device), 8 × 8 heads; unfused, all 64 keys, and the
+    softmax passes over 8 · 8 × 16 × 64 scores."""
+    net = _net()
+    ctx, _ = _ctx(net)
+    lay = make_layout("domain", 4, 2)
+    t = 8 * SEQ // 4
+    (up_fwd,) = weighted_kernels(net.by_name("mlp.up"), lay, ctx)["forward"]
+    assert (up_fwd.m, up_fwd.n, up_fwd.k) == (t, FFN, DIM)
+    fwd = weighted_kernels(net.by_name("attn.sa"), lay, ctx)["forward"]
+    qkv, scores, mix, proj = fwd
+    assert (qkv.m, qkv.n, qkv.k) == (t, DIM + 2 * KV * HD, DIM)
+    assert (scores.m, scores.n, scores.k, scores.batch) == (SEQ // 4, SEQ // 2, HD, 8 * HEADS)
+    assert (mix.m, mix.n, mix.k) == (SEQ // 4, HD, SEQ // 2)
+    assert (proj.m, proj.n, proj.k) == (t, DIM, DIM)
+    unfused = _net(flash=False)
+    ctx2, _ = _ctx(unfused)
+    fwd2 = weighted_kernels(unfused.by_name("attn.sa"), lay, ctx2)["forward"]
+    assert (fwd2[1].m, fwd2[1].n) == (SEQ // 4, SEQ)
+    softmax = next(k for k in fwd2 if getattr(k, "label", "") == "softmax")
+    assert softmax.flops == 5 * 8 * HEADS * (SEQ // 4) * SEQ
+    (gather,) = weighted_kernels(net.by_name("wte"), lay, ctx)["forward"]
+    assert gather.bytes == t * DIM * E * 2
+
+
+def test_which_layers_admit_it():
+    """On sequences of at least ``P_r`` tokens, rows placement only in the search; not
+    on vectors, nor under the paper's accounting."""
+    net = _net()
+    up = net.by_name("mlp.up")
+    doms = [lay for lay in candidate_layouts(up, 8, B) if lay.mode == "domain"]
+    assert {(lay.pr, lay.placement) for lay in doms} == {(2, "rows"), (4, "rows"),
+                                                         (8, "rows")}
+    assert not [lay for lay in candidate_layouts(up, 8, B, paper=True)
+                if lay.mode == "domain"]
+    assert "convolutions only" in why_invalid(up, make_layout("domain", 4, 2), B, paper=True)
+    vec = load_network_text("kind: network\ninput: [64]\nlayers:\n"
+                            "  - {type: linear, out_features: 64}\n")
+    assert "has neither" in why_invalid(vec.layers[0], make_layout("domain", 4, 2), B)
+    short = load_network_text("kind: network\ninput: [2, 64]\nlayers:\n"
+                              "  - {type: linear, out_features: 64}\n")
+    assert "2 tokens, fewer than P_r=4" in why_invalid(short.layers[0],
+                                                       make_layout("domain", 4, 2), B)
+    # P > B: only splits of the samples' inside remain, and this is one of them
+    assert make_layout("domain", 4, 4) in candidate_layouts(up, 16, 4)
+
+
+def test_attention_keeps_its_own_tokens():
+    """What attention keeps for backward (Q, K, V, the context and the log-sum-exp) is
+    its own tokens': a quarter of data parallelism's on the same batch block."""
+    net = _net()
+    ctx, opts = _ctx(net)
+    idx = {lay.name: lay.index for lay in net.layers if lay.has_weights}
+
+    def kept(mode):
+        lays = {i: make_layout(mode, 4, 2) if mode != "data" else make_layout("data", 1, 8)
+                for i in idx.values()}
+        ev = evaluate(ctx, opts, lays)
+        return {r.layer.name: r.activation_bytes for r in ev.layers}
+
+    # data 1x8 holds 2 samples, domain 4x2 a quarter of 8
+    assert kept("domain")["attn.sa"] == pytest.approx(kept("data")["attn.sa"], rel=1e-12)
+    # with the same batch block: P_c = 2 under both
+    lays = {i: make_layout("domain", 4, 2) for i in idx.values()}
+    ev = evaluate(ctx, opts, lays)
+    sa = next(r for r in ev.layers if r.layer.name == "attn.sa")
+    a = net.by_name("attn.sa").attention
+    internal, extra = a.saved()
+    assert sa.activation_bytes == pytest.approx((internal * E + extra) * 8 / 4, rel=1e-12)
+
+
+def test_program_equals_evaluation():
+    """The search over every layout, context-parallel ones included: the dynamic
+    program's value is the evaluation of its answer (to 1e-12)."""
+    for p in (8, 32):
+        net = _net()
+        ctx, opts = _ctx(net, p)
+        space = Space(ctx, opts, {})
+        space.prepare_transitions()
+        value, assignment = solve(space, Weights())
+        assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
+
+
+def test_llama_at_batch_16(runner):
+    """Llama 3 8B on 64 H100s, 16 sequences of 8,192 tokens: attention splits the tokens
+    four ways (its keys and values, 8 heads of 128, are a quarter of its input), the MLP
+    the Megatron pair; faster than Megatron-LM's layouts with or without sequence
+    parallelism."""
+    r = invoke(runner, "plan", "examples/networks/llama3-8b.yaml",
+               "examples/clusters/dgx-h100.yaml", "-p", "64", "-b", "16", "--optimizer",
+               "adam", "--format", "json")
+    assert r.exit_code == 0, r.output
+    import json
+
+    doc = json.loads(r.stdout)
+    attn = [lay for lay in doc["layers"] if lay.get("type") == "attention"]
+    assert attn and all(lay["mode"] == "domain" for lay in attn)
+    base = {b["name"]: b for b in doc["baselines"]}
+    for name in ("megatron", "megatron-sp"):
+        assert doc["iteration"]["time_s"] < base[name]["time_s"]
