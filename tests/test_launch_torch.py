@@ -21,6 +21,8 @@ import yaml
 from .conftest import CLUSTERS, EXAMPLES
 
 MLP = EXAMPLES / "launch" / "mlp4.yaml"
+#: the same MLP on a sequence of 8 tokens (sequence and context parallelism)
+SEQ_MLP = EXAMPLES / "launch" / "mlp4-seq.yaml"
 TRAIN = EXAMPLES / "launch" / "train.py"
 BATCH = 32
 
@@ -51,9 +53,9 @@ CASES = {
 
 
 def _plan(tmp: Path, gpus: int, layout_args: list[str], cluster: Path | None = None,
-          command: str = "cost") -> Path:
+          command: str = "cost", network: Path = MLP) -> Path:
     out = tmp / "plan.yaml"
-    cmd = [sys.executable, "-m", "planner", command, str(MLP),
+    cmd = [sys.executable, "-m", "planner", command, str(network),
            str(cluster or CLUSTERS / "pcie-8gpu.yaml"),
            "-p", str(gpus), "-b", str(BATCH), "--optimizer", "sgd", "--overlap", "none",
            "--estimator", "roofline", "--format", "yaml", "-o", str(out), *layout_args]
@@ -61,31 +63,31 @@ def _plan(tmp: Path, gpus: int, layout_args: list[str], cluster: Path | None = N
     return out
 
 
-def _run(tmp: Path, gpus: int, plan: Path) -> Path:
+def _run(tmp: Path, gpus: int, plan: Path, network: Path = MLP) -> Path:
     out = tmp / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(gpus),
            "--master-port", str(29400 + gpus + (os.getpid() % 500)), str(TRAIN), "--plan",
-           str(plan), "--network", str(MLP), "--device", "cpu", "--backend", "gloo",
+           str(plan), "--network", str(network), "--device", "cpu", "--backend", "gloo",
            "--out", str(out), "--lr", "0.1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
 
-def _reference(lr: float = 0.1) -> dict[str, dict[str, torch.Tensor]]:
+def _reference(lr: float = 0.1, network: Path = MLP) -> dict[str, dict[str, torch.Tensor]]:
     """The same step on one process (same seed and draws as the example)."""
     from planner import load_network
 
-    net = load_network(MLP)
+    net = load_network(network)
     g = torch.Generator().manual_seed(0)
     linears = [lay for lay in net.layers if lay.type == "linear"]
     ws = {lay.name: (torch.randn(lay.linear.out_features, lay.linear.in_features,
                                  generator=g) * 0.2).requires_grad_() for lay in linears}
     bs = {lay.name: (torch.randn(lay.linear.out_features, generator=g) * 0.1)
           .requires_grad_() for lay in linears}
-    x = torch.randn(BATCH, net.input_shape[0], generator=g)
-    t = torch.randn(BATCH, linears[-1].linear.out_features, generator=g)
+    x = torch.randn(BATCH, *net.input_shape, generator=g)
+    t = torch.randn(BATCH, *linears[-1].output_shape, generator=g)
     h = x
     for lay in net.layers:
         h = torch.relu(h) if lay.type == "relu" else h @ ws[lay.name].T + bs[lay.name]
@@ -119,10 +121,11 @@ def test_bytes_match_the_plan_and_weights_match_one_process(case, tmp_path, refe
     _run_and_compare(tmp_path, gpus, plan, reference)
 
 
-def _run_and_compare(tmp: Path, gpus: int, plan: Path, reference) -> None:
+def _run_and_compare(tmp: Path, gpus: int, plan: Path, reference,
+                     network: Path = MLP) -> None:
     """Run the plan; every rank's collectives are the plan's terms, and the updated
     weights one process's (to 1e-5)."""
-    out = _run(tmp, gpus, plan)
+    out = _run(tmp, gpus, plan, network)
     predicted = _predicted(plan)
     for rank in range(gpus):
         calls = json.loads((out / f"rank{rank}.json").read_text())
@@ -131,7 +134,8 @@ def _run_and_compare(tmp: Path, gpus: int, plan: Path, reference) -> None:
         # or an all-gather of the members' whole blocks
         measured = Counter((c["layer"], c["phase"], c["collective"], c["bytes"],
                             c["group"], c["note"]) for c in calls)
-        assert measured == predicted, f"rank {rank}: {measured ^ predicted}"
+        assert measured == predicted, \
+            f"rank {rank}: run only {measured - predicted}, planned only {predicted - measured}"
     weights = json.loads((out / "weights.json").read_text())
     for name, ref in reference.items():
         got_w = torch.tensor(weights[name]["weight"])
@@ -156,6 +160,41 @@ def test_searched_plans_with_column_and_row_layouts(gpus, pins, tmp_path, refere
     modes = {rec["mode"] for rec in yaml.safe_load(plan.read_text())["layers"]}
     assert {"column", "row"} <= modes, modes
     _run_and_compare(tmp_path, gpus, plan, reference)
+
+
+SEQ_CASES = {
+    # no moves between them: the tokens split over the row group of 2 throughout
+    "domain-sp-2x2": (4, ["--pin", "fc1=domain:2x2", "--pin", "fc2=column-sp:2x2", "--pin",
+                          "fc3=row-sp:2x2", "--pin", "fc4=domain:2x2"]),
+    # P_r = 4, P_c = 1: the batch whole on every rank
+    "sp-4x1": (4, ["--pin", "fc1=column-sp:4x1", "--pin", "fc2=row-sp:4x1", "--pin",
+                   "fc3=domain:4x1", "--pin", "fc4=domain:4x1"]),
+    # fc4 (data) gathers fc3's tokens where the members hold other samples
+    "sp-4x2-data": (8, ["--pin", "fc1=column-sp:4x2", "--pin", "fc2=row-sp:4x2", "--pin",
+                        "fc3=domain:4x2", "--pin", "fc4=data"]),
+}
+
+
+@pytest.fixture(scope="module")
+def seq_reference():
+    return _reference(network=SEQ_MLP)
+
+
+@pytest.mark.parametrize("case", sorted(SEQ_CASES))
+def test_sequence_and_context_parallel_layouts(case, tmp_path, seq_reference):
+    """The MLP on 8 tokens under Megatron-LM's sequence parallelism (column-sp: the
+    tokens all-gathered forward and again backward, the input gradient reduce-scattered;
+    row-sp: the output reduce-scattered by tokens, its gradient all-gathered, the bias's
+    gradient all-reduced over the row group) and context parallelism (domain: each rank
+    its own tokens, whole weights reduced over all ranks): every collective each rank
+    calls is the plan's term, bytes and group, and the weights are one process's."""
+    gpus, args = SEQ_CASES[case]
+    plan = _plan(tmp_path, gpus, args, network=SEQ_MLP)
+    kinds = {(k[2], k[4]) for k in _predicted(plan) if k[1] != "redistribute"}
+    assert ("reduce_scatter", gpus // 2 if gpus == 8 else (4 if "4x1" in case else 2)) \
+        in kinds
+    assert ("all_reduce", gpus) in kinds  # domain: whole weights over all ranks
+    _run_and_compare(tmp_path, gpus, plan, seq_reference, SEQ_MLP)
 
 
 def _nodes(tmp: Path, nodes: int, per_node: int, latency: str) -> Path:

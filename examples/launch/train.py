@@ -17,7 +17,16 @@ Every layer with weights runs on its own P_r x P_c grid from the plan, in its mo
   its columns of W and all-reduces the partial outputs over the row group (its input
   gradient stays split).
 
-In every mode the weight gradient is all-reduced over the column group. Between layers
+* column-sp and row-sp (Megatron-LM's sequence parallelism, Korthikanti et al. 2023) on
+  a sequence: column-sp takes its input split by tokens over the row group, all-gathers
+  the tokens forward and again backward for its weight gradient, and reduce-scatters
+  its input gradient by tokens; row-sp reduce-scatters its partial outputs by tokens,
+  all-gathers their gradient backward, and sums its bias's gradient over the row group.
+* domain on a sequence (context parallelism): each rank works on its own tokens with
+  the whole weights, whose gradient is all-reduced over all ranks.
+
+Activations are (batch, tokens, features); a vector network has one token. In every
+other mode the weight gradient is all-reduced over the column group. Between layers
 the activations move as the plan's redistribution says: where the new block lies inside
 the old one it is sliced; where old blocks tile it they are collected from the devices
 that differ in that digit, by an all-gather where those devices share the new block;
@@ -42,6 +51,9 @@ HYBRID_SHARD) a column group that spans nodes shards over its members inside eac
 (``q``): the gradient is reduce-scattered over them and the chunk all-reduced with the
 ranks that hold the same chunk in the other nodes (recorded as one ``hybrid_reduce``, as
 the plan prices it), and the parameters are gathered inside the node.
+
+A move whose blocks are neither nested nor tiled on some axis (tokens to samples: an
+all-to-all) is refused by name.
 
 A plan made with ``--recompute blocks`` is run without recomputation: it changes memory
 and time, not the result, and this program runs MLPs, which have no residual blocks to
@@ -82,7 +94,8 @@ REC = Recorder()
 #: how the plan moves each activation whose gather group needs different blocks:
 #: (layer, note) -> "exchange" (all_to_all) or "all_gather" (of the members' whole blocks)
 METHODS: dict[tuple[str, str], str] = {}
-MODES = ("data", "model", "column", "row")  #: the layouts this example runs
+#: the layouts this example runs
+MODES = ("data", "model", "column", "row", "column-sp", "row-sp", "domain")
 
 
 def all_gather_cat(t: torch.Tensor, group: Any, size: int, dim: int, layer: str, phase: str,
@@ -95,6 +108,21 @@ def all_gather_cat(t: torch.Tensor, group: Any, size: int, dim: int, layer: str,
     out = torch.cat(parts, dim=dim)
     REC.add(layer, phase, "all_gather", out.numel() * out.element_size(), size, note)
     return out
+
+
+def reduce_scatter_dim(t: torch.Tensor, group: Any, size: int, dim: int, layer: str,
+                      phase: str) -> torch.Tensor:
+    """Sum ``t`` over ``group``; this rank keeps block ``group rank`` of ``size`` along
+    ``dim`` (sequence parallelism's reduce-scatter by tokens)."""
+    if size == 1:
+        return t
+    if t.shape[dim] % size:
+        raise SystemExit(f"{layer}: {t.shape[dim]} tokens do not split {size} ways")
+    stacked = torch.stack(t.chunk(size, dim)).contiguous()  # block i first along dim 0
+    out = torch.empty(stacked[0].numel(), dtype=t.dtype, device=t.device)
+    dist.reduce_scatter_tensor(out, stacked.reshape(-1), group=group)
+    REC.add(layer, phase, "reduce_scatter", t.numel() * t.element_size(), size)
+    return out.reshape(stacked.shape[1:])
 
 
 def reduce_scatter(t: torch.Tensor, group: Any, size: int, layer: str) -> torch.Tensor:
@@ -228,9 +256,9 @@ def _range(k: int, digit: tuple[int, int] | None, size: int) -> tuple[int, int]:
     return i * size // count, (i + 1) * size // count
 
 
-def move(x: torch.Tensor, src: Dist, dst: Dist, batch: int, features: int, layer: str,
-         phase: str, note: str) -> torch.Tensor:
-    """Redistribute this device's block of a (batch x features) activation from the
+def move(x: torch.Tensor, src: Dist, dst: Dist, batch: int, tokens: int, features: int,
+         layer: str, phase: str, note: str) -> torch.Tensor:
+    """Redistribute this device's block of a (batch x tokens x features) activation from the
     distribution ``src`` to ``dst`` (the plan's: planner.layout.Dist). On an axis where the
     new block lies inside the old one, slice; where the old blocks tile the new one, collect
     them from the devices that differ only in that axis's digit: an all-gather when those
@@ -241,10 +269,9 @@ def move(x: torch.Tensor, src: Dist, dst: Dist, batch: int, features: int, layer
     each device keeps its part."""
     if src == dst:
         return x
-    if src.height is not None or dst.height is not None:
-        raise SystemExit(f"{layer}: this example moves batch and feature blocks only")
     k, world = dist.get_rank(), dist.get_world_size()
-    axes = [(src.batch, dst.batch, batch), (src.feature, dst.feature, features)]
+    axes = [(src.batch, dst.batch, batch), (src.height, dst.height, tokens),
+            (src.feature, dst.feature, features)]
     gathers: list[tuple[int, int]] = []
     for a, z, size in axes:
         s_lo, s_hi = _range(k, a, size)
@@ -288,8 +315,7 @@ def move(x: torch.Tensor, src: Dist, dst: Dist, batch: int, features: int, layer
     members = members_of(k)
     group = _group(members)
     order = [dist.get_global_rank(group, i) for i in range(len(members))]
-    out = torch.empty(mine[0][1] - mine[0][0], mine[1][1] - mine[1][0], dtype=x.dtype,
-                      device=x.device)
+    out = torch.empty(*[hi - lo for lo, hi in mine], dtype=x.dtype, device=x.device)
     incoming = [torch.empty_like(cut(out, mine, src_of(j))) for j in order]
     if all(dst_of(j) == mine for j in order):
         kind = "all_gather"
@@ -311,7 +337,7 @@ def move(x: torch.Tensor, src: Dist, dst: Dist, batch: int, features: int, layer
     covered = 0
     for j, part in zip(order, incoming, strict=True):
         lo = [max(s_lo, m_lo) - m_lo for (s_lo, _), (m_lo, _) in zip(src_of(j), mine, strict=True)]
-        out[lo[0]:lo[0] + part.shape[0], lo[1]:lo[1] + part.shape[1]] = part
+        out[tuple(slice(a, a + n) for a, n in zip(lo, part.shape, strict=True))] = part
         covered += part.numel()
     assert covered == out.numel(), "the collected blocks tile the new block"
     if kind:
@@ -399,8 +425,11 @@ def main() -> None:
                                     generator=g) * 0.2 for lay in linears}
     full_b = {lay.name: torch.randn(lay.linear.out_features, generator=g) * 0.1
               for lay in linears}
-    x_all = torch.randn(batch, net.input_shape[0], generator=g)
-    t_all = torch.randn(batch, linears[-1].linear.out_features, generator=g)
+    # a vector is a sequence of one token: activations are (batch, tokens, features)
+    tokens = net.input_shape[0] if len(net.input_shape) == 2 else 1
+    x_all = torch.randn(batch, *net.input_shape, generator=g).reshape(batch, tokens, -1)
+    t_all = torch.randn(batch, *linears[-1].output_shape, generator=g).reshape(
+        batch, tokens, -1)
     layout: dict[str, Layout] = {}
     for lay in linears:  # create every mesh up front, in the same order on every rank
         rec = layouts[lay.name]
@@ -409,11 +438,19 @@ def main() -> None:
                              f"not {rec['mode']}")
         layout[lay.name] = Layout(str(rec["mode"]), int(rec["grid"][0]), int(rec["grid"][1]),
                                   str(rec["placement"]))
-        split = lay.linear.in_features if rec["mode"] == "row" else lay.linear.out_features
+        mode = rec["mode"]
+        if mode == "domain" and zero:
+            raise SystemExit(f"{lay.name}: this example shards ZeRO over the column group; "
+                             "a domain layout reduces its gradient over all ranks")
+        split = lay.linear.in_features if mode in ("row", "row-sp") else \
+            lay.linear.out_features
+        what = "features"
+        if mode in ("column-sp", "row-sp", "domain") and tokens % layout[lay.name].pr:
+            split, what = tokens, "tokens"
         if split % layout[lay.name].pr:
             # the planner prices uneven blocks by the busiest; this example holds equal
             # ones, and slicing features // P_r would silently drop the rest
-            raise SystemExit(f"{lay.name}: {split} features do not split "
+            raise SystemExit(f"{lay.name}: {split} {what} do not split "
                              f"{layout[lay.name].pr} ways; this example needs equal blocks "
                              "(pin a grid whose P_r divides them)")
         grid_of(lay.name)
@@ -421,11 +458,13 @@ def main() -> None:
     for lay in linears:
         gr = grid_of(lay.name)
         w, b = full_w[lay.name], full_b[lay.name]
-        if layout[lay.name].mode == "row":  # its 1/P_r of the input features; all the bias
+        if layout[lay.name].mode in ("row", "row-sp"):  # 1/P_r of the inputs; all the bias
             cols = lay.linear.in_features // gr.pr
             shards[lay.name] = (w[:, gr.r * cols:(gr.r + 1) * cols].clone().to(dev),
                                 b.clone().to(dev))
-        else:  # data, model, column: its 1/P_r of the output features
+        elif layout[lay.name].mode == "domain":  # whole, as data parallelism holds them
+            shards[lay.name] = (w.clone().to(dev), b.clone().to(dev))
+        else:  # data, model, column, column-sp: its 1/P_r of the output features
             rows = lay.linear.out_features // gr.pr
             sl = slice(gr.r * rows, (gr.r + 1) * rows)
             shards[lay.name] = (w[sl].clone().to(dev), b[sl].clone().to(dev))
@@ -446,10 +485,11 @@ def main() -> None:
         return flat[:n_w].reshape(w_shape), flat[n_w:]
 
     def block_of(full: torch.Tensor, where: Dist) -> torch.Tensor:
-        """This rank's block of a whole (batch x features) tensor."""
+        """This rank's block of a whole (batch x tokens x features) tensor."""
         b_lo, b_hi = _range(rank, where.batch, full.shape[0])
-        f_lo, f_hi = _range(rank, where.feature, full.shape[1])
-        return full[b_lo:b_hi, f_lo:f_hi]
+        t_lo, t_hi = _range(rank, where.height, full.shape[1])
+        f_lo, f_hi = _range(rank, where.feature, full.shape[2])
+        return full[b_lo:b_hi, t_lo:t_hi, f_lo:f_hi]
 
     for _ in range(args.steps):
         REC.calls.clear()
@@ -463,19 +503,23 @@ def main() -> None:
                 continue
             lo, gr = layout[lay.name], grid_of(lay.name)
             need = input_dist(lo)
-            h = move(h, here, need, batch, lay.linear.in_features, lay.name, "redistribute",
-                     "input (forward)")
+            h = move(h, here, need, batch, tokens, lay.linear.in_features, lay.name,
+                     "redistribute", "input (forward)")
             w, b = weights(lay.name, "gather (forward)")
             if lo.mode == "row":  # partial sums over the row group's input features
                 y = all_reduce(h @ w.T, gr.row, gr.pr, lay.name, "forward") + b
+            elif lo.mode == "row-sp":  # the partial sums reduce-scattered by tokens
+                y = reduce_scatter_dim(h @ w.T, gr.row, gr.pr, 1, lay.name, "forward") + b
+            elif lo.mode == "column-sp":  # the tokens gathered; keeps its own only
+                y = all_gather_cat(h, gr.row, gr.pr, 1, lay.name, "forward") @ w.T + b
             else:
-                y = h @ w.T + b  # this device's output features
-                if lo.mode != "column":  # model/data: the row group gathers them
-                    y = all_gather_cat(y, gr.row, gr.pr, 1, lay.name, "forward")
+                y = h @ w.T + b  # this device's output features (domain: its tokens)
+                if lo.mode in ("data", "model"):  # the row group gathers them
+                    y = all_gather_cat(y, gr.row, gr.pr, 2, lay.name, "forward")
             saved.append(("linear", lay, h, here))
             h, here = y, lo.output_dist()
         target = block_of(t_all, here).to(dev)
-        grad = 2.0 * (h - target) / (batch * t_all.shape[1])  # d(mean squared error)
+        grad = 2.0 * (h - target) / t_all.numel()  # d(mean squared error)
         updates: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         grad_chunks: dict[str, torch.Tensor] = {}
         for item in reversed(saved):
@@ -487,9 +531,17 @@ def main() -> None:
             w, b = weights(lay.name, "gather (backward)")
             if lo.mode in ("data", "model"):  # the gradient of this device's outputs
                 rows = w.shape[0]
-                grad = grad[:, gr.r * rows:(gr.r + 1) * rows]
-            dw = grad.T @ x_in
-            db = grad.sum(0)
+                grad = grad[..., gr.r * rows:(gr.r + 1) * rows]
+            db = grad.sum((0, 1))
+            if lo.mode == "row-sp":
+                # the bias was added to this device's tokens: its gradient summed over the
+                # row group (in the gradients' dtype); the output gradient gathered
+                db = all_reduce(db.to(grad_dtype), gr.row, gr.pr, lay.name,
+                                "backward_data").to(db.dtype)
+                grad = all_gather_cat(grad, gr.row, gr.pr, 1, lay.name, "backward_data")
+            if lo.mode == "column-sp":  # its input's tokens gathered again
+                x_in = all_gather_cat(x_in, gr.row, gr.pr, 1, lay.name, "backward_data")
+            dw = grad.reshape(-1, grad.shape[-1]).T @ x_in.reshape(-1, x_in.shape[-1])
             # gradients are reduced in the plan's gradient dtype (problem.grad_dtype)
             flat = torch.cat([dw.reshape(-1), db]).to(grad_dtype)
             sh = shardings[(gr.pr, gr.pc, gr.placement)]
@@ -499,16 +551,20 @@ def main() -> None:
             elif zero:
                 # ZeRO: this rank keeps (and updates) its 1/P_c of the summed gradient
                 grad_chunks[lay.name] = reduce_scatter(flat, gr.col, gr.pc, lay.name)
-            else:
-                all_reduce(flat, gr.col, gr.pc, lay.name, "weight_grad")
+            else:  # domain: whole weights on every rank, reduced over all of them
+                all_reduce(flat, *((dist.group.WORLD, world) if lo.mode == "domain" else
+                                   (gr.col, gr.pc)), lay.name, "weight_grad")
                 flat = flat.to(dw.dtype)
                 updates[lay.name] = (flat[:dw.numel()].reshape(dw.shape), flat[dw.numel():])
             if lay.inputs == (-1,):
                 continue  # the network input needs no gradient
             grad = grad @ w
-            if lo.mode != "row":  # row: the input gradient stays split by features
+            if lo.mode == "column-sp":  # summed and split by tokens again
+                grad = reduce_scatter_dim(grad, gr.row, gr.pr, 1, lay.name, "backward_data")
+            elif lo.mode in ("data", "model", "column"):  # partial sums over the features
                 grad = all_reduce(grad, gr.row, gr.pr, lay.name, "backward_data")
-            grad = move(grad, input_dist(lo), before, batch, lay.linear.in_features,
+            # row, row-sp: split by features as the input is; domain: its own tokens
+            grad = move(grad, input_dist(lo), before, batch, tokens, lay.linear.in_features,
                         lay.name, "redistribute", "input (backward)")
         for name, (dw, db) in updates.items():
             w, b = shards[name]
@@ -536,11 +592,15 @@ def main() -> None:
                 w, b = weights(lay.name, "")
             else:
                 w, b = shards[lay.name]
+            if layout[lay.name].mode == "domain":  # whole on every rank
+                full[lay.name] = {"weight": w.cpu().tolist(), "bias": b.cpu().tolist()}
+                continue
             ws = [torch.empty_like(w) for _ in range(gr.pr)]
             bs = [torch.empty_like(b) for _ in range(gr.pr)]
             dist.all_gather(ws, w.contiguous(), group=gr.row)
             dist.all_gather(bs, b.contiguous(), group=gr.row)
-            row = layout[lay.name].mode == "row"  # split by input features; bias whole
+            # row: split by input features, the bias whole
+            row = layout[lay.name].mode in ("row", "row-sp")
             full[lay.name] = {"weight": torch.cat(ws, dim=1 if row else 0).cpu().tolist(),
                               "bias": (b if row else torch.cat(bs)).cpu().tolist()}
         if rank == 0:
