@@ -53,7 +53,7 @@ from .costs.layer import (
 )
 from .costs.memory import MemoryReport, ParamBytes, param_bytes
 from .errors import UsageError
-from .layout import Dist, Layout, base_mode, input_dist
+from .layout import WHOLE_MODES, Dist, Layout, base_mode, input_dist
 from .network import DTYPE_BYTES, Layer, Network
 
 OVERLAPS = ("none", "gradients")
@@ -378,6 +378,11 @@ def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch
     if a is not None and layout is not None and base_mode(layout.mode) == "model" and \
             layout.pr > 1:
         internal, extra = a.saved(*a.held(layout.pr))
+    elif a is not None and layout is not None and layout.mode == "ulysses" and \
+            dist is not None:
+        # the core's heads over every token (after the all-to-all), not the input's tokens
+        internal, extra = a.saved(*a.held(layout.pr))
+        dist = Dist(dist.p, dist.batch, None)
     return (local_elems(internal, dist, batch) * e
             + local_elems(1, dist, batch) * extra)
 
@@ -554,7 +559,7 @@ def communicator(layout: Layout) -> tuple[int, int]:
     otherwise. Row and column placements of one grid give groups of the same shape but
     other members (``4x2`` rows: ``{0, 4}``; cols: ``{0, 1}``), which DDP and FSDP reduce
     in separate process groups, so never in one bucket."""
-    if layout.mode in ("data", "domain"):
+    if layout.mode in WHOLE_MODES:
         return (1, layout.p)
     return layout.c_digit
 

@@ -53,9 +53,12 @@ import numpy as np
 from .costs.comm import Group
 from .errors import UsageError
 
-Mode = Literal["data", "model", "domain", "column", "row", "column-sp", "row-sp", "model-sp"]
+Mode = Literal["data", "model", "domain", "column", "row", "column-sp", "row-sp", "model-sp",
+               "ulysses"]
 MODES: tuple[str, ...] = ("data", "model", "domain", "column", "row", "column-sp", "row-sp",
-                          "model-sp")
+                          "model-sp", "ulysses")
+#: modes that hold a layer's weights whole on every device (reduced over all ``P``)
+WHOLE_MODES: tuple[str, ...] = ("data", "domain", "ulysses")
 #: Megatron-LM's sequence parallelism (Korthikanti et al., MLSys 2023): the tensor-parallel
 #: modes whose activations outside the split layers are split by tokens over the row group
 SEQUENCE_MODES: tuple[str, ...] = ("column-sp", "row-sp", "model-sp")
@@ -131,7 +134,7 @@ class Layout:
 @functools.lru_cache(maxsize=4096)
 def _output_dist(layout: Layout) -> Dist:
     # a sequence's tokens split over the row group are its "height" blocks
-    if layout.mode in ("domain", "row-sp", "model-sp"):
+    if layout.mode in ("domain", "row-sp", "model-sp", "ulysses"):
         return Dist(layout.p, layout.c_digit, layout.r_digit)
     if layout.mode in ("column", "column-sp"):
         return Dist(layout.p, layout.c_digit, None, layout.r_digit)

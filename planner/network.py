@@ -335,7 +335,7 @@ class Layer:
 
 def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int = 1,
                   height_split: int = 1, input_split: int = 1,
-                  feature_split: int = 1) -> dict[str, list[Kernel]]:
+                  feature_split: int = 1, core_split: int = 1) -> dict[str, list[Kernel]]:
     """The kernels of ``layer`` on one device's shard.
 
     ``batch`` is the local batch; ``model_split`` divides output channels, features or
@@ -343,7 +343,9 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
     the input shard including the forward halo rows, or a sequence's tokens (an
     attention layer's queries: each meets every key, context parallelism);
     ``input_split`` divides a linear layer's input features (a row-parallel shard: the
-    reduction of its forward GEMM);
+    reduction of its forward GEMM); ``core_split`` divides the heads of attention's core
+    (the score and mix products), which then meets every token (DeepSpeed-Ulysses: the
+    projections on a token split, the core on a head split);
     ``feature_split`` divides the features an activation or dropout works on.
     """
     out: dict[str, list[Kernel]] = {"forward": [], "backward_data": [], "backward_weight": []}
@@ -393,6 +395,8 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         qkv = (h_local + 2 * kv_local) * a.head_dim
         proj_in = h_local * a.head_dim
         bh = batch * h_local
+        if core_split > 1:  # the core: its heads over every token
+            sq, bh = a.seq, batch * a.held(core_split)[0]
         # the keys each query meets: a causal flash kernel skips the tiles above the
         # diagonal, half of them (Dao et al. 2022; split by tokens, as Megatron-LM's
         # context parallelism balances it: each device holds chunks i and 2·P_r − 1 − i

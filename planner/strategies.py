@@ -15,6 +15,7 @@ A layer with weights on ``P = P_r × P_c`` devices admits
   input features (row);
 * ``column-sp``, ``row-sp`` and ``model-sp`` (attention, embeddings) on sequences of at
   least ``P_r`` tokens: Megatron-LM's sequence parallelism;
+* ``ulysses`` for attention with at least ``P_r`` heads and tokens: DeepSpeed-Ulysses;
 
 each grid with both dimensions above one in the two placements (rows or columns inside a
 node; the layouts that split a sequence's tokens in the ``sequence_placements`` of
@@ -55,6 +56,8 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False) -
         why = _why_not_sequence(layer, layout, paper)
         if why is not None:
             return why
+    if layout.mode == "ulysses":
+        return _why_not_ulysses(layer, layout, paper)
     mode = base_mode(layout.mode)
     if layout.mode == "model-sp" and layout.pr > layer.model_split_limit:
         return f"it has {layer.model_split_limit} heads, fewer than P_r={layout.pr}"
@@ -97,6 +100,19 @@ def _why_not_context(layer: Layer, layout: Layout, paper: bool) -> str | None:
                 "convolutions only, not a sequence's tokens")
     if layout.pr > tokens:
         return f"its sequence has {tokens} tokens, fewer than P_r={layout.pr}"
+    return None
+
+
+def _why_not_ulysses(layer: Layer, layout: Layout, paper: bool) -> str | None:
+    """Why ``ulysses`` (DeepSpeed-Ulysses) does not apply (None when it does)."""
+    if layer.attention is None:
+        return "ulysses layouts (DeepSpeed-Ulysses) split an attention layer; this is not one"
+    if paper:
+        return "the paper's accounting (--cost-model gholami2018) has no ulysses layout"
+    if layout.pr > layer.attention.seq:
+        return f"its sequence has {layer.attention.seq} tokens, fewer than P_r={layout.pr}"
+    if layout.pr > layer.attention.heads:
+        return f"it has {layer.attention.heads} heads, fewer than P_r={layout.pr}"
     return None
 
 
@@ -169,6 +185,9 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
             if tokens and (layer.attention is not None or layer.embedding is not None):
                 for pl in sp_placements:
                     yield make_layout("model-sp", pr, pc, pl)
+            if tokens and layer.attention is not None:
+                for pl in sp_placements:
+                    yield make_layout("ulysses", pr, pc, pl)
         if lin is not None and megatron:
             for mode, most in (("column", lin.out_features), ("row", lin.in_features)):
                 if pr <= most and not (mode == "row" and lin.tied_to is not None):

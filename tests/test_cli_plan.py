@@ -182,7 +182,7 @@ def test_sweep_table_at_80_columns(runner, monkeypatch):
     assert "samples/s" not in result.stdout and "…" not in result.stdout
     layouts = [line.rstrip().split("  ")[-1].strip() for line in lines if "×" in line]
     assert len(layouts) >= 3
-    assert all(re.fullmatch(r"\d+× (data|model|domain|column|row)(-sp)? \d+x\d+", x)
+    assert all(re.fullmatch(r"\d+× (data|model|domain|column|row|ulysses)(-sp)? \d+x\d+", x)
                for x in layouts), layouts
     one = next(line.split() for line in lines if line.split()[:2] == ["1", "4"])
     assert one[4:6] == ["0", "s"], one  # devices, batch, iteration (2 words), exposed

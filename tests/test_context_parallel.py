@@ -172,10 +172,52 @@ def test_program_equals_evaluation():
         assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
 
 
+def test_ulysses_by_hand():
+    """``ulysses 4x2`` (DeepSpeed-Ulysses), b = 8: each rank projects its 16 of the 64
+    tokens with the whole weights (GEMMs of 8 × 16 tokens), then an all-to-all over the
+    row group of 4 turns its tokens' queries (8 heads), keys and values (2 heads, fewer
+    than 4 devices: each device is sent one, 4 in all) into every token of 2 query heads;
+    its buffer 8 × 16 × (8 + 2 · 4) × 16 × 2 bytes. The core (2 heads × 8 samples, 64
+    queries meeting 32 keys, causal flash) runs there, and an all-to-all of the context
+    (8 × 16 × 8 × 16 × 2 bytes) returns it to the tokens; backward, both again. The
+    whole weight is reduced over all 8. It keeps the core's Q, K, V, context and
+    log-sum-exp for 2 heads of every token."""
+    net = _net()
+    ctx, opts = _ctx(net)
+    sa = net.by_name("attn.sa")
+    lay = make_layout("ulysses", 4, 2)
+    tokens = 8 * SEQ // 4
+    qkv, ctx_bytes = tokens * (HEADS + 2 * 4) * HD * E, tokens * HEADS * HD * E
+    assert _terms(weighted_terms(sa, lay, ctx)) == sorted([
+        ("forward", "all_to_all", 4, qkv, "queries, keys, values"),
+        ("forward", "all_to_all", 4, ctx_bytes, "context"),
+        ("backward_data", "all_to_all", 4, ctx_bytes, "context gradient"),
+        ("backward_data", "all_to_all", 4, qkv, "query, key, value gradients"),
+        ("weight_grad", "all_reduce", 8, sa.params * E, ""),
+    ])
+    proj, scores, mix, out = weighted_kernels(sa, lay, ctx)["forward"]
+    assert (proj.m, proj.n, proj.k) == (tokens, DIM + 2 * KV * HD, DIM)
+    assert (scores.m, scores.n, scores.k, scores.batch) == (SEQ, SEQ // 2, HD, 8 * 2)
+    assert (mix.m, mix.n, mix.k) == (SEQ, HD, SEQ // 2)
+    assert (out.m, out.n, out.k) == (tokens, DIM, DIM)
+    assert input_dist(lay) == lay.output_dist() == make_layout("domain", 4, 2).output_dist()
+    a = sa.attention
+    internal, extra = a.saved(2, 1)  # 2 query heads, 1 key/value head, 64 tokens
+    ev = evaluate(ctx, opts, {i: lay if i == sa.index else make_layout("domain", 4, 2)
+                              for i in (x.index for x in net.layers if x.has_weights)})
+    kept = next(r for r in ev.layers if r.layer.name == "attn.sa").activation_bytes
+    assert kept == pytest.approx((internal * E + extra) * 8, rel=1e-12)
+    assert lay in candidate_layouts(sa, 8, B)
+    assert "8 heads, fewer than P_r=16" in why_invalid(sa, make_layout("ulysses", 16, 1), B)
+    assert "attention" in why_invalid(net.by_name("mlp.up"), lay, B)
+    assert "gholami2018" in why_invalid(sa, lay, B, paper=True)
+
+
 def test_llama_at_batch_16(runner):
     """Llama 3 8B on 64 H100s, 16 sequences of 8,192 tokens: attention splits the tokens
-    four ways (its keys and values, 8 heads of 128, are a quarter of its input), the MLP
-    the Megatron pair; faster than Megatron-LM's layouts with or without sequence
+    four ways (its keys and values, 8 heads of 128, are a quarter of its input: context
+    parallelism, or DeepSpeed-Ulysses' all-to-alls, a little cheaper still), the MLP the
+    Megatron pair; faster than Megatron-LM's layouts with or without sequence
     parallelism."""
     r = invoke(runner, "plan", "examples/networks/llama3-8b.yaml",
                "examples/clusters/dgx-h100.yaml", "-p", "64", "-b", "16", "--optimizer",
@@ -185,7 +227,7 @@ def test_llama_at_batch_16(runner):
 
     doc = json.loads(r.stdout)
     attn = [lay for lay in doc["layers"] if lay.get("type") == "attention"]
-    assert attn and all(lay["mode"] == "domain" for lay in attn)
+    assert attn and all(lay["mode"] in ("domain", "ulysses") for lay in attn)
     base = {b["name"]: b for b in doc["baselines"]}
     for name in ("megatron", "megatron-sp"):
         assert doc["iteration"]["time_s"] < base[name]["time_s"]

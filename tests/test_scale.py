@@ -16,9 +16,9 @@ ResNet-50, P = 2^20, B = 2^21                               < 5 s        < 150 M
 1,000-layer transformer, P = 2^20, B = 2^21                 < 12 s       < 150 MiB
 ==========================================================  ===========  ==========
 
-The transformer bounds were 20 s and 8 s before sequence and context parallelism widened
-every linear and attention layer's choice (25.0 s and 6.5 s measured on 2026-11-24, where
-the code before them took 16.1 s and 5.6 s in the same sitting).
+The transformer bounds were 30 s and 8 s before context parallelism and DeepSpeed-Ulysses
+widened every linear and attention layer's choice (25.4 s and 7.3 s measured on
+2026-11-24, where the code before them took 16.1 s and 4.6 s in the same sitting).
 
 The last was 5 s until the column/row layouts: with three layouts per grid for each
 linear layer and a column head for the tied table, its search runs 12 dynamic programs

@@ -315,6 +315,8 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
         return terms
     if layout.mode in SEQUENCE_MODES:
         return terms + _sequence_terms(layer, layout, ctx, b)
+    if layout.mode == "ulysses":
+        return terms + ulysses_terms(layer, layout, ctx, b) + gradient_terms(ctx, allg, own)
     if layout.mode == "model":
         if ctx.paper:
             d_i = layer.out_elems * b * e
@@ -413,6 +415,31 @@ def context_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[
     _add(terms, term(ctx, "backward_data", "all_gather", row, kv, "keys and values again"))
     _add(terms, term(ctx, "backward_data", "reduce_scatter", row, kv,
                      "key and value gradients"))
+    return terms
+
+
+def ulysses_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[CommTerm]:
+    """DeepSpeed-Ulysses (Jacobs et al., arXiv 2309.14509, 2023): the projections on each
+    device's tokens with the whole weights; an all-to-all over the row group turns the
+    queries, keys and values from a token split into a head split (every token of
+    ``1/P_r`` of the heads), the core runs on those, and another all-to-all turns its
+    output back into a token split; backward, the same two, reversed. Each rank's
+    buffer is what it holds: its tokens' queries of every head, and of the keys and
+    values a head for each device where there are fewer than ``P_r`` (replicated, as
+    grouped-query attention needs), and its tokens' output of every head."""
+    a = layer.attention
+    assert a is not None
+    row = layout.row_group(ctx.per_node)
+    tokens = b * -(-a.seq // layout.pr)
+    kv = layout.pr * a.held(layout.pr)[1]  # key/value heads sent, replicas included
+    qkv = tokens * (a.heads + 2 * kv) * a.head_dim * ctx.elem_bytes
+    out = tokens * a.heads * a.head_dim * ctx.elem_bytes
+    terms: list[CommTerm] = []
+    _add(terms, term(ctx, "forward", "all_to_all", row, qkv, "queries, keys, values"))
+    _add(terms, term(ctx, "forward", "all_to_all", row, out, "context"))
+    _add(terms, term(ctx, "backward_data", "all_to_all", row, out, "context gradient"))
+    _add(terms, term(ctx, "backward_data", "all_to_all", row, qkv,
+                     "query, key, value gradients"))
     return terms
 
 
@@ -755,6 +782,9 @@ def _weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, l
         return layer_kernels(layer, b, ctx.elem_bytes, input_split=layout.pr)
     if layout.mode == "domain":
         return layer_kernels(layer, b, ctx.elem_bytes, height_split=layout.pr)
+    if layout.mode == "ulysses":
+        return layer_kernels(layer, b, ctx.elem_bytes, height_split=layout.pr,
+                             core_split=layout.pr)
     return layer_kernels(layer, b, ctx.elem_bytes)
 
 
