@@ -211,10 +211,13 @@ def test_tied_layers_in_plans_costs_and_pins(runner):
     for p in ("64", "256"):
         doc = json.loads(invoke(runner, "plan", *gpt2, "-p", p, "--format", "json").stdout)
         by = {rec["name"]: rec for rec in doc["layers"]}
-        # the table split by vocabulary rows, the head by the same rows with its logits
-        # left split for the loss (Megatron's vocabulary-parallel pair), on one grid
+        # the table split by vocabulary rows (reduce-scattered by tokens: model-sp), the
+        # head by the same rows with its logits left split for the loss (Megatron's
+        # vocabulary-parallel pair), on one grid
         assert (by["wte"]["mode"], by["lm_head"]["mode"]) in {
-            ("data", "data"), ("model", "model"), ("model", "column")}, p
+            ("data", "data"), ("domain", "domain"), ("model", "model"),
+            ("model", "column"), ("model", "column-sp"), ("model-sp", "model"),
+            ("model-sp", "column"), ("model-sp", "column-sp")}, p
         assert by["wte"]["grid"] == by["lm_head"]["grid"], p
     # a pin on the table moves the head with it; a pin that parts them is an error
     doc = json.loads(invoke(runner, "cost", *gpt2, "-p", "64", "--pin", "wte=model:4x16",
