@@ -1133,32 +1133,28 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
                                     if layer.conv is not None else lay)))
     result.append(best_of("gholami", "Gholami et al.: convolutions data parallel, the other "
                                      "layers on the best grid", gh_opts))
+    def megatron_options(modes: dict[int, str], label: str, placements: tuple[str, ...]
+                         ) -> list[tuple[str, dict[int, Layout] | str]]:
+        """Megatron-LM's ``modes`` (the other layers model-split) on every grid."""
+        return [(f"{label}, {pr}x{pc}{' (cols)' if pl == 'cols' else ''}",
+                 _assign(space, lambda layer, pr=pr, pc=pc, pl=pl: make_layout(
+                     modes.get(layer.index, "model"), pr, pc, pl)))
+                for pr, pc in _grids(p) if pr > 1
+                for pl in (placements if pc > 1 else ("rows",))]
+
     pairs = megatron_modes(space.ctx.network)
     if "row" in pairs.values() and not ctx.paper:
-        mg_opts: list[tuple[str, dict[int, Layout] | str]] = []
-        for pr, pc in _grids(p):
-            if pr == 1:
-                continue
-            for pl in (("rows", "cols") if pc > 1 else ("rows",)):
-                mg_opts.append((f"column/row pairs, model elsewhere, {pr}x{pc}"
-                                f"{' (cols)' if pl == 'cols' else ''}",
-                                _assign(space, lambda layer, pr=pr, pc=pc, pl=pl: make_layout(
-                                    pairs.get(layer.index, "model"), pr, pc, pl))))
         result.append(best_of("megatron", "Megatron-LM: linear layers in column/row pairs, "
                                           "the other layers model-split, on the best grid",
-                              mg_opts))
+                              megatron_options(pairs, "column/row pairs, model elsewhere",
+                                               ("rows", "cols"))))
     sp = megatron_modes(space.ctx.network, sequence=True)
     if any(m.endswith("-sp") for m in sp.values()) and not ctx.paper:
-        sp_opts: list[tuple[str, dict[int, Layout] | str]] = []
-        for pr, pc in _grids(p):
-            if pr > 1:
-                sp_opts.append((f"sequence parallel, {pr}x{pc}", _assign(
-                    space, lambda layer, pr=pr, pc=pc: make_layout(
-                        sp.get(layer.index, "model"), pr, pc))))
+        # rows only, as the search places sequence parallelism
         result.append(best_of("megatron-sp", "Megatron-LM with sequence parallelism: the "
                                              "pairs column-sp/row-sp, attention and "
                                              "embeddings model-sp, on the best grid",
-                              sp_opts))
+                              megatron_options(sp, "sequence parallel", ("rows",))))
     return result
 
 

@@ -372,12 +372,11 @@ def _sequence_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> lis
         # device looks up every token of its batch block in its rows of the table (the
         # others read zero), and the partial sums are reduce-scattered by tokens where
         # tensor parallelism alone all-reduces them; the token ids (int64) are gathered
-        _add(terms, term(ctx, "forward", "all_gather", row, b * layer.in_elems * 8,
-                         "token ids"))
-        _add(terms, term(ctx, "forward", "reduce_scatter", row, y, "tokens"))
-        _add(terms, term(ctx, "backward_data", "all_gather", row, y, "tokens"))
-        terms += gradient_terms(ctx, col, local_params(layer, layout))
-        return terms
+        return _terms_on(ctx, row, [
+            ("forward", "all_gather", b * layer.in_elems * 8, "token ids"),
+            ("forward", "reduce_scatter", y, "tokens"),
+            ("backward_data", "all_gather", y, "tokens"),
+        ]) + gradient_terms(ctx, col, local_params(layer, layout))
     if layout.mode in ("column-sp", "model-sp"):
         _add(terms, term(ctx, "forward", "all_gather", row, x, "tokens"))
     if layout.mode in ("row-sp", "model-sp"):
@@ -408,14 +407,11 @@ def context_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[
     gather's ring, overlapped with the attention kernels; here on the critical path."""
     a = layer.attention
     assert a is not None
-    row = layout.row_group(ctx.per_node)
     kv = b * a.seq * 2 * a.kv_heads * a.head_dim * ctx.elem_bytes
-    terms: list[CommTerm] = []
-    _add(terms, term(ctx, "forward", "all_gather", row, kv, "keys and values"))
-    _add(terms, term(ctx, "backward_data", "all_gather", row, kv, "keys and values again"))
-    _add(terms, term(ctx, "backward_data", "reduce_scatter", row, kv,
-                     "key and value gradients"))
-    return terms
+    return _terms_on(ctx, layout.row_group(ctx.per_node), [
+        ("forward", "all_gather", kv, "keys and values"),
+        ("backward_data", "all_gather", kv, "keys and values again"),
+        ("backward_data", "reduce_scatter", kv, "key and value gradients")])
 
 
 def ulysses_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[CommTerm]:
@@ -429,17 +425,23 @@ def ulysses_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[
     grouped-query attention needs), and its tokens' output of every head."""
     a = layer.attention
     assert a is not None
-    row = layout.row_group(ctx.per_node)
     tokens = b * -(-a.seq // layout.pr)
     kv = layout.pr * a.held(layout.pr)[1]  # key/value heads sent, replicas included
     qkv = tokens * (a.heads + 2 * kv) * a.head_dim * ctx.elem_bytes
     out = tokens * a.heads * a.head_dim * ctx.elem_bytes
+    return _terms_on(ctx, layout.row_group(ctx.per_node), [
+        ("forward", "all_to_all", qkv, "queries, keys, values"),
+        ("forward", "all_to_all", out, "context"),
+        ("backward_data", "all_to_all", out, "context gradient"),
+        ("backward_data", "all_to_all", qkv, "query, key, value gradients")])
+
+
+def _terms_on(ctx: Context, group: Group,
+              specs: list[tuple[str, Collective, float, str]]) -> list[CommTerm]:
+    """The terms ``(phase, collective, bytes, note)`` over one group, in order."""
     terms: list[CommTerm] = []
-    _add(terms, term(ctx, "forward", "all_to_all", row, qkv, "queries, keys, values"))
-    _add(terms, term(ctx, "forward", "all_to_all", row, out, "context"))
-    _add(terms, term(ctx, "backward_data", "all_to_all", row, out, "context gradient"))
-    _add(terms, term(ctx, "backward_data", "all_to_all", row, qkv,
-                     "query, key, value gradients"))
+    for phase, op, nbytes, note in specs:
+        _add(terms, term(ctx, phase, op, group, nbytes, note))
     return terms
 
 
