@@ -70,6 +70,14 @@ class Whole(click.IntRange):
 class PlannerGroup(click.Group):
     """A click group that turns planner errors into messages and exit codes."""
 
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        _attach_command_groups()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        _attach_command_groups()
+        return super().list_commands(ctx)
+
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; report errors without tracebacks unless --debug."""
         try:
@@ -391,13 +399,24 @@ def devices(fmt: str | None, output: str | None) -> None:
     render_data(data, fmt, output, lambda: devices_table(list(catalog().values())))
 
 
-def _attach_command_groups() -> None:
-    """Commands that live in their own modules (imported when the CLI loads)."""
-    from . import cli_check, cli_plan
-    from .cli_kernels import comm, kernels
+_attached: list[bool] = []
 
-    cli_plan.register(cli)
-    cli_check.register(cli)
+
+def _attach_command_groups() -> None:
+    """Commands that live in their own modules, attached when the CLI loads; where one
+    of those modules was imported first (it imports this one), when the CLI runs."""
+    if _attached:
+        return
+    try:
+        from . import cli_check, cli_plan
+        from .cli_kernels import comm, kernels
+
+        registers = (cli_plan.register, cli_check.register)
+    except (ImportError, AttributeError):  # a command module is still importing
+        return
+    _attached.append(True)
+    for register in registers:
+        register(cli)
     cli.add_command(kernels)
     cli.add_command(comm)
 

@@ -69,6 +69,12 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Activation recomputation: blocks keeps each residual block's "
                           "input and re-runs the block's forward in the backward pass; N "
                           "does so for the first N blocks; auto: as few as memory needs."),
+        click.option("--microbatches", type=click.IntRange(1, MAX_BATCH), default=1,
+                     show_default=True,
+                     help="Gradient accumulation: forward and backward passes per step, "
+                          "each over batch / N samples; gradients are reduced once, in "
+                          "the last one's backward pass. With --pipeline: the microbatches "
+                          "of the pipeline schedule."),
         click.option("--algorithm",
                       type=click.Choice(("auto", "ring", "tree", "recursive", "hierarchical")),
                       default=None, help="Collective algorithm (default: the cluster's)."),
@@ -121,8 +127,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                   overlap: str, bucket: str, optimizer: str, master_weights: bool | None,
                   algorithm: str | None, estimator: str, models_dir: str | None,
                   zero: int | str = 0, recompute: str = "none", zero_shard: str = "all",
-                  precision: str | None = None, grad_precision: str | None = None
-                  ) -> Question:
+                  precision: str | None = None, grad_precision: str | None = None,
+                  microbatches: int = 1) -> Question:
     """Load both files, build the options and the cost context (``zero="auto"`` or
     ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
     from .evaluate import ZERO_STAGES, Options, check_question, make_context
@@ -140,6 +146,14 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
         raise UsageError("planner: error: --zero auto needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
                          "--zero or the cost model")
+    if batch % microbatches:
+        raise UsageError(f"planner: error: the batch {batch} is not a multiple of "
+                         f"--microbatches {microbatches}; each microbatch runs the same "
+                         "number of samples: pick a batch or a count that divides it")
+    if microbatches > 1 and cost_model == "gholami2018":
+        raise UsageError("planner: error: --microbatches needs --cost-model exact: the "
+                         "paper's accounting (Gholami et al. 2018) runs one pass a step; "
+                         "drop --microbatches or the cost model")
     rec_auto = recompute == "auto"
     if rec_auto and cost_model == "gholami2018":
         raise UsageError("planner: error: --recompute needs --cost-model exact: the paper's "
@@ -154,7 +168,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     shards = (zero_shard,) if zero_shard != "auto" else \
         ("all", "node") if gpus > cl.devices_per_node else ("all",)
     auto = len(stages) * len(shards) > 1
-    options = Options(gpus=gpus, batch=batch, cost_model=cost_model, overlap=overlap,
+    options = Options(gpus=gpus, batch=batch // microbatches, microbatches=microbatches,
+                      cost_model=cost_model, overlap=overlap,
                       bucket_bytes=_size(bucket), optimizer=optimizer,
                       master_weights=master_weights, algorithm=algorithm,
                       zero=0 if auto else stages[0],
@@ -463,40 +478,269 @@ pin_option = click.option(
          "the first match wins.")
 
 
+def _pipeline_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1 or n > MAX_GPUS:
+        raise click.BadParameter(f"{value!r}: give the number of stages (1 or more, a "
+                                 "divisor of --gpus) or auto")
+    return n
+
+
 @click.command()
 @problem_options
 @gpus_option
 @batch_option
 @objective_option
 @pin_option
+@click.option("--pipeline", default="1", show_default=True, callback=_pipeline_option,
+              metavar="S|auto",
+              help="Pipeline parallelism: S stages of consecutive layers, each on P/S "
+                   "devices, running --microbatches under the 1F1B schedule; auto: the "
+                   "fastest stage count that fits (1: no pipeline).")
 @expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
 @output_option
 def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
-         pins: tuple[str, ...], expand_ranks: bool, all_layers: bool, fmt: str | None,
-         output: str | None, **kw: Any) -> None:
+         pins: tuple[str, ...], pipeline: int | str, expand_ranks: bool, all_layers: bool,
+         fmt: str | None, output: str | None, **kw: Any) -> None:
     """Search the best layout of every layer and place the ranks.
 
     Writes the plan (YAML/JSON for launch scripts, or a table): each layer's mode and
     P_r x P_c grid, its compute and communication, memory per device, the rank
-    placement, and the baselines with the plan's speedup over each. Exit 0 with a plan,
-    1 when nothing fits in memory, 2 for invalid input.
+    placement, and the baselines with the plan's speedup over each. With --pipeline,
+    the stages too. Exit 0 with a plan, 1 when nothing fits in memory, 2 for invalid
+    input.
     """
-    from .plan import baselines_table, plan_table
+    from .plan import baselines_table, pipeline_table, plan_table
 
     ins = inputs_of(network, cluster, kw)
     check_output(output, ins)
     q = load_question(network, cluster, gpus, batch, **kw)
-    result = run_search(q, objective, pins)
-    doc = plan_doc(q, result, objective, expand_ranks)
+    if pipeline != 1:
+        doc = pipeline_plan(q, pipeline, objective, pins, expand_ranks)
+    else:
+        result = run_search(q, objective, pins)
+        doc = plan_doc(q, result, objective, expand_ranks)
 
     def table() -> Any:
         from rich.console import Group
 
-        return Group(plan_table(doc, all_layers), baselines_table(doc))
+        parts = [plan_table(doc, all_layers)]
+        if "pipeline" in doc:
+            parts.append(pipeline_table(doc))
+        return Group(*parts, baselines_table(doc))
 
     render_data(doc, fmt, output, table, ins)
+
+
+def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[str, ...],
+                  expand: bool) -> dict[str, Any]:
+    """The plan document of ``--pipeline`` (``auto``: every stage count that divides the
+    devices and the network's boundaries allow, 1 included; the fastest that fits)."""
+    import dataclasses
+
+    from .errors import NoFeasiblePlan
+    from .evaluate import make_context
+    from .pipeline import max_stages, search_pipeline
+
+    if objective != "time":
+        raise UsageError("planner: error: --pipeline plans for --objective time: a "
+                         "pipeline's bubble is idle time, not communication; drop one")
+    if q.options.cost_model == "gholami2018":
+        raise UsageError("planner: error: --pipeline needs --cost-model exact: the paper's "
+                         "accounting (Gholami et al. 2018) has no pipeline; drop "
+                         "--pipeline or the cost model")
+    p = q.options.gpus
+    most = max_stages(q.network)
+    if stages == "auto":
+        counts = [s for s in range(1, min(p, most) + 1) if p % s == 0]
+    else:
+        assert isinstance(stages, int)
+        if p % stages:
+            raise UsageError(f"planner: error: --pipeline {stages} does not divide the {p} "
+                             f"devices into equal stages; use a divisor of {p}")
+        if stages > most:
+            raise UsageError(
+                f"planner: error: --pipeline {stages}: '{q.network.name}' can be cut into "
+                f"at most {most} stage{'s' if most > 1 else ''} (a stage boundary falls "
+                "where one tensor alone crosses, between residual blocks)")
+        counts = [stages]
+
+    def context(net: Any, options: Any) -> Any:
+        return make_context(net, q.cluster, options, q.ctx.estimator)
+
+    flat_q = dataclasses.replace(q)
+    try:
+        flat = run_search(flat_q, objective, pins)
+    except NoFeasiblePlan:
+        flat = None
+    trials: list[dict[str, Any]] = []
+    best: Any = None  # (time, stage count, result)
+    error: NoFeasiblePlan | None = None
+    for s in counts:
+        if s == 1:
+            if flat is None:
+                trials.append({"stages": 1, "time_s": None, "outcome": "no plan"})
+                continue
+            t = flat.best.evaluation.time_s
+            trials.append({"stages": 1, "time_s": t, "outcome": "plan"})
+            if best is None or t < best[0]:
+                best = (t, 1, flat)
+            continue
+        try:
+            res = search_pipeline(dataclasses.replace(q), s, objective, pins, run_search,
+                                  context)
+        except NoFeasiblePlan as exc:
+            error = error or exc
+            # the stage's reason without its tips (they are the stage's question's)
+            why = str(exc).removeprefix("planner: ").split("; try ")[0]
+            trials.append({"stages": s, "time_s": None, "outcome": why})
+            continue
+        trials.append({"stages": s, "time_s": res.time_s, "outcome": "plan"})
+        if best is None or res.time_s < best[0]:
+            best = (res.time_s, s, res)
+    if best is None:
+        if error is not None:
+            raise error
+        raise NoFeasiblePlan("planner: no feasible plan with any pipeline stage count",
+                             None)
+    bases = plan_doc(flat_q, flat, objective, False)["baselines"] if flat is not None \
+        else []
+    if best[1] == 1:
+        doc = plan_doc(flat_q, flat, objective, expand)
+        doc["pipeline_auto"] = trials
+        return doc
+    return pipeline_doc(q, best[2], flat, bases, trials if stages == "auto" else None,
+                        expand)
+
+
+def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]],
+                 trials: list[dict[str, Any]] | None, expand: bool) -> dict[str, Any]:
+    """The plan document of a pipelined plan: the stages' layers one after the other,
+    each with its stage; the iteration of the whole step; the busiest stage's memory;
+    every stage's placement on its ranks; the unpipelined plan among the baselines."""
+    from .evaluate import question_param_bytes
+    from .output import rounded
+    from .pipeline import SCHEDULE
+    from .plan import layer_record, placement_record, plan_header
+
+    stages = res.stages
+    m = res.microbatches
+    evs = [st.evaluation for st in stages]
+    head = plan_header("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
+                       q.options, q.estimator_name, nodes_used(q))
+    head["problem"]["pipeline"] = {"stages": len(stages), "schedule": SCHEDULE}
+    compute = max(ev.compute_s for ev in evs)
+    comm = max(ev.comm_s + m * st.send_s for ev, st in zip(evs, stages, strict=True))
+    exposed = min(comm, max(0.0, res.time_s - compute))
+    iteration = {
+        "time_s": res.time_s,
+        "compute_s": compute,
+        "comm_s": comm,
+        "exposed_comm_s": exposed,
+        "forward_s": sum(ev.forward_s for ev in evs),
+        "backward_s": sum(ev.backward_s for ev in evs),
+        "optimizer_s": max(ev.optimizer_s for ev in evs),
+        "weight_grad_s": max(ev.weight_grad_s for ev in evs),
+        "activation_comm_s": max(ev.activation_comm_s for ev in evs),
+        "parameters_comm_s": max(ev.parameters_s for ev in evs),
+        "recompute_s": max(ev.recompute_s for ev in evs),
+        "bubble_s": res.bubble_s,
+        "samples_per_s": q.options.step_batch / res.time_s if res.time_s > 0 else 0.0,
+    }
+    busiest = max(range(len(stages)), key=lambda k: (evs[k].memory.peak, -k))
+    memory = {**evs[busiest].memory.to_data(), "stage": busiest}
+    grids: list[dict[str, Any]] = []
+    stage_recs: list[dict[str, Any]] = []
+    layers: list[dict[str, Any]] = []
+    per_node = q.cluster.devices_per_node
+    for st, ev in zip(stages, evs, strict=True):
+        pl = placement_record(ev, st.devices, per_node, expand, q.cluster.device.kind)
+        for g in pl["grids"]:
+            g = {"stage": st.index, "first_rank": st.first_rank, **g}
+            if expand:
+                for key in ("row_groups", "col_groups"):
+                    g[key]["ranks"] = [[st.first_rank + r for r in grp]
+                                       for grp in g[key]["ranks"]]
+            grids.append(g)
+        pb = question_param_bytes(st.question.network, st.question.options)
+        for r in ev.layers:
+            layers.append({"stage": st.index,
+                           **layer_record(r, pb, st.question.options.zero)})
+        stage_recs.append({
+            "stage": st.index,
+            "layers": [q.network.layers[st.lo].name, q.network.layers[st.hi - 1].name],
+            "layer_count": st.hi - st.lo,
+            "ranks": [st.first_rank, st.first_rank + st.devices - 1],
+            "inflight": st.inflight,
+            "microbatch_s": st.microbatch_s,
+            "send_s": st.send_s,
+            "tail_s": st.tail_s,
+            "peak_bytes": ev.memory.peak,
+            "fits": ev.memory.fits,
+            "notes": st.result.notes,
+        })
+    placement = {
+        "devices": q.options.gpus,
+        "devices_per_node": per_node,
+        "device_kind": q.cluster.device.kind,
+        "nodes": nodes_used(q),
+        "rank_to_device": f"rank k runs on node k // {per_node}, local device k % "
+                          f"{per_node}",
+        "stage_ranks": f"stage s runs on ranks s*{stages[0].devices} + k for k in "
+                       f"0..{stages[0].devices - 1}; a grid's rules number the ranks of "
+                       "its stage from first_rank",
+        "grids": grids,
+    }
+    flat_t = flat.best.evaluation.time_s if flat is not None else None
+    baselines = [{"name": "no pipeline",
+                  "description": "the searched plan on all devices, without stages",
+                  "applicable": flat is not None,
+                  **({"time_s": flat_t, "comm_s": flat.best.evaluation.comm_s,
+                      "exposed_comm_s": flat.best.evaluation.exposed_comm_s,
+                      "peak_bytes": flat.best.evaluation.memory.peak,
+                      "fits": flat.best.evaluation.memory.fits,
+                      "speedup": flat_t / res.time_s} if flat is not None else
+                     {"reason": "nothing fits without a pipeline"})}]
+    for b in bases:
+        b = dict(b)
+        if b.get("applicable") and b.get("time_s"):
+            b["speedup"] = b["time_s"] / res.time_s
+        baselines.append(b)
+    doc: dict[str, Any] = {
+        **head,
+        "iteration": iteration,
+        "memory": memory,
+        "objective": "time",
+        "search": {"evaluated": sum(st.result.explored for st in stages),
+                   "chosen": "pipeline", "lower_bound_s": None,
+                   "notes": [f"{len(stages)} pipeline stages"]},
+        "pipeline": {
+            "stages": len(stages),
+            "microbatches": m,
+            "schedule": SCHEDULE,
+            "bubble_s": res.bubble_s,
+            "bubble_fraction": res.bubble_s / res.time_s if res.time_s > 0 else 0.0,
+            "tied_allreduce_s": res.ties_s,
+            "stage_plans": stage_recs,
+            "partitions": [{"bounds": [q.network.layers[b].name if b < len(q.network.layers)
+                                       else None for b in part["bounds"][:-1]],
+                            "time_s": part["time_s"], "outcome": part["outcome"]}
+                           for part in res.partitions],
+        },
+        "placement": placement,
+        "baselines": baselines,
+    }
+    if trials is not None:
+        doc["pipeline_auto"] = trials
+    doc["layers"] = layers
+    return rounded(doc, 4)  # type: ignore[no-any-return]
 
 
 @click.command()

@@ -87,6 +87,18 @@ class Options:
     recompute: str = "none"  #: "blocks": residual blocks re-run their forward in backward
     #: the dtype gradients are accumulated and reduced in (None: the weights')
     grad_dtype: str | None = None
+    #: gradient accumulation: forward and backward passes per step, each over ``batch``
+    #: samples (the step's batch is ``batch * microbatches``); weight gradients are
+    #: reduced once, in the last one's backward pass
+    microbatches: int = 1
+    #: microbatches whose activations are kept at once (a pipeline stage under 1F1B keeps
+    #: those it has run forward and not yet backward; gradient accumulation alone, one)
+    inflight: int = 1
+
+    @property
+    def step_batch(self) -> int:
+        """Samples per optimizer step."""
+        return self.batch * self.microbatches
 
 
 @dataclass
@@ -120,6 +132,9 @@ class Evaluation:
     parameters_s: float = 0.0  #: ZeRO's all-gathers of parameters (all on the critical path)
     #: activation recomputation: the forward compute and collectives run again in backward
     recompute_s: float = 0.0
+    #: one microbatch's forward and backward passes without the weight-gradient
+    #: reductions (with one microbatch: the forward and backward, reductions apart)
+    microbatch_s: float = 0.0
 
     @property
     def activation_comm_s(self) -> float:
@@ -332,7 +347,9 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
                                    dist_out=fhit[2]))
         out_dist[layer.index] = fhit[2]
     # the loss, on the last layer's output where it lives: its own line in the last
-    # layer's costs
+    # layer's costs (not on a pipeline stage before the last: it sends its output on)
+    if not ctx.network.loss:
+        return results
     last = results[-1]
     assert last.dist_out is not None
     lkey = ("loss", last.dist_out)
@@ -505,7 +522,11 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     # at the start of the backward pass everything kept is live; later, a rebuilt block
     # adds its working set to what is still kept then
     kept_total = sum(per_layer.values())
-    activations = max([kept_total] + [k + w for k, w in zip(live, rebuilt, strict=True)])
+    # the microbatches in flight besides the one running keep all they keep (a rebuilt
+    # block's working set is one microbatch's: one runs backward at a time)
+    others = (options.inflight - 1) * kept_total
+    activations = others + max([kept_total] + [k + w for k, w in zip(live, rebuilt,
+                                                                        strict=True)])
     for r in results:
         r.activation_bytes = per_layer.get(r.layer.index, 0.0)
     # the busiest layer's gradients in flight: its output gradient and input gradient
@@ -784,9 +805,15 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     upd_comm = sum(run[2] for run in _bucketed(ctx, results, upd_items,
                                                options.bucket_bytes if bucketing else None,
                                                cache))
-    time_s = finish + optimizer_s + upd_comm
-    compute_s = fwd_compute + bwd_compute + optimizer_s
-    comm_s = fwd_comm + bwd_comm + weight_grad_s + upd_comm
+    # one microbatch without reductions; under gradient accumulation the microbatches
+    # before the last run so (DDP's no_sync), and the last one as above
+    plain = forward + sum(r.cost.backward_s + sum(t.seconds for t in r.cost.terms
+                                                  if t.when == "backward")
+                          for r in results)
+    more = options.microbatches - 1
+    time_s = more * plain + finish + optimizer_s + upd_comm
+    compute_s = (more + 1) * (fwd_compute + bwd_compute) + optimizer_s
+    comm_s = (more + 1) * (fwd_comm + bwd_comm) + weight_grad_s + upd_comm
     # the same compute summed in two orders differs in its last bits: on one device the
     # difference read as 1e-17 s of exposed communication
     exposed = min(comm_s, max(0.0, time_s - compute_s))
@@ -808,4 +835,5 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
                          if t.phase == "parameters") if ctx.zero else 0,
         recompute_s=sum(r.cost.forward_s + r.cost.comm("recompute") for r in results
                         if recomputed(r.layer, ctx)) if ctx.rebuilt else 0,
+        microbatch_s=plain,
     )

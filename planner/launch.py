@@ -37,6 +37,8 @@ class LaunchSpec:
     fits: bool = True  #: the plan's memory.fits
     dtype: str = "float32"  #: the weights' and activations' dtype
     grad_dtype: str = "float32"  #: the gradients' (plans before 2026-11-24: the weights')
+    stages: int = 1  #: pipeline stages, each on world / stages consecutive ranks
+    microbatches: int = 1
 
     @property
     def fsdp(self) -> str | None:
@@ -115,6 +117,26 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                 issues.append(Issue(f"$.placement.{mine}", f"{want} here, but the problem "
                                                            f"says {key}: {got!r}: the plan "
                                                            "was edited; make it again"))
+    stages, microbatches = 1, 1
+    if isinstance(problem, dict):
+        microbatches = problem.get("microbatches", 1)
+        if isinstance(microbatches, bool) or not isinstance(microbatches, int) \
+                or microbatches < 1:
+            issues.append(Issue("$.problem.microbatches", f"expected a whole number of "
+                                                          f"microbatches, got "
+                                                          f"{show(microbatches)}"))
+            microbatches = 1
+        pipe = problem.get("pipeline")
+        if pipe is not None:
+            count = pipe.get("stages") if isinstance(pipe, dict) else None
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1 \
+                    or world % count:
+                issues.append(Issue("$.problem.pipeline", f"expected the stages as a "
+                                                          f"divisor of the {world} devices, "
+                                                          f"got {show(count)}"))
+            else:
+                stages = count
+    size = world // stages  # the devices of a stage, which its grids cover
     inputs = data.get("inputs")
     network = inputs.get("network") if isinstance(inputs, dict) else None
     name = network.get("name") if isinstance(network, dict) else None
@@ -136,16 +158,26 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                                 f"expected the grid as [P_r, P_c], two whole numbers >= 1, "
                                 f"got {grid!r}"))
             continue
-        if grid[0] * grid[1] != world:
+        if grid[0] * grid[1] != size:
             issues.append(Issue(f"{where}.grid", f"grid {grid[0]}x{grid[1]} has "
                                                  f"{grid[0] * grid[1]} devices, the plan "
-                                                 f"{world}"))
+                                                 f"{world}" + (f" in {stages} pipeline "
+                                                               f"stages of {size}"
+                                                               if stages > 1 else "")))
+            continue
+        stage = g.get("stage", 0)
+        if stages > 1 and (isinstance(stage, bool) or not isinstance(stage, int)
+                           or not 0 <= stage < stages):
+            issues.append(Issue(f"{where}.stage" if "stage" in g else where,
+                                f"expected the grid's pipeline stage, 0 to {stages - 1}, "
+                                f"got {show(stage)}"))
             continue
         if placement not in ("rows", "cols"):
             issues.append(Issue(f"{where}.placement" if "placement" in g else where,
                                 f"expected placement rows or cols, got {placement!r}"))
             continue
-        shaped.append({"grid": [grid[0], grid[1]], "placement": placement})
+        shaped.append({"grid": [grid[0], grid[1]], "placement": placement,
+                       **({"stage": stage} if stages > 1 else {})})
     kind = pl.get("device_kind", "gpu")
     if kind not in ("gpu", "cpu"):
         issues.append(Issue("$.placement.device_kind", f"expected gpu or cpu, got "
@@ -156,7 +188,7 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     fits = not (isinstance(memory, dict) and memory.get("fits") is False)
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
                       nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits,
-                      str(dtype), str(grad_dtype or dtype))
+                      str(dtype), str(grad_dtype or dtype), stages, microbatches)
 
 
 def _job_name(name: str) -> str:
@@ -168,10 +200,16 @@ def _grid_lines(spec: LaunchSpec) -> list[str]:
     from .plan import group_rules
 
     out = []
+    size = spec.world // spec.stages
+    if spec.stages > 1:
+        out.append(f"# pipeline: {spec.stages} stages of {size} ranks (stage s on ranks "
+                   f"s*{size} .. s*{size} + {size - 1}), {spec.microbatches} microbatches, "
+                   "1F1B; a stage's grid rules number its ranks from the stage's first")
     for g in spec.grids:
         pr, pc = g["grid"]
         rows, cols = group_rules(pr, pc, g["placement"])
-        out.append(f"#   grid {pr}x{pc} ({g['placement']}): {rows}; {cols}")
+        where = f"stage {g['stage']} " if "stage" in g else ""
+        out.append(f"#   {where}grid {pr}x{pc} ({g['placement']}): {rows}; {cols}")
     return out
 
 
@@ -208,6 +246,9 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
             f"PLANNER_DTYPE={spec.dtype}",
             f"PLANNER_GRAD_DTYPE={spec.grad_dtype}",
         ]
+        if spec.stages > 1 or spec.microbatches > 1:
+            lines += [f"PLANNER_PIPELINE_STAGES={spec.stages}",
+                      f"PLANNER_MICROBATCHES={spec.microbatches}"]
         return "\n".join(head + lines) + "\n"
     if kind == "torchrun":
         if spec.uneven:

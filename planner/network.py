@@ -486,6 +486,9 @@ class Network:
     layers: tuple[Layer, ...]
     blocks: tuple[Block, ...] = ()
     input_kind: str = "image"  #: image, tokens, sequence or features
+    #: whether the last layer's output feeds the loss (a pipeline stage before the last
+    #: sends it to the next stage instead)
+    loss: bool = True
 
     @property
     def elem_bytes(self) -> int:

@@ -142,7 +142,9 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
     configuration's."""
     return {
         "gpus": options.gpus,
-        "batch": options.batch,
+        "batch": options.step_batch,
+        # gradient accumulation only where there is some (a plan without it reads the same)
+        **({"microbatches": options.microbatches} if options.microbatches > 1 else {}),
         "dtype": network.dtype,
         "cost_model": options.cost_model,
         "overlap": options.overlap,
@@ -183,7 +185,7 @@ def plan_document(command: str, network: Network, network_file: str, cluster_nam
     doc: dict[str, Any] = {
         **plan_header(command, network, network_file, cluster_name, cluster_file, options,
                       estimator, nodes),
-        "iteration": iteration_record(ev, options.batch),
+        "iteration": iteration_record(ev, options.step_batch),
         "memory": ev.memory.to_data(),
     }
     if extra:
@@ -232,7 +234,9 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     zero = int(prob.get("zero", 0))
     setting = zero_label(zero, str(prob.get("zero_shard", "all")))
     grads = prob.get("grad_dtype", prob["dtype"])
-    head.append(f"{count(int(prob['gpus']), 'device')}, batch {prob['batch']}, {prob['dtype']}"
+    micro = int(prob.get("microbatches", 1))
+    head.append(f"{count(int(prob['gpus']), 'device')}, batch {prob['batch']}"
+                + (f" in {micro} microbatches" if micro > 1 else "") + f", {prob['dtype']}"
                 + (f" (gradients in {grads})" if grads != prob["dtype"] else "") + ", "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
                 + (f", ZeRO {setting}" if zero else "")
@@ -266,6 +270,14 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                                            else f" ({t['outcome']})"))
             + (" (chosen)" if _count(chosen, counts) == t["blocks"] else "")
             for t in counts) + "\n")
+    trials = doc.get("pipeline_auto")
+    if trials:
+        picked = int(prob.get("pipeline", {}).get("stages", 1))
+        head.append("pipeline auto ", style="bold")
+        head.append("  ".join(
+            f"{t['stages']} stage{'' if t['stages'] == 1 else 's'}: "
+            + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
+            + (" (chosen)" if t["stages"] == picked else "") for t in trials) + "\n")
     low = doc.get("search", {}).get("lower_bound_s")
     if low:
         head.append("lower bound ", style="bold")
@@ -424,3 +436,35 @@ def baselines_table(doc: dict[str, Any]) -> Any:
         t.add_row(f"{b['name']}: {b['description']}", format_time(b["time_s"]),
                   format_time(b["comm_s"]), format_time(b["exposed_comm_s"]), mem, speed)
     return t
+
+
+def pipeline_table(doc: dict[str, Any]) -> Any:
+    """A pipelined plan's stages: their layers, ranks, one microbatch's time, what each
+    does once a step, and memory."""
+    from rich import box
+    from rich.console import Group as RichGroup
+    from rich.table import Table
+    from rich.text import Text
+
+    pipe = doc["pipeline"]
+    head = Text()
+    head.append("pipeline ", style="bold")
+    head.append(f"{pipe['stages']} stages, {pipe['microbatches']} microbatches "
+                f"({pipe['schedule']}): fill and drain "
+                f"{format_time(pipe['bubble_s'])} ({pipe['bubble_fraction']:.1%} of the "
+                "step)"
+                + (f", tied weights' reductions {format_time(pipe['tied_allreduce_s'])}"
+                   if pipe["tied_allreduce_s"] else "") + "\n")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title="stages",
+              title_justify="left")
+    for col in ("stage", "layers", "ranks", "in flight", "microbatch", "sends", "step end",
+                "memory"):
+        t.add_column(col, justify="left" if col in ("layers", "ranks") else "right",
+                     overflow="fold")
+    for st in pipe["stage_plans"]:
+        mem = format_bytes(st["peak_bytes"]) + ("" if st["fits"] else " (does not fit)")
+        t.add_row(str(st["stage"]), f"{st['layers'][0]} .. {st['layers'][1]} "
+                  f"({st['layer_count']})", f"{st['ranks'][0]}-{st['ranks'][1]}",
+                  str(st["inflight"]), format_time(st["microbatch_s"]),
+                  format_time(st["send_s"]), format_time(st["tail_s"]), mem)
+    return RichGroup(head, t)

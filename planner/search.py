@@ -352,7 +352,7 @@ class Space:
         if layer.saves_output:
             kept += local_elems(layer.out_elems, lay.output_dist(), batch) * e * \
                 self._output_share(layer)
-        return kept
+        return kept * self.options.inflight
 
     def entry_memory(self, layer: Layer) -> np.ndarray:
         """``M[src, j]``: bytes of its input candidate ``j`` keeps when the input
@@ -376,6 +376,7 @@ class Space:
                     elif kept == "checkpoint":  # only the halo rows, rebuilt
                         hit[ins[j], j] -= local_elems(layer.in_elems, dist, batch) * e * \
                             share
+                hit *= self.options.inflight
             self._entry_mem[layer.index] = hit
         return hit
 
@@ -393,7 +394,7 @@ class Space:
                 producer = self.layers[blk.input]
                 batch, e = self.options.batch, self.ctx.elem_bytes
                 hit = np.array([local_elems(producer.out_elems, d, batch) * e
-                                for d in self.dists])
+                                for d in self.dists]) * self.options.inflight
             self._ckpt[blk.name] = hit
         return hit
 
@@ -509,7 +510,8 @@ class Space:
             kept += kept_input_bytes(layer, None, work, batch, e) * in_share
         if layer.saves_output:
             kept += local_elems(layer.out_elems, out, batch) * e * out_share
-        parts[_M] = layer.params * held(self.pb, self.options.zero, terms).total + kept
+        parts[_M] = layer.params * held(self.pb, self.options.zero, terms).total + \
+            kept * self.options.inflight
         result = (parts, self._dist(out))
         self._follow[key] = result
         return result
@@ -540,15 +542,16 @@ class Space:
             parts = np.zeros((n, 4))
             kernels: list[Kernel] = []
             owners: list[int] = []
-            for d, dist in enumerate(self.dists):
+            for d, dist in enumerate(self.dists if self.ctx.network.loss else ()):
                 ks, terms = loss_cost(last, dist, self.ctx)
                 for t in terms:
                     parts[d, _A] += t.seconds
                 flat = ks["forward"] + ks["backward_data"] + ks["backward_weight"]
                 kernels.extend(flat)
                 owners.extend([d] * len(flat))
-            secs = self.ctx.estimator.estimate(kernels, self.ctx.cluster.device,
-                                               self.ctx.network.dtype).seconds
+            secs: Any = self.ctx.estimator.estimate(
+                kernels, self.ctx.cluster.device, self.ctx.network.dtype).seconds \
+                if kernels else []
             for d, sec in zip(owners, secs, strict=True):
                 parts[d, _C] += float(sec)
             self._loss_parts = parts
@@ -1224,12 +1227,15 @@ def search(ctx: Context, options: Options, objective: str = "time",
     pins = pins or {}
     space = Space(ctx, options, pins, objective)
     space.prepare_transitions()
+    # the program's parts are one microbatch's: its gradients are reduced once a step,
+    # its compute and activation traffic run once a microbatch
+    per = 1.0 / options.microbatches
     if objective == "comm":
-        variants = [Weights(0.0, 1.0, 1.0)]
+        variants = [Weights(0.0, 1.0, per)]
     elif options.overlap == "none":
-        variants = [Weights()]
+        variants = [Weights(gradient=per)]
     else:
-        variants = [Weights(gradient=k) for k in (1.0, 0.0)]
+        variants = [Weights(gradient=k * per) for k in (1.0, 0.0)]
     cands: list[Candidate] = []
     seen: dict[tuple[tuple[int, Layout], ...], Candidate] = {}
 
@@ -1250,13 +1256,16 @@ def search(ctx: Context, options: Options, objective: str = "time",
     answers = [a for _, a in solved]
     # with gradients overlapped, no assignment takes less than its critical path: the
     # compute and activation traffic, the dynamic program's objective at κ = 0
-    lower = solved[1][0] if objective == "time" and len(solved) == 2 else None
+    # (one microbatch: with several, the program counts the optimizer step once a
+    # microbatch, and its value is no bound)
+    lower = solved[1][0] if objective == "time" and len(solved) == 2 and \
+        options.microbatches == 1 else None
     for a in answers:
         consider("search", a)
     if len(answers) == 2 and answers[0] != answers[1]:
         # full hiding and no hiding disagree: try the weights in between
         for k in (0.5, 0.25):
-            consider("search", solve(space, Weights(gradient=k))[1])
+            consider("search", solve(space, Weights(gradient=k * per))[1])
     bases = baselines(space, objective, variants[0])
     fitting = [c for c in cands if c.evaluation.memory.fits]
     notes: list[str] = []

@@ -168,3 +168,17 @@ def test_llama3_8b():
     attention = 32 * 2 * 2 * 32 * 8192 * 8192 * 128 // 2
     assert net.flops > dense + attention
     assert net.flops - dense - attention < 0.01 * net.flops
+
+
+def test_llama3_70b():
+    """Llama 3 70B (the same paper, Table 3: 80 layers, model dimension 8,192, FFN
+    dimension 28,672, 64 attention heads, 8 key/value heads). By hand: per block 8192 ·
+    (8192 + 2 · 1024) + 8192 · 8192 = 150,994,944 in attention, 3 · 8192 · 28,672 =
+    704,643,072 in the MLP and 2 · 8192 in its norms, 855,654,400 a block; 80 blocks, the
+    embedding and the head (128,256 · 8192 each) and the final norm: 70,553,706,496, the
+    released checkpoint's count."""
+    net = load_network(NETWORKS / "llama3-70b.yaml")
+    assert net.params == 80 * 855_654_400 + 2 * 128_256 * 8192 + 8192 == 70_553_706_496
+    attn = net.by_name("layers.0.attn.self_attn")
+    assert attn.params == 150_994_944
+    assert attn.attention.heads == 64 and attn.attention.kv_heads == 8

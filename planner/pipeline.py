@@ -1,0 +1,391 @@
+"""Pipeline parallelism: consecutive layers in stages, each on its own devices.
+
+``planner plan --pipeline S --microbatches M`` splits the network into ``S`` stages of
+consecutive layers and the ``P`` devices into ``S`` blocks of ``P/S`` consecutive ranks
+(stage ``s`` on ranks ``s·P/S`` to ``(s+1)·P/S − 1``, whole nodes where ``P/S`` fills
+them); a step's batch runs as ``M`` microbatches of ``B/M`` samples through the stages
+under the 1F1B schedule (PipeDream-Flush: Narayanan et al., "Memory-efficient
+pipeline-parallel DNN training", ICML 2021; the schedule Megatron-LM runs, Narayanan et
+al., "Efficient large-scale language model training on GPU clusters using Megatron-LM",
+SC 2021). Inside a stage the search plans every layer as it does a whole network (data,
+model, domain, the ``P_r × P_c`` grid, Megatron's pairs), on ``P/S`` devices at the
+microbatch size, with the stage's memory.
+
+**Time.** With ``t_s`` one microbatch's forward and backward passes through stage ``s``
+(the stage's compute and activation traffic, its gradient reductions apart) plus the
+point-to-point sends of the activation to the next stage and of its gradient back, a
+step of 1F1B (or GPipe) takes ``Σ_s t_s + (M − 1)·max_s t_s``: the first microbatch
+crosses every stage, and the slowest stage then runs the others back to back (the
+pipeline latency of Zheng et al., "Alpa", OSDI 2022, §5.2; with equal stages,
+``(M + S − 1)·t``, the bubble ``(S − 1)/M`` of the Megatron-LM paper). After the last
+backward pass each stage reduces its weight gradients (the last microbatch's backward
+overlaps them as without a pipeline) and steps its optimizer; the step ends when the
+slowest stage's do (the global gradient norm Megatron-LM clips by needs every stage's).
+A tied embedding and output head in different stages each keep a copy, and their
+gradients are all-reduced between the two stages once a step, as Megatron-LM's
+first and last stages do.
+
+**Memory.** Under 1F1B stage ``s`` (from 0) has run the forward pass of
+``min(S − s, M)`` microbatches before its first backward pass: it keeps their
+activations at once (the first stage the most); GPipe would keep all ``M``.
+
+**Stages.** A stage boundary falls where one tensor alone crosses it (between residual
+blocks, not inside one). The stages are balanced by each layer's compute time on one
+device (its kernels at the microbatch size, timed by the estimator) with a minimax
+partition over the allowed boundaries, and once again by the stage times the search
+found (a stage whose layouts communicate more gets fewer layers); the faster of the
+two partitions is the plan.
+
+Not modelled: interleaved (virtual) stages, zero-bubble schedules, the overlap of the
+point-to-point sends with compute (they are charged on the critical path), a layout
+change between the last layer of one stage and the first of the next (the receiving
+stage starts from whichever distribution its search prefers; Megatron-LM's
+scatter-gather of the sent activation does the same), and stages of unequal device
+counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .costs.comm import Group, collective_time
+from .costs.layer import local_params
+from .errors import NoFeasiblePlan, UsageError
+from .network import DTYPE_BYTES, Block, Layer, Network, layer_kernels
+
+#: the schedule priced (its memory: min(S - s, M) microbatches in flight at stage s)
+SCHEDULE = "1f1b"
+#: re-balancing rounds by the stage times the search found
+REBALANCE = 2
+
+
+def cut_points(network: Network) -> list[int]:
+    """Where a stage may start: the layer indices ``c`` (``0 < c < n``) such that no
+    layer from ``c`` on reads a tensor made before layer ``c − 1`` (or the network
+    input), so one tensor alone, layer ``c − 1``'s output, crosses the boundary."""
+    n = len(network.layers)
+    # the earliest tensor any layer at or after position c reads: a suffix minimum
+    earliest = [n] * (n + 1)
+    for layer in reversed(network.layers):
+        earliest[layer.index] = min([earliest[layer.index + 1], *layer.inputs])
+    return [c for c in range(1, n) if earliest[c] >= c - 1]
+
+
+def stage_network(network: Network, lo: int, hi: int) -> Network:
+    """Layers ``lo`` to ``hi − 1`` as a network of their own: its input is layer
+    ``lo − 1``'s output, its loss only where it ends the network. A layer tied to one in
+    another stage keeps a copy of the weight (it owns its parameters here)."""
+    if not 0 <= lo < hi <= len(network.layers):
+        raise ValueError(f"no stage {lo}:{hi}")
+    names = {layer.name for layer in network.layers[lo:hi]}
+
+    def index(i: int) -> int:
+        return i - lo if i >= lo else -1
+
+    layers: list[Layer] = []
+    for layer in network.layers[lo:hi]:
+        changes: dict[str, Any] = {"index": layer.index - lo,
+                                   "inputs": tuple(index(i) for i in layer.inputs)}
+        if layer.tied_to is not None and layer.tied_to not in names:
+            changes["tied_to"] = None
+            changes["params"] = layer.weight_elems
+            if layer.linear is not None:
+                changes["linear"] = dataclasses.replace(layer.linear, tied_to=None)
+        layers.append(dataclasses.replace(layer, **changes))
+    blocks = tuple(Block(b.name, index(b.input), tuple(i - lo for i in b.body),
+                         tuple(i - lo for i in b.shortcut), b.add - lo)
+                   for b in network.blocks if lo <= min(b.body) and b.add < hi)
+    shape = network.input_shape if lo == 0 else network.layers[lo - 1].output_shape
+    kind = network.input_kind if lo == 0 else \
+        {3: "image", 2: "sequence", 1: "features"}[len(shape)]
+    return Network(name=f"{network.name}[{lo}:{hi}]", dtype=network.dtype,
+                   input_shape=shape, layers=tuple(layers), blocks=blocks,
+                   input_kind=kind, loss=network.loss and hi == len(network.layers))
+
+
+def layer_seconds(network: Network, ctx: Any, batch: int) -> np.ndarray:
+    """Each layer's forward and backward kernels on one device at ``batch`` samples, by
+    the estimator: what the first partition balances."""
+    kernels: list[Any] = []
+    owners: list[int] = []
+    for layer in network.layers:
+        prods = layer_kernels(layer, batch, network.elem_bytes)
+        flat = prods["forward"] + prods["backward_data"] + prods["backward_weight"]
+        kernels.extend(flat)
+        owners.extend([layer.index] * len(flat))
+    out = np.zeros(len(network.layers))
+    if kernels:
+        secs = ctx.estimator.estimate(kernels, ctx.cluster.device, network.dtype).seconds
+        np.add.at(out, np.array(owners), secs)
+    return out
+
+
+def balance(weights: np.ndarray, cuts: list[int], stages: int) -> list[int] | None:
+    """The stage boundaries ``[0, c_1, …, c_{S−1}, n]`` (each ``c`` in ``cuts``) whose
+    heaviest stage is lightest, to a relative 1e-9 (None: fewer than ``S − 1``
+    boundaries exist). For a limit, cutting each stage at the last boundary that keeps
+    it under the limit uses the fewest stages; the least limit that needs no more than
+    ``S`` is bisected, and a partition with fewer is split at its heaviest stages."""
+    n = len(weights)
+    if len(cuts) < stages - 1:
+        return None
+    prefix = np.concatenate([[0.0], np.cumsum(np.maximum(weights, 0.0))])
+    allowed = np.array([*cuts, n])
+    reach = prefix[allowed]
+
+    def greedy(limit: float) -> list[int] | None:
+        bounds = [0]
+        while bounds[-1] < n:
+            start = bounds[-1]
+            k = int(np.searchsorted(reach, prefix[start] + limit, side="right")) - 1
+            if k < 0 or allowed[k] <= start:
+                return None
+            bounds.append(int(allowed[k]))
+            if len(bounds) - 1 > stages:
+                return None
+        return bounds
+
+    lo, hi = 0.0, float(prefix[-1])
+    best = greedy(hi)
+    for _ in range(200):
+        if hi - lo <= 1e-9 * max(hi, 1e-300):
+            break
+        mid = (lo + hi) / 2
+        got = greedy(mid)
+        if got is not None:
+            best, hi = got, mid
+        else:
+            lo = mid
+    if best is None:
+        return None
+    return _split_to(best, cuts, stages, prefix)
+
+
+def _split_to(best: list[int], cuts: list[int], stages: int, prefix: np.ndarray
+              ) -> list[int] | None:
+    """A partition with fewer stages than asked (a light tail) split at its heaviest
+    stages until it has ``stages`` (None: no boundary is left inside any)."""
+    while len(best) - 1 < stages:
+        heavy = sorted(range(len(best) - 1),
+                       key=lambda k: (-(prefix[best[k + 1]] - prefix[best[k]]), k))
+        for k in heavy:
+            inside = [c for c in cuts if best[k] < c < best[k + 1]]
+            if inside:
+                half = (prefix[best[k]] + prefix[best[k + 1]]) / 2
+                best = sorted([*best, min(inside, key=lambda c: (abs(prefix[c] - half), c))])
+                break
+        else:
+            return None
+    return best
+
+
+def p2p_seconds(cluster: Any, first: int, size: int, nbytes: float) -> float:
+    """One message of ``nbytes`` from every rank of the stage on ranks ``first`` to
+    ``first + size − 1`` to its peer ``size`` ranks on, all at once: over the nodes'
+    network where any peer is on another node, else inside the node."""
+    if nbytes <= 0:
+        return 0.0
+    g = cluster.devices_per_node
+    across = any((r // g) != ((r + size) // g) for r in range(first, first + size))
+    link = cluster.inter if across else cluster.intra
+    return float(link.latency_s) + float(nbytes) / float(link.bandwidth)
+
+
+@dataclass
+class Stage:
+    """One stage as planned."""
+
+    index: int
+    lo: int  #: its first layer in the network
+    hi: int  #: one past its last
+    first_rank: int
+    devices: int
+    inflight: int  #: microbatches whose activations it keeps at once
+    question: Any  #: the stage's question (network, options, context)
+    result: Any  #: its SearchResult
+    send_s: float  #: per microbatch: the activation sent on and its gradient sent back
+
+    @property
+    def evaluation(self) -> Any:
+        return self.result.best.evaluation
+
+    @property
+    def microbatch_s(self) -> float:
+        """``t_s``: one microbatch through the stage, its sends included."""
+        return float(self.evaluation.microbatch_s) + self.send_s
+
+    @property
+    def tail_s(self) -> float:
+        """What the stage does once a step after its last backward pass: the exposed
+        gradient reductions and the optimizer step."""
+        ev = self.evaluation
+        m = int(self.question.options.microbatches)
+        return max(0.0, float(ev.time_s) - m * float(ev.microbatch_s))
+
+
+@dataclass
+class PipelineResult:
+    """A pipelined plan: its stages, and the step they make."""
+
+    stages: list[Stage]
+    microbatches: int
+    time_s: float
+    bubble_s: float
+    ties_s: float  #: tied weights' gradient all-reduces between stages, once a step
+    partitions: list[dict[str, Any]]  #: every partition tried and its time
+
+    @property
+    def fits(self) -> bool:
+        return all(s.evaluation.memory.fits for s in self.stages)
+
+
+def _tie_seconds(network: Network, stages: list[Stage]) -> float:
+    """All-reduces of a tied weight's gradient between the stages that keep a copy."""
+    where = {}
+    for st in stages:
+        for layer in network.layers[st.lo:st.hi]:
+            where[layer.name] = st
+    total = 0.0
+    cluster = stages[0].question.cluster
+    for owner, tied in network.ties.items():
+        own = where[network.layers[owner].name]
+        for t in tied:
+            other = where[network.layers[t].name]
+            if other is own:
+                continue
+            rec = next(r for r in own.evaluation.layers
+                       if r.layer.name == network.layers[owner].name)
+            nbytes = local_params(rec.layer, rec.layout) * DTYPE_BYTES[
+                own.question.options.grad_dtype or network.dtype]
+            g = cluster.devices_per_node
+            same = own.first_rank // g == other.first_rank // g
+            group = Group(2, 2 if same else 1)
+            total += collective_time("all_reduce", float(nbytes), group, cluster,
+                                     own.question.options.algorithm)[0]
+    return total
+
+
+def _compose(network: Network, stages: list[Stage], microbatches: int,
+             ) -> tuple[float, float, float]:
+    """(step time, bubble, tie reductions) of planned stages."""
+    t = [s.microbatch_s for s in stages]
+    busiest = max(t)
+    ties = _tie_seconds(network, stages)
+    time = sum(t) + (microbatches - 1) * busiest + max(s.tail_s for s in stages) + ties
+    bubble = sum(t) - busiest  # the fill and drain beyond the busiest stage's own work
+    return time, bubble, ties
+
+
+def search_pipeline(q: Any, stages: int, objective: str, pins: tuple[str, ...],
+                    run: Callable[[Any, str, tuple[str, ...]], Any],
+                    context: Callable[[Network, Any], Any]) -> PipelineResult:
+    """The best pipelined plan with ``stages`` stages (raises NoFeasiblePlan):
+    ``run(question, objective, pins)`` searches one stage's question, ``context(net,
+    options)`` builds its cost context."""
+    net = q.network
+    opts = q.options
+    p, m = opts.gpus, opts.microbatches
+    if p % stages:
+        raise UsageError(f"planner: error: --pipeline {stages} does not divide the "
+                         f"{p} devices into equal stages; use a divisor of {p}")
+    size = p // stages
+    cuts = cut_points(net)
+    if len(cuts) < stages - 1:
+        raise UsageError(
+            f"planner: error: --pipeline {stages}: '{net.name}' has "
+            f"{len(cuts) + 1} place{'s' if len(cuts) else ''} to start a stage (stage "
+            "boundaries fall where one tensor alone crosses, between residual blocks); use "
+            f"at most {len(cuts) + 1} stages")
+    weights = layer_seconds(net, q.ctx, opts.batch)
+    planned: dict[tuple[int, int, int], Stage] = {}
+    failures: dict[tuple[int, int, int], NoFeasiblePlan] = {}
+
+    def plan_stage(s: int, lo: int, hi: int) -> Stage:
+        key = (s, lo, hi)
+        if key in failures:
+            raise failures[key]
+        hit = planned.get(key)
+        if hit is None:
+            sub = stage_network(net, lo, hi)
+            sopts = dataclasses.replace(opts, gpus=size, inflight=min(stages - s, m))
+            sq = dataclasses.replace(q, network=sub, options=sopts,
+                                     ctx=context(sub, sopts))
+            try:
+                result = run(sq, objective, pins)
+            except NoFeasiblePlan as exc:
+                failures[key] = NoFeasiblePlan(
+                    f"planner: no feasible plan for pipeline stage {s} (layers "
+                    f"'{net.layers[lo].name}' to '{net.layers[hi - 1].name}', "
+                    f"{size} devices): {str(exc).removeprefix('planner: ')}", None)
+                raise failures[key] from None
+            send = 0.0
+            if hi < len(net.layers):
+                last = result.best.evaluation.layers[-1]
+                from .evaluate import local_elems
+
+                nbytes = local_elems(last.layer.out_elems, last.dist_out, sopts.batch) * \
+                    net.elem_bytes
+                send = 2 * p2p_seconds(sq.cluster, s * size, size, nbytes)
+            hit = planned[key] = Stage(s, lo, hi, s * size, size, sopts.inflight, sq,
+                                       result, send)
+        return hit
+
+    tried: list[dict[str, Any]] = []
+    best: PipelineResult | None = None
+    error: NoFeasiblePlan | None = None
+    seen: set[tuple[int, ...]] = set()
+    for _ in range(REBALANCE + 1):
+        bounds = balance(weights, cuts, stages)
+        if bounds is None or tuple(bounds) in seen:
+            break
+        seen.add(tuple(bounds))
+        try:
+            plans = [plan_stage(s, bounds[s], bounds[s + 1]) for s in range(stages)]
+        except NoFeasiblePlan as exc:
+            tried.append({"bounds": bounds, "time_s": None,
+                          "outcome": str(exc).removeprefix("planner: ")})
+            error = error or exc
+            # a stage that does not fit: lighten it (its layers count double)
+            for s in range(stages):
+                if (s, bounds[s], bounds[s + 1]) in failures:
+                    weights[bounds[s]:bounds[s + 1]] *= 2
+            continue
+        time, bubble, ties = _compose(net, plans, m)
+        cand = PipelineResult(plans, m, time, bubble, ties, [])
+        tried.append({"bounds": bounds, "time_s": time,
+                      "outcome": "plan" if cand.fits else "does not fit"})
+        if cand.fits and (best is None or time < best.time_s):
+            best = cand
+        # re-weigh each stage's layers by the time the search found for it
+        for st in plans:
+            own = float(weights[st.lo:st.hi].sum())
+            if own > 0:
+                weights[st.lo:st.hi] *= st.microbatch_s / own
+    if best is None:
+        if error is not None:
+            raise error
+        raise NoFeasiblePlan(f"planner: no feasible plan with {stages} pipeline stages: "
+                             "no stage partition fits in memory", None)
+    best.partitions = tried
+    return best
+
+
+def stage_label(network: Network, st: Stage) -> str:
+    """``'embed' .. 'block3.mlp_out'`` for a person."""
+    return f"{network.layers[st.lo].name} .. {network.layers[st.hi - 1].name}"
+
+
+def max_stages(network: Network) -> int:
+    """The most stages the network can be cut into."""
+    return len(cut_points(network)) + 1
+
+
+def bubble_fraction(res: PipelineResult) -> float:
+    """The idle share of a step the fill and drain leave."""
+    return res.bubble_s / res.time_s if res.time_s > 0 else math.nan

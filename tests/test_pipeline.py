@@ -1,0 +1,372 @@
+"""Gradient accumulation (``--microbatches``) and pipeline parallelism (``--pipeline``).
+
+Each figure is derived by hand from the definitions in :mod:`planner.pipeline`: the
+1F1B step ``Σ_s t_s + (M − 1)·max_s t_s`` plus the slowest stage's work after its last
+backward pass (Zheng et al., "Alpa", OSDI 2022, §5.2; Narayanan et al., SC 2021, for the
+bubble ``(S − 1)/M`` of equal stages), ``min(S − s, M)`` microbatches kept at stage ``s``
+(Narayanan et al., ICML 2021), and a step of gradient accumulation ``(M − 1)`` plain
+microbatches before the last one, whose backward pass reduces the gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
+from planner.cli_plan import Question, run_search
+from planner.evaluate import Options, evaluate, local_elems, make_context
+from planner.inputs import load_network_text
+from planner.layout import make_layout
+from planner.pipeline import balance, cut_points, p2p_seconds, search_pipeline, stage_network
+from planner.search import Space, Weights
+
+from .conftest import invoke
+from .helpers import FixedEstimator, cluster, mlp
+
+SEQ, DIM = 64, 128
+
+
+def _net(blocks: int = 2, tie: bool = True):
+    """A token table, ``blocks`` pre-norm decoder blocks and a head (tied or not)."""
+    return load_network_text(f"""
+kind: network
+name: pp
+input: [{SEQ}]
+dtype: bfloat16
+layers:
+  - {{name: wte, type: embedding, vocab: 512, dim: {DIM}}}
+  - repeat: {blocks}
+    name: blk
+    layers:
+      - name: attn
+        type: residual
+        body:
+          - {{name: ln, type: rmsnorm}}
+          - {{name: sa, type: attention, heads: 8, kv_heads: 2, causal: true, flash: true,
+              bias: false}}
+      - name: mlp
+        type: residual
+        body:
+          - {{name: ln, type: rmsnorm}}
+          - {{name: up, type: linear, out_features: 256, bias: false}}
+          - {{name: act, type: gelu}}
+          - {{name: down, type: linear, out_features: {DIM}, bias: false}}
+  - {{name: head, type: linear, out_features: 512, bias: false{", tie: wte" if tie else ""}}}
+""")
+
+
+# -- stages ------------------------------------------------------------------------------
+
+def test_cut_points_fall_between_residual_blocks():
+    """A boundary inside a block would cut its shortcut (the add reads the block's
+    input): only the starts of blocks and of the head remain."""
+    net = _net()
+    names = [net.layers[c].name for c in cut_points(net)]
+    assert names == ["blk.0.attn.ln", "blk.0.mlp.ln", "blk.1.attn.ln", "blk.1.mlp.ln",
+                     "head"]
+    # an MLP may be cut anywhere
+    assert cut_points(mlp([8, 8, 8, 8])) == [1, 2, 3, 4]
+
+
+def test_stage_network_renumbers_unties_and_keeps_the_loss_last():
+    net = _net()
+    cuts = cut_points(net)
+    lo = cuts[1]  # blk.0.mlp.ln
+    first, last = stage_network(net, 0, lo), stage_network(net, lo, len(net.layers))
+    assert [layer.index for layer in last.layers] == list(range(len(last.layers)))
+    assert last.layers[0].inputs == (-1,)  # reads what the previous stage sent
+    assert last.input_shape == net.layers[lo - 1].output_shape == (SEQ, DIM)
+    assert last.input_kind == "sequence" and first.input_kind == net.input_kind
+    # the blocks inside the stage, renumbered: blk.0.mlp reads the stage input
+    assert [b.name for b in last.blocks] == ["blk.0.mlp", "blk.1.attn", "blk.1.mlp"]
+    assert last.blocks[0].input == -1 and last.blocks[0].add == 4
+    # the head tied to wte in another stage keeps its own copy: 512·128 parameters
+    head = last.layers[-1]
+    assert head.tied_to is None and head.linear.tied_to is None
+    assert head.params == 512 * DIM
+    assert first.params + last.params == net.params + 512 * DIM
+    # the loss only where the network ends
+    assert last.loss and not first.loss
+    assert stage_network(net, 0, len(net.layers)).ties == net.ties
+
+
+def _brute(weights, cuts, stages):
+    n = len(weights)
+    best = None
+    for combo in itertools.combinations(cuts, stages - 1):
+        bounds = [0, *combo, n]
+        worst = max(sum(weights[a:b]) for a, b in itertools.pairwise(bounds))
+        best = worst if best is None else min(best, worst)
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(hst.lists(hst.floats(0.0, 10.0), min_size=2, max_size=9), hst.data())
+def test_balance_finds_the_lightest_heaviest_stage(weights, data):
+    n = len(weights)
+    cuts = sorted(data.draw(hst.sets(hst.integers(1, n - 1), min_size=1)))
+    stages = data.draw(hst.integers(1, len(cuts) + 1))
+    got = balance(np.array(weights), cuts, stages)
+    assert got is not None and len(got) == stages + 1
+    assert got[0] == 0 and got[-1] == n and all(c in cuts for c in got[1:-1])
+    assert got == sorted(set(got))
+    worst = max(sum(weights[a:b]) for a, b in itertools.pairwise(got))
+    assert worst <= _brute(weights, cuts, stages) * (1 + 1e-9) + 1e-12
+
+
+def test_balance_refuses_more_stages_than_boundaries():
+    assert balance(np.ones(4), [2], 3) is None
+
+
+def test_p2p_between_stages_by_hand():
+    """α + n/β over the tier the peers cross (the test cluster: NVLink 2 µs, 100 GB/s;
+    network 5 µs, 10 GB/s; 8 devices a node)."""
+    cl = cluster(per_node=8)
+    n = 1e6
+    assert p2p_seconds(cl, 0, 8, n) == pytest.approx(5e-6 + n / 10e9, rel=1e-12)
+    assert p2p_seconds(cl, 0, 4, n) == pytest.approx(2e-6 + n / 100e9, rel=1e-12)
+    assert p2p_seconds(cl, 4, 4, n) == pytest.approx(5e-6 + n / 10e9, rel=1e-12)
+    assert p2p_seconds(cl, 0, 4, 0.0) == 0.0
+
+
+# -- gradient accumulation ----------------------------------------------------------------
+
+def test_microbatches_add_plain_passes_before_the_last():
+    """A step of M microbatches: M − 1 forward and backward passes without reductions,
+    then the last as a step of one; memory is one microbatch's."""
+    net = mlp([256, 512, 512, 256])
+    cl = cluster(per_node=4)
+    one = Options(gpus=4, batch=8, overlap="none")
+    four = dataclasses.replace(one, microbatches=4)
+    est = FixedEstimator(1e-5)
+    assignment = {layer.index: make_layout("data", 1, 4) for layer in net.layers
+                  if layer.has_weights}
+    ev1 = evaluate(make_context(net, cl, one, est), one, assignment)
+    ev4 = evaluate(make_context(net, cl, four, est), four, assignment)
+    # without overlap, one microbatch's step is its passes, its reductions, its update
+    assert ev1.time_s == pytest.approx(ev1.microbatch_s + ev1.weight_grad_s
+                                       + ev1.optimizer_s, rel=1e-12)
+    assert ev4.microbatch_s == pytest.approx(ev1.microbatch_s, rel=1e-12)
+    assert ev4.time_s == pytest.approx(ev1.time_s + 3 * ev1.microbatch_s, rel=1e-12)
+    assert ev4.weight_grad_s == pytest.approx(ev1.weight_grad_s, rel=1e-12)
+    assert ev4.memory.peak == pytest.approx(ev1.memory.peak, rel=1e-12)
+
+
+def test_microbatches_in_flight_multiply_the_activations():
+    net = _net(tie=False)
+    cl = cluster(per_node=8)
+    base = Options(gpus=8, batch=8, overlap="none")
+    est = FixedEstimator(1e-5)
+    ctx = make_context(net, cl, base, est)
+    space = Space(ctx, base, {})
+    assignment = {i: lays[0] for i, lays in space.candidates.items()}
+    mems, scores = [], []
+    for k in (1, 3, 5):
+        opts = dataclasses.replace(base, inflight=k)
+        ev = evaluate(make_context(net, cl, opts, est), opts, assignment)
+        mems.append(ev.memory)
+        scores.append(Space(make_context(net, cl, opts, est), opts, {}).score(
+            assignment, Weights(0.0, 0.0, 0.0, 1.0)))
+    assert mems[1].activations == pytest.approx(3 * mems[0].activations, rel=1e-12)
+    assert mems[2].activations == pytest.approx(5 * mems[0].activations, rel=1e-12)
+    assert mems[2].weights == mems[0].weights and mems[2].optimizer == mems[0].optimizer
+    # the search's memory grows by the same kept bytes for each microbatch more
+    assert scores[2] - scores[1] == pytest.approx(scores[1] - scores[0], rel=1e-9)
+    assert scores[1] > scores[0]
+
+
+# -- pipelines ----------------------------------------------------------------------------
+
+def _question(net, p=8, batch=16, microbatches=4, per_node=4):
+    cl = cluster(per_node=per_node)
+    opts = Options(gpus=p, batch=batch // microbatches, microbatches=microbatches,
+                   overlap="none")
+    est = FixedEstimator(1e-5)
+    return Question(net, cl, "net.yaml", "cluster.yaml", opts, make_context(net, cl, opts, est),
+                    "fixed")
+
+
+def _context(q):
+    return lambda net, opts: make_context(net, q.cluster, opts, q.ctx.estimator)
+
+
+def test_pipeline_step_composes_the_stage_times_by_hand():
+    net = _net(blocks=4)
+    q = _question(net)
+    res = search_pipeline(q, 2, "time", (), run_search, _context(q))
+    m, s = 4, 2
+    assert [st.inflight for st in res.stages] == [min(s - k, m) for k in range(s)]
+    assert [st.devices for st in res.stages] == [4, 4]
+    assert [st.first_rank for st in res.stages] == [0, 4]
+    assert res.stages[0].lo == 0 and res.stages[-1].hi == len(net.layers)
+    assert res.stages[0].hi == res.stages[1].lo and res.stages[0].hi in cut_points(net)
+    t = []
+    for st in res.stages:
+        ev = st.evaluation
+        # the sends: the boundary activation on, its gradient back, each α + n/β
+        if st.hi < len(net.layers):
+            last = ev.layers[-1]
+            nbytes = local_elems(last.layer.out_elems, last.dist_out, 4) * 2
+            # stage 0 on ranks 0-3 sends to ranks 4-7: the other node (4 a node)
+            assert st.send_s == pytest.approx(2 * (5e-6 + nbytes / 10e9), rel=1e-12)
+        else:
+            assert st.send_s == 0.0
+        t.append(ev.microbatch_s + st.send_s)
+        # a stage's own step: (M − 1) plain microbatches, then one with its tail
+        assert st.tail_s == pytest.approx(ev.time_s - m * ev.microbatch_s, abs=1e-15)
+        assert st.tail_s >= 0
+    tails = max(st.tail_s for st in res.stages)
+    # the tied head lives in the last stage: its gradient is all-reduced with wte's
+    assert res.ties_s > 0
+    assert res.time_s == pytest.approx(sum(t) + (m - 1) * max(t) + tails + res.ties_s,
+                                       rel=1e-12)
+    assert res.bubble_s == pytest.approx(sum(t) - max(t), rel=1e-12)
+
+
+def test_pipeline_stage_memory_keeps_its_microbatches_in_flight():
+    net = _net(blocks=4, tie=False)
+    q = _question(net, microbatches=8)
+    res = search_pipeline(q, 2, "time", (), run_search, _context(q))
+    assert res.ties_s == 0.0
+    for st in res.stages:
+        one = dataclasses.replace(st.question.options, inflight=1)
+        ev1 = evaluate(make_context(st.question.network, q.cluster, one, q.ctx.estimator),
+                       one, st.result.best.assignment)
+        assert st.evaluation.memory.activations == pytest.approx(
+            st.inflight * ev1.memory.activations, rel=1e-12)
+    assert [st.inflight for st in res.stages] == [2, 1]
+
+
+# -- the command line ---------------------------------------------------------------------
+
+NET = """\
+kind: network
+name: tiny-lm
+input: [64]
+dtype: bfloat16
+layers:
+  - {name: wte, type: embedding, vocab: 512, dim: 128}
+  - repeat: 4
+    name: blk
+    layers:
+      - name: attn
+        type: residual
+        body:
+          - {name: ln, type: rmsnorm}
+          - {name: sa, type: attention, heads: 8, kv_heads: 2, causal: true, flash: true,
+             bias: false}
+      - name: mlp
+        type: residual
+        body:
+          - {name: ln, type: rmsnorm}
+          - {name: up, type: linear, out_features: 256, bias: false}
+          - {name: act, type: gelu}
+          - {name: down, type: linear, out_features: 128, bias: false}
+  - {name: head, type: linear, out_features: 512, bias: false, tie: wte}
+"""
+
+
+@pytest.fixture
+def files(tmp_path):
+    net = tmp_path / "net.yaml"
+    net.write_text(NET)
+    return str(net), "examples/clusters/dgx-h100.yaml"
+
+
+def test_pipeline_plan_document_and_launch(runner, files, tmp_path):
+    net, cl = files
+    args = ("plan", net, cl, "-p", "16", "-b", "32", "--microbatches", "8", "--pipeline",
+            "2", "--estimator", "roofline", "--format", "yaml")
+    first = invoke(runner, *args)
+    assert first.exit_code == 0, first.output
+    assert invoke(runner, *args).output == first.output  # byte-identical
+    doc = yaml.safe_load(first.output)
+    assert doc["problem"]["batch"] == 32 and doc["problem"]["microbatches"] == 8
+    assert doc["problem"]["pipeline"] == {"stages": 2, "schedule": "1f1b"}
+    pipe = doc["pipeline"]
+    stages = pipe["stage_plans"]
+    assert [s["ranks"] for s in stages] == [[0, 7], [8, 15]]
+    assert [s["inflight"] for s in stages] == [2, 1]
+    # every layer once, in order, each with its stage
+    assert [r["name"] for r in doc["layers"]] == [
+        layer.name for layer in load_network_text(NET).layers]
+    assert [r["stage"] for r in doc["layers"]] == sorted(r["stage"] for r in doc["layers"])
+    # the step from the stage records (rounded to 4 digits: within 1e-3)
+    t = [s["microbatch_s"] for s in stages]
+    step = sum(t) + 7 * max(t) + max(s["tail_s"] for s in stages) + pipe["tied_allreduce_s"]
+    assert doc["iteration"]["time_s"] == pytest.approx(step, rel=1e-3)
+    assert doc["iteration"]["samples_per_s"] == pytest.approx(
+        32 / doc["iteration"]["time_s"], rel=1e-3)
+    assert doc["baselines"][0]["name"] == "no pipeline"
+    assert all(g["grid"][0] * g["grid"][1] == 8 for g in doc["placement"]["grids"])
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(first.output)
+    env = invoke(runner, "launch", str(plan), "--emit", "env")
+    assert env.exit_code == 0, env.output
+    assert "PLANNER_PIPELINE_STAGES=2" in env.output
+    assert "PLANNER_MICROBATCHES=8" in env.output
+    assert "# pipeline: 2 stages of 8 ranks" in env.output
+    table = invoke(runner, *args[:-2])
+    assert table.exit_code == 0 and "pipeline 2 stages, 8 microbatches" in table.output
+
+
+def test_pipeline_auto_tries_every_stage_count(runner, files):
+    net, cl = files
+    out = invoke(runner, "plan", net, cl, "-p", "8", "-b", "16", "--microbatches", "4",
+                 "--pipeline", "auto", "--estimator", "roofline", "--format", "json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    trials = doc["pipeline_auto"]
+    assert [t["stages"] for t in trials] == [1, 2, 4, 8]
+    done = [t for t in trials if t["time_s"] is not None]
+    assert doc["iteration"]["time_s"] == pytest.approx(min(t["time_s"] for t in done),
+                                                       rel=1e-3)
+
+
+def test_gradient_accumulation_on_the_command_line(runner, files):
+    net, cl = files
+    out = invoke(runner, "plan", net, cl, "-p", "8", "-b", "32", "--microbatches", "4",
+                 "--estimator", "roofline", "--format", "json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["problem"]["batch"] == 32 and doc["problem"]["microbatches"] == 4
+    assert doc["iteration"]["samples_per_s"] == pytest.approx(
+        32 / doc["iteration"]["time_s"], rel=1e-3)
+    assert "pipeline" not in doc
+    plain = json.loads(invoke(runner, "plan", net, cl, "-p", "8", "-b", "32", "--estimator",
+                              "roofline", "--format", "json").output)
+    assert "microbatches" not in plain["problem"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (("-b", "10", "--microbatches", "4"), "not a multiple of --microbatches 4"),
+    (("-b", "16", "--pipeline", "3"), "does not divide the 8 devices"),
+    (("-b", "16", "--pipeline", "0"), "number of stages"),
+    (("-b", "16", "--pipeline", "two"), "number of stages"),
+    (("-b", "16", "--pipeline", "2", "--objective", "comm"), "--objective time"),
+    (("-b", "16", "--pipeline", "2", "--cost-model", "gholami2018"), "--cost-model exact"),
+    (("-b", "16", "--microbatches", "2", "--cost-model", "gholami2018"),
+     "--cost-model exact"),
+])
+def test_bad_pipeline_questions_exit_2(runner, files, extra, words):
+    net, cl = files
+    out = invoke(runner, "plan", net, cl, "-p", "8", *extra, "--estimator", "roofline")
+    assert out.exit_code == 2, out.output
+    assert words in out.output
+    assert "Traceback" not in out.output
+
+
+def test_more_stages_than_boundaries_exit_2(runner, tmp_path):
+    net = tmp_path / "net.yaml"
+    net.write_text(NET.replace("repeat: 4", "repeat: 1"))
+    out = invoke(runner, "plan", str(net), "examples/clusters/dgx-h100.yaml", "-p", "8",
+                 "-b", "8", "--pipeline", "8", "--estimator", "roofline")
+    assert out.exit_code == 2, out.output
+    assert "at most 4 stages" in out.output
