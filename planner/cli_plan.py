@@ -569,7 +569,8 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
             raise UsageError(
                 f"planner: error: --pipeline {stages}: '{q.network.name}' can be cut into "
                 f"at most {most} stage{'s' if most > 1 else ''} (a stage boundary falls "
-                "where one tensor alone crosses, between residual blocks)")
+                "where one tensor alone crosses, between residual blocks, and every stage "
+                "needs a layer with weights)")
         counts = [stages]
 
     def context(net: Any, options: Any) -> Any:

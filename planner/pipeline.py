@@ -30,8 +30,9 @@ first and last stages do.
 activations at once (the first stage the most); GPipe would keep all ``M``.
 
 **Stages.** A stage boundary falls where one tensor alone crosses it (between residual
-blocks, not inside one). The stages are balanced by each layer's compute time on one
-device (its kernels at the microbatch size, timed by the estimator) with a minimax
+blocks, not inside one), and every stage holds a layer with weights. The stages are
+balanced by each layer's compute time on one device (its kernels at the microbatch
+size, timed by the estimator) with a minimax
 partition over the allowed boundaries, and once again by the stage times the search
 found (a stage whose layouts communicate more gets fewer layers); the faster of the
 two partitions is the plan.
@@ -75,6 +76,29 @@ def cut_points(network: Network) -> list[int]:
     for layer in reversed(network.layers):
         earliest[layer.index] = min([earliest[layer.index + 1], *layer.inputs])
     return [c for c in range(1, n) if earliest[c] >= c - 1]
+
+
+def stage_starts(network: Network) -> list[int]:
+    """The boundaries a plan may use: :func:`cut_points` such that every stage holds a
+    layer with weights (a stage of ReLUs and pools alone has nothing to lay out). Of the
+    boundaries before the same next layer with weights, the last is kept (the layers
+    without weights stay with the stage before); none before the first such layer or
+    after the last."""
+    weighted = [layer.index for layer in network.layers if layer.has_weights]
+    if not weighted:
+        return []
+    nxt: list[int | None] = [None] * (len(network.layers) + 1)
+    upcoming: int | None = None
+    for i in range(len(network.layers) - 1, -1, -1):
+        if network.layers[i].has_weights:
+            upcoming = i
+        nxt[i] = upcoming
+    kept: dict[int, int] = {}
+    for c in cut_points(network):
+        w = nxt[c]
+        if w is not None and w != weighted[0]:
+            kept[w] = c  # ascending: the last boundary before w wins
+    return sorted(kept.values())
 
 
 def stage_network(network: Network, lo: int, hi: int) -> Network:
@@ -295,12 +319,13 @@ def search_pipeline(q: Any, stages: int, objective: str, pins: tuple[str, ...],
         raise UsageError(f"planner: error: --pipeline {stages} does not divide the "
                          f"{p} devices into equal stages; use a divisor of {p}")
     size = p // stages
-    cuts = cut_points(net)
+    cuts = stage_starts(net)
     if len(cuts) < stages - 1:
         raise UsageError(
             f"planner: error: --pipeline {stages}: '{net.name}' has "
             f"{len(cuts) + 1} place{'s' if len(cuts) else ''} to start a stage (stage "
-            "boundaries fall where one tensor alone crosses, between residual blocks); use "
+            "boundaries fall where one tensor alone crosses, between residual blocks, and "
+            "every stage needs a layer with weights); use "
             f"at most {len(cuts) + 1} stages")
     weights = layer_seconds(net, q.ctx, opts.batch)
     planned: dict[tuple[int, int, int], Stage] = {}
@@ -383,7 +408,7 @@ def stage_label(network: Network, st: Stage) -> str:
 
 def max_stages(network: Network) -> int:
     """The most stages the network can be cut into."""
-    return len(cut_points(network)) + 1
+    return len(stage_starts(network)) + 1
 
 
 def bubble_fraction(res: PipelineResult) -> float:

@@ -24,7 +24,14 @@ from planner.cli_plan import Question, run_search
 from planner.evaluate import Options, evaluate, local_elems, make_context
 from planner.inputs import load_network_text
 from planner.layout import make_layout
-from planner.pipeline import balance, cut_points, p2p_seconds, search_pipeline, stage_network
+from planner.pipeline import (
+    balance,
+    cut_points,
+    p2p_seconds,
+    search_pipeline,
+    stage_network,
+    stage_starts,
+)
 from planner.search import Space, Weights
 
 from .conftest import invoke
@@ -71,8 +78,35 @@ def test_cut_points_fall_between_residual_blocks():
     names = [net.layers[c].name for c in cut_points(net)]
     assert names == ["blk.0.attn.ln", "blk.0.mlp.ln", "blk.1.attn.ln", "blk.1.mlp.ln",
                      "head"]
-    # an MLP may be cut anywhere
-    assert cut_points(mlp([8, 8, 8, 8])) == [1, 2, 3, 4]
+    # an MLP may be cut anywhere; a plan's stages each start at a layer with weights,
+    # the ReLU staying with the stage before
+    net = mlp([8, 8, 8, 8])
+    assert cut_points(net) == [1, 2, 3, 4]
+    assert [net.layers[c].name for c in stage_starts(net)] == ["fc2", "fc3"]
+    # a transformer's final norm stays with the last block, not alone before the head
+    net = _net()
+    assert [net.layers[c].name for c in stage_starts(net)] == [
+        "blk.0.attn.ln", "blk.0.mlp.ln", "blk.1.attn.ln", "blk.1.mlp.ln", "head"]
+
+
+def test_every_stage_of_a_cnn_has_weights(runner):
+    """AlexNet's pools and dropouts between its layers: no stage of them alone (a
+    four-stage plan once gave one, and crashed)."""
+    from planner.inputs import load_network
+
+    net = load_network("examples/networks/alexnet.yaml")
+    starts = stage_starts(net)
+    assert all(net.layers[c].has_weights for c in starts)
+    assert len(starts) == sum(layer.has_weights for layer in net.layers) - 1
+    out = invoke(runner, "plan", "examples/networks/alexnet.yaml",
+                 "examples/clusters/dgx-h100.yaml", "-p", "8", "-b", "128",
+                 "--microbatches", "4", "--pipeline", "8", "--estimator", "roofline",
+                 "--format", "json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert len(doc["pipeline"]["stage_plans"]) == 8
+    for s in range(8):
+        assert any(r["stage"] == s and "follows" not in r for r in doc["layers"])
 
 
 def test_stage_network_renumbers_unties_and_keeps_the_loss_last():
