@@ -222,17 +222,19 @@ def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
 
 
 def layout_assignment(q: Question, grid: str | None, mode: str | None,
-                      pins: tuple[str, ...], placement: str) -> dict[int, Any]:
-    """The layout of every layer with weights from --grid/--mode/--pin."""
+                      pins: tuple[str, ...], placement: str, count: str = "--gpus"
+                      ) -> dict[int, Any]:
+    """The layout of every layer with weights from --grid/--mode/--pin (``count`` names
+    the device count the grids must fill, in messages)."""
     from .layout import parse_grid, parse_pin
     from .strategies import StrategyError, fixed_assignment
 
     p, b = q.options.gpus, q.options.batch
-    parsed = [parse_pin(text, p) for text in pins]
+    parsed = [parse_pin(text, p, count) for text in pins]
     try:
         return fixed_assignment(q.network, p, b, q.options.cost_model == "gholami2018",
-                                parse_grid(grid, p) if grid is not None else None, mode,
-                                parsed, placement)
+                                parse_grid(grid, p, count) if grid is not None else None,
+                                mode, parsed, placement, q.options.microbatches > 1)
     except StrategyError as exc:
         if str(exc).startswith("pin "):  # a pin that matched nothing names itself
             raise UsageError(f"planner: error: --{exc}") from None
@@ -282,13 +284,19 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
               show_default=True,
               help="rows: each row group (P_r) on consecutive devices, inside a node when "
                    "it fits; cols: each column group (P_c) inside a node.")
+@click.option("--pipeline", type=Whole(1, MAX_GPUS), default=1, show_default=True,
+              metavar="S",
+              help="Pipeline parallelism: S stages of consecutive layers, each on P/S "
+                   "devices (--grid and --pin grids are a stage's), balanced as `plan "
+                   "--pipeline` balances them, running --microbatches under 1F1B.")
 @expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
 @output_option
 def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
-         mode: str | None, pins: tuple[str, ...], placement: str, expand_ranks: bool,
-         all_layers: bool, fmt: str | None, output: str | None, **kw: Any) -> None:
+         mode: str | None, pins: tuple[str, ...], placement: str, pipeline: int,
+         expand_ranks: bool, all_layers: bool, fmt: str | None, output: str | None,
+         **kw: Any) -> None:
     """Price one given layout: per-layer compute and communication, memory, iteration.
 
     Without --grid, --mode or --pin every layer is data parallel. Exit 0 when the layout
@@ -299,6 +307,19 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     ins = inputs_of(network, cluster, kw)
     check_output(output, ins)
     q = load_question(network, cluster, gpus, batch, **kw)
+    if pipeline > 1:
+        doc, res = pipeline_cost(q, pipeline, grid, mode, pins, placement, expand_ranks)
+        render_data(doc, fmt, output, lambda: _pipeline_tables(doc, all_layers), ins)
+        if not res.fits:
+            from .units import format_bytes
+
+            st = max(res.stages, key=lambda st: (st.evaluation.memory.peak, -st.index))
+            mem = st.evaluation.memory
+            click.echo(f"planner: the layout does not fit: pipeline stage {st.index} needs "
+                       f"{format_bytes(mem.peak)} per device, {format_bytes(mem.capacity)} "
+                       "available", err=True)
+            raise click.exceptions.Exit(1)
+        return
     assignment = layout_assignment(q, grid, mode, pins, placement)
     extra: dict[str, Any] = {}
     if q.recompute_auto:
@@ -320,6 +341,80 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
                    f"needed per device, {format_bytes(ev.memory.capacity)} available",
                    err=True)
         raise click.exceptions.Exit(1)
+
+
+def _pipeline_tables(doc: dict[str, Any], all_layers: bool) -> Any:
+    from rich.console import Group
+
+    from .plan import pipeline_table, plan_table
+
+    return Group(plan_table(doc, all_layers), pipeline_table(doc))
+
+
+def stage_count_check(q: Question, stages: int, option: str = "--pipeline") -> None:
+    """UsageError unless ``stages`` divides the devices and the network can be cut into
+    that many stages (and the question allows a pipeline)."""
+    from .pipeline import max_stages
+
+    if q.options.cost_model == "gholami2018":
+        raise UsageError(f"planner: error: {option} needs --cost-model exact: the paper's "
+                         "accounting (Gholami et al. 2018) has no pipeline; drop "
+                         f"{option} or the cost model")
+    p = q.options.gpus
+    if p % stages:
+        raise UsageError(f"planner: error: {option} {stages} does not divide the {p} "
+                         f"devices into equal stages; use a divisor of {p}")
+    most = max_stages(q.network)
+    if stages > most:
+        raise UsageError(
+            f"planner: error: {option} {stages}: '{q.network.name}' can be cut into "
+            f"at most {most} stage{'s' if most > 1 else ''} (a stage boundary falls "
+            "where one tensor alone crosses, between residual blocks, and every stage "
+            "needs a layer with weights)")
+
+
+def stage_context(q: Question) -> Callable[[Any, Any], Any]:
+    """Builds a stage's cost context with the question's cluster and estimator."""
+    from .evaluate import make_context
+
+    def context(net: Any, options: Any) -> Any:
+        return make_context(net, q.cluster, options, q.ctx.estimator)
+
+    return context
+
+
+def stage_pricer(q: Question) -> Callable[[Any, dict[int, Any]], Any]:
+    """Prices one stage's given layouts as ``cost`` prices a network's (``--zero auto``,
+    ``--recompute auto`` per stage), leaving the stage's question with its choice."""
+
+    def price(sq: Question, assignment: dict[int, Any]) -> Any:
+        if sq.recompute_auto:
+            ev, sq.ctx, sq.options, _, _ = _cost_recompute(sq, assignment)
+        else:
+            ev, sq.ctx, sq.options, _ = _price(sq.ctx, sq.options, assignment, sq)
+        return ev
+
+    return price
+
+
+def pipeline_cost(q: Question, stages: int, grid: str | None, mode: str | None,
+                  pins: tuple[str, ...], placement: str, expand: bool
+                  ) -> tuple[dict[str, Any], Any]:
+    """``cost --pipeline S``: the given layouts on each stage's ``P/S`` devices, the
+    stages balanced as the search balances them. Returns the document and the
+    PipelineResult."""
+    import dataclasses
+
+    from .pipeline import price_pipeline
+
+    stage_count_check(q, stages)
+    p = q.options.gpus
+    size = p // stages
+    sq = dataclasses.replace(q, options=dataclasses.replace(q.options, gpus=size))
+    layouts = layout_assignment(sq, grid, mode, pins, placement,
+                                f"a stage's device count (--gpus {p} / --pipeline {stages})")
+    res = price_pipeline(q, stages, layouts, stage_pricer(q), stage_context(q))
+    return pipeline_doc(q, res, None, None, None, expand, command="cost"), res
 
 
 def _price(ctx: Any, options: Any, assignment: dict[int, Any], q: Question
@@ -409,7 +504,8 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
                 from .layout import pin_layout
 
                 wanted = pin_layout(pin, p)
-                reason = why_invalid(layer, wanted, b, paper) or "no grid allows it"
+                reason = why_invalid(layer, wanted, b, paper, q.options.microbatches > 1) \
+                    or "no grid allows it"
                 raise UsageError(f"planner: error: layer '{layer.name}' cannot use "
                                  f"{wanted.label()} (--pin '{pin.text}'): {reason}")
             out[layer.index] = allowed
@@ -546,36 +642,21 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
     import dataclasses
 
     from .errors import NoFeasiblePlan
-    from .evaluate import make_context
     from .pipeline import max_stages, search_pipeline
 
     if objective != "time":
         raise UsageError("planner: error: --pipeline plans for --objective time: a "
                          "pipeline's bubble is idle time, not communication; drop one")
-    if q.options.cost_model == "gholami2018":
-        raise UsageError("planner: error: --pipeline needs --cost-model exact: the paper's "
-                         "accounting (Gholami et al. 2018) has no pipeline; drop "
-                         "--pipeline or the cost model")
     p = q.options.gpus
-    most = max_stages(q.network)
     if stages == "auto":
-        counts = [s for s in range(1, min(p, most) + 1) if p % s == 0]
+        if q.options.cost_model == "gholami2018":
+            stage_count_check(q, 2)  # its message
+        counts = [s for s in range(1, min(p, max_stages(q.network)) + 1) if p % s == 0]
     else:
         assert isinstance(stages, int)
-        if p % stages:
-            raise UsageError(f"planner: error: --pipeline {stages} does not divide the {p} "
-                             f"devices into equal stages; use a divisor of {p}")
-        if stages > most:
-            raise UsageError(
-                f"planner: error: --pipeline {stages}: '{q.network.name}' can be cut into "
-                f"at most {most} stage{'s' if most > 1 else ''} (a stage boundary falls "
-                "where one tensor alone crosses, between residual blocks, and every stage "
-                "needs a layer with weights)")
+        stage_count_check(q, stages)
         counts = [stages]
-
-    def context(net: Any, options: Any) -> Any:
-        return make_context(net, q.cluster, options, q.ctx.estimator)
-
+    context = stage_context(q)
     flat_q = dataclasses.replace(q)
     try:
         flat = run_search(flat_q, objective, pins)
@@ -621,11 +702,13 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
                         expand)
 
 
-def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]],
-                 trials: list[dict[str, Any]] | None, expand: bool) -> dict[str, Any]:
+def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] | None,
+                 trials: list[dict[str, Any]] | None, expand: bool, command: str = "plan"
+                 ) -> dict[str, Any]:
     """The plan document of a pipelined plan: the stages' layers one after the other,
     each with its stage; the iteration of the whole step; the busiest stage's memory;
-    every stage's placement on its ranks; the unpipelined plan among the baselines."""
+    every stage's placement on its ranks; the unpipelined plan among the baselines
+    (``command`` cost: given layouts, so no search and no baselines)."""
     from .evaluate import question_param_bytes
     from .output import rounded
     from .pipeline import SCHEDULE
@@ -634,7 +717,7 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]],
     stages = res.stages
     m = res.microbatches
     evs = [st.evaluation for st in stages]
-    head = plan_header("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
+    head = plan_header(command, q.network, q.network_file, q.cluster.name, q.cluster_file,
                        q.options, q.estimator_name, nodes_used(q))
     head["problem"]["pipeline"] = {"stages": len(stages), "schedule": SCHEDULE}
     compute = max(ev.compute_s for ev in evs)
@@ -670,7 +753,8 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]],
                     g[key]["ranks"] = [[st.first_rank + r for r in grp]
                                        for grp in g[key]["ranks"]]
             grids.append(g)
-        pb = question_param_bytes(st.question.network, st.question.options)
+        so = st.question.options
+        pb = question_param_bytes(st.question.network, so)
         for r in ev.layers:
             layers.append({"stage": st.index,
                            **layer_record(r, pb, st.question.options.zero)})
@@ -685,6 +769,9 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]],
             "tail_s": st.tail_s,
             "peak_bytes": ev.memory.peak,
             "fits": ev.memory.fits,
+            # the settings chosen for the stage where the question left them to it
+            **({"zero": so.zero, "zero_shard": so.zero_shard} if q.zero_auto else {}),
+            **({"recompute": so.recompute} if q.recompute_auto else {}),
             "notes": st.result.notes,
         })
     placement = {
@@ -699,6 +786,37 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]],
                        "its stage from first_rank",
         "grids": grids,
     }
+    doc: dict[str, Any] = {**head, "iteration": iteration, "memory": memory}
+    if bases is not None:
+        doc["objective"] = "time"
+        doc["search"] = {"evaluated": sum(st.result.explored for st in stages),
+                         "chosen": "pipeline", "lower_bound_s": None,
+                         "notes": [f"{len(stages)} pipeline stages"]}
+    doc["pipeline"] = {
+        "stages": len(stages),
+        "microbatches": m,
+        "schedule": SCHEDULE,
+        "bubble_s": res.bubble_s,
+        "bubble_fraction": res.bubble_s / res.time_s if res.time_s > 0 else 0.0,
+        "tied_allreduce_s": res.ties_s,
+        "stage_plans": stage_recs,
+        "partitions": [{"bounds": [q.network.layers[b].name if b < len(q.network.layers)
+                                   else None for b in part["bounds"][:-1]],
+                        "time_s": part["time_s"], "outcome": part["outcome"]}
+                       for part in res.partitions],
+    }
+    doc["placement"] = placement
+    if bases is not None:
+        doc["baselines"] = _pipeline_baselines(res, flat, bases)
+    if trials is not None:
+        doc["pipeline_auto"] = trials
+    doc["layers"] = layers
+    return rounded(doc, 4)  # type: ignore[no-any-return]
+
+
+def _pipeline_baselines(res: Any, flat: Any, bases: list[dict[str, Any]]
+                        ) -> list[dict[str, Any]]:
+    """The unpipelined plan, then its baselines, each with its speedup over ``res``."""
     flat_t = flat.best.evaluation.time_s if flat is not None else None
     baselines = [{"name": "no pipeline",
                   "description": "the searched plan on all devices, without stages",
@@ -714,34 +832,7 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]],
         if b.get("applicable") and b.get("time_s"):
             b["speedup"] = b["time_s"] / res.time_s
         baselines.append(b)
-    doc: dict[str, Any] = {
-        **head,
-        "iteration": iteration,
-        "memory": memory,
-        "objective": "time",
-        "search": {"evaluated": sum(st.result.explored for st in stages),
-                   "chosen": "pipeline", "lower_bound_s": None,
-                   "notes": [f"{len(stages)} pipeline stages"]},
-        "pipeline": {
-            "stages": len(stages),
-            "microbatches": m,
-            "schedule": SCHEDULE,
-            "bubble_s": res.bubble_s,
-            "bubble_fraction": res.bubble_s / res.time_s if res.time_s > 0 else 0.0,
-            "tied_allreduce_s": res.ties_s,
-            "stage_plans": stage_recs,
-            "partitions": [{"bounds": [q.network.layers[b].name if b < len(q.network.layers)
-                                       else None for b in part["bounds"][:-1]],
-                            "time_s": part["time_s"], "outcome": part["outcome"]}
-                           for part in res.partitions],
-        },
-        "placement": placement,
-        "baselines": baselines,
-    }
-    if trials is not None:
-        doc["pipeline_auto"] = trials
-    doc["layers"] = layers
-    return rounded(doc, 4)  # type: ignore[no-any-return]
+    return baselines
 
 
 @click.command()

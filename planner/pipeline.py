@@ -268,6 +268,11 @@ class PipelineResult:
     def fits(self) -> bool:
         return all(s.evaluation.memory.fits for s in self.stages)
 
+    @property
+    def peak_bytes(self) -> float:
+        """The busiest stage's peak memory per device."""
+        return max(float(s.evaluation.memory.peak) for s in self.stages)
+
 
 def _tie_seconds(network: Network, stages: list[Stage]) -> float:
     """All-reduces of a tied weight's gradient between the stages that keep a copy."""
@@ -312,6 +317,48 @@ def search_pipeline(q: Any, stages: int, objective: str, pins: tuple[str, ...],
     """The best pipelined plan with ``stages`` stages (raises NoFeasiblePlan):
     ``run(question, objective, pins)`` searches one stage's question, ``context(net,
     options)`` builds its cost context."""
+    return _pipeline(q, stages, lambda sq, lo: run(sq, objective, pins), context)
+
+
+@dataclass
+class Fixed:
+    """A stage priced with given layouts (``cost``, ``check``), in the shape of a
+    search's result: its one candidate is its best."""
+
+    evaluation: Any
+    notes: list[str] = dataclasses.field(default_factory=list)
+    explored: int = 1
+
+    @property
+    def best(self) -> Fixed:
+        return self
+
+
+def price_pipeline(q: Any, stages: int, layouts: dict[int, Any],
+                   price: Callable[[Any, dict[int, Any]], Any],
+                   context: Callable[[Network, Any], Any],
+                   bounds: list[int] | None = None) -> PipelineResult:
+    """Given layouts in ``stages`` stages: ``layouts`` maps every layer with weights
+    (by its index in the whole network) to a layout on ``P/S`` devices, ``price(question,
+    assignment)`` prices one stage's question (it may replace the question's context and
+    options, as ``--zero auto`` does). With ``bounds`` (``[0, c_1, …, n]``, from a plan)
+    the stages are those; else they are balanced as the search balances them, and the
+    fastest partition that fits is taken (the leanest when none does)."""
+
+    def run(sq: Any, lo: int) -> Fixed:
+        n = len(sq.network.layers)
+        return Fixed(price(sq, {i - lo: lay for i, lay in layouts.items()
+                                if lo <= i < lo + n}))
+
+    return _pipeline(q, stages, run, context, bounds, must_fit=False)
+
+
+def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
+              context: Callable[[Network, Any], Any], bounds: list[int] | None = None,
+              must_fit: bool = True) -> PipelineResult:
+    """Stages planned by ``run(stage question, first layer)``, over the partitions
+    balancing finds (or ``bounds``); the fastest that fits (``must_fit``: else
+    NoFeasiblePlan; otherwise the leanest when none fits)."""
     net = q.network
     opts = q.options
     p, m = opts.gpus, opts.microbatches
@@ -327,6 +374,8 @@ def search_pipeline(q: Any, stages: int, objective: str, pins: tuple[str, ...],
             "boundaries fall where one tensor alone crosses, between residual blocks, and "
             "every stage needs a layer with weights); use "
             f"at most {len(cuts) + 1} stages")
+    if bounds is not None:
+        assert len(bounds) == stages + 1 and set(bounds[1:-1]) <= set(cuts), bounds
     weights = layer_seconds(net, q.ctx, opts.batch)
     planned: dict[tuple[int, int, int], Stage] = {}
     failures: dict[tuple[int, int, int], NoFeasiblePlan] = {}
@@ -342,7 +391,7 @@ def search_pipeline(q: Any, stages: int, objective: str, pins: tuple[str, ...],
             sq = dataclasses.replace(q, network=sub, options=sopts,
                                      ctx=context(sub, sopts))
             try:
-                result = run(sq, objective, pins)
+                result = run(sq, lo)
             except NoFeasiblePlan as exc:
                 failures[key] = NoFeasiblePlan(
                     f"planner: no feasible plan for pipeline stage {s} (layers "
@@ -363,35 +412,40 @@ def search_pipeline(q: Any, stages: int, objective: str, pins: tuple[str, ...],
 
     tried: list[dict[str, Any]] = []
     best: PipelineResult | None = None
+    leanest: PipelineResult | None = None
     error: NoFeasiblePlan | None = None
     seen: set[tuple[int, ...]] = set()
-    for _ in range(REBALANCE + 1):
-        bounds = balance(weights, cuts, stages)
-        if bounds is None or tuple(bounds) in seen:
+    for _ in range(1 if bounds is not None else REBALANCE + 1):
+        part = bounds if bounds is not None else balance(weights, cuts, stages)
+        if part is None or tuple(part) in seen:
             break
-        seen.add(tuple(bounds))
+        seen.add(tuple(part))
         try:
-            plans = [plan_stage(s, bounds[s], bounds[s + 1]) for s in range(stages)]
+            plans = [plan_stage(s, part[s], part[s + 1]) for s in range(stages)]
         except NoFeasiblePlan as exc:
-            tried.append({"bounds": bounds, "time_s": None,
+            tried.append({"bounds": part, "time_s": None,
                           "outcome": str(exc).removeprefix("planner: ")})
             error = error or exc
             # a stage that does not fit: lighten it (its layers count double)
             for s in range(stages):
-                if (s, bounds[s], bounds[s + 1]) in failures:
-                    weights[bounds[s]:bounds[s + 1]] *= 2
+                if (s, part[s], part[s + 1]) in failures:
+                    weights[part[s]:part[s + 1]] *= 2
             continue
         time, bubble, ties = _compose(net, plans, m)
         cand = PipelineResult(plans, m, time, bubble, ties, [])
-        tried.append({"bounds": bounds, "time_s": time,
+        tried.append({"bounds": part, "time_s": time,
                       "outcome": "plan" if cand.fits else "does not fit"})
         if cand.fits and (best is None or time < best.time_s):
             best = cand
+        if leanest is None or cand.peak_bytes < leanest.peak_bytes:
+            leanest = cand
         # re-weigh each stage's layers by the time the search found for it
         for st in plans:
             own = float(weights[st.lo:st.hi].sum())
             if own > 0:
                 weights[st.lo:st.hi] *= st.microbatch_s / own
+    if best is None and not must_fit:
+        best = leanest
     if best is None:
         if error is not None:
             raise error

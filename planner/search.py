@@ -1064,7 +1064,8 @@ def _assign(space: Space, choose: Any) -> dict[int, Layout] | str:
             out[idx] = min(lays, key=lambda x: ((x.pr, x.pc) != (lay.pr, lay.pc),
                                                 x.mode != lay.mode))
             continue
-        reason = why_invalid(layer, lay, space.options.batch, ctx.paper)
+        reason = why_invalid(layer, lay, space.options.batch, ctx.paper,
+                             space.options.microbatches > 1)
         if reason is not None:
             return f"layer '{layer.name}' cannot use {lay.label()}: {reason}"
         out[idx] = lay

@@ -41,10 +41,13 @@ from .layout import (
 from .network import Layer, Network
 
 
-def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False) -> str | None:
-    """Why ``layout`` does not apply to ``layer`` (None when it does)."""
+def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False,
+                microbatched: bool = False) -> str | None:
+    """Why ``layout`` does not apply to ``layer`` at ``batch`` samples (None when it
+    does); ``microbatched``: the batch is a microbatch of gradient accumulation."""
     if layout.pc > batch:
-        return (f"its batch split P_c={layout.pc} is larger than the batch {batch} (every "
+        what = "microbatch" if microbatched else "batch"
+        return (f"its batch split P_c={layout.pc} is larger than the {what} {batch} (every "
                 "device needs at least one sample)")
     if layout.mode == "model":
         limit = layer.model_split_limit
@@ -307,7 +310,7 @@ def unmatched_pin_message(pin: Pin, network: Network, earlier: list[Pin] | None 
 
 def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
                      grid: tuple[int, int] | None, mode: str | None, pins: list[Pin],
-                     placement: str) -> dict[int, Layout]:
+                     placement: str, microbatched: bool = False) -> dict[int, Layout]:
     """The layout of every layer with weights from one grid (or mode) and pins: the first
     matching pin wins, the other layers take the grid (default: data parallel). Raises
     :class:`StrategyError` naming the offending option."""
@@ -349,7 +352,7 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
                 chosen = on_grid if holds_alike(out[owner], on_grid) else out[owner]
         if chosen is None:
             chosen = grid_layout(layer, gpus, pr, pc, mode, placement, pairs)
-        reason = why_invalid(layer, chosen, batch, paper)
+        reason = why_invalid(layer, chosen, batch, paper, microbatched)
         if reason is not None:
             raise StrategyError(f"layer '{layer.name}' cannot use {chosen.label()}: {reason}",
                                 source)

@@ -9,7 +9,10 @@ team chose: a plan file, one grid for every layer, or pins::
     network: ../networks/resnet50.yaml
     cluster: ../clusters/dgx-h100.yaml
     gpus: 64
-    batch: 2048
+    batch: 2048                  # samples per step (all microbatches together)
+    microbatches: 1              # gradient accumulation: passes of batch / N samples a step
+    pipeline: 1                  # pipeline stages (1F1B over the microbatches), each on
+                                 # gpus / pipeline devices
     optimizer: momentum          # sgd | momentum | adam
     precision: float32           # the dtype of weights and activations (default: the network's)
     grad_precision: float32      # the dtype gradients are accumulated and reduced in
@@ -22,7 +25,8 @@ team chose: a plan file, one grid for every layer, or pins::
     algorithm: ring              # collective algorithm (default: the cluster file's)
     strategy:
       plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron|
-                                 # megatron-sp), or: pins: [...]
+                                 # megatron-sp), or: pins: [...]; with a pipeline, a
+                                 # grid or pin is one stage's (gpus / pipeline devices)
     max_slowdown: 1.10           # allowed ratio to the searched optimum
 
 Checks: the strategy fits in memory on every device; its predicted iteration time is
@@ -30,7 +34,10 @@ within ``max_slowdown`` of the searched optimum; a referenced plan still matches
 inputs (the digests of the network and cluster files it was made from, and the question,
 the collective algorithm included) and is feasible. The strategy and the optimum are
 priced alike: the configuration's algorithm and ``check``'s ``--estimator``; a plan's
-layouts are re-priced, its recorded times are not read.
+layouts are re-priced, its recorded times are not read. With ``pipeline: S`` the
+strategy's stages are a pipelined plan's own (its layers' ``stage``), or, for a grid or
+pins, balanced as ``planner plan --pipeline S`` balances them; the optimum is the
+search's with the same number of stages and microbatches.
 """
 
 from __future__ import annotations
@@ -104,6 +111,19 @@ class TrainingConfig:
     max_slowdown: float
     algorithm: str | None  #: None: the cluster's
     document: Document = field(compare=False, repr=False)
+    microbatches: int = 1
+    pipeline: int = 1  #: pipeline stages
+
+    @property
+    def stage_gpus(self) -> int:
+        """The devices of one pipeline stage (all of them without a pipeline)."""
+        return self.gpus // self.pipeline
+
+    @property
+    def stage_count(self) -> str:
+        """How messages name the device count a grid must fill."""
+        return "gpus" if self.pipeline == 1 else \
+            f"a stage's devices (gpus {self.gpus} / pipeline {self.pipeline})"
 
     def mark(self, path: str) -> Mark:
         """Where a key of the configuration is (its key, for annotations)."""
@@ -162,6 +182,18 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
             paths[key] = p
     gpus = f.req("gpus", integer(1, MAX_GPUS))
     batch = f.req("batch", integer(1, MAX_BATCH))
+    microbatches = f.opt("microbatches", integer(1, MAX_BATCH), 1)
+    if batch is not None and microbatches is not None and batch % microbatches:
+        f.error("microbatches", f"batch {batch} does not split into {microbatches} equal "
+                                "microbatches; use a divisor of the batch")
+    pipeline: int | None = f.opt("pipeline", integer(1, MAX_GPUS), 1)
+    if gpus is not None and pipeline is not None and gpus % pipeline:
+        f.error("pipeline", f"{pipeline} stages do not split gpus {gpus} into equal "
+                            f"stages; use a divisor of {gpus}")
+        pipeline = None
+    stage_gpus = gpus // pipeline if gpus is not None and pipeline else None
+    stage_count = "gpus" if pipeline == 1 else \
+        f"a stage's devices (gpus {gpus} / pipeline {pipeline})"
     optimizer = f.opt("optimizer", choice(("sgd", "momentum", "adam")), "momentum")
     precision = f.opt_none("precision", _dtype)
     master = f.opt_none("master_weights", boolean)
@@ -181,6 +213,11 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         f.error("grad_precision", "a gradient precision needs 'cost_model: exact': the "
                                   "paper's accounting (Gholami et al. 2018) moves every word "
                                   "in the network's dtype")
+    for key, value, what in (("microbatches", microbatches, "gradient accumulation"),
+                             ("pipeline", pipeline, "pipeline")):
+        if value not in (None, 1) and cost_model == "gholami2018":
+            f.error(key, f"{key}: {value} needs 'cost_model: exact': the paper's accounting "
+                         f"(Gholami et al. 2018) has no {what}")
     recompute = f.opt("recompute", _recompute_setting, "none")
     if recompute != "none" and cost_model == "gholami2018":
         f.error("recompute", "recomputation needs 'cost_model: exact': the paper's accounting "
@@ -206,9 +243,9 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                 strategy["plan"] = p
         if sf.has("grid"):
             strategy["grid"] = sf.req("grid", string)
-            if strategy["grid"] is not None and gpus is not None:
+            if strategy["grid"] is not None and stage_gpus is not None:
                 try:
-                    parse_grid(strategy["grid"], gpus, "gpus")
+                    parse_grid(strategy["grid"], stage_gpus, stage_count)
                 except PlannerError as exc:
                     sf.error("grid", str(exc).removeprefix("planner: error: "))
             strategy["mode"] = sf.opt("mode", choice(("data", "model", "domain",
@@ -222,8 +259,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                                         f"'{PIN_FORM}', got {show(text)}"))
                     continue
                 try:  # as `check` parses them, so `validate` reports the same
-                    if gpus is not None:
-                        parse_pin(text, gpus, "gpus", "pin")
+                    if stage_gpus is not None:
+                        parse_pin(text, stage_gpus, stage_count, "pin")
                 except PlannerError as exc:
                     issues.append(Issue(f"{sf.at('pins')}[{i}]",
                                         str(exc).removeprefix("planner: error: ")))
@@ -235,6 +272,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     if issues:
         raise doc.error(issues)
     assert gpus is not None and batch is not None
+    assert microbatches is not None and pipeline is not None
     return TrainingConfig(name=name, path="<stdin>" if stdin else str(path),
                           network_path=paths["network"], cluster_path=paths["cluster"],
                           gpus=gpus, batch=batch,
@@ -243,7 +281,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           overlap=overlap, bucket_bytes=bucket, cost_model=cost_model,
                           strategy=strategy, zero=zero, zero_shard=zero_shard,
                           recompute=recompute, algorithm=algorithm,
-                          max_slowdown=slowdown, document=doc)
+                          max_slowdown=slowdown, document=doc,
+                          microbatches=microbatches, pipeline=pipeline)
 
 
 def _dtype(value: object) -> str:
@@ -335,8 +374,10 @@ def _file_sha(path: Path) -> str:
 
 
 def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Options,
-                     findings: list[Finding]) -> dict[int, Layout] | None:
-    """The layouts of a plan file, after checking it still matches its inputs."""
+                     findings: list[Finding]
+                     ) -> tuple[dict[int, Layout], list[int] | None] | None:
+    """The layouts of a plan file, and a pipelined plan's stage boundaries, after
+    checking it still matches its inputs (None: it does not)."""
     path: Path = cfg.strategy["plan"]
     doc = load_file(path, _display(path))
     data = doc.data
@@ -373,17 +414,24 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
     from .output import rounded
     from .plan import problem_record
 
-    for key, value in rounded(problem_record(net, options), 4).items():
+    # a plan without gradient accumulation records no microbatches: compare them even so
+    record = {"microbatches": 1, **rounded(problem_record(net, options), 4)}
+    for key, value in record.items():
         # a plan made before ZeRO was modelled had none
         # (and before gradients had a dtype of their own, the weights')
         had = prob.get(key, {"zero": 0, "zero_shard": "all", "recompute": "none",
-                             "grad_dtype": prob.get("dtype")}.get(key))
+                             "grad_dtype": prob.get("dtype"), "microbatches": 1}.get(key))
         if key.endswith("_bytes") and _same_size(had, value):
             continue  # plans before 2026-11-23 rounded sizes to 4 digits
         if had != value:
             named = _CONFIG_KEY.get(key)  # where the configuration's key is named otherwise
             problems.append(f"the plan is for {key}={_yaml(had)}, the configuration says "
                             f"{_yaml(value)}" + (f" ({named})" if named else ""))
+    pipe = prob.get("pipeline")
+    had_stages = pipe.get("stages") if isinstance(pipe, dict) else 1
+    if had_stages != cfg.pipeline:
+        problems.append(f"the plan is for pipeline={_yaml(had_stages)}, the "
+                        f"configuration says {cfg.pipeline}")
     # the algorithm the plan was priced with: the cluster's unless `plan --algorithm` chose
     had = prob.get("algorithm", DEFAULT_ALGORITHM)
     made = cl.algorithm if had == DEFAULT_ALGORITHM else had
@@ -399,14 +447,26 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
         return None
     by_name = {lay.name: lay for lay in net.layers}
     assignment: dict[int, Layout] = {}
+    stage_of: dict[int, int] = {}
     for i, rec in enumerate(data["layers"]):
-        if not isinstance(rec, dict) or "follows" in rec:
+        if not isinstance(rec, dict):
             continue
         layer = by_name.get(str(rec.get("name")))
+        if cfg.pipeline > 1 and layer is not None:
+            st = rec.get("stage")
+            if isinstance(st, bool) or not isinstance(st, int) or not 0 <= st < cfg.pipeline:
+                raise doc.error([Issue(f"$.layers[{i}].stage" if "stage" in rec else
+                                       f"$.layers[{i}]",
+                                       f"expected the layer's pipeline stage, 0 to "
+                                       f"{cfg.pipeline - 1}, got {show(st)} (the plan was "
+                                       "edited; make it again)")])
+            stage_of[layer.index] = st
+        if "follows" in rec:
+            continue
         if layer is None or not layer.has_weights:
             raise doc.error([Issue(f"$.layers[{i}].name", f"layer {rec.get('name')!r} is not a "
                                                            "layer with weights of the network")])
-        lay = _plan_layout(rec, f"$.layers[{i}]", layer, cfg)
+        lay = _plan_layout(rec, f"$.layers[{i}]", layer, cfg, options.batch)
         if isinstance(lay, Issue):
             raise doc.error([lay])
         assignment[layer.index] = lay
@@ -417,8 +477,17 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
                                                f"{' and others' if len(missing) > 1 else ''}",
                                 "$.strategy.plan"))
         return None
+    bounds = None
+    if cfg.pipeline > 1:
+        cut = _plan_bounds(net, cfg, stage_of)
+        if isinstance(cut, Finding):
+            findings.append(cut)
+            return None
+        bounds = cut
     for owner, tied in net.ties.items():
         for t in tied:
+            if cfg.pipeline > 1 and stage_of.get(owner) != stage_of.get(t):
+                continue  # each stage keeps its own copy of a weight tied across stages
             if t in assignment and not holds_alike(assignment[owner], assignment[t]):
                 findings.append(Finding(
                     "plan", False,
@@ -430,14 +499,40 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
                 return None
     findings.append(Finding("plan", True, "the plan matches its network, cluster and question",
                             "$.strategy.plan"))
-    return assignment
+    return assignment, bounds
+
+
+def _plan_bounds(net: Network, cfg: TrainingConfig,
+                 stage_of: dict[int, int]) -> list[int] | Finding:
+    """A pipelined plan's stage boundaries ``[0, c_1, …, n]`` from its layers' stages,
+    or the finding that the plan does not cut the network as a pipeline can."""
+    from .pipeline import stage_starts
+
+    missing = [lay.name for lay in net.layers if lay.index not in stage_of]
+    if missing:
+        return Finding("plan", False, f"the plan has no stage for layer '{missing[0]}'"
+                                      f"{' and others' if len(missing) > 1 else ''}",
+                       "$.strategy.plan")
+    order = [stage_of[lay.index] for lay in net.layers]
+    bounds = [0] + [i for i in range(1, len(order)) if order[i] != order[i - 1]] + \
+        [len(order)]
+    allowed = set(stage_starts(net))
+    if order != sorted(order) or len(bounds) != cfg.pipeline + 1 or order[0] != 0 or \
+            not set(bounds[1:-1]) <= allowed:
+        return Finding("plan", False,
+                       f"the plan's stages do not cut '{net.name}' into {cfg.pipeline} "
+                       "stages of consecutive layers at places a stage may start (where "
+                       "one tensor alone crosses; every stage with a layer with weights); "
+                       "the plan was edited: re-run `planner plan ... --pipeline "
+                       f"{cfg.pipeline}`", "$.strategy.plan")
+    return bounds
 
 
 def _plan_layout(rec: dict[str, Any], where: str, layer: Layer,
-                 cfg: TrainingConfig) -> Layout | Issue:
+                 cfg: TrainingConfig, batch: int) -> Layout | Issue:
     """A plan layer's layout, or the issue that stops it (mode, grid, placement, or a
-    layout the layer cannot use)."""
-    gpus = cfg.gpus
+    layout the layer cannot use at ``batch`` samples, the microbatch)."""
+    gpus = cfg.stage_gpus
     mode, grid, placement = rec.get("mode"), rec.get("grid"), rec.get("placement", "rows")
     if mode not in MODES:
         return Issue(f"{where}.mode" if "mode" in rec else where,
@@ -449,33 +544,38 @@ def _plan_layout(rec: dict[str, Any], where: str, layer: Layer,
     pr, pc = grid
     if pr * pc != gpus:
         return Issue(f"{where}.grid", f"grid {pr}x{pc} has {pr * pc} devices; the "
-                                      f"configuration has gpus={gpus}")
+                                      f"configuration has {cfg.stage_count}={gpus}"
+                     if cfg.pipeline > 1 else f"grid {pr}x{pc} has {pr * pc} devices; the "
+                                              f"configuration has gpus={gpus}")
     if mode == "data" and pr != 1:
         return Issue(f"{where}.grid", f"data parallelism is the grid [1, {gpus}]")
     if placement not in PLACEMENTS:
         return Issue(f"{where}.placement", f"expected placement one of "
                                            f"{', '.join(PLACEMENTS)}, got {placement!r}")
     lay = make_layout(str(mode), pr, pc, str(placement))
-    why = why_invalid(layer, lay, cfg.batch, cfg.cost_model == "gholami2018")
+    why = why_invalid(layer, lay, batch, cfg.cost_model == "gholami2018",
+                      cfg.microbatches > 1)
     if why is not None:
         return Issue(f"{where}.grid", f"layer {layer.name} cannot use {lay.label()}: {why}")
     return lay
 
 
 def _strategy_assignment(cfg: TrainingConfig, net: Network) -> dict[int, Layout]:
-    """The layouts of a grid or pins strategy (pins: unmatched layers data parallel)."""
-    p, b = cfg.gpus, cfg.batch
+    """The layouts of a grid or pins strategy (pins: unmatched layers data parallel), on
+    a stage's devices at the microbatch size."""
+    p, b = cfg.stage_gpus, cfg.batch // cfg.microbatches
     placement = cfg.strategy.get("placement", "rows")
     grid = mode = None
     pins = []
     if "grid" in cfg.strategy:
-        grid = parse_grid(cfg.strategy["grid"], p, "gpus")  # checked when the config was loaded
+        # checked when the config was loaded
+        grid = parse_grid(cfg.strategy["grid"], p, cfg.stage_count)
         mode = cfg.strategy["mode"]
     else:  # checked when the config was loaded
-        pins = [parse_pin(text, p, "gpus", "pin") for text in cfg.strategy["pins"]]
+        pins = [parse_pin(text, p, cfg.stage_count, "pin") for text in cfg.strategy["pins"]]
     try:
         return fixed_assignment(net, p, b, cfg.cost_model == "gholami2018", grid, mode, pins,
-                                placement)
+                                placement, cfg.microbatches > 1)
     except StrategyError as exc:
         key = "$.strategy.grid" if exc.source == "grid" else f"$.strategy.pins[{exc.source}]"
         raise _config_error(cfg, key, str(exc)) from None
@@ -509,16 +609,23 @@ class Prepared:
     network: Network
     cluster: Cluster
     options: Options
-    assignment: dict[int, Layout] | None  #: None: the plan file is stale
+    #: every layer with weights's layout (with a pipeline, on its stage's devices);
+    #: None: the plan file is stale
+    assignment: dict[int, Layout] | None
     findings: list[Finding]
+    #: a pipelined plan's stage boundaries (None: no plan, or no pipeline)
+    bounds: list[int] | None = None
 
 
 def prepare_config(cfg: TrainingConfig) -> Prepared:
     """Load the network and cluster a configuration names and resolve its strategy
     against them (InputError at the file and key at fault: a pin that matches no layer,
     more devices than the cluster has, a plan that is not one)."""
+    from .pipeline import max_stages
+
     net, cl = _network_for(cfg)
-    options = Options(gpus=cfg.gpus, batch=cfg.batch, cost_model=cfg.cost_model,
+    options = Options(gpus=cfg.gpus, batch=cfg.batch // cfg.microbatches,
+                      microbatches=cfg.microbatches, cost_model=cfg.cost_model,
                       overlap=cfg.overlap, bucket_bytes=cfg.bucket_bytes,
                       optimizer=cfg.optimizer, master_weights=cfg.master_weights,
                       zero=cfg.zero, zero_shard=cfg.zero_shard,
@@ -531,12 +638,56 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
     wrong = recompute_error(cfg.recompute, len(net.blocks))
     if wrong:
         raise _config_error(cfg, "$.recompute", wrong)
+    most = max_stages(net)
+    if cfg.pipeline > most:
+        raise _config_error(cfg, "$.pipeline",
+                            f"'{net.name}' can be cut into at most {most} stage"
+                            f"{'s' if most > 1 else ''} (a stage boundary falls where one "
+                            "tensor alone crosses, between residual blocks, and every stage "
+                            "needs a layer with weights)")
     findings: list[Finding] = []
+    bounds = None
     if "plan" in cfg.strategy:
-        assignment = _plan_assignment(cfg, net, cl, options, findings)
+        got = _plan_assignment(cfg, net, cl, options, findings)
+        assignment, bounds = got if got is not None else (None, None)
     else:
         assignment = _strategy_assignment(cfg, net)
-    return Prepared(net, cl, options, assignment, findings)
+    return Prepared(net, cl, options, assignment, findings, bounds)
+
+
+@dataclass
+class _StageQuestion:
+    """What the pipeline planner asks of a question (the CLI's has more)."""
+
+    network: Network
+    cluster: Cluster
+    options: Options
+    ctx: Any
+
+
+def _pipeline_check(prep: Prepared, cfg: TrainingConfig, ctx: Any
+                    ) -> tuple[Any, Any, NoFeasiblePlan | None]:
+    """The strategy's pipeline priced, and the searched optimum with as many stages
+    (None, and why, when nothing fits)."""
+    from .pipeline import price_pipeline, search_pipeline
+    from .search import search
+
+    q = _StageQuestion(prep.network, prep.cluster, prep.options, ctx)
+
+    def context(net: Network, options: Options) -> Any:
+        return make_context(net, prep.cluster, options, ctx.estimator)
+
+    assert prep.assignment is not None
+    chosen = price_pipeline(q, cfg.pipeline, prep.assignment,
+                            lambda sq, a: evaluate(sq.ctx, sq.options, a), context,
+                            prep.bounds)
+    try:
+        best = search_pipeline(q, cfg.pipeline, "time", (),
+                               lambda sq, objective, pins: search(sq.ctx, sq.options),
+                               context)
+    except NoFeasiblePlan as exc:
+        return chosen, None, exc
+    return chosen, best, None
 
 
 def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
@@ -550,30 +701,45 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     if assignment is None:
         return CheckReport(cfg, findings)
     key = "$.strategy"
-    chosen: Evaluation = evaluate(ctx, options, assignment)
-    mem = chosen.memory
     from .units import format_bytes, format_time
 
+    failure: NoFeasiblePlan | None = None
+    if cfg.pipeline > 1:
+        res, best_res, failure = _pipeline_check(prep, cfg, ctx)
+        chosen_s = float(res.time_s)
+        st = max(res.stages, key=lambda st: (st.evaluation.memory.peak, -st.index))
+        mem = st.evaluation.memory
+        where = f" (in pipeline stage {st.index}, the fullest of stages 0-{cfg.pipeline - 1})"
+        best_s = None if best_res is None else float(best_res.time_s)
+    else:
+        chosen: Evaluation = evaluate(ctx, options, assignment)
+        chosen_s = chosen.time_s
+        mem = chosen.memory
+        where = ""
+        try:
+            best_s = search(ctx, options).best.evaluation.time_s
+        except NoFeasiblePlan as exc:
+            failure, best_s = exc, None
     findings.append(Finding(
         "memory", mem.fits,
         f"the strategy {'fits' if mem.fits else 'does not fit'} in memory: "
-        f"{format_bytes(mem.peak)} per device of {format_bytes(mem.capacity)}",
+        f"{format_bytes(mem.peak)} per device of {format_bytes(mem.capacity)}{where}",
         key, {"peak_bytes": mem.peak, "capacity_bytes": mem.capacity}))
-    try:
-        best = search(ctx, options).best.evaluation
-    except NoFeasiblePlan as exc:
-        why = _as_keys(str(exc).removeprefix("planner: "))
+    if best_s is None:
+        assert failure is not None
+        why = _as_keys(str(failure).removeprefix("planner: "))
         findings.append(Finding("speed", False, f"no plan fits at all: {why}", key))
-        return CheckReport(cfg, findings, chosen.time_s, None)
-    ratio = chosen.time_s / best.time_s if best.time_s > 0 else 1.0
+        return CheckReport(cfg, findings, chosen_s, None)
+    ratio = chosen_s / best_s if best_s > 0 else 1.0
     ok = ratio <= cfg.max_slowdown * (1 + 1e-9)
+    stages = f" with {cfg.pipeline} pipeline stages" if cfg.pipeline > 1 else ""
     findings.append(Finding(
         "speed", ok,
-        f"predicted iteration {format_time(chosen.time_s)} is {ratio:.3f}x the searched "
-        f"optimum {format_time(best.time_s)} (allowed: {cfg.max_slowdown:g}x)",
-        key, {"time_s": chosen.time_s, "optimum_s": best.time_s, "ratio": ratio,
+        f"predicted iteration {format_time(chosen_s)} is {ratio:.3f}x the searched "
+        f"optimum{stages} {format_time(best_s)} (allowed: {cfg.max_slowdown:g}x)",
+        key, {"time_s": chosen_s, "optimum_s": best_s, "ratio": ratio,
               "max_slowdown": cfg.max_slowdown}))
-    return CheckReport(cfg, findings, chosen.time_s, best.time_s)
+    return CheckReport(cfg, findings, chosen_s, best_s)
 
 
 def report_data(reports: list[CheckReport], errors: list[InputError]) -> dict[str, Any]:

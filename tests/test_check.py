@@ -28,6 +28,7 @@ def _config(plan: str, gpus: int = 64) -> str:
 
 @pytest.mark.parametrize(("config", "code"), [
     ("resnet50-dgx.yaml", 0),
+    ("llama3-8b-megatron.yaml", 0),
     ("gpt2-does-not-fit.yaml", 1),
     ("alexnet-too-slow.yaml", 1),
     ("broken.yaml", 2),
