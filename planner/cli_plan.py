@@ -69,12 +69,13 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Activation recomputation: blocks keeps each residual block's "
                           "input and re-runs the block's forward in the backward pass; N "
                           "does so for the first N blocks; auto: as few as memory needs."),
-        click.option("--microbatches", type=click.IntRange(1, MAX_BATCH), default=1,
-                     show_default=True,
+        click.option("--microbatches", default="1", show_default=True,
+                     callback=_microbatches_option, metavar="N|auto",
                      help="Gradient accumulation: forward and backward passes per step, "
                           "each over batch / N samples; gradients are reduced once, in "
                           "the last one's backward pass. With --pipeline: the microbatches "
-                          "of the pipeline schedule."),
+                          "of the pipeline schedule. auto (plan): the fastest count that "
+                          "divides the batch."),
         click.option("--algorithm",
                       type=click.Choice(("auto", "ring", "tree", "recursive", "hierarchical")),
                       default=None, help="Collective algorithm (default: the cluster's)."),
@@ -89,6 +90,20 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for d in reversed(decorators):
         fn = d(fn)
     return fn
+
+
+def _microbatches_option(ctx: click.Context, param: click.Parameter, value: str
+                         ) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_BATCH:
+        raise click.BadParameter(f"{value!r}: give the number of microbatches (1 or more, "
+                                 "a divisor of --batch) or auto")
+    return n
 
 
 def _recompute_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -128,7 +143,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                   algorithm: str | None, estimator: str, models_dir: str | None,
                   zero: int | str = 0, recompute: str = "none", zero_shard: str = "all",
                   precision: str | None = None, grad_precision: str | None = None,
-                  microbatches: int = 1) -> Question:
+                  microbatches: int | str = 1) -> Question:
     """Load both files, build the options and the cost context (``zero="auto"`` or
     ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
     from .evaluate import ZERO_STAGES, Options, check_question, make_context
@@ -146,6 +161,10 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
         raise UsageError("planner: error: --zero auto needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
                          "--zero or the cost model")
+    if microbatches == "auto":
+        raise UsageError("planner: error: --microbatches auto is for `planner plan`, which "
+                         "searches the count; give a number here")
+    assert isinstance(microbatches, int)
     if batch % microbatches:
         raise UsageError(f"planner: error: the batch {batch} is not a multiple of "
                          f"--microbatches {microbatches}; each microbatch runs the same "
@@ -617,12 +636,15 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
 
     ins = inputs_of(network, cluster, kw)
     check_output(output, ins)
-    q = load_question(network, cluster, gpus, batch, **kw)
-    if pipeline != 1:
-        doc = pipeline_plan(q, pipeline, objective, pins, expand_ranks)
+    auto = kw["microbatches"] == "auto"
+    if auto:
+        microbatches_auto_check(kw["cost_model"], objective)
+    q = load_question(network, cluster, gpus, batch, **{**kw, "microbatches": 1} if auto
+                      else kw)
+    if auto:
+        doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks)
     else:
-        result = run_search(q, objective, pins)
-        doc = plan_doc(q, result, objective, expand_ranks)
+        doc = plan_for(q, pipeline, objective, pins, expand_ranks)
 
     def table() -> Any:
         from rich.console import Group
@@ -633,6 +655,84 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
         return Group(*parts, baselines_table(doc))
 
     render_data(doc, fmt, output, table, ins)
+
+
+def plan_for(q: Question, pipeline: int | str, objective: str, pins: tuple[str, ...],
+             expand: bool) -> dict[str, Any]:
+    """The plan document of ``planner plan`` for one count of microbatches."""
+    if pipeline != 1:
+        return pipeline_plan(q, pipeline, objective, pins, expand)
+    return plan_doc(q, run_search(q, objective, pins), objective, expand)
+
+
+#: ``--microbatches auto`` stops after this many counts in a row slower than the best
+MICROBATCH_PATIENCE = 3
+
+
+def microbatches_auto_check(cost_model: str, objective: str) -> None:
+    if cost_model == "gholami2018":
+        raise UsageError("planner: error: --microbatches needs --cost-model exact: the "
+                         "paper's accounting (Gholami et al. 2018) runs one pass a step; "
+                         "drop --microbatches or the cost model")
+    if objective != "time":
+        raise UsageError("planner: error: --microbatches auto plans for --objective time: "
+                         "more microbatches trade compute efficiency for memory, not "
+                         "communication volume; give a count or drop --objective")
+
+
+def with_microbatches(q: Question, count: int) -> Question:
+    """The question with the step's batch in ``count`` microbatches."""
+    import dataclasses
+
+    from .evaluate import check_question, make_context
+
+    opts = dataclasses.replace(q.options, batch=q.options.step_batch // count,
+                               microbatches=count)
+    check_question(q.network, q.cluster, opts)
+    return dataclasses.replace(q, options=opts,
+                               ctx=make_context(q.network, q.cluster, opts, q.ctx.estimator))
+
+
+def microbatches_auto(q: Question, pipeline: int | str, objective: str,
+                      pins: tuple[str, ...], expand: bool) -> dict[str, Any]:
+    """``plan --microbatches auto``: every count that divides the batch, from 1 up, each
+    planned as asked (``--pipeline`` included), until :data:`MICROBATCH_PATIENCE` counts
+    in a row are slower than the best so far; the fastest plan (the fewer microbatches
+    on a tie), with the counts tried as ``microbatches_auto``."""
+    from .errors import NoFeasiblePlan
+    from .output import rounded
+
+    batch = q.options.step_batch
+    counts = [m for m in range(1, batch + 1) if batch % m == 0]
+    trials: list[dict[str, Any]] = []
+    best: tuple[float, dict[str, Any]] | None = None
+    error: NoFeasiblePlan | None = None
+    slower = 0
+    for m in counts:
+        try:
+            doc = plan_for(with_microbatches(q, m), pipeline, objective, pins, expand)
+        except NoFeasiblePlan as exc:
+            error = error or exc
+            why = str(exc).removeprefix("planner: ").split("; try ")[0]
+            trials.append({"microbatches": m, "time_s": None, "outcome": why})
+            continue
+        t = float(doc["iteration"]["time_s"])
+        stages = (doc["problem"].get("pipeline") or {}).get("stages", 1)
+        trials.append({"microbatches": m, "time_s": t, "outcome": "plan",
+                       **({"stages": stages} if pipeline != 1 else {})})
+        if best is None or t < best[0]:
+            best, slower = (t, doc), 0
+        else:
+            slower += 1
+            if slower >= MICROBATCH_PATIENCE:
+                break
+    if best is None:
+        assert error is not None
+        raise error
+    doc = {k: v for k, v in best[1].items() if k != "layers"}
+    doc["microbatches_auto"] = rounded(trials, 4)
+    doc["layers"] = best[1]["layers"]
+    return doc
 
 
 def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[str, ...],

@@ -278,6 +278,16 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
             f"{t['stages']} stage{'' if t['stages'] == 1 else 's'}: "
             + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
             + (" (chosen)" if t["stages"] == picked else "") for t in trials) + "\n")
+    tried = doc.get("microbatches_auto")
+    if tried:
+        picked = int(prob.get("microbatches", 1))
+        head.append("microbatches auto ", style="bold")
+        head.append("  ".join(
+            f"{t['microbatches']}: "
+            + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
+            + (f" ({t['stages']} stage{'' if t['stages'] == 1 else 's'})"
+               if "stages" in t else "")
+            + (" (chosen)" if t["microbatches"] == picked else "") for t in tried) + "\n")
     low = doc.get("search", {}).get("lower_bound_s")
     if low:
         head.append("lower bound ", style="bold")

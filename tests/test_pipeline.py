@@ -404,3 +404,62 @@ def test_more_stages_than_boundaries_exit_2(runner, tmp_path):
                  "-b", "8", "--pipeline", "8", "--estimator", "roofline")
     assert out.exit_code == 2, out.output
     assert "at most 4 stages" in out.output
+
+
+def test_microbatches_auto_takes_the_fastest_count(runner, files):
+    net, cl = files
+    args = ("plan", net, cl, "-p", "8", "-b", "32", "--microbatches", "auto",
+            "--estimator", "roofline", "--format", "json")
+    out = invoke(runner, *args)
+    assert out.exit_code == 0, out.output
+    assert invoke(runner, *args).output == out.output  # byte-identical
+    doc = json.loads(out.output)
+    trials = doc["microbatches_auto"]
+    counts = [t["microbatches"] for t in trials]
+    divisors = [1, 2, 4, 8, 16, 32]
+    assert counts == divisors[:len(counts)]  # from 1 up, the divisors of the batch
+    timed = [t for t in trials if t["time_s"] is not None]
+    best = min(timed, key=lambda t: (t["time_s"], t["microbatches"]))
+    assert doc["problem"].get("microbatches", 1) == best["microbatches"]
+    assert doc["iteration"]["time_s"] == best["time_s"]
+    if len(counts) < len(divisors):  # it stopped: the last three were slower than the best
+        assert all(t["time_s"] > best["time_s"] for t in trials[-3:])
+    # each count's time is the plan of that count on its own
+    for t in timed[:2]:
+        one = json.loads(invoke(runner, "plan", net, cl, "-p", "8", "-b", "32",
+                                "--microbatches", str(t["microbatches"]),
+                                "--estimator", "roofline", "--format", "json").output)
+        assert one["iteration"]["time_s"] == t["time_s"]
+    table = invoke(runner, *args[:-2])
+    assert table.exit_code == 0 and "microbatches auto " in table.output
+
+
+def test_microbatches_auto_with_pipeline_auto(runner, files):
+    net, cl = files
+    out = invoke(runner, "plan", net, cl, "-p", "8", "-b", "16", "--microbatches", "auto",
+                 "--pipeline", "auto", "--estimator", "roofline", "--format", "json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    trials = doc["microbatches_auto"]
+    assert all("stages" in t for t in trials if t["time_s"] is not None)
+    picked = min((t for t in trials if t["time_s"] is not None),
+                 key=lambda t: (t["time_s"], t["microbatches"]))
+    stages = (doc["problem"].get("pipeline") or {}).get("stages", 1)
+    assert picked["stages"] == stages
+    assert "pipeline_auto" in doc
+
+
+@pytest.mark.parametrize("command, extra, words", [
+    ("cost", (), "--microbatches auto is for `planner plan`"),
+    ("plan", ("--objective", "comm"), "--microbatches auto plans for --objective time"),
+    ("plan", ("--cost-model", "gholami2018"), "--cost-model exact"),
+])
+def test_microbatches_auto_refused_where_it_means_nothing(runner, files, command, extra,
+                                                          words):
+    net, cl = files
+    out = invoke(runner, command, net, cl, "-p", "8", "-b", "16", "--microbatches", "auto",
+                 *extra, "--estimator", "roofline")
+    assert out.exit_code == 2, out.output
+    assert words in out.output
+    bad = invoke(runner, "plan", net, cl, "-p", "8", "-b", "16", "--microbatches", "x")
+    assert bad.exit_code == 2 and "number of microbatches" in bad.output
