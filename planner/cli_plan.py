@@ -92,18 +92,23 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _microbatches_option(ctx: click.Context, param: click.Parameter, value: str
-                         ) -> int | str:
+def _count_or_auto(value: str, most: int, what: str) -> int | str:
+    """An option's whole number from 1 to ``most``, or ``auto`` (BadParameter naming
+    ``what`` it counts)."""
     if value == "auto":
         return value
     try:
         n = int(value)
     except ValueError:
         n = 0
-    if not 1 <= n <= MAX_BATCH:
-        raise click.BadParameter(f"{value!r}: give the number of microbatches (1 or more, "
-                                 "a divisor of --batch) or auto")
+    if not 1 <= n <= most:
+        raise click.BadParameter(f"{value!r}: give the number of {what} or auto")
     return n
+
+
+def _microbatches_option(ctx: click.Context, param: click.Parameter, value: str
+                         ) -> int | str:
+    return _count_or_auto(value, MAX_BATCH, "microbatches (1 or more, a divisor of --batch)")
 
 
 def _recompute_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -594,16 +599,7 @@ pin_option = click.option(
 
 
 def _pipeline_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1 or n > MAX_GPUS:
-        raise click.BadParameter(f"{value!r}: give the number of stages (1 or more, a "
-                                 "divisor of --gpus) or auto")
-    return n
+    return _count_or_auto(value, MAX_GPUS, "stages (1 or more, a divisor of --gpus)")
 
 
 @click.command()
