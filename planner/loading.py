@@ -395,8 +395,22 @@ def _tag_error(tag: str) -> str:
     )
 
 
+class _ScannedAhead(Exception):
+    """libyaml's scanner reached its own nesting limit (PyYAML 6.0.4's bundled libyaml
+    stops at 1,000 flow levels while scanning ahead of the events): the events up to
+    :data:`MAX_DEPTH` never arrived, so the file is read again by the pure-Python
+    parser, which scans as it goes, to say where it nests too deep."""
+
+
 def parse_text(text: str, file: str = "<string>") -> Document:
     """Parse YAML text into a :class:`Document`; every problem is an :class:`InputError`."""
+    try:
+        return _parse_text(text, file, _Loader)
+    except _ScannedAhead:
+        return _parse_text(text, file, yaml.SafeLoader)
+
+
+def _parse_text(text: str, file: str, loader_class: Any) -> Document:
     doc = Document(file=file, text=text, data=None)
     issues: list[Located] = _LocatedList()
 
@@ -477,7 +491,7 @@ def parse_text(text: str, file: str = "<string>") -> Document:
             return top.path
         return child_path(top.path, top.key)
 
-    loader = _Loader(text)
+    loader = loader_class(text)
     try:
         while True:
             event = loader.get_event()
@@ -573,6 +587,9 @@ def parse_text(text: str, file: str = "<string>") -> Document:
     except _Abort:
         pass
     except yaml.MarkedYAMLError as exc:
+        if "maximum nesting depth" in str(exc.problem) and loader_class is not \
+                yaml.SafeLoader:
+            raise _ScannedAhead() from None
         mark_obj = exc.problem_mark or exc.context_mark
         message = exc.problem or "invalid YAML"
         if exc.context and exc.problem:
