@@ -313,14 +313,19 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
               help="Pipeline parallelism: S stages of consecutive layers, each on P/S "
                    "devices (--grid and --pin grids are a stage's), balanced as `plan "
                    "--pipeline` balances them, running --microbatches under 1F1B.")
+@click.option("--virtual-stages", "virtual", type=Whole(1, MAX_GPUS), default=1,
+              show_default=True, metavar="V",
+              help="With --pipeline: V model chunks a stage under Megatron-LM's "
+                   "interleaved 1F1B (the network in V*S chunks, chunk c on stage c mod "
+                   "S); --microbatches a multiple of S.")
 @expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
 @output_option
 def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
          mode: str | None, pins: tuple[str, ...], placement: str, pipeline: int,
-         expand_ranks: bool, all_layers: bool, fmt: str | None, output: str | None,
-         **kw: Any) -> None:
+         virtual: int, expand_ranks: bool, all_layers: bool, fmt: str | None,
+         output: str | None, **kw: Any) -> None:
     """Price one given layout: per-layer compute and communication, memory, iteration.
 
     Without --grid, --mode or --pin every layer is data parallel. Exit 0 when the layout
@@ -331,17 +336,17 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     ins = inputs_of(network, cluster, kw)
     check_output(output, ins)
     q = load_question(network, cluster, gpus, batch, **kw)
-    if pipeline > 1:
-        doc, res = pipeline_cost(q, pipeline, grid, mode, pins, placement, expand_ranks)
+    if pipeline > 1 or virtual > 1:
+        doc, res = pipeline_cost(q, pipeline, grid, mode, pins, placement, expand_ranks,
+                                 virtual)
         render_data(doc, fmt, output, lambda: _pipeline_tables(doc, all_layers), ins)
         if not res.fits:
             from .units import format_bytes
 
-            st = max(res.stages, key=lambda st: (st.evaluation.memory.peak, -st.index))
-            mem = st.evaluation.memory
-            click.echo(f"planner: the layout does not fit: pipeline stage {st.index} needs "
-                       f"{format_bytes(mem.peak)} per device, {format_bytes(mem.capacity)} "
-                       "available", err=True)
+            mem = res.memories[res.fullest]
+            click.echo(f"planner: the layout does not fit: pipeline stage {res.fullest} "
+                       f"needs {format_bytes(mem.peak)} per device, "
+                       f"{format_bytes(mem.capacity)} available", err=True)
             raise click.exceptions.Exit(1)
         return
     assignment = layout_assignment(q, grid, mode, pins, placement)
@@ -422,22 +427,24 @@ def stage_pricer(q: Question) -> Callable[[Any, dict[int, Any]], Any]:
 
 
 def pipeline_cost(q: Question, stages: int, grid: str | None, mode: str | None,
-                  pins: tuple[str, ...], placement: str, expand: bool
+                  pins: tuple[str, ...], placement: str, expand: bool, virtual: int = 1
                   ) -> tuple[dict[str, Any], Any]:
     """``cost --pipeline S``: the given layouts on each stage's ``P/S`` devices, the
-    stages balanced as the search balances them. Returns the document and the
-    PipelineResult."""
+    stages (``virtual`` chunks each) balanced as the search balances them. Returns the
+    document and the PipelineResult."""
     import dataclasses
 
-    from .pipeline import price_pipeline
+    from .pipeline import price_pipeline, virtual_check
 
+    virtual_check(q.network, stages, virtual, q.options.microbatches)
     stage_count_check(q, stages)
     p = q.options.gpus
     size = p // stages
     sq = dataclasses.replace(q, options=dataclasses.replace(q.options, gpus=size))
     layouts = layout_assignment(sq, grid, mode, pins, placement,
                                 f"a stage's device count (--gpus {p} / --pipeline {stages})")
-    res = price_pipeline(q, stages, layouts, stage_pricer(q), stage_context(q))
+    res = price_pipeline(q, stages, layouts, stage_pricer(q), stage_context(q),
+                         virtual=virtual)
     return pipeline_doc(q, res, None, None, None, expand, command="cost"), res
 
 
@@ -613,13 +620,19 @@ def _pipeline_option(ctx: click.Context, param: click.Parameter, value: str) -> 
               help="Pipeline parallelism: S stages of consecutive layers, each on P/S "
                    "devices, running --microbatches under the 1F1B schedule; auto: the "
                    "fastest stage count that fits (1: no pipeline).")
+@click.option("--virtual-stages", "virtual", type=Whole(1, MAX_GPUS), default=1,
+              show_default=True, metavar="V",
+              help="With --pipeline: V model chunks a stage under Megatron-LM's "
+                   "interleaved 1F1B (the network in V*S chunks, chunk c on stage c mod "
+                   "S): a V-fold shorter fill and drain for V times the sends; "
+                   "--microbatches a multiple of S.")
 @expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
 @output_option
 def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
-         pins: tuple[str, ...], pipeline: int | str, expand_ranks: bool, all_layers: bool,
-         fmt: str | None, output: str | None, **kw: Any) -> None:
+         pins: tuple[str, ...], pipeline: int | str, virtual: int, expand_ranks: bool,
+         all_layers: bool, fmt: str | None, output: str | None, **kw: Any) -> None:
     """Search the best layout of every layer and place the ranks.
 
     Writes the plan (YAML/JSON for launch scripts, or a table): each layer's mode and
@@ -637,10 +650,13 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
         microbatches_auto_check(kw["cost_model"], objective)
     q = load_question(network, cluster, gpus, batch, **{**kw, "microbatches": 1} if auto
                       else kw)
+    if virtual > 1 and pipeline == 1:
+        raise UsageError(f"planner: error: --virtual-stages {virtual} interleaves the "
+                         "stages of a pipeline; give --pipeline 2 or more, or auto")
     if auto:
-        doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks)
+        doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks, virtual)
     else:
-        doc = plan_for(q, pipeline, objective, pins, expand_ranks)
+        doc = plan_for(q, pipeline, objective, pins, expand_ranks, virtual)
 
     def table() -> Any:
         from rich.console import Group
@@ -654,10 +670,10 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
 
 
 def plan_for(q: Question, pipeline: int | str, objective: str, pins: tuple[str, ...],
-             expand: bool) -> dict[str, Any]:
+             expand: bool, virtual: int = 1) -> dict[str, Any]:
     """The plan document of ``planner plan`` for one count of microbatches."""
     if pipeline != 1:
-        return pipeline_plan(q, pipeline, objective, pins, expand)
+        return pipeline_plan(q, pipeline, objective, pins, expand, virtual)
     return plan_doc(q, run_search(q, objective, pins), objective, expand)
 
 
@@ -690,23 +706,31 @@ def with_microbatches(q: Question, count: int) -> Question:
 
 
 def microbatches_auto(q: Question, pipeline: int | str, objective: str,
-                      pins: tuple[str, ...], expand: bool) -> dict[str, Any]:
+                      pins: tuple[str, ...], expand: bool, virtual: int = 1
+                      ) -> dict[str, Any]:
     """``plan --microbatches auto``: every count that divides the batch, from 1 up, each
     planned as asked (``--pipeline`` included), until :data:`MICROBATCH_PATIENCE` counts
     in a row are slower than the best so far; the fastest plan (the fewer microbatches
-    on a tie), with the counts tried as ``microbatches_auto``."""
+    on a tie), with the counts tried as ``microbatches_auto``. Interleaved stages with a
+    given stage count try the multiples of that count."""
     from .errors import NoFeasiblePlan
     from .output import rounded
 
     batch = q.options.step_batch
-    counts = [m for m in range(1, batch + 1) if batch % m == 0]
+    step = pipeline if virtual > 1 and isinstance(pipeline, int) else 1
+    counts = [m for m in range(step, batch + 1, step) if batch % m == 0]
+    if not counts:
+        raise UsageError(f"planner: error: --virtual-stages {virtual} needs a multiple of "
+                         f"the {pipeline} stages microbatches, and no multiple of "
+                         f"{pipeline} divides the batch {batch}")
     trials: list[dict[str, Any]] = []
     best: tuple[float, dict[str, Any]] | None = None
     error: NoFeasiblePlan | None = None
     slower = 0
     for m in counts:
         try:
-            doc = plan_for(with_microbatches(q, m), pipeline, objective, pins, expand)
+            doc = plan_for(with_microbatches(q, m), pipeline, objective, pins, expand,
+                           virtual)
         except NoFeasiblePlan as exc:
             error = error or exc
             why = str(exc).removeprefix("planner: ").split("; try ")[0]
@@ -732,25 +756,29 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
 
 
 def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[str, ...],
-                  expand: bool) -> dict[str, Any]:
+                  expand: bool, virtual: int = 1) -> dict[str, Any]:
     """The plan document of ``--pipeline`` (``auto``: every stage count that divides the
-    devices and the network's boundaries allow, 1 included; the fastest that fits)."""
+    devices and the network's boundaries allow, 1 included; the fastest that fits;
+    with ``virtual`` chunks a stage, the counts the interleaved schedule allows)."""
     import dataclasses
 
     from .errors import NoFeasiblePlan
-    from .pipeline import max_stages, search_pipeline
+    from .pipeline import max_stages, search_pipeline, virtual_check
 
     if objective != "time":
         raise UsageError("planner: error: --pipeline plans for --objective time: a "
                          "pipeline's bubble is idle time, not communication; drop one")
-    p = q.options.gpus
+    p, m = q.options.gpus, q.options.microbatches
     if stages == "auto":
         if q.options.cost_model == "gholami2018":
             stage_count_check(q, 2)  # its message
-        counts = [s for s in range(1, min(p, max_stages(q.network)) + 1) if p % s == 0]
+        most = max_stages(q.network)
+        counts = [s for s in range(1, min(p, most) + 1) if p % s == 0
+                  and (s == 1 or virtual == 1 or (m % s == 0 and s * virtual <= most))]
     else:
         assert isinstance(stages, int)
         stage_count_check(q, stages)
+        virtual_check(q.network, stages, virtual, m)
         counts = [stages]
     context = stage_context(q)
     flat_q = dataclasses.replace(q)
@@ -773,7 +801,7 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
             continue
         try:
             res = search_pipeline(dataclasses.replace(q), s, objective, pins, run_search,
-                                  context)
+                                  context, virtual)
         except NoFeasiblePlan as exc:
             error = error or exc
             # the stage's reason without its tips (they are the stage's question's)
@@ -807,17 +835,27 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     (``command`` cost: given layouts, so no search and no baselines)."""
     from .evaluate import question_param_bytes
     from .output import rounded
-    from .pipeline import SCHEDULE
+    from .pipeline import INTERLEAVED, SCHEDULE
     from .plan import layer_record, placement_record, plan_header
 
     stages = res.stages
+    v = res.virtual
+    count = len(stages) // v
     m = res.microbatches
     evs = [st.evaluation for st in stages]
     head = plan_header(command, q.network, q.network_file, q.cluster.name, q.cluster_file,
                        q.options, q.estimator_name, nodes_used(q))
-    head["problem"]["pipeline"] = {"stages": len(stages), "schedule": SCHEDULE}
-    compute = max(ev.compute_s for ev in evs)
-    comm = max(ev.comm_s + m * st.send_s for ev, st in zip(evs, stages, strict=True))
+    schedule = SCHEDULE if v == 1 else INTERLEAVED
+    interleave = {"virtual_stages": v} if v > 1 else {}
+    head["problem"]["pipeline"] = {"stages": count, **interleave, "schedule": schedule}
+
+    def per_stage(value: Callable[[Any, Any], float]) -> float:
+        """The largest over the pipeline stages of a figure added over their chunks."""
+        return max(sum(value(ev, st) for ev, st in zip(evs, stages, strict=True)
+                       if st.index == s) for s in range(count))
+
+    compute = per_stage(lambda ev, st: ev.compute_s)
+    comm = per_stage(lambda ev, st: ev.comm_s + m * st.send_s)
     exposed = min(comm, max(0.0, res.time_s - compute))
     iteration = {
         "time_s": res.time_s,
@@ -826,24 +864,24 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
         "exposed_comm_s": exposed,
         "forward_s": sum(ev.forward_s for ev in evs),
         "backward_s": sum(ev.backward_s for ev in evs),
-        "optimizer_s": max(ev.optimizer_s for ev in evs),
-        "weight_grad_s": max(ev.weight_grad_s for ev in evs),
-        "activation_comm_s": max(ev.activation_comm_s for ev in evs),
-        "parameters_comm_s": max(ev.parameters_s for ev in evs),
-        "recompute_s": max(ev.recompute_s for ev in evs),
+        "optimizer_s": per_stage(lambda ev, st: ev.optimizer_s),
+        "weight_grad_s": per_stage(lambda ev, st: ev.weight_grad_s),
+        "activation_comm_s": per_stage(lambda ev, st: ev.activation_comm_s),
+        "parameters_comm_s": per_stage(lambda ev, st: ev.parameters_s),
+        "recompute_s": per_stage(lambda ev, st: ev.recompute_s),
         "bubble_s": res.bubble_s,
         "samples_per_s": q.options.step_batch / res.time_s if res.time_s > 0 else 0.0,
     }
-    busiest = max(range(len(stages)), key=lambda k: (evs[k].memory.peak, -k))
-    memory = {**evs[busiest].memory.to_data(), "stage": busiest}
+    memory = {**res.memories[res.fullest].to_data(), "stage": res.fullest}
     grids: list[dict[str, Any]] = []
     stage_recs: list[dict[str, Any]] = []
     layers: list[dict[str, Any]] = []
     per_node = q.cluster.devices_per_node
     for st, ev in zip(stages, evs, strict=True):
         pl = placement_record(ev, st.devices, per_node, expand, q.cluster.device.kind)
+        chunk = {"chunk": st.chunk} if v > 1 else {}
         for g in pl["grids"]:
-            g = {"stage": st.index, "first_rank": st.first_rank, **g}
+            g = {"stage": st.index, **chunk, "first_rank": st.first_rank, **g}
             if expand:
                 for key in ("row_groups", "col_groups"):
                     g[key]["ranks"] = [[st.first_rank + r for r in grp]
@@ -852,10 +890,12 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
         so = st.question.options
         pb = question_param_bytes(st.question.network, so)
         for r in ev.layers:
-            layers.append({"stage": st.index,
+            layers.append({"stage": st.index, **chunk,
                            **layer_record(r, pb, st.question.options.zero)})
+        own = res.memories[st.index]
         stage_recs.append({
             "stage": st.index,
+            **chunk,
             "layers": [q.network.layers[st.lo].name, q.network.layers[st.hi - 1].name],
             "layer_count": st.hi - st.lo,
             "ranks": [st.first_rank, st.first_rank + st.devices - 1],
@@ -863,8 +903,10 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
             "microbatch_s": st.microbatch_s,
             "send_s": st.send_s,
             "tail_s": st.tail_s,
-            "peak_bytes": ev.memory.peak,
-            "fits": ev.memory.fits,
+            # the stage's devices' peak, all its chunks' (with interleaving; each chunk
+            # was planned in its share)
+            "peak_bytes": own.peak,
+            "fits": own.fits,
             # the settings chosen for the stage where the question left them to it
             **({"zero": so.zero, "zero_shard": so.zero_shard} if q.zero_auto else {}),
             **({"recompute": so.recompute} if q.recompute_auto else {}),
@@ -887,11 +929,13 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
         doc["objective"] = "time"
         doc["search"] = {"evaluated": sum(st.result.explored for st in stages),
                          "chosen": "pipeline", "lower_bound_s": None,
-                         "notes": [f"{len(stages)} pipeline stages"]}
+                         "notes": [f"{count} pipeline stages"
+                                   + (f" of {v} model chunks" if v > 1 else "")]}
     doc["pipeline"] = {
-        "stages": len(stages),
+        "stages": count,
+        **interleave,
         "microbatches": m,
-        "schedule": SCHEDULE,
+        "schedule": schedule,
         "bubble_s": res.bubble_s,
         "bubble_fraction": res.bubble_s / res.time_s if res.time_s > 0 else 0.0,
         "tied_allreduce_s": res.ties_s,

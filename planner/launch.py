@@ -39,6 +39,7 @@ class LaunchSpec:
     grad_dtype: str = "float32"  #: the gradients' (plans before 2026-11-24: the weights')
     stages: int = 1  #: pipeline stages, each on world / stages consecutive ranks
     microbatches: int = 1
+    virtual_stages: int = 1  #: model chunks a stage (interleaved 1F1B)
 
     @property
     def fsdp(self) -> str | None:
@@ -117,7 +118,7 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                 issues.append(Issue(f"$.placement.{mine}", f"{want} here, but the problem "
                                                            f"says {key}: {got!r}: the plan "
                                                            "was edited; make it again"))
-    stages, microbatches = 1, 1
+    stages, microbatches, virtual = 1, 1, 1
     if isinstance(problem, dict):
         microbatches = problem.get("microbatches", 1)
         if isinstance(microbatches, bool) or not isinstance(microbatches, int) \
@@ -136,6 +137,13 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                                                           f"got {show(count)}"))
             else:
                 stages = count
+            chunks = pipe.get("virtual_stages", 1) if isinstance(pipe, dict) else 1
+            if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+                issues.append(Issue("$.problem.pipeline.virtual_stages",
+                                    f"expected the model chunks a stage, a whole number "
+                                    f">= 1, got {show(chunks)}"))
+            else:
+                virtual = chunks
     size = world // stages  # the devices of a stage, which its grids cover
     inputs = data.get("inputs")
     network = inputs.get("network") if isinstance(inputs, dict) else None
@@ -176,8 +184,16 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
             issues.append(Issue(f"{where}.placement" if "placement" in g else where,
                                 f"expected placement rows or cols, got {placement!r}"))
             continue
+        chunk = g.get("chunk", 0)
+        if virtual > 1 and (isinstance(chunk, bool) or not isinstance(chunk, int)
+                            or not 0 <= chunk < virtual):
+            issues.append(Issue(f"{where}.chunk" if "chunk" in g else where,
+                                f"expected the grid's model chunk, 0 to {virtual - 1}, "
+                                f"got {show(chunk)}"))
+            continue
         shaped.append({"grid": [grid[0], grid[1]], "placement": placement,
-                       **({"stage": stage} if stages > 1 else {})})
+                       **({"stage": stage} if stages > 1 else {}),
+                       **({"chunk": chunk} if virtual > 1 else {})})
     kind = pl.get("device_kind", "gpu")
     if kind not in ("gpu", "cpu"):
         issues.append(Issue("$.placement.device_kind", f"expected gpu or cpu, got "
@@ -188,7 +204,7 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     fits = not (isinstance(memory, dict) and memory.get("fits") is False)
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
                       nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits,
-                      str(dtype), str(grad_dtype or dtype), stages, microbatches)
+                      str(dtype), str(grad_dtype or dtype), stages, microbatches, virtual)
 
 
 def _job_name(name: str) -> str:
@@ -202,13 +218,19 @@ def _grid_lines(spec: LaunchSpec) -> list[str]:
     out = []
     size = spec.world // spec.stages
     if spec.stages > 1:
+        v = spec.virtual_stages
+        schedule = "1F1B" if v == 1 else \
+            f"interleaved 1F1B with {v} model chunks a stage (chunk k of stage s is the " \
+            f"network's (k*{spec.stages} + s)-th)"
         out.append(f"# pipeline: {spec.stages} stages of {size} ranks (stage s on ranks "
                    f"s*{size} .. s*{size} + {size - 1}), {spec.microbatches} microbatches, "
-                   "1F1B; a stage's grid rules number its ranks from the stage's first")
+                   f"{schedule}; a stage's grid rules number its ranks from the stage's "
+                   "first")
     for g in spec.grids:
         pr, pc = g["grid"]
         rows, cols = group_rules(pr, pc, g["placement"])
-        where = f"stage {g['stage']} " if "stage" in g else ""
+        where = (f"stage {g['stage']} " if "stage" in g else "") + \
+            (f"chunk {g['chunk']} " if "chunk" in g else "")
         out.append(f"#   {where}grid {pr}x{pc} ({g['placement']}): {rows}; {cols}")
     return out
 
@@ -249,6 +271,8 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
         if spec.stages > 1 or spec.microbatches > 1:
             lines += [f"PLANNER_PIPELINE_STAGES={spec.stages}",
                       f"PLANNER_MICROBATCHES={spec.microbatches}"]
+            if spec.virtual_stages > 1:
+                lines.append(f"PLANNER_VIRTUAL_STAGES={spec.virtual_stages}")
         return "\n".join(head + lines) + "\n"
     if kind == "torchrun":
         if spec.uneven:

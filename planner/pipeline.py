@@ -37,12 +37,34 @@ partition over the allowed boundaries, and once again by the stage times the sea
 found (a stage whose layouts communicate more gets fewer layers); the faster of the
 two partitions is the plan.
 
-Not modelled: interleaved (virtual) stages, zero-bubble schedules, the overlap of the
-point-to-point sends with compute (they are charged on the critical path), a layout
-change between the last layer of one stage and the first of the next (the receiving
-stage starts from whichever distribution its search prefers; Megatron-LM's
-scatter-gather of the sent activation does the same), and stages of unequal device
-counts.
+**Interleaved stages.** With ``--virtual-stages V`` (Megatron-LM's interleaved 1F1B,
+Narayanan et al. SC 2021 §2.2.2) the network is cut into ``V·S`` chunks of consecutive
+layers and chunk ``c`` runs on stage ``c mod S``: each stage holds ``V`` model chunks
+(chunk ``k`` of stage ``s`` is the network's ``k·S + s``-th). A microbatch crosses the
+stages ``V`` times, so the fill and drain shrink ``V``-fold, to ``(S − 1)·t/V`` with
+equal stages (the paper's bubble ``(1/V)·(S − 1)/M``), for ``V`` times the
+point-to-point sends (the last stage's chunk sends on to the first stage's next). With
+``T_s`` the sum of stage ``s``'s chunks' times, a step takes
+``M·max_s T_s + (Σ_s T_s − max_s T_s)/V``, which is 1F1B's expression at ``V = 1``.
+The schedule needs ``M`` a multiple of ``S`` (the paper's condition). What a stage keeps
+follows Megatron-LM's order of passes: stage ``s`` runs ``2·(S − s − 1) + (V − 1)·S``
+chunk forward passes (at most ``M·V``) before its first backward pass, ``S`` microbatches
+of a chunk at a time, then one forward and one backward; the activations it keeps are
+the largest sum, over that order, of each chunk's kept activations times its
+microbatches in flight (the first stage keeps ``S + (S − 1)/V`` stages' worth, the
+``1 + (S − 1)/(S·V)`` factor of Korthikanti et al., "Reducing activation recomputation
+in large transformer models", MLSys 2023). Each chunk is searched with ``1/V`` of the
+device memory and its own most microbatches in flight, so a plan the search finds
+fits; the stage's memory is then the sum of its chunks' weights, gradients, optimizer
+state and kept activations, with the largest of their buffers and workspaces. A stage
+ends its step when all its chunks have reduced their gradients and stepped (their
+tails are added, none overlapped with another chunk's backward pass).
+
+Not modelled: zero-bubble schedules, the overlap of the point-to-point sends with
+compute (they are charged on the critical path), a layout change between the last
+layer of one stage and the first of the next (the receiving stage starts from
+whichever distribution its search prefers; Megatron-LM's scatter-gather of the sent
+activation does the same), and stages of unequal device counts.
 """
 
 from __future__ import annotations
@@ -57,11 +79,14 @@ import numpy as np
 
 from .costs.comm import Group, collective_time
 from .costs.layer import local_params
+from .costs.memory import MemoryReport
 from .errors import NoFeasiblePlan, UsageError
 from .network import DTYPE_BYTES, Block, Layer, Network, layer_kernels
 
 #: the schedule priced (its memory: min(S - s, M) microbatches in flight at stage s)
 SCHEDULE = "1f1b"
+#: the schedule with more than one model chunk a stage
+INTERLEAVED = "interleaved-1f1b"
 #: re-balancing rounds by the stage times the search found
 REBALANCE = 2
 
@@ -209,23 +234,26 @@ def _split_to(best: list[int], cuts: list[int], stages: int, prefix: np.ndarray
     return best
 
 
-def p2p_seconds(cluster: Any, first: int, size: int, nbytes: float) -> float:
+def p2p_seconds(cluster: Any, first: int, size: int, nbytes: float,
+                to: int | None = None) -> float:
     """One message of ``nbytes`` from every rank of the stage on ranks ``first`` to
-    ``first + size − 1`` to its peer ``size`` ranks on, all at once: over the nodes'
-    network where any peer is on another node, else inside the node."""
+    ``first + size − 1`` to its peer in the stage starting at rank ``to`` (default: the
+    next, ``size`` ranks on), all at once: over the nodes' network where any peer is on
+    another node, else inside the node."""
     if nbytes <= 0:
         return 0.0
     g = cluster.devices_per_node
-    across = any((r // g) != ((r + size) // g) for r in range(first, first + size))
+    shift = size if to is None else to - first
+    across = any((r // g) != ((r + shift) // g) for r in range(first, first + size))
     link = cluster.inter if across else cluster.intra
     return float(link.latency_s) + float(nbytes) / float(link.bandwidth)
 
 
 @dataclass
 class Stage:
-    """One stage as planned."""
+    """One stage as planned (with interleaved stages: one model chunk of a stage)."""
 
-    index: int
+    index: int  #: the pipeline stage: the devices it runs on
     lo: int  #: its first layer in the network
     hi: int  #: one past its last
     first_rank: int
@@ -234,6 +262,7 @@ class Stage:
     question: Any  #: the stage's question (network, options, context)
     result: Any  #: its SearchResult
     send_s: float  #: per microbatch: the activation sent on and its gradient sent back
+    chunk: int = 0  #: the model chunk of its stage (0 without interleaving)
 
     @property
     def evaluation(self) -> Any:
@@ -255,7 +284,8 @@ class Stage:
 
 @dataclass
 class PipelineResult:
-    """A pipelined plan: its stages, and the step they make."""
+    """A pipelined plan: its stages (model chunks, in the network's order, with
+    interleaving), and the step they make."""
 
     stages: list[Stage]
     microbatches: int
@@ -263,15 +293,23 @@ class PipelineResult:
     bubble_s: float
     ties_s: float  #: tied weights' gradient all-reduces between stages, once a step
     partitions: list[dict[str, Any]]  #: every partition tried and its time
+    #: each pipeline stage's memory per device (all its chunks')
+    memories: list[MemoryReport] = dataclasses.field(default_factory=list)
+    virtual: int = 1  #: model chunks a stage
 
     @property
     def fits(self) -> bool:
-        return all(s.evaluation.memory.fits for s in self.stages)
+        return all(m.fits for m in self.memories)
 
     @property
     def peak_bytes(self) -> float:
         """The busiest stage's peak memory per device."""
-        return max(float(s.evaluation.memory.peak) for s in self.stages)
+        return max(float(m.peak) for m in self.memories)
+
+    @property
+    def fullest(self) -> int:
+        """The pipeline stage with the highest peak (the first on a tie)."""
+        return max(range(len(self.memories)), key=lambda k: (self.memories[k].peak, -k))
 
 
 def _tie_seconds(network: Network, stages: list[Stage]) -> float:
@@ -286,8 +324,8 @@ def _tie_seconds(network: Network, stages: list[Stage]) -> float:
         own = where[network.layers[owner].name]
         for t in tied:
             other = where[network.layers[t].name]
-            if other is own:
-                continue
+            if other.index == own.index:
+                continue  # one stage's chunks: its copies are its own
             rec = next(r for r in own.evaluation.layers
                        if r.layer.name == network.layers[owner].name)
             nbytes = local_params(rec.layer, rec.layout) * DTYPE_BYTES[
@@ -300,24 +338,97 @@ def _tie_seconds(network: Network, stages: list[Stage]) -> float:
     return total
 
 
-def _compose(network: Network, stages: list[Stage], microbatches: int,
+def _compose(network: Network, stages: list[Stage], microbatches: int, virtual: int = 1,
              ) -> tuple[float, float, float]:
-    """(step time, bubble, tie reductions) of planned stages."""
-    t = [s.microbatch_s for s in stages]
+    """(step time, bubble, tie reductions) of planned stages (model chunks)."""
+    count = len(stages) // virtual
+    t = [sum(c.microbatch_s for c in stages if c.index == s) for s in range(count)]
+    tails = [sum(c.tail_s for c in stages if c.index == s) for s in range(count)]
     busiest = max(t)
     ties = _tie_seconds(network, stages)
-    time = sum(t) + (microbatches - 1) * busiest + max(s.tail_s for s in stages) + ties
-    bubble = sum(t) - busiest  # the fill and drain beyond the busiest stage's own work
+    # the fill and drain beyond the busiest stage's own work
+    bubble = (sum(t) - busiest) / virtual if virtual > 1 else sum(t) - busiest
+    if virtual > 1:
+        time = microbatches * busiest + bubble + max(tails) + ties
+    else:
+        time = sum(t) + (microbatches - 1) * busiest + max(tails) + ties
     return time, bubble, ties
+
+
+def schedule(stages: int, virtual: int, microbatches: int, stage: int
+             ) -> list[tuple[str, int]]:
+    """The order of one stage's passes under Megatron-LM's 1F1B schedules: ``("F" or
+    "B", model chunk)``. Without interleaving stage ``s`` runs ``min(S − s − 1, M)``
+    forward passes, then one forward and one backward until the forwards run out, then
+    the remaining backwards. Interleaved, it runs ``2·(S − s − 1) + (V − 1)·S`` chunk
+    forwards first (at most all ``M·V``), through the chunks ``S`` microbatches at a
+    time (forwards from chunk 0 up, backwards from chunk ``V − 1`` down)."""
+    total = microbatches * virtual
+    if virtual == 1:
+        warm = min(stages - stage - 1, total)
+    else:
+        warm = min(2 * (stages - stage - 1) + (virtual - 1) * stages, total)
+
+    def chunk(k: int, forward: bool) -> int:
+        c = (k % (stages * virtual)) // stages
+        return c if forward else virtual - 1 - c
+
+    order = [("F", chunk(k, True)) for k in range(warm)]
+    for k in range(total - warm):
+        order += [("F", chunk(warm + k, True)), ("B", chunk(k, False))]
+    order += [("B", chunk(k, False)) for k in range(total - warm, total)]
+    return order
+
+
+def in_flight(stages: int, virtual: int, microbatches: int, stage: int
+              ) -> list[tuple[int, ...]]:
+    """Each model chunk's microbatches in flight (run forward, not yet backward) after
+    each forward pass of :func:`schedule`: the moments a stage's memory peaks."""
+    held = [0] * virtual
+    states: list[tuple[int, ...]] = []
+    for kind, c in schedule(stages, virtual, microbatches, stage):
+        held[c] += 1 if kind == "F" else -1
+        if kind == "F":
+            states.append(tuple(held))
+    return states
+
+
+def stage_memory(chunks: list[Stage], states: list[tuple[int, ...]], capacity: float
+                 ) -> MemoryReport:
+    """A stage's memory per device from its chunks' (in chunk order): their weights,
+    gradients and optimizer state added, their kept activations at the moment of the
+    schedule (``states``, from :func:`in_flight`) when they add up to most, plus the
+    largest working set one chunk's backward pass adds (a rebuilt block), and the
+    largest buffers and workspace. One chunk: its own report."""
+    mems: list[MemoryReport] = [c.evaluation.memory for c in chunks]
+    if len(chunks) == 1:
+        return mems[0]
+    kept = [float(m.kept) for m in mems]
+    extra = max(max(0.0, float(m.activations) - c.inflight * float(m.kept))
+                for m, c in zip(mems, chunks, strict=True))
+    held = max(sum(n * k for n, k in zip(state, kept, strict=True)) for state in states)
+    return MemoryReport(
+        weights=sum(m.weights for m in mems),
+        gradients=sum(m.gradients for m in mems),
+        optimizer=sum(m.optimizer for m in mems),
+        activations=held + extra,
+        comm_buffers=max(m.comm_buffers for m in mems),
+        workspace=max(m.workspace for m in mems),
+        capacity=capacity,
+        rebuilt=tuple(r for m in mems for r in m.rebuilt),
+        kept=sum(kept),
+    )
 
 
 def search_pipeline(q: Any, stages: int, objective: str, pins: tuple[str, ...],
                     run: Callable[[Any, str, tuple[str, ...]], Any],
-                    context: Callable[[Network, Any], Any]) -> PipelineResult:
-    """The best pipelined plan with ``stages`` stages (raises NoFeasiblePlan):
-    ``run(question, objective, pins)`` searches one stage's question, ``context(net,
-    options)`` builds its cost context."""
-    return _pipeline(q, stages, lambda sq, lo: run(sq, objective, pins), context)
+                    context: Callable[[Network, Any], Any], virtual: int = 1
+                    ) -> PipelineResult:
+    """The best pipelined plan with ``stages`` stages of ``virtual`` model chunks
+    (raises NoFeasiblePlan): ``run(question, objective, pins)`` searches one chunk's
+    question, ``context(net, options)`` builds its cost context."""
+    return _pipeline(q, stages, lambda sq, lo: run(sq, objective, pins), context,
+                     virtual=virtual)
 
 
 @dataclass
@@ -337,37 +448,40 @@ class Fixed:
 def price_pipeline(q: Any, stages: int, layouts: dict[int, Any],
                    price: Callable[[Any, dict[int, Any]], Any],
                    context: Callable[[Network, Any], Any],
-                   bounds: list[int] | None = None) -> PipelineResult:
-    """Given layouts in ``stages`` stages: ``layouts`` maps every layer with weights
-    (by its index in the whole network) to a layout on ``P/S`` devices, ``price(question,
-    assignment)`` prices one stage's question (it may replace the question's context and
-    options, as ``--zero auto`` does). With ``bounds`` (``[0, c_1, …, n]``, from a plan)
-    the stages are those; else they are balanced as the search balances them, and the
-    fastest partition that fits is taken (the leanest when none does)."""
+                   bounds: list[int] | None = None, virtual: int = 1) -> PipelineResult:
+    """Given layouts in ``stages`` stages of ``virtual`` model chunks: ``layouts`` maps
+    every layer with weights (by its index in the whole network) to a layout on ``P/S``
+    devices, ``price(question, assignment)`` prices one chunk's question (it may replace
+    the question's context and options, as ``--zero auto`` does). With ``bounds``
+    (``[0, c_1, …, n]``, one boundary per chunk, from a plan) the chunks are those; else
+    they are balanced as the search balances them, and the fastest partition that fits
+    is taken (the leanest when none does)."""
 
     def run(sq: Any, lo: int) -> Fixed:
         n = len(sq.network.layers)
         return Fixed(price(sq, {i - lo: lay for i, lay in layouts.items()
                                 if lo <= i < lo + n}))
 
-    return _pipeline(q, stages, run, context, bounds, must_fit=False)
+    return _pipeline(q, stages, run, context, bounds, must_fit=False, virtual=virtual)
 
 
 def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
               context: Callable[[Network, Any], Any], bounds: list[int] | None = None,
-              must_fit: bool = True) -> PipelineResult:
-    """Stages planned by ``run(stage question, first layer)``, over the partitions
-    balancing finds (or ``bounds``); the fastest that fits (``must_fit``: else
-    NoFeasiblePlan; otherwise the leanest when none fits)."""
+              must_fit: bool = True, virtual: int = 1) -> PipelineResult:
+    """Stages (``virtual`` model chunks each) planned by ``run(chunk question, first
+    layer)``, over the partitions balancing finds (or ``bounds``); the fastest that fits
+    (``must_fit``: else NoFeasiblePlan; otherwise the leanest when none fits)."""
     net = q.network
     opts = q.options
     p, m = opts.gpus, opts.microbatches
     if p % stages:
         raise UsageError(f"planner: error: --pipeline {stages} does not divide the "
                          f"{p} devices into equal stages; use a divisor of {p}")
+    virtual_check(net, stages, virtual, m)
     size = p // stages
+    chunks = stages * virtual
     cuts = stage_starts(net)
-    if len(cuts) < stages - 1:
+    if len(cuts) < chunks - 1:
         raise UsageError(
             f"planner: error: --pipeline {stages}: '{net.name}' has "
             f"{len(cuts) + 1} place{'s' if len(cuts) else ''} to start a stage (stage "
@@ -375,28 +489,42 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
             "every stage needs a layer with weights); use "
             f"at most {len(cuts) + 1} stages")
     if bounds is not None:
-        assert len(bounds) == stages + 1 and set(bounds[1:-1]) <= set(cuts), bounds
+        assert len(bounds) == chunks + 1 and set(bounds[1:-1]) <= set(cuts), bounds
+    states = [in_flight(stages, virtual, m, s) for s in range(stages)]
+    # each chunk keeps its own most microbatches at once, in its share of the memory
+    most = [[max(st[k] for st in states[s]) for k in range(virtual)] for s in range(stages)]
+    cluster = q.cluster
+    if virtual > 1:
+        cluster = dataclasses.replace(
+            cluster, reserved_memory=cluster.reserved_memory
+            + cluster.capacity_bytes * (virtual - 1) / virtual)
     weights = layer_seconds(net, q.ctx, opts.batch)
     planned: dict[tuple[int, int, int], Stage] = {}
     failures: dict[tuple[int, int, int], NoFeasiblePlan] = {}
 
-    def plan_stage(s: int, lo: int, hi: int) -> Stage:
-        key = (s, lo, hi)
+    def plan_stage(c: int, lo: int, hi: int) -> Stage:
+        key = (c, lo, hi)
+        s, k = c % stages, c // stages
         if key in failures:
             raise failures[key]
         hit = planned.get(key)
         if hit is None:
             sub = stage_network(net, lo, hi)
-            sopts = dataclasses.replace(opts, gpus=size, inflight=min(stages - s, m))
-            sq = dataclasses.replace(q, network=sub, options=sopts,
-                                     ctx=context(sub, sopts))
+            sopts = dataclasses.replace(opts, gpus=size, inflight=most[s][k])
+            ctx = context(sub, sopts)
+            if virtual > 1:
+                ctx = dataclasses.replace(ctx, cluster=cluster)
+            sq = dataclasses.replace(q, network=sub, options=sopts, ctx=ctx, cluster=cluster)
             try:
                 result = run(sq, lo)
             except NoFeasiblePlan as exc:
+                what = f"pipeline stage {s}" if virtual == 1 else \
+                    f"pipeline stage {s}, model chunk {k}"
+                share = "" if virtual == 1 else f" with 1/{virtual} of their memory"
                 failures[key] = NoFeasiblePlan(
-                    f"planner: no feasible plan for pipeline stage {s} (layers "
+                    f"planner: no feasible plan for {what} (layers "
                     f"'{net.layers[lo].name}' to '{net.layers[hi - 1].name}', "
-                    f"{size} devices): {str(exc).removeprefix('planner: ')}", None)
+                    f"{size} devices{share}): {str(exc).removeprefix('planner: ')}", None)
                 raise failures[key] from None
             send = 0.0
             if hi < len(net.layers):
@@ -405,9 +533,10 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
 
                 nbytes = local_elems(last.layer.out_elems, last.dist_out, sopts.batch) * \
                     net.elem_bytes
-                send = 2 * p2p_seconds(sq.cluster, s * size, size, nbytes)
+                send = 2 * p2p_seconds(sq.cluster, s * size, size, nbytes,
+                                       ((c + 1) % stages) * size)
             hit = planned[key] = Stage(s, lo, hi, s * size, size, sopts.inflight, sq,
-                                       result, send)
+                                       result, send, k)
         return hit
 
     tried: list[dict[str, Any]] = []
@@ -416,30 +545,32 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
     error: NoFeasiblePlan | None = None
     seen: set[tuple[int, ...]] = set()
     for _ in range(1 if bounds is not None else REBALANCE + 1):
-        part = bounds if bounds is not None else balance(weights, cuts, stages)
+        part = bounds if bounds is not None else balance(weights, cuts, chunks)
         if part is None or tuple(part) in seen:
             break
         seen.add(tuple(part))
         try:
-            plans = [plan_stage(s, part[s], part[s + 1]) for s in range(stages)]
+            plans = [plan_stage(c, part[c], part[c + 1]) for c in range(chunks)]
         except NoFeasiblePlan as exc:
             tried.append({"bounds": part, "time_s": None,
                           "outcome": str(exc).removeprefix("planner: ")})
             error = error or exc
-            # a stage that does not fit: lighten it (its layers count double)
-            for s in range(stages):
-                if (s, part[s], part[s + 1]) in failures:
-                    weights[part[s]:part[s + 1]] *= 2
+            # a chunk that does not fit: lighten it (its layers count double)
+            for c in range(chunks):
+                if (c, part[c], part[c + 1]) in failures:
+                    weights[part[c]:part[c + 1]] *= 2
             continue
-        time, bubble, ties = _compose(net, plans, m)
-        cand = PipelineResult(plans, m, time, bubble, ties, [])
+        time, bubble, ties = _compose(net, plans, m, virtual)
+        memories = [stage_memory([st for st in plans if st.index == s], states[s],
+                                 q.cluster.capacity_bytes) for s in range(stages)]
+        cand = PipelineResult(plans, m, time, bubble, ties, [], memories, virtual)
         tried.append({"bounds": part, "time_s": time,
                       "outcome": "plan" if cand.fits else "does not fit"})
         if cand.fits and (best is None or time < best.time_s):
             best = cand
         if leanest is None or cand.peak_bytes < leanest.peak_bytes:
             leanest = cand
-        # re-weigh each stage's layers by the time the search found for it
+        # re-weigh each chunk's layers by the time the search found for it
         for st in plans:
             own = float(weights[st.lo:st.hi].sum())
             if own > 0:
@@ -453,6 +584,30 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
                              "no stage partition fits in memory", None)
     best.partitions = tried
     return best
+
+
+def virtual_check(network: Network, stages: int, virtual: int, microbatches: int,
+                  option: str = "--virtual-stages", counts: str = "--microbatches") -> None:
+    """UsageError unless ``virtual`` model chunks a stage make an interleaved schedule:
+    a pipeline to interleave, ``M`` a multiple of ``S``, and ``V·S`` chunks the network
+    can be cut into."""
+    if virtual == 1:
+        return
+    if stages == 1:
+        raise UsageError(f"planner: error: {option} {virtual} interleaves the stages of a "
+                         "pipeline; give --pipeline 2 or more")
+    if microbatches % stages:
+        raise UsageError(
+            f"planner: error: {option} {virtual}: the interleaved schedule runs the "
+            f"microbatches {stages} at a time through each stage's chunks, so {counts} "
+            f"must be a multiple of the {stages} stages (got {microbatches})")
+    most = max_stages(network)
+    if stages * virtual > most:
+        raise UsageError(
+            f"planner: error: {option} {virtual}: {stages} stages of {virtual} chunks "
+            f"are {stages * virtual} chunks, and '{network.name}' can be cut into at most "
+            f"{most} (a boundary falls where one tensor alone crosses, between residual "
+            "blocks, and every chunk needs a layer with weights)")
 
 
 def stage_label(network: Network, st: Stage) -> str:

@@ -459,7 +459,9 @@ def pipeline_table(doc: dict[str, Any]) -> Any:
     pipe = doc["pipeline"]
     head = Text()
     head.append("pipeline ", style="bold")
-    head.append(f"{pipe['stages']} stages, {pipe['microbatches']} microbatches "
+    v = int(pipe.get("virtual_stages", 1))
+    chunks = f" of {v} model chunks" if v > 1 else ""
+    head.append(f"{pipe['stages']} stages{chunks}, {pipe['microbatches']} microbatches "
                 f"({pipe['schedule']}): fill and drain "
                 f"{format_time(pipe['bubble_s'])} ({pipe['bubble_fraction']:.1%} of the "
                 "step)"
@@ -467,13 +469,14 @@ def pipeline_table(doc: dict[str, Any]) -> Any:
                    if pipe["tied_allreduce_s"] else "") + "\n")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title="stages",
               title_justify="left")
-    for col in ("stage", "layers", "ranks", "in flight", "microbatch", "sends", "step end",
-                "memory"):
+    for col in ("stage", *(("chunk",) if v > 1 else ()), "layers", "ranks", "in flight",
+                "microbatch", "sends", "step end", "memory"):
         t.add_column(col, justify="left" if col in ("layers", "ranks") else "right",
                      overflow="fold")
     for st in pipe["stage_plans"]:
         mem = format_bytes(st["peak_bytes"]) + ("" if st["fits"] else " (does not fit)")
-        t.add_row(str(st["stage"]), f"{st['layers'][0]} .. {st['layers'][1]} "
+        t.add_row(str(st["stage"]), *((str(st["chunk"]),) if v > 1 else ()),
+                  f"{st['layers'][0]} .. {st['layers'][1]} "
                   f"({st['layer_count']})", f"{st['ranks'][0]}-{st['ranks'][1]}",
                   str(st["inflight"]), format_time(st["microbatch_s"]),
                   format_time(st["send_s"]), format_time(st["tail_s"]), mem)

@@ -13,6 +13,8 @@ team chose: a plan file, one grid for every layer, or pins::
     microbatches: 1              # gradient accumulation: passes of batch / N samples a step
     pipeline: 1                  # pipeline stages (1F1B over the microbatches), each on
                                  # gpus / pipeline devices
+    virtual_stages: 1            # model chunks a stage (Megatron-LM's interleaved 1F1B;
+                                 # microbatches a multiple of pipeline)
     optimizer: momentum          # sgd | momentum | adam
     precision: float32           # the dtype of weights and activations (default: the network's)
     grad_precision: float32      # the dtype gradients are accumulated and reduced in
@@ -37,7 +39,8 @@ priced alike: the configuration's algorithm and ``check``'s ``--estimator``; a p
 layouts are re-priced, its recorded times are not read. With ``pipeline: S`` the
 strategy's stages are a pipelined plan's own (its layers' ``stage``), or, for a grid or
 pins, balanced as ``planner plan --pipeline S`` balances them; the optimum is the
-search's with the same number of stages and microbatches.
+search's with the same number of stages and microbatches (and, with ``virtual_stages:
+V``, the same interleaving: a plan's chunks are its layers' ``stage`` and ``chunk``).
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class TrainingConfig:
     document: Document = field(compare=False, repr=False)
     microbatches: int = 1
     pipeline: int = 1  #: pipeline stages
+    virtual_stages: int = 1  #: model chunks a stage (interleaved 1F1B)
 
     @property
     def stage_gpus(self) -> int:
@@ -192,6 +196,16 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                             f"stages; use a divisor of {gpus}")
         pipeline = None
     stage_gpus = gpus // pipeline if gpus is not None and pipeline else None
+    virtual: int | None = f.opt("virtual_stages", integer(1, MAX_GPUS), 1)
+    if virtual is not None and virtual > 1:
+        if pipeline == 1:
+            f.error("virtual_stages", f"virtual_stages {virtual} interleaves the stages of a "
+                                      "pipeline; set 'pipeline' to 2 or more")
+        elif pipeline and microbatches and microbatches % pipeline:
+            f.error("virtual_stages", f"the interleaved schedule runs the microbatches "
+                                      f"{pipeline} at a time through each stage's chunks, so "
+                                      f"'microbatches' ({microbatches}) must be a multiple "
+                                      f"of the {pipeline} stages")
     stage_count = "gpus" if pipeline == 1 else \
         f"a stage's devices (gpus {gpus} / pipeline {pipeline})"
     optimizer = f.opt("optimizer", choice(("sgd", "momentum", "adam")), "momentum")
@@ -272,7 +286,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     if issues:
         raise doc.error(issues)
     assert gpus is not None and batch is not None
-    assert microbatches is not None and pipeline is not None
+    assert microbatches is not None and pipeline is not None and virtual is not None
     return TrainingConfig(name=name, path="<stdin>" if stdin else str(path),
                           network_path=paths["network"], cluster_path=paths["cluster"],
                           gpus=gpus, batch=batch,
@@ -282,7 +296,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           strategy=strategy, zero=zero, zero_shard=zero_shard,
                           recompute=recompute, algorithm=algorithm,
                           max_slowdown=slowdown, document=doc,
-                          microbatches=microbatches, pipeline=pipeline)
+                          microbatches=microbatches, pipeline=pipeline,
+                          virtual_stages=virtual)
 
 
 def _dtype(value: object) -> str:
@@ -432,6 +447,10 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
     if had_stages != cfg.pipeline:
         problems.append(f"the plan is for pipeline={_yaml(had_stages)}, the "
                         f"configuration says {cfg.pipeline}")
+    had_chunks = pipe.get("virtual_stages", 1) if isinstance(pipe, dict) else 1
+    if had_chunks != cfg.virtual_stages:
+        problems.append(f"the plan is for virtual_stages={_yaml(had_chunks)}, the "
+                        f"configuration says {cfg.virtual_stages}")
     # the algorithm the plan was priced with: the cluster's unless `plan --algorithm` chose
     had = prob.get("algorithm", DEFAULT_ALGORITHM)
     made = cl.algorithm if had == DEFAULT_ALGORITHM else had
@@ -460,7 +479,16 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
                                        f"expected the layer's pipeline stage, 0 to "
                                        f"{cfg.pipeline - 1}, got {show(st)} (the plan was "
                                        "edited; make it again)")])
-            stage_of[layer.index] = st
+            k = rec.get("chunk", 0) if cfg.virtual_stages > 1 else 0
+            if isinstance(k, bool) or not isinstance(k, int) or \
+                    not 0 <= k < cfg.virtual_stages:
+                raise doc.error([Issue(f"$.layers[{i}].chunk" if "chunk" in rec else
+                                       f"$.layers[{i}]",
+                                       f"expected the layer's model chunk, 0 to "
+                                       f"{cfg.virtual_stages - 1}, got {show(k)} (the plan "
+                                       "was edited; make it again)")])
+            # its place in the network's order of chunks
+            stage_of[layer.index] = k * cfg.pipeline + st
         if "follows" in rec:
             continue
         if layer is None or not layer.has_weights:
@@ -487,7 +515,7 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
     for owner, tied in net.ties.items():
         for t in tied:
             if cfg.pipeline > 1 and stage_of.get(owner) != stage_of.get(t):
-                continue  # each stage keeps its own copy of a weight tied across stages
+                continue  # each chunk keeps its own copy of a weight tied across chunks
             if t in assignment and not holds_alike(assignment[owner], assignment[t]):
                 findings.append(Finding(
                     "plan", False,
@@ -504,8 +532,9 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
 
 def _plan_bounds(net: Network, cfg: TrainingConfig,
                  stage_of: dict[int, int]) -> list[int] | Finding:
-    """A pipelined plan's stage boundaries ``[0, c_1, …, n]`` from its layers' stages,
-    or the finding that the plan does not cut the network as a pipeline can."""
+    """A pipelined plan's chunk boundaries ``[0, c_1, …, n]`` from its layers' places in
+    the order of chunks (their stage, with interleaving ``chunk · S + stage``), or the
+    finding that the plan does not cut the network as a pipeline can."""
     from .pipeline import stage_starts
 
     missing = [lay.name for lay in net.layers if lay.index not in stage_of]
@@ -517,14 +546,19 @@ def _plan_bounds(net: Network, cfg: TrainingConfig,
     bounds = [0] + [i for i in range(1, len(order)) if order[i] != order[i - 1]] + \
         [len(order)]
     allowed = set(stage_starts(net))
-    if order != sorted(order) or len(bounds) != cfg.pipeline + 1 or order[0] != 0 or \
-            not set(bounds[1:-1]) <= allowed:
+    chunks = cfg.pipeline * cfg.virtual_stages
+    if order != sorted(order) or len(bounds) != chunks + 1 or order[0] != 0 or \
+            order[-1] != chunks - 1 or not set(bounds[1:-1]) <= allowed:
+        what = f"{cfg.pipeline} stages" if cfg.virtual_stages == 1 else \
+            f"{chunks} chunks (chunk k of stage s the (k*{cfg.pipeline} + s)-th)"
+        again = f"--pipeline {cfg.pipeline}" + (f" --virtual-stages {cfg.virtual_stages}"
+                                                if cfg.virtual_stages > 1 else "")
         return Finding("plan", False,
-                       f"the plan's stages do not cut '{net.name}' into {cfg.pipeline} "
-                       "stages of consecutive layers at places a stage may start (where "
+                       f"the plan's stages do not cut '{net.name}' into {what} "
+                       "of consecutive layers at places a stage may start (where "
                        "one tensor alone crosses; every stage with a layer with weights); "
-                       "the plan was edited: re-run `planner plan ... --pipeline "
-                       f"{cfg.pipeline}`", "$.strategy.plan")
+                       f"the plan was edited: re-run `planner plan ... {again}`",
+                       "$.strategy.plan")
     return bounds
 
 
@@ -645,6 +679,13 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                             f"{'s' if most > 1 else ''} (a stage boundary falls where one "
                             "tensor alone crosses, between residual blocks, and every stage "
                             "needs a layer with weights)")
+    if cfg.pipeline * cfg.virtual_stages > most:
+        raise _config_error(cfg, "$.virtual_stages",
+                            f"{cfg.pipeline} stages of {cfg.virtual_stages} chunks are "
+                            f"{cfg.pipeline * cfg.virtual_stages} chunks, and '{net.name}' "
+                            f"can be cut into at most {most} (a boundary falls where one "
+                            "tensor alone crosses, between residual blocks, and every chunk "
+                            "needs a layer with weights)")
     findings: list[Finding] = []
     bounds = None
     if "plan" in cfg.strategy:
@@ -680,11 +721,11 @@ def _pipeline_check(prep: Prepared, cfg: TrainingConfig, ctx: Any
     assert prep.assignment is not None
     chosen = price_pipeline(q, cfg.pipeline, prep.assignment,
                             lambda sq, a: evaluate(sq.ctx, sq.options, a), context,
-                            prep.bounds)
+                            prep.bounds, cfg.virtual_stages)
     try:
         best = search_pipeline(q, cfg.pipeline, "time", (),
                                lambda sq, objective, pins: search(sq.ctx, sq.options),
-                               context)
+                               context, cfg.virtual_stages)
     except NoFeasiblePlan as exc:
         return chosen, None, exc
     return chosen, best, None
@@ -707,9 +748,9 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     if cfg.pipeline > 1:
         res, best_res, failure = _pipeline_check(prep, cfg, ctx)
         chosen_s = float(res.time_s)
-        st = max(res.stages, key=lambda st: (st.evaluation.memory.peak, -st.index))
-        mem = st.evaluation.memory
-        where = f" (in pipeline stage {st.index}, the fullest of stages 0-{cfg.pipeline - 1})"
+        mem = res.memories[res.fullest]
+        where = f" (in pipeline stage {res.fullest}, the fullest of stages " \
+                f"0-{cfg.pipeline - 1})"
         best_s = None if best_res is None else float(best_res.time_s)
     else:
         chosen: Evaluation = evaluate(ctx, options, assignment)
@@ -733,6 +774,8 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     ratio = chosen_s / best_s if best_s > 0 else 1.0
     ok = ratio <= cfg.max_slowdown * (1 + 1e-9)
     stages = f" with {cfg.pipeline} pipeline stages" if cfg.pipeline > 1 else ""
+    if cfg.virtual_stages > 1:
+        stages += f" of {cfg.virtual_stages} model chunks"
     findings.append(Finding(
         "speed", ok,
         f"predicted iteration {format_time(chosen_s)} is {ratio:.3f}x the searched "
