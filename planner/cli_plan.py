@@ -609,6 +609,10 @@ def _pipeline_option(ctx: click.Context, param: click.Parameter, value: str) -> 
     return _count_or_auto(value, MAX_GPUS, "stages (1 or more, a divisor of --gpus)")
 
 
+def _virtual_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    return _count_or_auto(value, MAX_GPUS, "model chunks a pipeline stage (1 or more)")
+
+
 @click.command()
 @problem_options
 @gpus_option
@@ -620,18 +624,18 @@ def _pipeline_option(ctx: click.Context, param: click.Parameter, value: str) -> 
               help="Pipeline parallelism: S stages of consecutive layers, each on P/S "
                    "devices, running --microbatches under the 1F1B schedule; auto: the "
                    "fastest stage count that fits (1: no pipeline).")
-@click.option("--virtual-stages", "virtual", type=Whole(1, MAX_GPUS), default=1,
-              show_default=True, metavar="V",
+@click.option("--virtual-stages", "virtual", default="1", show_default=True,
+              callback=_virtual_option, metavar="V|auto",
               help="With --pipeline: V model chunks a stage under Megatron-LM's "
                    "interleaved 1F1B (the network in V*S chunks, chunk c on stage c mod "
                    "S): a V-fold shorter fill and drain for V times the sends; "
-                   "--microbatches a multiple of S.")
+                   "--microbatches a multiple of S. auto: the fastest V that fits.")
 @expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
 @output_option
 def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
-         pins: tuple[str, ...], pipeline: int | str, virtual: int, expand_ranks: bool,
+         pins: tuple[str, ...], pipeline: int | str, virtual: int | str, expand_ranks: bool,
          all_layers: bool, fmt: str | None, output: str | None, **kw: Any) -> None:
     """Search the best layout of every layer and place the ranks.
 
@@ -650,7 +654,7 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
         microbatches_auto_check(kw["cost_model"], objective)
     q = load_question(network, cluster, gpus, batch, **{**kw, "microbatches": 1} if auto
                       else kw)
-    if virtual > 1 and pipeline == 1:
+    if virtual != 1 and pipeline == 1:
         raise UsageError(f"planner: error: --virtual-stages {virtual} interleaves the "
                          "stages of a pipeline; give --pipeline 2 or more, or auto")
     if auto:
@@ -670,7 +674,7 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
 
 
 def plan_for(q: Question, pipeline: int | str, objective: str, pins: tuple[str, ...],
-             expand: bool, virtual: int = 1) -> dict[str, Any]:
+             expand: bool, virtual: int | str = 1) -> dict[str, Any]:
     """The plan document of ``planner plan`` for one count of microbatches."""
     if pipeline != 1:
         return pipeline_plan(q, pipeline, objective, pins, expand, virtual)
@@ -706,7 +710,7 @@ def with_microbatches(q: Question, count: int) -> Question:
 
 
 def microbatches_auto(q: Question, pipeline: int | str, objective: str,
-                      pins: tuple[str, ...], expand: bool, virtual: int = 1
+                      pins: tuple[str, ...], expand: bool, virtual: int | str = 1
                       ) -> dict[str, Any]:
     """``plan --microbatches auto``: every count that divides the batch, from 1 up, each
     planned as asked (``--pipeline`` included), until :data:`MICROBATCH_PATIENCE` counts
@@ -717,7 +721,8 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
     from .output import rounded
 
     batch = q.options.step_batch
-    step = pipeline if virtual > 1 and isinstance(pipeline, int) else 1
+    step = pipeline if isinstance(virtual, int) and virtual > 1 and \
+        isinstance(pipeline, int) else 1
     counts = [m for m in range(step, batch + 1, step) if batch % m == 0]
     if not counts:
         raise UsageError(f"planner: error: --virtual-stages {virtual} needs a multiple of "
@@ -737,9 +742,11 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
             trials.append({"microbatches": m, "time_s": None, "outcome": why})
             continue
         t = float(doc["iteration"]["time_s"])
-        stages = (doc["problem"].get("pipeline") or {}).get("stages", 1)
+        pipe = doc["problem"].get("pipeline") or {}
         trials.append({"microbatches": m, "time_s": t, "outcome": "plan",
-                       **({"stages": stages} if pipeline != 1 else {})})
+                       **({"stages": pipe.get("stages", 1)} if pipeline != 1 else {}),
+                       **({"virtual_stages": pipe.get("virtual_stages", 1)}
+                          if virtual == "auto" else {})})
         if best is None or t < best[0]:
             best, slower = (t, doc), 0
         else:
@@ -756,10 +763,11 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
 
 
 def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[str, ...],
-                  expand: bool, virtual: int = 1) -> dict[str, Any]:
+                  expand: bool, virtual: int | str = 1) -> dict[str, Any]:
     """The plan document of ``--pipeline`` (``auto``: every stage count that divides the
     devices and the network's boundaries allow, 1 included; the fastest that fits;
-    with ``virtual`` chunks a stage, the counts the interleaved schedule allows)."""
+    with ``virtual`` chunks a stage, the counts the interleaved schedule allows;
+    ``virtual="auto"``: :func:`best_interleaving` for each count)."""
     import dataclasses
 
     from .errors import NoFeasiblePlan
@@ -774,11 +782,13 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
             stage_count_check(q, 2)  # its message
         most = max_stages(q.network)
         counts = [s for s in range(1, min(p, most) + 1) if p % s == 0
-                  and (s == 1 or virtual == 1 or (m % s == 0 and s * virtual <= most))]
+                  and (s == 1 or not isinstance(virtual, int) or virtual == 1
+                       or (m % s == 0 and s * virtual <= most))]
     else:
         assert isinstance(stages, int)
         stage_count_check(q, stages)
-        virtual_check(q.network, stages, virtual, m)
+        if isinstance(virtual, int):
+            virtual_check(q.network, stages, virtual, m)
         counts = [stages]
     context = stage_context(q)
     flat_q = dataclasses.replace(q)
@@ -787,6 +797,7 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
     except NoFeasiblePlan:
         flat = None
     trials: list[dict[str, Any]] = []
+    chunk_trials: list[dict[str, Any]] = []
     best: Any = None  # (time, stage count, result)
     error: NoFeasiblePlan | None = None
     for s in counts:
@@ -800,15 +811,20 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
                 best = (t, 1, flat)
             continue
         try:
-            res = search_pipeline(dataclasses.replace(q), s, objective, pins, run_search,
-                                  context, virtual)
+            if virtual == "auto":
+                res = best_interleaving(q, s, objective, pins, context, chunk_trials)
+            else:
+                assert isinstance(virtual, int)
+                res = search_pipeline(dataclasses.replace(q), s, objective, pins,
+                                      run_search, context, virtual)
         except NoFeasiblePlan as exc:
             error = error or exc
             # the stage's reason without its tips (they are the stage's question's)
             why = str(exc).removeprefix("planner: ").split("; try ")[0]
             trials.append({"stages": s, "time_s": None, "outcome": why})
             continue
-        trials.append({"stages": s, "time_s": res.time_s, "outcome": "plan"})
+        trials.append({"stages": s, "time_s": res.time_s, "outcome": "plan",
+                       **({"virtual_stages": res.virtual} if virtual == "auto" else {})})
         if best is None or res.time_s < best[0]:
             best = (res.time_s, s, res)
     if best is None:
@@ -820,10 +836,75 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
         else []
     if best[1] == 1:
         doc = plan_doc(flat_q, flat, objective, expand)
-        doc["pipeline_auto"] = trials
+        if stages == "auto":
+            doc["pipeline_auto"] = trials
+        if virtual == "auto":
+            doc = _with_virtual_auto(doc, chunk_trials)
         return doc
-    return pipeline_doc(q, best[2], flat, bases, trials if stages == "auto" else None,
-                        expand)
+    doc = pipeline_doc(q, best[2], flat, bases, trials if stages == "auto" else None,
+                       expand)
+    return _with_virtual_auto(doc, chunk_trials) if virtual == "auto" else doc
+
+
+#: ``--virtual-stages auto`` stops after this many chunk counts in a row slower than the
+#: best (or not fitting): more chunks shorten the fill and drain by less each time while
+#: their sends and memory grow
+VIRTUAL_PATIENCE = 2
+
+
+def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str, ...],
+                      context: Callable[[Any, Any], Any], trials: list[dict[str, Any]]
+                      ) -> Any:
+    """``--virtual-stages auto`` for ``stages`` stages: 1, 2, … model chunks a stage (more
+    than one where the microbatches are a multiple of the stages), as many as the
+    network's boundaries allow, until :data:`VIRTUAL_PATIENCE` counts in a row are
+    slower or do not fit; the fastest (the fewer chunks on a tie). Appends each count's
+    outcome to ``trials``; raises the first NoFeasiblePlan when none fits."""
+    import dataclasses
+
+    from .errors import NoFeasiblePlan
+    from .pipeline import max_stages, search_pipeline
+
+    most = max_stages(q.network) // stages
+    counts = [v for v in range(1, most + 1)
+              if v == 1 or q.options.microbatches % stages == 0]
+    best: Any = None
+    error: NoFeasiblePlan | None = None
+    slower = 0
+    for v in counts:
+        try:
+            res = search_pipeline(dataclasses.replace(q), stages, objective, pins,
+                                  run_search, context, v)
+        except NoFeasiblePlan as exc:
+            error = error or exc
+            why = str(exc).removeprefix("planner: ").split("; try ")[0]
+            trials.append({"stages": stages, "virtual_stages": v, "time_s": None,
+                           "outcome": why})
+            slower += 1
+        else:
+            trials.append({"stages": stages, "virtual_stages": v, "time_s": res.time_s,
+                           "outcome": "plan"})
+            if best is None or res.time_s < best.time_s:
+                best, slower = res, 0
+            else:
+                slower += 1
+        if slower >= VIRTUAL_PATIENCE:
+            break
+    if best is None:
+        assert error is not None
+        raise error
+    return best
+
+
+def _with_virtual_auto(doc: dict[str, Any], trials: list[dict[str, Any]]
+                       ) -> dict[str, Any]:
+    """The plan with the chunk counts tried (before its layers, which come last)."""
+    from .output import rounded
+
+    out = {k: v for k, v in doc.items() if k != "layers"}
+    out["virtual_auto"] = rounded(trials, 4)
+    out["layers"] = doc["layers"]
+    return out
 
 
 def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] | None,

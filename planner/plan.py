@@ -278,6 +278,17 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
             f"{t['stages']} stage{'' if t['stages'] == 1 else 's'}: "
             + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
             + (" (chosen)" if t["stages"] == picked else "") for t in trials) + "\n")
+    chunks = doc.get("virtual_auto")
+    if chunks:
+        pipe = prob.get("pipeline", {})
+        picked_at = (int(pipe.get("stages", 1)), int(pipe.get("virtual_stages", 1)))
+        several = len({t["stages"] for t in chunks}) > 1
+        head.append("virtual stages auto ", style="bold")
+        head.append("  ".join(
+            (f"{t['stages']}x" if several else "") + f"{t['virtual_stages']}: "
+            + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
+            + (" (chosen)" if (t["stages"], t["virtual_stages"]) == picked_at else "")
+            for t in chunks) + "\n")
     tried = doc.get("microbatches_auto")
     if tried:
         picked = int(prob.get("microbatches", 1))

@@ -380,3 +380,45 @@ def test_pipeline_auto_with_interleaving_tries_the_counts_it_allows(runner, net_
     assert [t["stages"] for t in trials] == [1, 2, 4]
     done = [t["time_s"] for t in trials if t["time_s"] is not None]
     assert doc["iteration"]["time_s"] == pytest.approx(min(done), rel=1e-3)
+
+
+def test_virtual_stages_auto_keeps_the_fastest_count(runner, net_file):
+    """``--virtual-stages auto`` with 2 stages: 1, 2, … chunks a stage (at most 10 // 2
+    = 5: the places to start a chunk), each as ``--virtual-stages V`` plans it, until 2
+    counts in a row are slower than the best; the fastest is the plan."""
+    from planner.cli_plan import VIRTUAL_PATIENCE
+
+    base = ("plan", net_file, CL, "-p", "16", "-b", "32", "--microbatches", "8",
+            "--pipeline", "2", "--estimator", "roofline")
+    out = invoke(runner, *base, "--virtual-stages", "auto", "--format", "json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    trials = doc["virtual_auto"]
+    tried = [t["virtual_stages"] for t in trials]
+    assert tried == list(range(1, len(tried) + 1)) and len(tried) <= 5
+    times = [t["time_s"] for t in trials]
+    best = min(times)
+    assert doc["iteration"]["time_s"] == best
+    chosen = tried[times.index(best)]
+    assert doc["problem"]["pipeline"].get("virtual_stages", 1) == chosen
+    # it stopped after VIRTUAL_PATIENCE slower counts, or ran out of counts
+    after = times[times.index(best) + 1:]
+    assert len(tried) == 5 or (len(after) == VIRTUAL_PATIENCE and
+                               all(t > best for t in after))
+    # each trial is that count planned alone
+    for v, t in zip(tried, times, strict=True):
+        alone = json.loads(invoke(runner, *base, "--virtual-stages", str(v), "--format",
+                                  "json").output)
+        assert alone["iteration"]["time_s"] == t
+    table = invoke(runner, *base, "--virtual-stages", "auto")
+    assert "virtual stages auto 1: " in table.output and "(chosen)" in table.output
+
+
+def test_virtual_stages_auto_needs_a_pipeline(runner, net_file):
+    out = invoke(runner, "plan", net_file, CL, "-p", "16", "-b", "32", "--virtual-stages",
+                 "auto", "--estimator", "roofline")
+    assert out.exit_code == 2
+    assert "--virtual-stages auto interleaves the stages of a pipeline" in out.output
+    out = invoke(runner, "cost", net_file, CL, "-p", "16", "-b", "32", "--pipeline", "2",
+                 "--virtual-stages", "auto", "--estimator", "roofline")
+    assert out.exit_code == 2 and "Traceback" not in out.output
