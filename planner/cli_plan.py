@@ -318,14 +318,18 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
               help="With --pipeline: V model chunks a stage under Megatron-LM's "
                    "interleaved 1F1B (the network in V*S chunks, chunk c on stage c mod "
                    "S); --microbatches a multiple of S.")
+@click.option("--stage-starts", "starts", default=None, metavar="LAYER,...",
+              help="With --pipeline: the layers where stages 1 to S-1 (chunks, with "
+                   "--virtual-stages) start, in order, in place of the balanced ones "
+                   "(e.g. Megatron-LM's uneven first and last stages).")
 @expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
 @output_option
 def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
          mode: str | None, pins: tuple[str, ...], placement: str, pipeline: int,
-         virtual: int, expand_ranks: bool, all_layers: bool, fmt: str | None,
-         output: str | None, **kw: Any) -> None:
+         virtual: int, starts: str | None, expand_ranks: bool, all_layers: bool,
+         fmt: str | None, output: str | None, **kw: Any) -> None:
     """Price one given layout: per-layer compute and communication, memory, iteration.
 
     Without --grid, --mode or --pin every layer is data parallel. Exit 0 when the layout
@@ -336,9 +340,12 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     ins = inputs_of(network, cluster, kw)
     check_output(output, ins)
     q = load_question(network, cluster, gpus, batch, **kw)
+    if starts is not None and pipeline == 1:
+        raise UsageError("planner: error: --stage-starts places the stages of a pipeline; "
+                         "give --pipeline 2 or more")
     if pipeline > 1 or virtual > 1:
         doc, res = pipeline_cost(q, pipeline, grid, mode, pins, placement, expand_ranks,
-                                 virtual)
+                                 virtual, starts)
         render_data(doc, fmt, output, lambda: _pipeline_tables(doc, all_layers), ins)
         if not res.fits:
             from .units import format_bytes
@@ -427,24 +434,32 @@ def stage_pricer(q: Question) -> Callable[[Any, dict[int, Any]], Any]:
 
 
 def pipeline_cost(q: Question, stages: int, grid: str | None, mode: str | None,
-                  pins: tuple[str, ...], placement: str, expand: bool, virtual: int = 1
-                  ) -> tuple[dict[str, Any], Any]:
+                  pins: tuple[str, ...], placement: str, expand: bool, virtual: int = 1,
+                  starts: str | None = None) -> tuple[dict[str, Any], Any]:
     """``cost --pipeline S``: the given layouts on each stage's ``P/S`` devices, the
-    stages (``virtual`` chunks each) balanced as the search balances them. Returns the
-    document and the PipelineResult."""
+    stages (``virtual`` chunks each) balanced as the search balances them, or starting
+    at the layers ``starts`` names (comma-separated). Returns the document and the
+    PipelineResult."""
     import dataclasses
 
-    from .pipeline import price_pipeline, virtual_check
+    from .pipeline import given_bounds, price_pipeline, virtual_check
 
     virtual_check(q.network, stages, virtual, q.options.microbatches)
     stage_count_check(q, stages)
+    bounds = None
+    if starts is not None:
+        names = [n.strip() for n in starts.split(",") if n.strip()]
+        try:
+            bounds = given_bounds(q.network, names, stages * virtual)
+        except ValueError as exc:
+            raise UsageError(f"planner: error: --stage-starts: {exc.args[0]}") from None
     p = q.options.gpus
     size = p // stages
     sq = dataclasses.replace(q, options=dataclasses.replace(q.options, gpus=size))
     layouts = layout_assignment(sq, grid, mode, pins, placement,
                                 f"a stage's device count (--gpus {p} / --pipeline {stages})")
-    res = price_pipeline(q, stages, layouts, stage_pricer(q), stage_context(q),
-                         virtual=virtual)
+    res = price_pipeline(q, stages, layouts, stage_pricer(q), stage_context(q), bounds,
+                         virtual)
     return pipeline_doc(q, res, None, None, None, expand, command="cost"), res
 
 

@@ -610,6 +610,37 @@ def virtual_check(network: Network, stages: int, virtual: int, microbatches: int
             "blocks, and every chunk needs a layer with weights)")
 
 
+def given_bounds(network: Network, names: list[str], chunks: int) -> list[int]:
+    """The chunk boundaries ``[0, c_1, …, n]`` that stages (chunks) starting at the
+    layers ``names`` make (ValueError, with what to fix and the position at fault as
+    ``args[1]``, unless there are ``chunks − 1`` of them, in the network's order, each
+    a place a stage may start)."""
+    allowed = stage_starts(network)
+    index = {layer.name: layer.index for layer in network.layers}
+    bounds = [0]
+    for k, name in enumerate(names):
+        at = index.get(name)
+        if at is None:
+            raise ValueError(f"'{name}' is not a layer of '{network.name}'", k)
+        if at not in allowed:
+            near = sorted(allowed, key=lambda c: (abs(c - at), c))[:3]
+            raise ValueError(
+                f"a stage cannot start at '{name}': a stage starts where one tensor alone "
+                "crosses (between residual blocks), and every stage needs a layer with "
+                "weights; "
+                f"nearby: {', '.join(repr(network.layers[c].name) for c in sorted(near))}",
+                k)
+        if at <= bounds[-1]:
+            raise ValueError(f"'{name}' comes before or at the previous stage's start: "
+                             "list the starts in the network's order", k)
+        bounds.append(at)
+    if len(names) != chunks - 1:
+        raise ValueError(f"{chunks} stages need {chunks - 1} start"
+                         f"{'s' if chunks > 2 else ''} (the first stage starts at the "
+                         f"network's first layer), got {len(names)}", None)
+    return [*bounds, len(network.layers)]
+
+
 def stage_label(network: Network, st: Stage) -> str:
     """``'embed' .. 'block3.mlp_out'`` for a person."""
     return f"{network.layers[st.lo].name} .. {network.layers[st.hi - 1].name}"

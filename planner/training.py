@@ -15,6 +15,8 @@ team chose: a plan file, one grid for every layer, or pins::
                                  # gpus / pipeline devices
     virtual_stages: 1            # model chunks a stage (Megatron-LM's interleaved 1F1B;
                                  # microbatches a multiple of pipeline)
+    stage_starts: [...]          # optional, with a grid or pins: the layers where stages
+                                 # (chunks) 1 on start, in place of the balanced ones
     optimizer: momentum          # sgd | momentum | adam
     precision: float32           # the dtype of weights and activations (default: the network's)
     grad_precision: float32      # the dtype gradients are accumulated and reduced in
@@ -117,6 +119,8 @@ class TrainingConfig:
     microbatches: int = 1
     pipeline: int = 1  #: pipeline stages
     virtual_stages: int = 1  #: model chunks a stage (interleaved 1F1B)
+    #: the layers where stages (chunks) 1 on start (None: balanced)
+    stage_starts: list[str] | None = None
 
     @property
     def stage_gpus(self) -> int:
@@ -132,6 +136,16 @@ class TrainingConfig:
     def mark(self, path: str) -> Mark:
         """Where a key of the configuration is (its key, for annotations)."""
         return self.document.find_mark(path, at_key=True)
+
+
+def _names(value: object) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or \
+            not all(isinstance(v, str) for v in value):
+        raise Invalid("expected a list of layer names, the first layer of each stage after "
+                      "the first")
+    return list(value)
 
 
 def _pins(value: object) -> list[object]:
@@ -208,6 +222,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                                       f"of the {pipeline} stages")
     stage_count = "gpus" if pipeline == 1 else \
         f"a stage's devices (gpus {gpus} / pipeline {pipeline})"
+    starts = f.opt_none("stage_starts", _names)
+    if starts is not None and pipeline == 1:
+        f.error("stage_starts", "stage_starts places the stages of a pipeline; set "
+                                "'pipeline' to 2 or more")
     optimizer = f.opt("optimizer", choice(("sgd", "momentum", "adam")), "momentum")
     precision = f.opt_none("precision", _dtype)
     master = f.opt_none("master_weights", boolean)
@@ -245,6 +263,9 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         if sf.ok and len(given) != 1:
             sf.error(None, "give exactly one of 'plan' (a plan file), 'grid' (e.g. 8x8, "
                            f"with 'mode'), or 'pins' (a list of '{PIN_FORM}')")
+        if sf.has("plan") and starts is not None:
+            f.error("stage_starts", "a plan carries its own stages (its layers' 'stage'); "
+                                    "drop 'stage_starts', or give a grid or pins")
         if sf.has("plan"):
             rel = sf.req("plan", string)
             if rel is not None:
@@ -297,7 +318,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           recompute=recompute, algorithm=algorithm,
                           max_slowdown=slowdown, document=doc,
                           microbatches=microbatches, pipeline=pipeline,
-                          virtual_stages=virtual)
+                          virtual_stages=virtual, stage_starts=starts)
 
 
 def _dtype(value: object) -> str:
@@ -647,7 +668,8 @@ class Prepared:
     #: None: the plan file is stale
     assignment: dict[int, Layout] | None
     findings: list[Finding]
-    #: a pipelined plan's stage boundaries (None: no plan, or no pipeline)
+    #: the stage boundaries of a pipelined plan or of ``stage_starts`` (None: balanced,
+    #: or no pipeline)
     bounds: list[int] | None = None
 
 
@@ -693,6 +715,16 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
         assignment, bounds = got if got is not None else (None, None)
     else:
         assignment = _strategy_assignment(cfg, net)
+        if cfg.stage_starts is not None:
+            from .pipeline import given_bounds
+
+            try:
+                bounds = given_bounds(net, cfg.stage_starts,
+                                      cfg.pipeline * cfg.virtual_stages)
+            except ValueError as exc:
+                where = "$.stage_starts" if exc.args[1] is None else \
+                    f"$.stage_starts[{exc.args[1]}]"
+                raise _config_error(cfg, where, exc.args[0]) from None
     return Prepared(net, cl, options, assignment, findings, bounds)
 
 

@@ -241,3 +241,94 @@ def test_bad_pipeline_configs_exit_2_at_the_key(runner, net_file, tmp_path, keys
     assert words in out.output
     assert f"c.yaml:{line}:" in out.output
     assert "Traceback" not in out.output
+
+
+# -- stage boundaries given by hand --------------------------------------------------------
+
+def test_cost_with_stage_starts_runs_the_stages_given(runner, net_file):
+    """tiny-lm's stages may start at each residual block and at the head: starting the
+    second stage at the head puts all 8 blocks in the first."""
+    args = ("cost", net_file, CL, *COST, "--format", "json")
+    given = invoke(runner, *args, "--stage-starts", "head")
+    assert given.exit_code == 0, given.output
+    doc = json.loads(given.output)
+    stages = doc["pipeline"]["stage_plans"]
+    assert [s["layers"] for s in stages] == [["wte", "blk.3.mlp.add"], ["head", "head"]]
+    assert [p["bounds"] for p in doc["pipeline"]["partitions"]] == [["wte", "head"]]
+    t = [s["microbatch_s"] for s in stages]
+    assert doc["iteration"]["time_s"] == pytest.approx(
+        sum(t) + 7 * max(t) + max(s["tail_s"] for s in stages)
+        + doc["pipeline"]["tied_allreduce_s"], rel=1e-3)
+    # the balanced stages, given by hand, price as the balanced run does
+    balanced = json.loads(invoke(runner, *args).output)
+    start = balanced["pipeline"]["stage_plans"][1]["layers"][0]
+    same = json.loads(invoke(runner, *args, "--stage-starts", start).output)
+    assert same["iteration"] == balanced["iteration"]
+    assert same["pipeline"]["stage_plans"] == balanced["pipeline"]["stage_plans"]
+    # interleaved: 4 chunks need 3 starts
+    four = invoke(runner, *args, "--virtual-stages", "2", "--stage-starts",
+                  "blk.1.attn.ln,blk.2.attn.ln,blk.3.attn.ln")
+    assert four.exit_code == 0, four.output
+    recs = json.loads(four.output)["pipeline"]["stage_plans"]
+    assert [r["layers"][0] for r in recs] == ["wte", "blk.1.attn.ln", "blk.2.attn.ln",
+                                              "blk.3.attn.ln"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (("--stage-starts", "nope"), "--stage-starts: 'nope' is not a layer of 'tiny-lm'"),
+    (("--stage-starts", "blk.1.attn.sa"),
+     "a stage cannot start at 'blk.1.attn.sa': a stage starts where one tensor alone "
+     "crosses"),
+    (("--stage-starts", "blk.1.attn.ln,blk.2.attn.ln"),
+     "2 stages need 1 start (the first stage starts at the network's first layer), got 2"),
+    (("--virtual-stages", "2", "--stage-starts", "blk.2.attn.ln,blk.1.attn.ln,head"),
+     "'blk.1.attn.ln' comes before or at the previous stage's start"),
+])
+def test_bad_stage_starts_exit_2(runner, net_file, extra, words):
+    out = invoke(runner, "cost", net_file, CL, *COST, *extra)
+    assert out.exit_code == 2, out.output
+    assert words in out.output
+    assert "Traceback" not in out.output
+    out = invoke(runner, "cost", net_file, CL, "-p", "16", "-b", "32", "--stage-starts",
+                 "head", "--estimator", "roofline")
+    assert out.exit_code == 2
+    assert "--stage-starts places the stages of a pipeline" in out.output
+
+
+def test_config_stage_starts_price_as_cost_does(runner, net_file, tmp_path):
+    cfg = _config(tmp_path, net_file, ["grid: 2x4", "mode: megatron"], microbatches=8,
+                  pipeline=2, stage_starts="[blk.2.attn.ln]")
+    out, data = _check(runner, cfg)
+    assert out.exit_code in (0, 1), out.output
+    cost = json.loads(invoke(runner, "cost", net_file, CL, *COST, "--stage-starts",
+                             "blk.2.attn.ln", "--format", "json").output)
+    checks = {c["check"]: c for c in data["configs"][0]["checks"]}
+    assert checks["speed"]["time_s"] == pytest.approx(cost["iteration"]["time_s"], rel=1e-3)
+    assert checks["memory"]["peak_bytes"] == pytest.approx(cost["memory"]["peak_bytes"],
+                                                           rel=1e-3)
+    assert invoke(runner, "validate", str(cfg)).exit_code == 0
+
+
+@pytest.mark.parametrize("keys, strategy, line, words", [
+    ({"pipeline": 2, "microbatches": 8, "stage_starts": "[blk.1.attn.sa]"}, "grid: 2x4", 8,
+     "a stage cannot start at 'blk.1.attn.sa'"),
+    ({"pipeline": 2, "microbatches": 8, "stage_starts": "[blk.1.attn.ln, head]"},
+     "grid: 2x4", 8, "2 stages need 1 start (the first stage starts at the network's"),
+    ({"pipeline": 2, "microbatches": 8, "stage_starts": "[head, blk.1.attn.ln]"},
+     "grid: 2x4", 8, "'blk.1.attn.ln' comes before or at the previous stage's start"),
+    ({"stage_starts": "[head]"}, "grid: 1x16", 6,
+     "stage_starts places the stages of a pipeline"),
+    ({"pipeline": 2, "microbatches": 8, "stage_starts": "[head]"}, "plan: plan.yaml", 8,
+     "a plan carries its own stages"),
+    ({"pipeline": 2, "microbatches": 8, "stage_starts": "[1, 2]"}, "grid: 2x4", 8,
+     "expected a list of layer names"),
+])
+def test_bad_config_stage_starts_exit_2_at_the_key(runner, net_file, tmp_path, keys,
+                                                   strategy, line, words):
+    (tmp_path / "plan.yaml").write_text("kind: plan\n")
+    cfg = _config(tmp_path, net_file, [strategy], **keys)
+    out = invoke(runner, "check", str(cfg), "--estimator", "roofline")
+    assert out.exit_code == 2, out.output
+    assert words in out.output
+    assert f"c.yaml:{line}:" in out.output
+    assert "Traceback" not in out.output
