@@ -173,23 +173,15 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                                                                f"stages of {size}"
                                                                if stages > 1 else "")))
             continue
-        stage = g.get("stage", 0)
-        if stages > 1 and (isinstance(stage, bool) or not isinstance(stage, int)
-                           or not 0 <= stage < stages):
-            issues.append(Issue(f"{where}.stage" if "stage" in g else where,
-                                f"expected the grid's pipeline stage, 0 to {stages - 1}, "
-                                f"got {show(stage)}"))
+        stage = _grid_index(g, "stage", stages, "pipeline stage", where, issues)
+        if stage is None:
             continue
         if placement not in ("rows", "cols"):
             issues.append(Issue(f"{where}.placement" if "placement" in g else where,
                                 f"expected placement rows or cols, got {placement!r}"))
             continue
-        chunk = g.get("chunk", 0)
-        if virtual > 1 and (isinstance(chunk, bool) or not isinstance(chunk, int)
-                            or not 0 <= chunk < virtual):
-            issues.append(Issue(f"{where}.chunk" if "chunk" in g else where,
-                                f"expected the grid's model chunk, 0 to {virtual - 1}, "
-                                f"got {show(chunk)}"))
+        chunk = _grid_index(g, "chunk", virtual, "model chunk", where, issues)
+        if chunk is None:
             continue
         shaped.append({"grid": [grid[0], grid[1]], "placement": placement,
                        **({"stage": stage} if stages > 1 else {}),
@@ -205,6 +197,20 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
                       nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits,
                       str(dtype), str(grad_dtype or dtype), stages, microbatches, virtual)
+
+
+def _grid_index(g: dict[str, Any], key: str, count: int, what: str, where: str,
+                issues: list[Issue]) -> int | None:
+    """A grid's ``stage`` or ``chunk``: 0 to ``count − 1`` (0 when there is one; None,
+    with the issue added, when it is not one)."""
+    value = g.get(key, 0)
+    if count > 1 and (isinstance(value, bool) or not isinstance(value, int)
+                      or not 0 <= value < count):
+        issues.append(Issue(f"{where}.{key}" if key in g else where,
+                            f"expected the grid's {what}, 0 to {count - 1}, got "
+                            f"{show(value)}"))
+        return None
+    return int(value)
 
 
 def _job_name(name: str) -> str:

@@ -422,3 +422,22 @@ def test_virtual_stages_auto_needs_a_pipeline(runner, net_file):
     out = invoke(runner, "cost", net_file, CL, "-p", "16", "-b", "32", "--pipeline", "2",
                  "--virtual-stages", "auto", "--estimator", "roofline")
     assert out.exit_code == 2 and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("stage", 2, "expected the grid's pipeline stage, 0 to 1, got 2"),
+    ("chunk", "one", "expected the grid's model chunk, 0 to 1, got 'one'"),
+    ("chunk", True, "expected the grid's model chunk, 0 to 1, got true"),
+])
+def test_launch_refuses_an_edited_grid_stage_or_chunk(runner, net_file, tmp_path, key,
+                                                      value, words):
+    plan = invoke(runner, "plan", net_file, CL, *PLAN, "--format", "yaml")
+    doc = yaml.safe_load(plan.output)
+    doc["placement"]["grids"][0][key] = value
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = invoke(runner, "launch", str(path), "--emit", "env")
+    assert out.exit_code == 2, out.output
+    assert words in out.output
+    assert f"(at $.placement.grids[0].{key})" in out.output
+    assert "Traceback" not in out.output
