@@ -469,6 +469,12 @@ def _recomputed(ctx: Context, results: list[LayerResult],
     return staying, own, tuple(work.get(blk.name, 0.0) for blk in blocks), live
 
 
+def sharded_gradients(ctx: Context, options: Options) -> bool:
+    """Whether each microbatch of a step reduces its weight gradients (ZeRO stages 2
+    and 3 under gradient accumulation: a device keeps only its shard of them)."""
+    return ctx.zero >= 2 and options.microbatches > 1
+
+
 def memory_report(ctx: Context, options: Options, results: list[LayerResult]) -> MemoryReport:
     """Peak memory of the busiest device for an evaluated assignment."""
     e = ctx.elem_bytes
@@ -806,14 +812,22 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
                                                options.bucket_bytes if bucketing else None,
                                                cache))
     # one microbatch without reductions; under gradient accumulation the microbatches
-    # before the last run so (DDP's no_sync), and the last one as above
-    plain = forward + sum(r.cost.backward_s + sum(t.seconds for t in r.cost.terms
-                                                  if t.when == "backward")
-                          for r in results)
+    # before the last run so (DDP's no_sync), and the last one as above. Sharded
+    # gradients (ZeRO 2 and 3) have nowhere to accumulate unreduced: every microbatch
+    # reduce-scatters its gradients into the shard, as the last one does (DeepSpeed's
+    # ZeRO-2/3 each micro-step; FSDP's sharded strategies outside no_sync)
     more = options.microbatches - 1
+    if sharded_gradients(ctx, options):
+        plain = finish
+        reductions = more + 1
+    else:
+        plain = forward + sum(r.cost.backward_s + sum(t.seconds for t in r.cost.terms
+                                                      if t.when == "backward")
+                              for r in results)
+        reductions = 1
     time_s = more * plain + finish + optimizer_s + upd_comm
     compute_s = (more + 1) * (fwd_compute + bwd_compute) + optimizer_s
-    comm_s = (more + 1) * (fwd_comm + bwd_comm) + weight_grad_s + upd_comm
+    comm_s = (more + 1) * (fwd_comm + bwd_comm) + reductions * weight_grad_s + upd_comm
     # the same compute summed in two orders differs in its last bits: on one device the
     # difference read as 1e-17 s of exposed communication
     exposed = min(comm_s, max(0.0, time_s - compute_s))

@@ -71,6 +71,7 @@ from .evaluate import (
     own_kept_bytes,
     prefetches,
     question_param_bytes,
+    sharded_gradients,
     time_and_comm,
     zero_label,
 )
@@ -1228,9 +1229,10 @@ def search(ctx: Context, options: Options, objective: str = "time",
     pins = pins or {}
     space = Space(ctx, options, pins, objective)
     space.prepare_transitions()
-    # the program's parts are one microbatch's: its gradients are reduced once a step,
-    # its compute and activation traffic run once a microbatch
-    per = 1.0 / options.microbatches
+    # the program's parts are one microbatch's: its gradients are reduced once a step
+    # (every microbatch with ZeRO 2 and 3), its compute and activation traffic run once
+    # a microbatch
+    per = 1.0 if sharded_gradients(ctx, options) else 1.0 / options.microbatches
     if objective == "comm":
         variants = [Weights(0.0, 1.0, per)]
     elif options.overlap == "none":

@@ -193,6 +193,37 @@ def test_microbatches_add_plain_passes_before_the_last():
     assert ev4.memory.peak == pytest.approx(ev1.memory.peak, rel=1e-12)
 
 
+@pytest.mark.parametrize("zero, reduced", [(0, 1), (1, 1), (2, 4), (3, 4)])
+def test_sharded_gradients_are_reduced_every_microbatch(zero, reduced):
+    """Under ZeRO 2 and 3 a device keeps only its shard of the gradients, so each
+    microbatch reduce-scatters its own (DeepSpeed's micro-steps; FSDP outside no_sync):
+    without overlap, each of the M − 1 microbatches before the last adds its passes and,
+    with sharded gradients, its reductions; ZeRO 0 and 1 reduce once a step."""
+    net = mlp([256, 512, 512, 256])
+    cl = cluster(per_node=4)
+    one = Options(gpus=4, batch=8, overlap="none", zero=zero)
+    four = dataclasses.replace(one, microbatches=4)
+    est = FixedEstimator(1e-5)
+    assignment = {layer.index: make_layout("data", 1, 4) for layer in net.layers
+                  if layer.has_weights}
+    ev1 = evaluate(make_context(net, cl, one, est), one, assignment)
+    ev4 = evaluate(make_context(net, cl, four, est), four, assignment)
+    assert ev1.weight_grad_s > 0
+    passes = ev1.forward_s + ev1.backward_s
+    each = passes + (ev1.weight_grad_s if reduced > 1 else 0.0)
+    assert ev4.time_s == pytest.approx(ev1.time_s + 3 * each, rel=1e-12)
+    assert ev4.microbatch_s == pytest.approx(each if reduced > 1 else passes, rel=1e-12)
+    assert ev4.comm_s == pytest.approx(ev1.comm_s + 3 * (ev1.comm_s - ev1.weight_grad_s
+                                                          - _update_gathers(ev1))
+                                       + (reduced - 1) * ev1.weight_grad_s, rel=1e-12)
+    assert ev4.memory.peak == pytest.approx(ev1.memory.peak, rel=1e-12)
+
+
+def _update_gathers(ev):
+    """The parameters' all-gathers after a ZeRO 1-2 step: once a step, whatever M."""
+    return sum(t.seconds for r in ev.layers for t in r.cost.terms if t.when == "update")
+
+
 def test_microbatches_in_flight_multiply_the_activations():
     net = _net(tie=False)
     cl = cluster(per_node=8)
