@@ -172,18 +172,24 @@ def test_p2p_between_stages_by_hand():
 
 # -- gradient accumulation ----------------------------------------------------------------
 
-def test_microbatches_add_plain_passes_before_the_last():
-    """A step of M microbatches: M − 1 forward and backward passes without reductions,
-    then the last as a step of one; memory is one microbatch's."""
+def _one_and_four_microbatches(zero=0):
+    """An MLP, data parallel on 4 devices without overlap, priced at 8 samples in one
+    microbatch and in each of four."""
     net = mlp([256, 512, 512, 256])
     cl = cluster(per_node=4)
-    one = Options(gpus=4, batch=8, overlap="none")
+    one = Options(gpus=4, batch=8, overlap="none", zero=zero)
     four = dataclasses.replace(one, microbatches=4)
     est = FixedEstimator(1e-5)
     assignment = {layer.index: make_layout("data", 1, 4) for layer in net.layers
                   if layer.has_weights}
-    ev1 = evaluate(make_context(net, cl, one, est), one, assignment)
-    ev4 = evaluate(make_context(net, cl, four, est), four, assignment)
+    return (evaluate(make_context(net, cl, one, est), one, assignment),
+            evaluate(make_context(net, cl, four, est), four, assignment))
+
+
+def test_microbatches_add_plain_passes_before_the_last():
+    """A step of M microbatches: M − 1 forward and backward passes without reductions,
+    then the last as a step of one; memory is one microbatch's."""
+    ev1, ev4 = _one_and_four_microbatches()
     # without overlap, one microbatch's step is its passes, its reductions, its update
     assert ev1.time_s == pytest.approx(ev1.microbatch_s + ev1.weight_grad_s
                                        + ev1.optimizer_s, rel=1e-12)
@@ -199,15 +205,7 @@ def test_sharded_gradients_are_reduced_every_microbatch(zero, reduced):
     microbatch reduce-scatters its own (DeepSpeed's micro-steps; FSDP outside no_sync):
     without overlap, each of the M − 1 microbatches before the last adds its passes and,
     with sharded gradients, its reductions; ZeRO 0 and 1 reduce once a step."""
-    net = mlp([256, 512, 512, 256])
-    cl = cluster(per_node=4)
-    one = Options(gpus=4, batch=8, overlap="none", zero=zero)
-    four = dataclasses.replace(one, microbatches=4)
-    est = FixedEstimator(1e-5)
-    assignment = {layer.index: make_layout("data", 1, 4) for layer in net.layers
-                  if layer.has_weights}
-    ev1 = evaluate(make_context(net, cl, one, est), one, assignment)
-    ev4 = evaluate(make_context(net, cl, four, est), four, assignment)
+    ev1, ev4 = _one_and_four_microbatches(zero)
     assert ev1.weight_grad_s > 0
     passes = ev1.forward_s + ev1.backward_s
     each = passes + (ev1.weight_grad_s if reduced > 1 else 0.0)
