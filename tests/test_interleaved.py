@@ -23,12 +23,12 @@ import pytest
 import yaml
 
 from planner.cli_plan import run_search
-from planner.evaluate import evaluate, local_elems, make_context
+from planner.evaluate import evaluate, make_context
 from planner.inputs import load_network_text
 from planner.pipeline import in_flight, price_pipeline, schedule, search_pipeline
 
 from .conftest import EXAMPLES, invoke
-from .test_pipeline import NET, _context, _net, _question
+from .test_pipeline import NET, _context, _net, _question, check_sends_and_tail
 
 CL = str(EXAMPLES / "clusters" / "dgx-h100.yaml")
 
@@ -114,14 +114,7 @@ def test_interleaved_step_composes_the_chunk_times_by_hand():
     # each chunk keeps its own most microbatches at once: stage 0 (4, 2), stage 1 (3, 1)
     assert [st.inflight for st in res.stages] == [4, 3, 2, 1]
     for st in res.stages:
-        ev = st.evaluation
-        if st.hi < len(net.layers):
-            last = ev.layers[-1]
-            nbytes = local_elems(last.layer.out_elems, last.dist_out, 4) * 2
-            assert st.send_s == pytest.approx(2 * (5e-6 + nbytes / 10e9), rel=1e-12)
-        else:
-            assert st.send_s == 0.0
-        assert st.tail_s == pytest.approx(ev.time_s - m * ev.microbatch_s, abs=1e-15)
+        check_sends_and_tail(st, net, m)
     t = [sum(c.microbatch_s for c in res.stages if c.index == k) for k in range(s)]
     tails = [sum(c.tail_s for c in res.stages if c.index == k) for k in range(s)]
     # the tied head is in stage 1's last chunk, wte in stage 0's first

@@ -260,6 +260,20 @@ def _context(q):
     return lambda net, opts: make_context(net, q.cluster, opts, q.ctx.estimator)
 
 
+def check_sends_and_tail(st, net, m):
+    """A stage's (or chunk's) sends, the boundary activation on and its gradient back,
+    each α + n/β over the nodes' network of the test cluster (none after the last
+    layer); its own step (M − 1) plain microbatches, then one with its tail."""
+    ev = st.evaluation
+    if st.hi < len(net.layers):
+        last = ev.layers[-1]
+        nbytes = local_elems(last.layer.out_elems, last.dist_out, 4) * 2
+        assert st.send_s == pytest.approx(2 * (5e-6 + nbytes / 10e9), rel=1e-12)
+    else:
+        assert st.send_s == 0.0
+    assert st.tail_s == pytest.approx(ev.time_s - m * ev.microbatch_s, abs=1e-15)
+
+
 def test_pipeline_step_composes_the_stage_times_by_hand():
     net = _net(blocks=4)
     q = _question(net)
@@ -272,18 +286,9 @@ def test_pipeline_step_composes_the_stage_times_by_hand():
     assert res.stages[0].hi == res.stages[1].lo and res.stages[0].hi in cut_points(net)
     t = []
     for st in res.stages:
-        ev = st.evaluation
-        # the sends: the boundary activation on, its gradient back, each α + n/β
-        if st.hi < len(net.layers):
-            last = ev.layers[-1]
-            nbytes = local_elems(last.layer.out_elems, last.dist_out, 4) * 2
-            # stage 0 on ranks 0-3 sends to ranks 4-7: the other node (4 a node)
-            assert st.send_s == pytest.approx(2 * (5e-6 + nbytes / 10e9), rel=1e-12)
-        else:
-            assert st.send_s == 0.0
-        t.append(ev.microbatch_s + st.send_s)
-        # a stage's own step: (M − 1) plain microbatches, then one with its tail
-        assert st.tail_s == pytest.approx(ev.time_s - m * ev.microbatch_s, abs=1e-15)
+        # stage 0 on ranks 0-3 sends to ranks 4-7: the other node (4 a node)
+        check_sends_and_tail(st, net, m)
+        t.append(st.evaluation.microbatch_s + st.send_s)
         assert st.tail_s >= 0
     tails = max(st.tail_s for st in res.stages)
     # the tied head lives in the last stage: its gradient is all-reduced with wte's
