@@ -136,6 +136,8 @@ class Question:
     #: ``--zero-shard auto`` on several nodes: both ways)
     zero_stages: tuple[int, ...] = ()
     zero_shards: tuple[str, ...] = ()
+    #: the pipeline schedule (``--schedule``): 1F1B, or ZB-H1's deferred weight gradients
+    schedule: str = "1f1b"
 
     @property
     def zero_auto(self) -> bool:
@@ -318,6 +320,12 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
               help="With --pipeline: V model chunks a stage under Megatron-LM's "
                    "interleaved 1F1B (the network in V*S chunks, chunk c on stage c mod "
                    "S); --microbatches a multiple of S.")
+@click.option("--schedule", type=click.Choice(("1f1b", "zb-h1")), default="1f1b",
+              show_default=True,
+              help="With --pipeline: 1f1b (interleaved with --virtual-stages), or zb-h1: "
+                   "1F1B with each backward pass split into input and weight gradients, "
+                   "the weight gradients deferred into the fill and drain (Qi et al. "
+                   "2024).")
 @click.option("--stage-starts", "starts", default=None, metavar="LAYER,...",
               help="With --pipeline: the layers where stages 1 to S-1 (chunks, with "
                    "--virtual-stages) start, in order, in place of the balanced ones "
@@ -328,8 +336,8 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
 @output_option
 def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
          mode: str | None, pins: tuple[str, ...], placement: str, pipeline: int,
-         virtual: int, starts: str | None, expand_ranks: bool, all_layers: bool,
-         fmt: str | None, output: str | None, **kw: Any) -> None:
+         virtual: int, schedule: str, starts: str | None, expand_ranks: bool,
+         all_layers: bool, fmt: str | None, output: str | None, **kw: Any) -> None:
     """Price one given layout: per-layer compute and communication, memory, iteration.
 
     Without --grid, --mode or --pin every layer is data parallel. Exit 0 when the layout
@@ -343,6 +351,8 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     if starts is not None and pipeline == 1:
         raise UsageError("planner: error: --stage-starts places the stages of a pipeline; "
                          "give --pipeline 2 or more")
+    schedule_option_check(schedule, pipeline, virtual)
+    q.schedule = schedule
     if pipeline > 1 or virtual > 1:
         doc, res = pipeline_cost(q, pipeline, grid, mode, pins, placement, expand_ranks,
                                  virtual, starts)
@@ -385,6 +395,21 @@ def _pipeline_tables(doc: dict[str, Any], all_layers: bool) -> Any:
     from .plan import pipeline_table, plan_table
 
     return Group(plan_table(doc, all_layers), pipeline_table(doc))
+
+
+def schedule_option_check(schedule: str, pipeline: int | str, virtual: int | str,
+                          auto: bool = False) -> None:
+    """UsageError unless ``--schedule`` goes with the other pipeline options (``auto``:
+    the command takes ``--pipeline auto``)."""
+    if schedule == "1f1b":
+        return
+    if pipeline == 1:
+        raise UsageError(f"planner: error: --schedule {schedule} schedules the stages of a "
+                         "pipeline; give --pipeline 2 or more" + (", or auto" if auto else ""))
+    if virtual != 1:
+        raise UsageError(f"planner: error: --schedule {schedule} runs one model chunk a "
+                         f"stage; drop --virtual-stages {virtual} or use --schedule 1f1b "
+                         "(interleaved)")
 
 
 def stage_count_check(q: Question, stages: int, option: str = "--pipeline") -> None:
@@ -459,7 +484,7 @@ def pipeline_cost(q: Question, stages: int, grid: str | None, mode: str | None,
     layouts = layout_assignment(sq, grid, mode, pins, placement,
                                 f"a stage's device count (--gpus {p} / --pipeline {stages})")
     res = price_pipeline(q, stages, layouts, stage_pricer(q), stage_context(q), bounds,
-                         virtual)
+                         virtual, q.schedule)
     return pipeline_doc(q, res, None, None, None, expand, command="cost"), res
 
 
@@ -645,13 +670,20 @@ def _virtual_option(ctx: click.Context, param: click.Parameter, value: str) -> i
                    "interleaved 1F1B (the network in V*S chunks, chunk c on stage c mod "
                    "S): a V-fold shorter fill and drain for V times the sends; "
                    "--microbatches a multiple of S. auto: the fastest V that fits.")
+@click.option("--schedule", type=click.Choice(("1f1b", "zb-h1")), default="1f1b",
+              show_default=True,
+              help="With --pipeline: 1f1b (interleaved with --virtual-stages), or zb-h1: "
+                   "1F1B with each backward pass split into input and weight gradients, "
+                   "the weight gradients deferred into the fill and drain (Qi et al. "
+                   "2024).")
 @expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
 @output_option
 def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
-         pins: tuple[str, ...], pipeline: int | str, virtual: int | str, expand_ranks: bool,
-         all_layers: bool, fmt: str | None, output: str | None, **kw: Any) -> None:
+         pins: tuple[str, ...], pipeline: int | str, virtual: int | str, schedule: str,
+         expand_ranks: bool, all_layers: bool, fmt: str | None, output: str | None,
+         **kw: Any) -> None:
     """Search the best layout of every layer and place the ranks.
 
     Writes the plan (YAML/JSON for launch scripts, or a table): each layer's mode and
@@ -672,6 +704,8 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
     if virtual != 1 and pipeline == 1:
         raise UsageError(f"planner: error: --virtual-stages {virtual} interleaves the "
                          "stages of a pipeline; give --pipeline 2 or more, or auto")
+    schedule_option_check(schedule, pipeline, virtual, auto=True)
+    q.schedule = schedule
     if auto:
         doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks, virtual)
     else:
@@ -831,7 +865,7 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
             else:
                 assert isinstance(virtual, int)
                 res = search_pipeline(dataclasses.replace(q), s, objective, pins,
-                                      run_search, context, virtual)
+                                      run_search, context, virtual, q.schedule)
         except NoFeasiblePlan as exc:
             error = error or exc
             # the stage's reason without its tips (they are the stage's question's)
@@ -931,7 +965,7 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     (``command`` cost: given layouts, so no search and no baselines)."""
     from .evaluate import question_param_bytes
     from .output import rounded
-    from .pipeline import INTERLEAVED, SCHEDULE
+    from .pipeline import ZERO_BUBBLE
     from .plan import layer_record, placement_record, plan_header
 
     stages = res.stages
@@ -941,7 +975,7 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     evs = [st.evaluation for st in stages]
     head = plan_header(command, q.network, q.network_file, q.cluster.name, q.cluster_file,
                        q.options, q.estimator_name, nodes_used(q))
-    schedule = SCHEDULE if v == 1 else INTERLEAVED
+    schedule = res.schedule
     interleave = {"virtual_stages": v} if v > 1 else {}
     head["problem"]["pipeline"] = {"stages": count, **interleave, "schedule": schedule}
 
@@ -998,6 +1032,10 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
             "inflight": st.inflight,
             "microbatch_s": st.microbatch_s,
             "send_s": st.send_s,
+            # the passes ZB-H1 schedules apart: forward, input and weight gradients
+            **({"passes_s": {"forward": st.forward_pass_s, "input_grad": st.backward_pass_s,
+                             "weight_grad": st.weight_pass_s}}
+               if schedule == ZERO_BUBBLE else {}),
             "tail_s": st.tail_s,
             # the stage's devices' peak, all its chunks' (with interleaving; each chunk
             # was planned in its share)

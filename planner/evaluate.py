@@ -135,6 +135,9 @@ class Evaluation:
     #: one microbatch's forward and backward passes without the weight-gradient
     #: reductions (with one microbatch: the forward and backward, reductions apart)
     microbatch_s: float = 0.0
+    #: the part of one microbatch's backward compute that computes weight gradients
+    #: (the W passes of a zero-bubble pipeline schedule)
+    weight_compute_s: float = 0.0
 
     @property
     def activation_comm_s(self) -> float:
@@ -225,10 +228,10 @@ class EvalCache:
     """Per-layer results reused across evaluations of one question (the search scores
     many assignments that share most layers)."""
 
-    weighted: dict[Any, tuple[tuple[CommTerm, ...], float, float, str]] = field(
+    weighted: dict[Any, tuple[tuple[CommTerm, ...], float, float, str, float]] = field(
         default_factory=dict)
-    follower: dict[Any, tuple[tuple[CommTerm, ...], Dist, Dist, float, float, str]] = field(
-        default_factory=dict)
+    follower: dict[Any, tuple[tuple[CommTerm, ...], Dist, Dist, float, float, str, float]] \
+        = field(default_factory=dict)
     moves: dict[Any, tuple[CommTerm, ...]] = field(default_factory=dict)
     buckets: dict[tuple[Collective, float, Group], float] = field(default_factory=dict)
     #: a small integer per distinct cost signature of ``network``'s layers (cheap keys)
@@ -310,12 +313,12 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
             key = (sig, layout)
             hit = cache.weighted.get(key)
             if hit is None:
-                fwd, bwd, est = time_kernels(weighted_kernels(layer, layout, ctx), ctx)
-                hit = (tuple(weighted_terms(layer, layout, ctx)), fwd, bwd, est)
+                fwd, bwd, est, wgt = time_kernels(weighted_kernels(layer, layout, ctx), ctx)
+                hit = (tuple(weighted_terms(layer, layout, ctx)), fwd, bwd, est, wgt)
                 cache.weighted[key] = hit
             cost = LayerCost(hit[1], hit[2], hit[3],
                              moves(src, dst, layer.in_elems, "input", layer) + list(hit[0]),
-                             local_params(layer, layout))
+                             local_params(layer, layout), hit[4])
             out = layout.output_dist()
             results.append(LayerResult(layer, layout, None, cost, dist_in=dst, dist_out=out))
             out_dist[layer.index] = out
@@ -326,11 +329,12 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
             fkey = (sig, body_d)
             fhit = cache.follower.get(fkey)
             if fhit is None:
-                fwd, bwd, est = time_kernels(follower_kernels(layer, body_d, ctx), ctx)
-                fhit = ((), body_d, body_d, fwd, bwd, est)
+                fwd, bwd, est, wgt = time_kernels(follower_kernels(layer, body_d, ctx), ctx)
+                fhit = ((), body_d, body_d, fwd, bwd, est, wgt)
                 cache.follower[fkey] = fhit
             cost = LayerCost(fhit[3], fhit[4], fhit[5],
-                             moves(sc_d, body_d, layer.in_elems, "shortcut", layer))
+                             moves(sc_d, body_d, layer.in_elems, "shortcut", layer),
+                             weight_s=fhit[6])
             results.append(LayerResult(layer, current[0], current[1], cost, dist_in=body_d,
                                        dist_out=body_d))
             out_dist[layer.index] = body_d
@@ -339,10 +343,11 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
         fhit = cache.follower.get(fkey)
         if fhit is None:
             terms, work, out = follower_terms(layer, src, ctx)
-            fwd, bwd, est = time_kernels(follower_kernels(layer, work, ctx), ctx)
-            fhit = (tuple(terms), work, out, fwd, bwd, est)
+            fwd, bwd, est, wgt = time_kernels(follower_kernels(layer, work, ctx), ctx)
+            fhit = (tuple(terms), work, out, fwd, bwd, est, wgt)
             cache.follower[fkey] = fhit
-        cost = LayerCost(fhit[3], fhit[4], fhit[5], list(fhit[0]), float(layer.params))
+        cost = LayerCost(fhit[3], fhit[4], fhit[5], list(fhit[0]), float(layer.params),
+                         fhit[6])
         results.append(LayerResult(layer, current[0], current[1], cost, dist_in=fhit[1],
                                    dist_out=fhit[2]))
         out_dist[layer.index] = fhit[2]
@@ -356,13 +361,13 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
     lhit = cache.follower.get(lkey)
     if lhit is None:
         kernels, terms = loss_cost(last.layer, last.dist_out, ctx)
-        fwd, bwd, est = time_kernels(kernels, ctx)
-        lhit = (tuple(terms), last.dist_out, last.dist_out, fwd, bwd, est)
+        fwd, bwd, est, wgt = time_kernels(kernels, ctx)
+        lhit = (tuple(terms), last.dist_out, last.dist_out, fwd, bwd, est, wgt)
         cache.follower[lkey] = lhit
     c = last.cost
     labels = ", ".join(sorted({*c.estimator.split(", "), *lhit[5].split(", ")} - {""}))
     last.cost = LayerCost(c.forward_s + lhit[3], c.backward_s + lhit[4], labels,
-                          c.terms + list(lhit[0]), c.params_local)
+                          c.terms + list(lhit[0]), c.params_local, c.weight_s + lhit[6])
     return results
 
 
@@ -850,4 +855,5 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         recompute_s=sum(r.cost.forward_s + r.cost.comm("recompute") for r in results
                         if recomputed(r.layer, ctx)) if ctx.rebuilt else 0,
         microbatch_s=plain,
+        weight_compute_s=sum(r.cost.weight_s for r in results),
     )

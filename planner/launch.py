@@ -40,6 +40,7 @@ class LaunchSpec:
     stages: int = 1  #: pipeline stages, each on world / stages consecutive ranks
     microbatches: int = 1
     virtual_stages: int = 1  #: model chunks a stage (interleaved 1F1B)
+    schedule: str = "1f1b"  #: the pipeline schedule (1f1b, interleaved-1f1b, zb-h1)
 
     @property
     def fsdp(self) -> str | None:
@@ -118,7 +119,7 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                 issues.append(Issue(f"$.placement.{mine}", f"{want} here, but the problem "
                                                            f"says {key}: {got!r}: the plan "
                                                            "was edited; make it again"))
-    stages, microbatches, virtual = 1, 1, 1
+    stages, microbatches, virtual, schedule = 1, 1, 1, "1f1b"
     if isinstance(problem, dict):
         microbatches = problem.get("microbatches", 1)
         if isinstance(microbatches, bool) or not isinstance(microbatches, int) \
@@ -144,6 +145,13 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                                     f">= 1, got {show(chunks)}"))
             else:
                 virtual = chunks
+            order = pipe.get("schedule", "1f1b") if isinstance(pipe, dict) else "1f1b"
+            if order not in ("1f1b", "interleaved-1f1b", "zb-h1"):
+                issues.append(Issue("$.problem.pipeline.schedule",
+                                    f"expected 1f1b, interleaved-1f1b or zb-h1, got "
+                                    f"{show(order)}"))
+            else:
+                schedule = order
     size = world // stages  # the devices of a stage, which its grids cover
     inputs = data.get("inputs")
     network = inputs.get("network") if isinstance(inputs, dict) else None
@@ -196,7 +204,8 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     fits = not (isinstance(memory, dict) and memory.get("fits") is False)
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
                       nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits,
-                      str(dtype), str(grad_dtype or dtype), stages, microbatches, virtual)
+                      str(dtype), str(grad_dtype or dtype), stages, microbatches, virtual,
+                      schedule)
 
 
 def _grid_index(g: dict[str, Any], key: str, count: int, what: str, where: str,
@@ -279,6 +288,8 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
                       f"PLANNER_MICROBATCHES={spec.microbatches}"]
             if spec.virtual_stages > 1:
                 lines.append(f"PLANNER_VIRTUAL_STAGES={spec.virtual_stages}")
+            if spec.stages > 1:
+                lines.append(f"PLANNER_PIPELINE_SCHEDULE={spec.schedule}")
         return "\n".join(head + lines) + "\n"
     if kind == "torchrun":
         if spec.uneven:

@@ -87,6 +87,11 @@ from .network import DTYPE_BYTES, Block, Layer, Network, layer_kernels
 SCHEDULE = "1f1b"
 #: the schedule with more than one model chunk a stage
 INTERLEAVED = "interleaved-1f1b"
+#: 1F1B with each backward pass split into B (input gradients) and W (weight gradients),
+#: the W passes deferred into the idle time (Qi et al., ICLR 2024, ZB-H1)
+ZERO_BUBBLE = "zb-h1"
+#: what ``--schedule`` takes
+SCHEDULES = (SCHEDULE, ZERO_BUBBLE)
 #: re-balancing rounds by the stage times the search found
 REBALANCE = 2
 
@@ -274,6 +279,24 @@ class Stage:
         return float(self.evaluation.microbatch_s) + self.send_s
 
     @property
+    def forward_pass_s(self) -> float:
+        """F: one microbatch's forward pass through the stage, its collectives and the
+        send of its activation on included."""
+        return float(self.evaluation.forward_s) + self.send_s / 2
+
+    @property
+    def weight_pass_s(self) -> float:
+        """W: the kernels of one microbatch's backward pass that compute weight
+        gradients."""
+        return float(self.evaluation.weight_compute_s)
+
+    @property
+    def backward_pass_s(self) -> float:
+        """B: the rest of the backward pass (input gradients, its collectives, the
+        gradient's send back)."""
+        return self.microbatch_s - self.forward_pass_s - self.weight_pass_s
+
+    @property
     def tail_s(self) -> float:
         """What the stage does once a step after its last backward pass: the exposed
         gradient reductions and the optimizer step."""
@@ -296,6 +319,7 @@ class PipelineResult:
     #: each pipeline stage's memory per device (all its chunks')
     memories: list[MemoryReport] = dataclasses.field(default_factory=list)
     virtual: int = 1  #: model chunks a stage
+    schedule: str = SCHEDULE  #: the schedule priced (with ``virtual > 1``: interleaved)
 
     @property
     def fits(self) -> bool:
@@ -339,13 +363,18 @@ def _tie_seconds(network: Network, stages: list[Stage]) -> float:
 
 
 def _compose(network: Network, stages: list[Stage], microbatches: int, virtual: int = 1,
-             ) -> tuple[float, float, float]:
+             schedule: str = SCHEDULE) -> tuple[float, float, float]:
     """(step time, bubble, tie reductions) of planned stages (model chunks)."""
     count = len(stages) // virtual
     t = [sum(c.microbatch_s for c in stages if c.index == s) for s in range(count)]
     tails = [sum(c.tail_s for c in stages if c.index == s) for s in range(count)]
     busiest = max(t)
     ties = _tie_seconds(network, stages)
+    if schedule == ZERO_BUBBLE:
+        passes = [(st.forward_pass_s, st.backward_pass_s, st.weight_pass_s)
+                  for st in stages]
+        span = max(zero_bubble_finish(passes, microbatches))
+        return span + max(tails) + ties, span - microbatches * busiest, ties
     # the fill and drain beyond the busiest stage's own work
     bubble = (sum(t) - busiest) / virtual if virtual > 1 else sum(t) - busiest
     if virtual > 1:
@@ -378,6 +407,64 @@ def schedule(stages: int, virtual: int, microbatches: int, stage: int
         order += [("F", chunk(warm + k, True)), ("B", chunk(k, False))]
     order += [("B", chunk(k, False)) for k in range(total - warm, total)]
     return order
+
+
+def zero_bubble_finish(passes: list[tuple[float, float, float]], microbatches: int
+                       ) -> list[float]:
+    """When each stage ends its last pass under ZB-H1 (Qi et al., "Zero bubble (almost)
+    pipeline parallelism", ICLR 2024, §2.1), from each stage's ``(F, B, W)`` seconds
+    for one microbatch (``B`` the input gradients, ``W`` the weight gradients).
+
+    Every stage runs the forward (F) and backward (B) passes in 1F1B's order
+    (:func:`schedule`); ``F`` of microbatch ``k`` waits for the stage before's, ``B``
+    for the stage after's (the last stage's for its own ``F``). A microbatch's ``W``
+    may run any time after its ``B``: the stage runs its pending ``W`` passes, oldest
+    first, while it would otherwise wait for its next pass's input; before a forward
+    pass that would hold more than ``min(S, M)`` microbatches not yet through ``W`` (the
+    most 1F1B's first stage holds); and after its last ``B``. With the same passes on
+    every stage, ``W ≤ F`` and ``M ≥ S`` this is the paper's ZB-H1: a step of
+    ``M·(F + B + W) + (S − 1)·(F + B − W)`` against 1F1B's ``(M + S − 1)·(F + B + W)``
+    (its Table 2; a third of 1F1B's bubble when the three passes take as long). A
+    ``W`` that outlasts the wait delays the next pass, as running it right after its
+    ``B`` (1F1B) would."""
+    count = len(passes)
+    m = microbatches
+    cap = min(count, m)
+    orders = [schedule(count, 1, m, s) for s in range(count)]
+    end_f = [[math.nan] * m for _ in range(count)]
+    end_b = [[math.nan] * m for _ in range(count)]
+    clock = [0.0] * count
+    step = [0] * count  # the next pass of the stage's order
+    made = [[0, 0, 0] for _ in range(count)]  # F, B and W passes run
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for s, (f, b, w) in enumerate(passes):
+            while step[s] < len(orders[s]):
+                kind = orders[s][step[s]][0]
+                k = made[s][0] if kind == "F" else made[s][1]
+                if kind == "F":
+                    ready = 0.0 if s == 0 else end_f[s - 1][k]
+                else:
+                    ready = end_f[s][k] if s == count - 1 else end_b[s + 1][k]
+                if math.isnan(ready):
+                    break  # its input is not made yet: another stage first
+                done = made[s]
+                while kind == "F" and done[0] - done[2] >= cap and done[2] < done[1]:
+                    clock[s] += w
+                    done[2] += 1
+                while done[2] < done[1] and clock[s] < ready:
+                    clock[s] += w
+                    done[2] += 1
+                clock[s] = max(clock[s], ready) + (f if kind == "F" else b)
+                (end_f if kind == "F" else end_b)[s][k] = clock[s]
+                done[0 if kind == "F" else 1] += 1
+                step[s] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise AssertionError("the 1F1B orders wait on each other")
+    return [clock[s] + (m - made[s][2]) * passes[s][2] for s in range(count)]
 
 
 def in_flight(stages: int, virtual: int, microbatches: int, stage: int
@@ -422,13 +509,13 @@ def stage_memory(chunks: list[Stage], states: list[tuple[int, ...]], capacity: f
 
 def search_pipeline(q: Any, stages: int, objective: str, pins: tuple[str, ...],
                     run: Callable[[Any, str, tuple[str, ...]], Any],
-                    context: Callable[[Network, Any], Any], virtual: int = 1
-                    ) -> PipelineResult:
+                    context: Callable[[Network, Any], Any], virtual: int = 1,
+                    schedule: str = SCHEDULE) -> PipelineResult:
     """The best pipelined plan with ``stages`` stages of ``virtual`` model chunks
-    (raises NoFeasiblePlan): ``run(question, objective, pins)`` searches one chunk's
-    question, ``context(net, options)`` builds its cost context."""
+    under ``schedule`` (raises NoFeasiblePlan): ``run(question, objective, pins)``
+    searches one chunk's question, ``context(net, options)`` builds its cost context."""
     return _pipeline(q, stages, lambda sq, lo: run(sq, objective, pins), context,
-                     virtual=virtual)
+                     virtual=virtual, schedule=schedule)
 
 
 @dataclass
@@ -448,7 +535,8 @@ class Fixed:
 def price_pipeline(q: Any, stages: int, layouts: dict[int, Any],
                    price: Callable[[Any, dict[int, Any]], Any],
                    context: Callable[[Network, Any], Any],
-                   bounds: list[int] | None = None, virtual: int = 1) -> PipelineResult:
+                   bounds: list[int] | None = None, virtual: int = 1,
+                   schedule: str = SCHEDULE) -> PipelineResult:
     """Given layouts in ``stages`` stages of ``virtual`` model chunks: ``layouts`` maps
     every layer with weights (by its index in the whole network) to a layout on ``P/S``
     devices, ``price(question, assignment)`` prices one chunk's question (it may replace
@@ -462,12 +550,14 @@ def price_pipeline(q: Any, stages: int, layouts: dict[int, Any],
         return Fixed(price(sq, {i - lo: lay for i, lay in layouts.items()
                                 if lo <= i < lo + n}))
 
-    return _pipeline(q, stages, run, context, bounds, must_fit=False, virtual=virtual)
+    return _pipeline(q, stages, run, context, bounds, must_fit=False, virtual=virtual,
+                     schedule=schedule)
 
 
 def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
               context: Callable[[Network, Any], Any], bounds: list[int] | None = None,
-              must_fit: bool = True, virtual: int = 1) -> PipelineResult:
+              must_fit: bool = True, virtual: int = 1, schedule: str = SCHEDULE
+              ) -> PipelineResult:
     """Stages (``virtual`` model chunks each) planned by ``run(chunk question, first
     layer)``, over the partitions balancing finds (or ``bounds``); the fastest that fits
     (``must_fit``: else NoFeasiblePlan; otherwise the leanest when none fits)."""
@@ -478,6 +568,7 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
         raise UsageError(f"planner: error: --pipeline {stages} does not divide the "
                          f"{p} devices into equal stages; use a divisor of {p}")
     virtual_check(net, stages, virtual, m)
+    schedule_check(stages, virtual, schedule)
     size = p // stages
     chunks = stages * virtual
     cuts = stage_starts(net)
@@ -490,7 +581,12 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
             f"at most {len(cuts) + 1} stages")
     if bounds is not None:
         assert len(bounds) == chunks + 1 and set(bounds[1:-1]) <= set(cuts), bounds
-    states = [in_flight(stages, virtual, m, s) for s in range(stages)]
+    # ZB-H1 holds up to min(S, M) microbatches on every stage, those run forward and
+    # not yet through W (a W keeps the inputs of the layers with weights and their
+    # output gradients: about what a transformer block keeps for its backward pass)
+    held: tuple[int, ...] = (min(stages, m),)
+    states = [in_flight(stages, virtual, m, s) for s in range(stages)] \
+        if schedule != ZERO_BUBBLE else [[held] for _ in range(stages)]
     # each chunk keeps its own most microbatches at once, in its share of the memory
     most = [[max(st[k] for st in states[s]) for k in range(virtual)] for s in range(stages)]
     cluster = q.cluster
@@ -560,10 +656,11 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
                 if (c, part[c], part[c + 1]) in failures:
                     weights[part[c]:part[c + 1]] *= 2
             continue
-        time, bubble, ties = _compose(net, plans, m, virtual)
+        time, bubble, ties = _compose(net, plans, m, virtual, schedule)
         memories = [stage_memory([st for st in plans if st.index == s], states[s],
                                  q.cluster.capacity_bytes) for s in range(stages)]
-        cand = PipelineResult(plans, m, time, bubble, ties, [], memories, virtual)
+        cand = PipelineResult(plans, m, time, bubble, ties, [], memories, virtual,
+                              schedule if virtual == 1 else INTERLEAVED)
         tried.append({"bounds": part, "time_s": time,
                       "outcome": "plan" if cand.fits else "does not fit"})
         if cand.fits and (best is None or time < best.time_s):
@@ -608,6 +705,18 @@ def virtual_check(network: Network, stages: int, virtual: int, microbatches: int
             f"are {stages * virtual} chunks, and '{network.name}' can be cut into at most "
             f"{most} (a boundary falls where one tensor alone crosses, between residual "
             "blocks, and every chunk needs a layer with weights)")
+
+
+def schedule_check(stages: int, virtual: int, schedule: str,
+                   option: str = "--schedule") -> None:
+    """UsageError unless ``schedule`` can run ``stages`` stages of ``virtual`` chunks."""
+    if schedule not in SCHEDULES:
+        raise UsageError(f"planner: error: {option} {schedule}: the schedules are "
+                         f"{', '.join(SCHEDULES)}")
+    if schedule == ZERO_BUBBLE and virtual > 1:
+        raise UsageError(f"planner: error: {option} {schedule} runs one model chunk a "
+                         f"stage; drop --virtual-stages {virtual} or use --schedule "
+                         f"{SCHEDULE} (interleaved)")
 
 
 def given_bounds(network: Network, names: list[str], chunks: int) -> list[int]:

@@ -15,6 +15,8 @@ team chose: a plan file, one grid for every layer, or pins::
                                  # gpus / pipeline devices
     virtual_stages: 1            # model chunks a stage (Megatron-LM's interleaved 1F1B;
                                  # microbatches a multiple of pipeline)
+    schedule: 1f1b               # 1f1b | zb-h1: 1F1B with the weight gradients deferred
+                                 # into the fill and drain (one chunk a stage)
     stage_starts: [...]          # optional, with a grid or pins: the layers where stages
                                  # (chunks) 1 on start, in place of the balanced ones
     optimizer: momentum          # sgd | momentum | adam
@@ -42,7 +44,8 @@ layouts are re-priced, its recorded times are not read. With ``pipeline: S`` the
 strategy's stages are a pipelined plan's own (its layers' ``stage``), or, for a grid or
 pins, balanced as ``planner plan --pipeline S`` balances them; the optimum is the
 search's with the same number of stages and microbatches (and, with ``virtual_stages:
-V``, the same interleaving: a plan's chunks are its layers' ``stage`` and ``chunk``).
+V``, the same interleaving: a plan's chunks are its layers' ``stage`` and ``chunk``;
+with ``schedule: zb-h1``, the same schedule).
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ from .layout import (
 )
 from .loading import Document, Mark, load_file
 from .network import DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
+from .pipeline import SCHEDULE, SCHEDULES, ZERO_BUBBLE
 from .plan import DEFAULT_ALGORITHM
 from .strategies import MEGATRON_MODES, StrategyError, fixed_assignment, why_invalid
 from .units import MAX_BATCH, MAX_GPUS
@@ -119,6 +123,7 @@ class TrainingConfig:
     microbatches: int = 1
     pipeline: int = 1  #: pipeline stages
     virtual_stages: int = 1  #: model chunks a stage (interleaved 1F1B)
+    schedule: str = "1f1b"  #: the pipeline schedule: 1f1b or zb-h1
     #: the layers where stages (chunks) 1 on start (None: balanced)
     stage_starts: list[str] | None = None
 
@@ -220,6 +225,15 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                                       f"{pipeline} at a time through each stage's chunks, so "
                                       f"'microbatches' ({microbatches}) must be a multiple "
                                       f"of the {pipeline} stages")
+    schedule = f.opt("schedule", choice(SCHEDULES), SCHEDULE)
+    if schedule == ZERO_BUBBLE:
+        if pipeline == 1:
+            f.error("schedule", f"schedule {schedule} schedules the stages of a pipeline; "
+                                "set 'pipeline' to 2 or more")
+        elif virtual is not None and virtual > 1:
+            f.error("schedule", f"schedule {schedule} runs one model chunk a stage; set "
+                                f"'virtual_stages' to 1 or 'schedule' to {SCHEDULE} "
+                                "(interleaved)")
     stage_count = "gpus" if pipeline == 1 else \
         f"a stage's devices (gpus {gpus} / pipeline {pipeline})"
     starts = f.opt_none("stage_starts", _names)
@@ -318,7 +332,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           recompute=recompute, algorithm=algorithm,
                           max_slowdown=slowdown, document=doc,
                           microbatches=microbatches, pipeline=pipeline,
-                          virtual_stages=virtual, stage_starts=starts)
+                          virtual_stages=virtual, stage_starts=starts,
+                          schedule=schedule or SCHEDULE)
 
 
 def _dtype(value: object) -> str:
@@ -472,6 +487,10 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
     if had_chunks != cfg.virtual_stages:
         problems.append(f"the plan is for virtual_stages={_yaml(had_chunks)}, the "
                         f"configuration says {cfg.virtual_stages}")
+    had_schedule = pipe.get("schedule", SCHEDULE) if isinstance(pipe, dict) else SCHEDULE
+    if cfg.pipeline > 1 and cfg.virtual_stages == 1 and had_schedule != cfg.schedule:
+        problems.append(f"the plan is for schedule={_yaml(had_schedule)}, the "
+                        f"configuration says {cfg.schedule}")
     # the algorithm the plan was priced with: the cluster's unless `plan --algorithm` chose
     had = prob.get("algorithm", DEFAULT_ALGORITHM)
     made = cl.algorithm if had == DEFAULT_ALGORITHM else had
@@ -753,11 +772,11 @@ def _pipeline_check(prep: Prepared, cfg: TrainingConfig, ctx: Any
     assert prep.assignment is not None
     chosen = price_pipeline(q, cfg.pipeline, prep.assignment,
                             lambda sq, a: evaluate(sq.ctx, sq.options, a), context,
-                            prep.bounds, cfg.virtual_stages)
+                            prep.bounds, cfg.virtual_stages, cfg.schedule)
     try:
         best = search_pipeline(q, cfg.pipeline, "time", (),
                                lambda sq, objective, pins: search(sq.ctx, sq.options),
-                               context, cfg.virtual_stages)
+                               context, cfg.virtual_stages, cfg.schedule)
     except NoFeasiblePlan as exc:
         return chosen, None, exc
     return chosen, best, None
@@ -808,6 +827,8 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     stages = f" with {cfg.pipeline} pipeline stages" if cfg.pipeline > 1 else ""
     if cfg.virtual_stages > 1:
         stages += f" of {cfg.virtual_stages} model chunks"
+    if cfg.pipeline > 1 and cfg.schedule != SCHEDULE:
+        stages += f" under {cfg.schedule}"
     findings.append(Finding(
         "speed", ok,
         f"predicted iteration {format_time(chosen_s)} is {ratio:.3f}x the searched "

@@ -137,6 +137,9 @@ class LayerCost:
     estimator: str = ""
     terms: list[CommTerm] = field(default_factory=list)
     params_local: float = 0.0  #: parameter elements this device holds for the layer
+    #: the part of ``backward_s`` that computes weight gradients (the W pass a
+    #: zero-bubble pipeline schedule defers; the rest is the input gradient's B pass)
+    weight_s: float = 0.0
 
     def comm(self, phase: str) -> float:
         """Seconds of the terms of one phase."""
@@ -800,17 +803,21 @@ def follower_kernels(layer: Layer, dist: Dist, ctx: Context) -> dict[str, list[K
                                                  feature_split=n_f))
 
 
-def time_kernels(kernels: dict[str, list[Kernel]], ctx: Context) -> tuple[float, float, str]:
-    """(forward seconds, backward seconds, estimator labels) of a layer's kernels."""
+def time_kernels(kernels: dict[str, list[Kernel]], ctx: Context
+                 ) -> tuple[float, float, str, float]:
+    """(forward seconds, backward seconds, estimator labels, the seconds of the backward
+    that compute weight gradients) of a layer's kernels."""
     flat = kernels["forward"] + kernels["backward_data"] + kernels["backward_weight"]
     if not flat:
-        return 0.0, 0.0, ""
+        return 0.0, 0.0, "", 0.0
     times = ctx.estimator.estimate(flat, ctx.cluster.device, ctx.network.dtype)
     n_f = len(kernels["forward"])
+    n_w = len(kernels["backward_weight"])
     fwd = float(times.seconds[:n_f].sum())
     bwd = float(times.seconds[n_f:].sum())
+    wgt = float(times.seconds[len(flat) - n_w:].sum()) if n_w else 0.0
     labels = sorted(set(times.source))
-    return fwd, bwd, ", ".join(labels)
+    return fwd, bwd, ", ".join(labels), wgt
 
 
 def local_params(layer: Layer, layout: Layout | None) -> float:
