@@ -424,9 +424,21 @@ def zero_bubble_finish(passes: list[tuple[float, float, float]], microbatches: i
     most 1F1B's first stage holds); and after its last ``B``. With the same passes on
     every stage, ``W ≤ F`` and ``M ≥ S`` this is the paper's ZB-H1: a step of
     ``M·(F + B + W) + (S − 1)·(F + B − W)`` against 1F1B's ``(M + S − 1)·(F + B + W)``
-    (its Table 2; a third of 1F1B's bubble when the three passes take as long). A
-    ``W`` that outlasts the wait delays the next pass, as running it right after its
-    ``B`` (1F1B) would."""
+    (its Table 2; a third of 1F1B's bubble when the three passes take as long).
+
+    Two ways of filling a wait are run and the one that ends sooner kept (the first on
+    a tie), as the paper's own scheduler tries
+    variants of its greedy order: a ``W`` whenever the stage would wait, even one that
+    outlasts the wait and so delays the next pass (as 1F1B's ``W`` right after its
+    ``B`` does: never slower than 1F1B), or only a ``W`` that ends within the wait."""
+    runs = [_zero_bubble_run(passes, microbatches, overrun) for overrun in (True, False)]
+    return min(runs, key=lambda ends: max(ends))
+
+
+def _zero_bubble_run(passes: list[tuple[float, float, float]], microbatches: int,
+                     overrun: bool) -> list[float]:
+    """:func:`zero_bubble_finish` with one way of filling a wait (``overrun``: any
+    ``W`` while the stage would wait; else only one that ends in time)."""
     count = len(passes)
     m = microbatches
     cap = min(count, m)
@@ -453,7 +465,8 @@ def zero_bubble_finish(passes: list[tuple[float, float, float]], microbatches: i
                 while kind == "F" and done[0] - done[2] >= cap and done[2] < done[1]:
                     clock[s] += w
                     done[2] += 1
-                while done[2] < done[1] and clock[s] < ready:
+                while done[2] < done[1] and (clock[s] < ready if overrun
+                                             else clock[s] + w <= ready):
                     clock[s] += w
                     done[2] += 1
                 clock[s] = max(clock[s], ready) + (f if kind == "F" else b)

@@ -59,6 +59,22 @@ def test_one_microbatch_by_hand():
     assert zero_bubble_finish([(1.0, 1.0, 1.0)] * 4, 1) == [9.0, 8.0, 7.0, 6.0]
 
 
+def test_the_sooner_of_two_ways_to_fill_a_wait():
+    """Stage 0 (F, B, W) = (3, 1, 3), stage 1 (1, 3, 2), three microbatches; both
+    stages' orders are F0 F1 B0 F2 B1 B2 (stage 0) and F0 B0 F1 B1 F2 B2 (stage 1),
+    and at most two microbatches are held short of their W.
+
+    Up to stage 1's B1 [8, 11] and stage 0's B1 [14, 15] the two ways agree (stage 0
+    ran W0 [8, 11] before F2 [11, 14], at its cap). Then stage 1 waits from 11 for
+    stage 0's F2 (ends 14) with W0 and W1 pending. Running a W whenever it would wait:
+    W0 [11, 13], W1 [13, 15], F2 [15, 16], B2 [16, 19], W2 [19, 21]; stage 0 runs W1
+    [15, 18] while waiting for B2, then B2 [19, 20], W2 [20, 23]: a step of 23. Only a
+    W that ends in the wait: W0 [11, 13], F2 [14, 15], B2 [15, 18], W1 and W2 to 22;
+    stage 0: W1 [15, 18], B2 [18, 19], W2 [19, 22]: 22, kept."""
+    passes = [(3.0, 1.0, 3.0), (1.0, 3.0, 2.0)]
+    assert zero_bubble_finish(passes, 3) == [22.0, 22.0]
+
+
 @pytest.mark.parametrize("passes", [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (1.0, 1.5, 0.5),
                                     (2.0, 1.0, 1.0), (3.0, 2.5, 0.25)])
 @pytest.mark.parametrize("stages, microbatches", [(2, 2), (2, 7), (3, 3), (4, 4), (4, 9),
@@ -89,7 +105,7 @@ def one_f_one_b(passes: list[tuple[float, float, float]], m: int) -> float:
         orders.append(order)
     place = {(s, op): i for s in range(count) for i, op in enumerate(orders[s])}
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def end(s: int, i: int) -> float:
         kind, k = orders[s][i]
         start = end(s, i - 1) if i else 0.0
@@ -146,7 +162,7 @@ def test_zb_h1_step_composes_the_stage_passes():
     weight-gradient kernel of its layers; F and B split the rest of its microbatch,
     each with one of its two sends. The step is the schedule's span plus the slowest
     tail and the tied weights' all-reduce; every stage holds min(S, M) microbatches."""
-    net, q, res = _zb()
+    net, _, res = _zb()
     m, s = 4, 2
     assert res.schedule == ZERO_BUBBLE
     assert [st.inflight for st in res.stages] == [min(s, m)] * s
