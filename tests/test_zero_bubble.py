@@ -18,7 +18,7 @@ import json
 import pytest
 import yaml
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import strategies as hs
 
 from planner.cli_plan import run_search
 from planner.pipeline import ZERO_BUBBLE, price_pipeline, search_pipeline, zero_bubble_finish
@@ -125,12 +125,12 @@ def test_the_reference_1f1b_by_hand():
     assert one_f_one_b([(1.0, 1.0, 1.0), (2.0, 2.0, 2.0)], 2) == 15.0
 
 
-_pass = st.floats(0.01, 2.0, allow_nan=False)
+_pass = hs.floats(0.01, 2.0, allow_nan=False)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(_pass, _pass, _pass), min_size=1, max_size=6),
-       st.integers(1, 12))
+@given(hs.lists(hs.tuples(_pass, _pass, _pass), min_size=1, max_size=6),
+       hs.integers(1, 12))
 def test_never_slower_than_1f1b_and_no_faster_than_the_busiest_stage(passes, m):
     """Running a W while the stage would wait, never in place of a pass that is ready
     (unless the memory cap asks), ZB-H1 ends no later than 1F1B on the same stages, and
