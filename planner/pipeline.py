@@ -60,11 +60,18 @@ state and kept activations, with the largest of their buffers and workspaces. A 
 ends its step when all its chunks have reduced their gradients and stepped (their
 tails are added, none overlapped with another chunk's backward pass).
 
-Not modelled: zero-bubble schedules, the overlap of the point-to-point sends with
-compute (they are charged on the critical path), a layout change between the last
-layer of one stage and the first of the next (the receiving stage starts from
-whichever distribution its search prefers; Megatron-LM's scatter-gather of the sent
-activation does the same), and stages of unequal device counts.
+**Zero bubble.** ``--schedule zb-h1`` runs ZB-H1 (Qi et al., "Zero bubble (almost)
+pipeline parallelism", ICLR 2024): each backward pass split into B (input gradients)
+and W (weight gradients), 1F1B's order of F and B kept and the W passes run where the
+stage would wait (:func:`zero_bubble_finish`, which simulates the schedule); every
+stage keeps ``min(S, M)`` microbatches.
+
+Not modelled: ZB-H2, ZB-V and interleaved zero-bubble schedules, the overlap of the
+point-to-point sends with compute (they are charged on the critical path), a layout
+change between the last layer of one stage and the first of the next (the receiving
+stage starts from whichever distribution its search prefers; Megatron-LM's
+scatter-gather of the sent activation does the same), and stages of unequal device
+counts.
 """
 
 from __future__ import annotations
