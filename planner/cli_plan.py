@@ -288,6 +288,14 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
                             help="Global batch size B (samples per iteration).")
 
 
+#: ``--schedule`` of ``plan`` and ``cost``
+schedule_option = click.option(
+    "--schedule", type=click.Choice(("1f1b", "zb-h1")), default="1f1b", show_default=True,
+    help="With --pipeline: 1f1b (interleaved with --virtual-stages), or zb-h1: 1F1B with "
+         "each backward pass split into input and weight gradients, the weight gradients "
+         "deferred into the fill and drain (Qi et al. 2024).")
+
+
 @click.command()
 @problem_options
 @gpus_option
@@ -320,12 +328,7 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
               help="With --pipeline: V model chunks a stage under Megatron-LM's "
                    "interleaved 1F1B (the network in V*S chunks, chunk c on stage c mod "
                    "S); --microbatches a multiple of S.")
-@click.option("--schedule", type=click.Choice(("1f1b", "zb-h1")), default="1f1b",
-              show_default=True,
-              help="With --pipeline: 1f1b (interleaved with --virtual-stages), or zb-h1: "
-                   "1F1B with each backward pass split into input and weight gradients, "
-                   "the weight gradients deferred into the fill and drain (Qi et al. "
-                   "2024).")
+@schedule_option
 @click.option("--stage-starts", "starts", default=None, metavar="LAYER,...",
               help="With --pipeline: the layers where stages 1 to S-1 (chunks, with "
                    "--virtual-stages) start, in order, in place of the balanced ones "
@@ -670,12 +673,7 @@ def _virtual_option(ctx: click.Context, param: click.Parameter, value: str) -> i
                    "interleaved 1F1B (the network in V*S chunks, chunk c on stage c mod "
                    "S): a V-fold shorter fill and drain for V times the sends; "
                    "--microbatches a multiple of S. auto: the fastest V that fits.")
-@click.option("--schedule", type=click.Choice(("1f1b", "zb-h1")), default="1f1b",
-              show_default=True,
-              help="With --pipeline: 1f1b (interleaved with --virtual-stages), or zb-h1: "
-                   "1F1B with each backward pass split into input and weight gradients, "
-                   "the weight gradients deferred into the fill and drain (Qi et al. "
-                   "2024).")
+@schedule_option
 @expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
