@@ -12,6 +12,7 @@ import click
 
 from .cli import Whole, check_output, format_option, output_option, plain_whole, render_data
 from .errors import UsageError
+from .schedules import SCHEDULE, SCHEDULES
 from .units import MAX_BATCH, MAX_GPUS
 
 ESTIMATORS = ("auto", "roofline", "learned")
@@ -137,7 +138,7 @@ class Question:
     zero_stages: tuple[int, ...] = ()
     zero_shards: tuple[str, ...] = ()
     #: the pipeline schedule (``--schedule``): 1F1B, or ZB-H1's deferred weight gradients
-    schedule: str = "1f1b"
+    schedule: str = SCHEDULE
 
     @property
     def zero_auto(self) -> bool:
@@ -290,7 +291,7 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
 
 #: ``--schedule`` of ``plan`` and ``cost``
 schedule_option = click.option(
-    "--schedule", type=click.Choice(("1f1b", "zb-h1")), default="1f1b", show_default=True,
+    "--schedule", type=click.Choice(SCHEDULES), default=SCHEDULE, show_default=True,
     help="With --pipeline: 1f1b (interleaved with --virtual-stages), or zb-h1: 1F1B with "
          "each backward pass split into input and weight gradients, the weight gradients "
          "deferred into the fill and drain (Qi et al. 2024).")
@@ -404,15 +405,14 @@ def schedule_option_check(schedule: str, pipeline: int | str, virtual: int | str
                           auto: bool = False) -> None:
     """UsageError unless ``--schedule`` goes with the other pipeline options (``auto``:
     the command takes ``--pipeline auto``)."""
-    if schedule == "1f1b":
+    from .pipeline import schedule_check
+
+    if schedule == SCHEDULE:
         return
     if pipeline == 1:
         raise UsageError(f"planner: error: --schedule {schedule} schedules the stages of a "
                          "pipeline; give --pipeline 2 or more" + (", or auto" if auto else ""))
-    if virtual != 1:
-        raise UsageError(f"planner: error: --schedule {schedule} runs one model chunk a "
-                         f"stage; drop --virtual-stages {virtual} or use --schedule 1f1b "
-                         "(interleaved)")
+    schedule_check(virtual, schedule)
 
 
 def stage_count_check(q: Question, stages: int, option: str = "--pipeline") -> None:
@@ -963,8 +963,8 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     (``command`` cost: given layouts, so no search and no baselines)."""
     from .evaluate import question_param_bytes
     from .output import rounded
-    from .pipeline import ZERO_BUBBLE
     from .plan import layer_record, placement_record, plan_header
+    from .schedules import ZERO_BUBBLE
 
     stages = res.stages
     v = res.virtual

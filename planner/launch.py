@@ -17,6 +17,7 @@ from .errors import Issue, UsageError, printable
 from .fields import show
 from .loading import Document
 from .network import DTYPE_BYTES
+from .schedules import INTERLEAVED, SCHEDULE, SCHEDULES
 from .units import MAX_GPUS
 
 EMITTERS = ("torchrun", "slurm", "env")
@@ -40,7 +41,7 @@ class LaunchSpec:
     stages: int = 1  #: pipeline stages, each on world / stages consecutive ranks
     microbatches: int = 1
     virtual_stages: int = 1  #: model chunks a stage (interleaved 1F1B)
-    schedule: str = "1f1b"  #: the pipeline schedule (1f1b, interleaved-1f1b, zb-h1)
+    schedule: str = SCHEDULE  #: the pipeline schedule (1f1b, interleaved-1f1b, zb-h1)
 
     @property
     def fsdp(self) -> str | None:
@@ -119,7 +120,7 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                 issues.append(Issue(f"$.placement.{mine}", f"{want} here, but the problem "
                                                            f"says {key}: {got!r}: the plan "
                                                            "was edited; make it again"))
-    stages, microbatches, virtual, schedule = 1, 1, 1, "1f1b"
+    stages, microbatches, virtual, schedule = 1, 1, 1, SCHEDULE
     if isinstance(problem, dict):
         microbatches = problem.get("microbatches", 1)
         if isinstance(microbatches, bool) or not isinstance(microbatches, int) \
@@ -145,11 +146,11 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                                     f">= 1, got {show(chunks)}"))
             else:
                 virtual = chunks
-            order = pipe.get("schedule", "1f1b") if isinstance(pipe, dict) else "1f1b"
-            if order not in ("1f1b", "interleaved-1f1b", "zb-h1"):
+            order = pipe.get("schedule", SCHEDULE) if isinstance(pipe, dict) else SCHEDULE
+            if order not in (*SCHEDULES, INTERLEAVED):
                 issues.append(Issue("$.problem.pipeline.schedule",
-                                    f"expected 1f1b, interleaved-1f1b or zb-h1, got "
-                                    f"{show(order)}"))
+                                    f"expected {', '.join(SCHEDULES)} or {INTERLEAVED}, "
+                                    f"got {show(order)}"))
             else:
                 schedule = order
     size = world // stages  # the devices of a stage, which its grids cover

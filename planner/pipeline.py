@@ -89,16 +89,8 @@ from .costs.layer import local_params
 from .costs.memory import MemoryReport
 from .errors import NoFeasiblePlan, UsageError
 from .network import DTYPE_BYTES, Block, Layer, Network, layer_kernels
+from .schedules import INTERLEAVED, SCHEDULE, SCHEDULES, ZERO_BUBBLE
 
-#: the schedule priced (its memory: min(S - s, M) microbatches in flight at stage s)
-SCHEDULE = "1f1b"
-#: the schedule with more than one model chunk a stage
-INTERLEAVED = "interleaved-1f1b"
-#: 1F1B with each backward pass split into B (input gradients) and W (weight gradients),
-#: the W passes deferred into the idle time (Qi et al., ICLR 2024, ZB-H1)
-ZERO_BUBBLE = "zb-h1"
-#: what ``--schedule`` takes
-SCHEDULES = (SCHEDULE, ZERO_BUBBLE)
 #: re-balancing rounds by the stage times the search found
 REBALANCE = 2
 
@@ -588,7 +580,7 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
         raise UsageError(f"planner: error: --pipeline {stages} does not divide the "
                          f"{p} devices into equal stages; use a divisor of {p}")
     virtual_check(net, stages, virtual, m)
-    schedule_check(stages, virtual, schedule)
+    schedule_check(virtual, schedule)
     size = p // stages
     chunks = stages * virtual
     cuts = stage_starts(net)
@@ -727,14 +719,14 @@ def virtual_check(network: Network, stages: int, virtual: int, microbatches: int
             "blocks, and every chunk needs a layer with weights)")
 
 
-def schedule_check(stages: int, virtual: int, schedule: str,
-                   option: str = "--schedule") -> None:
-    """UsageError unless ``schedule`` can run ``stages`` stages of ``virtual`` chunks."""
+def schedule_check(virtual: int | str, schedule: str) -> None:
+    """UsageError unless ``schedule`` can run ``virtual`` model chunks a stage (``auto``:
+    several)."""
     if schedule not in SCHEDULES:
-        raise UsageError(f"planner: error: {option} {schedule}: the schedules are "
+        raise UsageError(f"planner: error: --schedule {schedule}: the schedules are "
                          f"{', '.join(SCHEDULES)}")
-    if schedule == ZERO_BUBBLE and virtual > 1:
-        raise UsageError(f"planner: error: {option} {schedule} runs one model chunk a "
+    if schedule == ZERO_BUBBLE and virtual != 1:
+        raise UsageError(f"planner: error: --schedule {schedule} runs one model chunk a "
                          f"stage; drop --virtual-stages {virtual} or use --schedule "
                          f"{SCHEDULE} (interleaved)")
 

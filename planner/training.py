@@ -90,8 +90,8 @@ from .layout import (
 )
 from .loading import Document, Mark, load_file
 from .network import DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
-from .pipeline import SCHEDULE, SCHEDULES, ZERO_BUBBLE
 from .plan import DEFAULT_ALGORITHM
+from .schedules import SCHEDULE, SCHEDULES, ZERO_BUBBLE
 from .strategies import MEGATRON_MODES, StrategyError, fixed_assignment, why_invalid
 from .units import MAX_BATCH, MAX_GPUS
 
@@ -123,7 +123,7 @@ class TrainingConfig:
     microbatches: int = 1
     pipeline: int = 1  #: pipeline stages
     virtual_stages: int = 1  #: model chunks a stage (interleaved 1F1B)
-    schedule: str = "1f1b"  #: the pipeline schedule: 1f1b or zb-h1
+    schedule: str = SCHEDULE  #: the pipeline schedule: 1f1b or zb-h1
     #: the layers where stages (chunks) 1 on start (None: balanced)
     stage_starts: list[str] | None = None
 

@@ -29,6 +29,16 @@ def runner() -> CliRunner:
     return CliRunner()
 
 
+@pytest.fixture
+def net_file(tmp_path: Path) -> str:
+    """The pipeline tests' small decoder (``tests.test_pipeline.NET``) in a file."""
+    from .test_pipeline import NET
+
+    path = tmp_path / "net.yaml"
+    path.write_text(NET)
+    return str(path)
+
+
 def invoke(runner: CliRunner, *args: str):
     """Invoke the planner CLI with string arguments."""
     from planner.cli import cli

@@ -179,13 +179,6 @@ def test_one_chunk_is_1f1b():
 
 # -- the command line ----------------------------------------------------------------------
 
-@pytest.fixture
-def net_file(tmp_path):
-    path = tmp_path / "net.yaml"
-    path.write_text(NET)
-    return str(path)
-
-
 PLAN = ("-p", "16", "-b", "32", "--microbatches", "8", "--pipeline", "2",
         "--virtual-stages", "2", "--estimator", "roofline")
 
@@ -321,6 +314,12 @@ def test_check_a_grid_interleaved_prices_as_cost_does(runner, net_file, tmp_path
 ])
 @pytest.mark.parametrize("command", ["plan", "cost"])
 def test_bad_interleaving_exits_2(runner, net_file, extra, words, command):
+    command_exits_2(runner, command, net_file, extra, words)
+
+
+def command_exits_2(runner, command, net_file, extra, words):
+    """``command`` on the test network, 16 devices and a batch of 32, with ``extra``
+    options: exit 2, ``words`` in the message, no traceback."""
     out = invoke(runner, command, net_file, CL, "-p", "16", "-b", "32", *extra,
                  "--estimator", "roofline")
     assert out.exit_code == 2, out.output
@@ -338,14 +337,9 @@ def test_bad_interleaving_exits_2(runner, net_file, extra, words, command):
 ])
 def test_bad_interleaved_configs_exit_2_at_the_key(runner, net_file, tmp_path, keys,
                                                    strategy, line, words):
-    from .test_pipeline_check import _config
+    from .test_pipeline_check import _config, config_exits_2_at
 
-    cfg = _config(tmp_path, net_file, [strategy], **keys)
-    out = invoke(runner, "check", str(cfg), "--estimator", "roofline")
-    assert out.exit_code == 2, out.output
-    assert words in out.output
-    assert f"c.yaml:{line}:" in out.output
-    assert "Traceback" not in out.output
+    config_exits_2_at(runner, _config(tmp_path, net_file, [strategy], **keys), line, words)
 
 
 def test_microbatches_auto_with_interleaving_tries_multiples_of_the_stages(runner,

@@ -19,7 +19,7 @@ from planner.evaluate import evaluate
 from planner.pipeline import price_pipeline, search_pipeline
 
 from .conftest import EXAMPLES, invoke
-from .test_pipeline import NET, _context, _net, _question
+from .test_pipeline import _context, _net, _question
 
 CL = str(EXAMPLES / "clusters" / "dgx-h100.yaml")
 
@@ -45,13 +45,6 @@ def test_pricing_a_searched_pipeline_gives_back_its_time(tie):
     assert priced.time_s == pytest.approx(res.time_s, rel=1e-12)
     assert priced.partitions == [{"bounds": bounds, "time_s": priced.time_s,
                                   "outcome": "plan"}]
-
-
-@pytest.fixture
-def net_file(tmp_path):
-    path = tmp_path / "net.yaml"
-    path.write_text(NET)
-    return str(path)
 
 
 COST = ("-p", "16", "-b", "32", "--microbatches", "8", "--pipeline", "2", "--grid", "2x4",
@@ -121,6 +114,16 @@ def _config(tmp_path, net_file, strategy, **keys):
     path = tmp_path / "c.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def config_exits_2_at(runner, cfg, line, words):
+    """``check`` refuses the configuration: exit 2, ``words`` in the message, which names
+    the key's line, and no traceback."""
+    out = invoke(runner, "check", str(cfg), "--estimator", "roofline")
+    assert out.exit_code == 2, out.output
+    assert words in out.output
+    assert f"c.yaml:{line}:" in out.output
+    assert "Traceback" not in out.output
 
 
 def _check(runner, cfg):
@@ -326,9 +329,4 @@ def test_config_stage_starts_price_as_cost_does(runner, net_file, tmp_path):
 def test_bad_config_stage_starts_exit_2_at_the_key(runner, net_file, tmp_path, keys,
                                                    strategy, line, words):
     (tmp_path / "plan.yaml").write_text("kind: plan\n")
-    cfg = _config(tmp_path, net_file, [strategy], **keys)
-    out = invoke(runner, "check", str(cfg), "--estimator", "roofline")
-    assert out.exit_code == 2, out.output
-    assert words in out.output
-    assert f"c.yaml:{line}:" in out.output
-    assert "Traceback" not in out.output
+    config_exits_2_at(runner, _config(tmp_path, net_file, [strategy], **keys), line, words)

@@ -21,10 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from planner.cli_plan import run_search
-from planner.pipeline import ZERO_BUBBLE, price_pipeline, search_pipeline, zero_bubble_finish
+from planner.pipeline import price_pipeline, search_pipeline, zero_bubble_finish
+from planner.schedules import ZERO_BUBBLE
 
 from .conftest import EXAMPLES, invoke
-from .test_pipeline import NET, _context, _net, _question
+from .test_pipeline import _context, _net, _question
 
 CL = str(EXAMPLES / "clusters" / "dgx-h100.yaml")
 
@@ -208,13 +209,6 @@ def test_zb_h1_beats_1f1b_on_the_same_layouts():
 
 # -- the command line ----------------------------------------------------------------------
 
-@pytest.fixture
-def net_file(tmp_path):
-    path = tmp_path / "net.yaml"
-    path.write_text(NET)
-    return str(path)
-
-
 PLAN = ("-p", "16", "-b", "32", "--microbatches", "8", "--pipeline", "2",
         "--estimator", "roofline")
 
@@ -306,11 +300,9 @@ def test_check_a_zb_h1_plan_and_a_stale_schedule(runner, net_file, tmp_path):
 ])
 @pytest.mark.parametrize("command", ["plan", "cost"])
 def test_bad_schedule_exits_2(runner, net_file, extra, words, command):
-    out = invoke(runner, command, net_file, CL, "-p", "16", "-b", "32", *extra,
-                 "--estimator", "roofline")
-    assert out.exit_code == 2, out.output
-    assert words in out.output
-    assert "Traceback" not in out.output
+    from .test_interleaved import command_exits_2
+
+    command_exits_2(runner, command, net_file, extra, words)
 
 
 @pytest.mark.parametrize("keys, strategy, line, words", [
@@ -322,11 +314,6 @@ def test_bad_schedule_exits_2(runner, net_file, extra, words, command):
 ])
 def test_bad_schedule_configs_exit_2_at_the_key(runner, net_file, tmp_path, keys, strategy,
                                                line, words):
-    from .test_pipeline_check import _config
+    from .test_pipeline_check import _config, config_exits_2_at
 
-    cfg = _config(tmp_path, net_file, [strategy], **keys)
-    out = invoke(runner, "check", str(cfg), "--estimator", "roofline")
-    assert out.exit_code == 2, out.output
-    assert words in out.output
-    assert f"c.yaml:{line}:" in out.output
-    assert "Traceback" not in out.output
+    config_exits_2_at(runner, _config(tmp_path, net_file, [strategy], **keys), line, words)
