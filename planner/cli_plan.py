@@ -289,12 +289,21 @@ batch_option = click.option("--batch", "-b", type=Whole(1, MAX_BATCH), required=
                             help="Global batch size B (samples per iteration).")
 
 
-#: ``--schedule`` of ``plan`` and ``cost``
-schedule_option = click.option(
-    "--schedule", type=click.Choice(SCHEDULES), default=SCHEDULE, show_default=True,
-    help="With --pipeline: 1f1b (interleaved with --virtual-stages), or zb-h1: 1F1B with "
-         "each backward pass split into input and weight gradients, the weight gradients "
-         "deferred into the fill and drain (Qi et al. 2024).")
+#: ``plan --schedule auto``: every schedule the stage counts and chunk counts allow, the
+#: fastest kept
+AUTO_SCHEDULE = "auto"
+
+
+def schedule_option(auto: bool = False) -> Callable[[Any], Any]:
+    """``--schedule`` of ``plan`` (``auto``: it also takes ``auto``) and ``cost``."""
+    return click.option(
+        "--schedule", type=click.Choice((*SCHEDULES, AUTO_SCHEDULE) if auto else SCHEDULES),
+        default=SCHEDULE, show_default=True,
+        help="With --pipeline: 1f1b (interleaved with --virtual-stages), or zb-h1: 1F1B "
+             "with each backward pass split into input and weight gradients, the weight "
+             "gradients deferred into the fill and drain (Qi et al. 2024)"
+             + ("; auto: both, the faster kept (1f1b on a tie: it holds less)." if auto
+                else "."))
 
 
 @click.command()
@@ -329,7 +338,7 @@ schedule_option = click.option(
               help="With --pipeline: V model chunks a stage under Megatron-LM's "
                    "interleaved 1F1B (the network in V*S chunks, chunk c on stage c mod "
                    "S); --microbatches a multiple of S.")
-@schedule_option
+@schedule_option()
 @click.option("--stage-starts", "starts", default=None, metavar="LAYER,...",
               help="With --pipeline: the layers where stages 1 to S-1 (chunks, with "
                    "--virtual-stages) start, in order, in place of the balanced ones "
@@ -412,7 +421,8 @@ def schedule_option_check(schedule: str, pipeline: int | str, virtual: int | str
     if pipeline == 1:
         raise UsageError(f"planner: error: --schedule {schedule} schedules the stages of a "
                          "pipeline; give --pipeline 2 or more" + (", or auto" if auto else ""))
-    schedule_check(virtual, schedule)
+    if schedule != AUTO_SCHEDULE:
+        schedule_check(virtual, schedule)
 
 
 def stage_count_check(q: Question, stages: int, option: str = "--pipeline") -> None:
@@ -673,7 +683,7 @@ def _virtual_option(ctx: click.Context, param: click.Parameter, value: str) -> i
                    "interleaved 1F1B (the network in V*S chunks, chunk c on stage c mod "
                    "S): a V-fold shorter fill and drain for V times the sends; "
                    "--microbatches a multiple of S. auto: the fastest V that fits.")
-@schedule_option
+@schedule_option(auto=True)
 @expand_option
 @click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
 @format_option
@@ -793,7 +803,9 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
         trials.append({"microbatches": m, "time_s": t, "outcome": "plan",
                        **({"stages": pipe.get("stages", 1)} if pipeline != 1 else {}),
                        **({"virtual_stages": pipe.get("virtual_stages", 1)}
-                          if virtual == "auto" else {})})
+                          if virtual == "auto" else {}),
+                       **({"schedule": pipe.get("schedule", SCHEDULE)}
+                          if q.schedule == AUTO_SCHEDULE else {})})
         if best is None or t < best[0]:
             best, slower = (t, doc), 0
         else:
@@ -818,7 +830,7 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
     import dataclasses
 
     from .errors import NoFeasiblePlan
-    from .pipeline import max_stages, search_pipeline, virtual_check
+    from .pipeline import max_stages, virtual_check
 
     if objective != "time":
         raise UsageError("planner: error: --pipeline plans for --objective time: a "
@@ -845,6 +857,7 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
         flat = None
     trials: list[dict[str, Any]] = []
     chunk_trials: list[dict[str, Any]] = []
+    schedule_trials: list[dict[str, Any]] = []
     best: Any = None  # (time, stage count, result)
     error: NoFeasiblePlan | None = None
     for s in counts:
@@ -859,11 +872,12 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
             continue
         try:
             if virtual == "auto":
-                res = best_interleaving(q, s, objective, pins, context, chunk_trials)
+                res = best_interleaving(q, s, objective, pins, context, chunk_trials,
+                                        schedule_trials)
             else:
                 assert isinstance(virtual, int)
-                res = search_pipeline(dataclasses.replace(q), s, objective, pins,
-                                      run_search, context, virtual, q.schedule)
+                res = best_schedule(q, s, objective, pins, context, virtual,
+                                    schedule_trials)
         except NoFeasiblePlan as exc:
             error = error or exc
             # the stage's reason without its tips (they are the stage's question's)
@@ -871,7 +885,9 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
             trials.append({"stages": s, "time_s": None, "outcome": why})
             continue
         trials.append({"stages": s, "time_s": res.time_s, "outcome": "plan",
-                       **({"virtual_stages": res.virtual} if virtual == "auto" else {})})
+                       **({"virtual_stages": res.virtual} if virtual == "auto" else {}),
+                       **({"schedule": res.schedule} if q.schedule == AUTO_SCHEDULE
+                          else {})})
         if best is None or res.time_s < best[0]:
             best = (res.time_s, s, res)
     if best is None:
@@ -884,13 +900,15 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
     if best[1] == 1:
         doc = plan_doc(flat_q, flat, objective, expand)
         if stages == "auto":
-            doc["pipeline_auto"] = trials
-        if virtual == "auto":
-            doc = _with_virtual_auto(doc, chunk_trials)
-        return doc
-    doc = pipeline_doc(q, best[2], flat, bases, trials if stages == "auto" else None,
-                       expand)
-    return _with_virtual_auto(doc, chunk_trials) if virtual == "auto" else doc
+            doc = _with_trials(doc, "pipeline_auto", trials)
+    else:
+        doc = pipeline_doc(q, best[2], flat, bases, trials if stages == "auto" else None,
+                           expand)
+    if virtual == "auto":
+        doc = _with_trials(doc, "virtual_auto", chunk_trials)
+    if schedule_trials:
+        doc = _with_trials(doc, "schedule_auto", schedule_trials)
+    return doc
 
 
 #: ``--virtual-stages auto`` stops after this many chunk counts in a row slower than the
@@ -899,18 +917,58 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
 VIRTUAL_PATIENCE = 2
 
 
-def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str, ...],
-                      context: Callable[[Any, Any], Any], trials: list[dict[str, Any]]
-                      ) -> Any:
-    """``--virtual-stages auto`` for ``stages`` stages: 1, 2, … model chunks a stage (more
-    than one where the microbatches are a multiple of the stages), as many as the
-    network's boundaries allow, until :data:`VIRTUAL_PATIENCE` counts in a row are
-    slower or do not fit; the fastest (the fewer chunks on a tie). Appends each count's
-    outcome to ``trials``; raises the first NoFeasiblePlan when none fits."""
+def best_schedule(q: Question, stages: int, objective: str, pins: tuple[str, ...],
+                  context: Callable[[Any, Any], Any], virtual: int,
+                  trials: list[dict[str, Any]]) -> Any:
+    """The best pipelined plan of ``stages`` stages of ``virtual`` model chunks under
+    ``q.schedule``; ``auto``: under every schedule that runs ``virtual`` chunks a stage
+    (1F1B and ZB-H1 for one, interleaved 1F1B alone for more), the fastest kept (the
+    first on a tie: 1F1B, which holds fewer microbatches on the later stages), the
+    outcome of each where there was a choice appended to ``trials``. Raises the first
+    NoFeasiblePlan when none fits."""
     import dataclasses
 
     from .errors import NoFeasiblePlan
-    from .pipeline import max_stages, search_pipeline
+    from .pipeline import search_pipeline
+    from .schedules import ZERO_BUBBLE
+
+    if q.schedule != AUTO_SCHEDULE or virtual > 1:
+        return search_pipeline(dataclasses.replace(q), stages, objective, pins,
+                               run_search, context, virtual,
+                               SCHEDULE if q.schedule == AUTO_SCHEDULE else q.schedule)
+    best: Any = None
+    error: NoFeasiblePlan | None = None
+    for name in (SCHEDULE, ZERO_BUBBLE):
+        try:
+            res = search_pipeline(dataclasses.replace(q), stages, objective, pins,
+                                  run_search, context, virtual, name)
+        except NoFeasiblePlan as exc:
+            error = error or exc
+            why = str(exc).removeprefix("planner: ").split("; try ")[0]
+            trials.append({"stages": stages, "schedule": name, "time_s": None,
+                           "outcome": why})
+            continue
+        trials.append({"stages": stages, "schedule": name, "time_s": res.time_s,
+                       "outcome": "plan"})
+        if best is None or res.time_s < best.time_s:
+            best = res
+    if best is None:
+        assert error is not None
+        raise error
+    return best
+
+
+def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str, ...],
+                      context: Callable[[Any, Any], Any], trials: list[dict[str, Any]],
+                      schedule_trials: list[dict[str, Any]]) -> Any:
+    """``--virtual-stages auto`` for ``stages`` stages: 1, 2, … model chunks a stage (more
+    than one where the microbatches are a multiple of the stages), as many as the
+    network's boundaries allow, until :data:`VIRTUAL_PATIENCE` counts in a row are
+    slower or do not fit; the fastest (the fewer chunks on a tie). Each count is planned
+    by :func:`best_schedule` (which appends to ``schedule_trials``). Appends each count's
+    outcome to ``trials``; raises the first NoFeasiblePlan when none fits."""
+    from .errors import NoFeasiblePlan
+    from .pipeline import max_stages
 
     most = max_stages(q.network) // stages
     counts = [v for v in range(1, most + 1)
@@ -920,8 +978,7 @@ def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str,
     slower = 0
     for v in counts:
         try:
-            res = search_pipeline(dataclasses.replace(q), stages, objective, pins,
-                                  run_search, context, v)
+            res = best_schedule(q, stages, objective, pins, context, v, schedule_trials)
         except NoFeasiblePlan as exc:
             error = error or exc
             why = str(exc).removeprefix("planner: ").split("; try ")[0]
@@ -943,13 +1000,14 @@ def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str,
     return best
 
 
-def _with_virtual_auto(doc: dict[str, Any], trials: list[dict[str, Any]]
-                       ) -> dict[str, Any]:
-    """The plan with the chunk counts tried (before its layers, which come last)."""
+def _with_trials(doc: dict[str, Any], key: str, trials: list[dict[str, Any]]
+                 ) -> dict[str, Any]:
+    """The plan with what an ``auto`` option tried under ``key`` (before its layers,
+    which come last)."""
     from .output import rounded
 
     out = {k: v for k, v in doc.items() if k != "layers"}
-    out["virtual_auto"] = rounded(trials, 4)
+    out[key] = rounded(trials, 4)
     out["layers"] = doc["layers"]
     return out
 

@@ -289,6 +289,18 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
             + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
             + (" (chosen)" if (t["stages"], t["virtual_stages"]) == picked_at else "")
             for t in chunks) + "\n")
+    runs = doc.get("schedule_auto")
+    if runs:
+        pipe = prob.get("pipeline", {})
+        picked_run = (int(pipe.get("stages", 1)), int(pipe.get("virtual_stages", 1)),
+                      pipe.get("schedule"))
+        several = len({t["stages"] for t in runs}) > 1
+        head.append("schedule auto ", style="bold")
+        head.append("  ".join(
+            (f"{t['stages']} stages " if several else "") + f"{t['schedule']}: "
+            + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
+            + (" (chosen)" if (t["stages"], 1, t["schedule"]) == picked_run else "")
+            for t in runs) + "\n")
     tried = doc.get("microbatches_auto")
     if tried:
         picked = int(prob.get("microbatches", 1))

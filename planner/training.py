@@ -143,6 +143,14 @@ class TrainingConfig:
         return self.document.find_mark(path, at_key=True)
 
 
+def _schedule(value: object) -> str:
+    """A configuration's ``schedule``: one the launch runs (``auto`` is the search's)."""
+    if value == "auto":
+        raise Invalid(f"a configuration names the schedule it runs ({', '.join(SCHEDULES)}); "
+                      "`planner plan --schedule auto` finds the faster")
+    return choice(SCHEDULES)(value)
+
+
 def _names(value: object) -> list[str]:
     if isinstance(value, str):
         value = [value]
@@ -225,7 +233,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                                       f"{pipeline} at a time through each stage's chunks, so "
                                       f"'microbatches' ({microbatches}) must be a multiple "
                                       f"of the {pipeline} stages")
-    schedule = f.opt("schedule", choice(SCHEDULES), SCHEDULE)
+    schedule = f.opt("schedule", _schedule, SCHEDULE)
     if schedule == ZERO_BUBBLE:
         if pipeline == 1:
             f.error("schedule", f"schedule {schedule} schedules the stages of a pipeline; "
