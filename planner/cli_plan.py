@@ -1088,10 +1088,12 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
             "inflight": st.inflight,
             "microbatch_s": st.microbatch_s,
             "send_s": st.send_s,
-            # the passes ZB-H1 schedules apart: forward, input and weight gradients
-            **({"passes_s": {"forward": st.forward_pass_s, "input_grad": st.backward_pass_s,
-                             "weight_grad": st.weight_pass_s}}
-               if schedule == ZERO_BUBBLE else {}),
+            # the passes its schedule runs: forward and backward (ZB-H1: the backward's
+            # input and weight gradients apart), each with its send
+            "passes_s": {"forward": st.forward_pass_s, "input_grad": st.backward_pass_s,
+                         "weight_grad": st.weight_pass_s} if schedule == ZERO_BUBBLE
+            else {"forward": st.forward_pass_s,
+                  "backward": st.microbatch_s - st.forward_pass_s},
             "tail_s": st.tail_s,
             # the stage's devices' peak, all its chunks' (with interleaving; each chunk
             # was planned in its share)

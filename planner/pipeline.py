@@ -11,13 +11,17 @@ SC 2021). Inside a stage the search plans every layer as it does a whole network
 model, domain, the ``P_r × P_c`` grid, Megatron's pairs), on ``P/S`` devices at the
 microbatch size, with the stage's memory.
 
-**Time.** With ``t_s`` one microbatch's forward and backward passes through stage ``s``
-(the stage's compute and activation traffic, its gradient reductions apart) plus the
-point-to-point sends of the activation to the next stage and of its gradient back, a
-step of 1F1B (or GPipe) takes ``Σ_s t_s + (M − 1)·max_s t_s``: the first microbatch
-crosses every stage, and the slowest stage then runs the others back to back (the
-pipeline latency of Zheng et al., "Alpa", OSDI 2022, §5.2; with equal stages,
-``(M + S − 1)·t``, the bubble ``(S − 1)/M`` of the Megatron-LM paper). After the last
+**Time.** A stage's forward pass ``F_s`` is one microbatch's forward through its layers
+with the point-to-point send of the activation to the next stage; its backward pass
+``B_s`` is the rest of the microbatch (the stage's compute and activation traffic, its
+gradient reductions apart) with the send of the gradient back. The step is 1F1B's order
+of passes simulated (:func:`one_f_one_b_finish`): stage ``s`` runs ``min(S − s − 1, M)``
+forward passes, then a forward and a backward until the forwards run out, then the
+backwards, each pass starting once its input is made. With equal stages it is
+``(M + S − 1)·(F + B)``, the bubble ``(S − 1)/M`` of the Megatron-LM paper; with unequal
+ones it can be well off the pipeline latency of Zheng et al., "Alpa", OSDI 2022, §5.2,
+``Σ_s t_s + (M − 1)·max_s t_s``, which priced it before (a slow first stage that never
+waits ends in ``M·t_0``). After the last
 backward pass each stage reduces its weight gradients (the last microbatch's backward
 overlaps them as without a pipeline) and steps its optimizer; the step ends when the
 slowest stage's do (the global gradient norm Megatron-LM clips by needs every stage's).
@@ -43,9 +47,8 @@ layers and chunk ``c`` runs on stage ``c mod S``: each stage holds ``V`` model c
 (chunk ``k`` of stage ``s`` is the network's ``k·S + s``-th). A microbatch crosses the
 stages ``V`` times, so the fill and drain shrink ``V``-fold, to ``(S − 1)·t/V`` with
 equal stages (the paper's bubble ``(1/V)·(S − 1)/M``), for ``V`` times the
-point-to-point sends (the last stage's chunk sends on to the first stage's next). With
-``T_s`` the sum of stage ``s``'s chunks' times, a step takes
-``M·max_s T_s + (Σ_s T_s − max_s T_s)/V``, which is 1F1B's expression at ``V = 1``.
+point-to-point sends (the last stage's chunk sends on to the first stage's next). The
+step is Megatron-LM's interleaved order of passes simulated as 1F1B's is.
 The schedule needs ``M`` a multiple of ``S`` (the paper's condition). What a stage keeps
 follows Megatron-LM's order of passes: stage ``s`` runs ``2·(S − s − 1) + (V − 1)·S``
 chunk forward passes (at most ``M·V``) before its first backward pass, ``S`` microbatches
@@ -374,13 +377,9 @@ def _compose(network: Network, stages: list[Stage], microbatches: int, virtual: 
                   for st in stages]
         span = max(zero_bubble_finish(passes, microbatches))
         return span + max(tails) + ties, span - microbatches * busiest, ties
-    # the fill and drain beyond the busiest stage's own work
-    bubble = (sum(t) - busiest) / virtual if virtual > 1 else sum(t) - busiest
-    if virtual > 1:
-        time = microbatches * busiest + bubble + max(tails) + ties
-    else:
-        time = sum(t) + (microbatches - 1) * busiest + max(tails) + ties
-    return time, bubble, ties
+    passes2 = [(st.forward_pass_s, st.microbatch_s - st.forward_pass_s) for st in stages]
+    span = max(one_f_one_b_finish(passes2, count, virtual, microbatches))
+    return span + max(tails) + ties, span - microbatches * busiest, ties
 
 
 def schedule(stages: int, virtual: int, microbatches: int, stage: int
@@ -406,6 +405,55 @@ def schedule(stages: int, virtual: int, microbatches: int, stage: int
         order += [("F", chunk(warm + k, True)), ("B", chunk(k, False))]
     order += [("B", chunk(k, False)) for k in range(total - warm, total)]
     return order
+
+
+def one_f_one_b_finish(passes: list[tuple[float, float]], stages: int, virtual: int,
+                       microbatches: int) -> list[float]:
+    """When each stage ends its last pass under Megatron-LM's 1F1B (interleaved with
+    ``virtual`` model chunks a stage), from each chunk's ``(F, B)`` seconds for one
+    microbatch, the chunks in the network's order (chunk ``c`` on stage ``c mod S``).
+
+    Every stage runs its passes in :func:`schedule`'s order; its ``n``-th forward (or
+    backward) pass is of microbatch ``⌊n / (S·V)⌋·S + n mod S`` (the interleaved
+    schedule runs ``S`` microbatches of a chunk at a time; without interleaving, the
+    ``n``-th). A forward pass of chunk ``c`` waits for chunk ``c − 1``'s of the same
+    microbatch, a backward pass for chunk ``c + 1``'s (the last chunk's for its own
+    forward). With equal stages this is ``(M + S − 1)·(F + B)`` without interleaving
+    and ``M·V·(F + B) + (S − 1)·(F + B)`` interleaved with ``M`` a multiple of ``S``
+    (the bubbles of Narayanan et al., SC 2021, §2.2)."""
+    count, v, m = stages, virtual, microbatches
+    chunks = count * v
+    assert len(passes) == chunks, (len(passes), chunks)
+    orders = [schedule(count, v, m, s) for s in range(count)]
+    end = {"F": [[math.nan] * m for _ in range(chunks)],
+           "B": [[math.nan] * m for _ in range(chunks)]}
+    clock = [0.0] * count
+    step = [0] * count
+    made = [{"F": 0, "B": 0} for _ in range(count)]
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for s in range(count):
+            while step[s] < len(orders[s]):
+                kind, k = orders[s][step[s]]
+                n = made[s][kind]
+                j = (n // chunks) * count + n % count
+                c = k * count + s
+                if kind == "F":
+                    ready = 0.0 if c == 0 else end["F"][c - 1][j]
+                else:
+                    ready = end["F"][c][j] if c == chunks - 1 else end["B"][c + 1][j]
+                if math.isnan(ready):
+                    break  # its input is not made yet: another stage first
+                clock[s] = max(clock[s], ready) + passes[c][0 if kind == "F" else 1]
+                end[kind][c][j] = clock[s]
+                made[s][kind] += 1
+                step[s] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise AssertionError("the 1F1B orders wait on each other")
+    return clock
 
 
 def zero_bubble_finish(passes: list[tuple[float, float, float]], microbatches: int

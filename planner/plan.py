@@ -492,9 +492,12 @@ def pipeline_table(doc: dict[str, Any]) -> Any:
                    if pipe["tied_allreduce_s"] else "") + "\n")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title="stages",
               title_justify="left")
-    split = any("passes_s" in st for st in pipe["stage_plans"])  # ZB-H1's F, B and W
+    # each stage's passes: F / B, or ZB-H1's F / B / W (none in plans made before)
+    kinds = list(pipe["stage_plans"][0].get("passes_s", {}))
+    label = " / ".join({"forward": "F", "backward": "B", "input_grad": "B",
+                        "weight_grad": "W"}.get(k, k) for k in kinds)
     for col in ("stage", *(("chunk",) if v > 1 else ()), "layers", "ranks", "in flight",
-                "microbatch", *(("F / B / W",) if split else ()), "sends", "step end",
+                "microbatch", *((label,) if kinds else ()), "sends", "step end",
                 "memory"):
         t.add_column(col, justify="left" if col in ("layers", "ranks") else "right",
                      overflow="fold")
@@ -505,7 +508,7 @@ def pipeline_table(doc: dict[str, Any]) -> Any:
                   f"{st['layers'][0]} .. {st['layers'][1]} "
                   f"({st['layer_count']})", f"{st['ranks'][0]}-{st['ranks'][1]}",
                   str(st["inflight"]), format_time(st["microbatch_s"]),
-                  *((" / ".join(format_time(passes[k]) for k in
-                                ("forward", "input_grad", "weight_grad")),) if split else ()),
+                  *((" / ".join(format_time(passes[k]) for k in kinds),) if kinds
+                    else ()),
                   format_time(st["send_s"]), format_time(st["tail_s"]), mem)
     return RichGroup(head, t)

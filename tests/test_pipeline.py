@@ -1,9 +1,10 @@
 """Gradient accumulation (``--microbatches``) and pipeline parallelism (``--pipeline``).
 
 Each figure is derived by hand from the definitions in :mod:`planner.pipeline`: the
-1F1B step ``Σ_s t_s + (M − 1)·max_s t_s`` plus the slowest stage's work after its last
-backward pass (Zheng et al., "Alpa", OSDI 2022, §5.2; Narayanan et al., SC 2021, for the
-bubble ``(S − 1)/M`` of equal stages), ``min(S − s, M)`` microbatches kept at stage ``s``
+1F1B step is its order of passes simulated (worked by hand in
+``tests/test_schedule_1f1b.py``; Narayanan et al., SC 2021, for the bubble
+``(S − 1)/M`` of equal stages) plus the slowest stage's work after its last backward
+pass, ``min(S − s, M)`` microbatches kept at stage ``s``
 (Narayanan et al., ICML 2021), and a step of gradient accumulation ``(M − 1)`` plain
 microbatches before the last one, whose backward pass reduces the gradients.
 """
@@ -27,6 +28,7 @@ from planner.layout import make_layout
 from planner.pipeline import (
     balance,
     cut_points,
+    one_f_one_b_finish,
     p2p_seconds,
     search_pipeline,
     stage_network,
@@ -293,9 +295,15 @@ def test_pipeline_step_composes_the_stage_times_by_hand():
     tails = max(st.tail_s for st in res.stages)
     # the tied head lives in the last stage: its gradient is all-reduced with wte's
     assert res.ties_s > 0
-    assert res.time_s == pytest.approx(sum(t) + (m - 1) * max(t) + tails + res.ties_s,
-                                       rel=1e-12)
-    assert res.bubble_s == pytest.approx(sum(t) - max(t), rel=1e-12)
+    # 1F1B's order simulated (tests/test_schedule_1f1b.py) from each stage's forward
+    # pass (its forward and its activation's send) and the rest of its microbatch
+    passes = [(st.evaluation.forward_s + st.send_s / 2,
+               st.evaluation.microbatch_s + st.send_s / 2 - st.evaluation.forward_s)
+              for st in res.stages]
+    span = max(one_f_one_b_finish(passes, 2, 1, m))
+    assert span >= sum(t) - 1e-15  # the first microbatch crosses both stages
+    assert res.time_s == pytest.approx(span + tails + res.ties_s, rel=1e-12)
+    assert res.bubble_s == pytest.approx(span - m * max(t), rel=1e-12)
 
 
 def test_pipeline_stage_memory_keeps_its_microbatches_in_flight():
@@ -367,8 +375,11 @@ def test_pipeline_plan_document_and_launch(runner, files, tmp_path):
         layer.name for layer in load_network_text(NET).layers]
     assert [r["stage"] for r in doc["layers"]] == sorted(r["stage"] for r in doc["layers"])
     # the step from the stage records (rounded to 4 digits: within 1e-3)
-    t = [s["microbatch_s"] for s in stages]
-    step = sum(t) + 7 * max(t) + max(s["tail_s"] for s in stages) + pipe["tied_allreduce_s"]
+    passes = [(s["passes_s"]["forward"], s["passes_s"]["backward"]) for s in stages]
+    for s, (f, b) in zip(stages, passes, strict=True):
+        assert f + b == pytest.approx(s["microbatch_s"], rel=1e-3)
+    step = max(one_f_one_b_finish(passes, 2, 1, 8)) + max(s["tail_s"] for s in stages) \
+        + pipe["tied_allreduce_s"]
     assert doc["iteration"]["time_s"] == pytest.approx(step, rel=1e-3)
     assert doc["iteration"]["samples_per_s"] == pytest.approx(
         32 / doc["iteration"]["time_s"], rel=1e-3)

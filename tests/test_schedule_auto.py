@@ -59,7 +59,7 @@ def test_auto_is_the_faster_schedules_own_plan(runner, net_file, tmp_path, mib, 
         {"stages": 2, "schedule": s, "time_s": pytest.approx(times[s], rel=1e-3),
          "outcome": "plan"} for s in ("1f1b", "zb-h1")]
     if mib is not None:
-        assert times["zb-h1"] > 1.2 * times["1f1b"]  # measured 1.47x
+        assert times["zb-h1"] > 1.2 * times["1f1b"]  # measured 1.53x
 
 
 def test_auto_falls_back_to_1f1b_when_zb_h1_does_not_fit(runner, net_file, tmp_path):
@@ -128,7 +128,7 @@ def test_auto_table_names_the_trials(runner, net_file, tmp_path):
     out = invoke(runner, "plan", net_file, _tight(tmp_path, 11), *PLAN, "--schedule",
                  "auto")
     assert out.exit_code == 0, out.output
-    assert "schedule auto 1f1b: 310.6 µs (chosen)  zb-h1: 455.3 µs" in out.output
+    assert "schedule auto 1f1b: 296.8 µs (chosen)  zb-h1: 455.3 µs" in out.output
 
 
 @pytest.mark.parametrize("command, extra, words", [

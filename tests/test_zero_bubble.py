@@ -235,7 +235,10 @@ def test_zb_h1_plan_document_table_and_launch(runner, net_file, tmp_path):
     assert doc["iteration"]["time_s"] == pytest.approx(
         span + max(r["tail_s"] for r in recs) + pipe["tied_allreduce_s"], rel=1e-3)
     plain = yaml.safe_load(invoke(runner, *args[:-4], "--format", "yaml").output)
-    assert "passes_s" not in plain["pipeline"]["stage_plans"][0]
+    for r in plain["pipeline"]["stage_plans"]:  # 1F1B's: a forward and a backward pass
+        assert set(r["passes_s"]) == {"forward", "backward"}
+        assert r["passes_s"]["forward"] + r["passes_s"]["backward"] == \
+            pytest.approx(r["microbatch_s"], rel=1e-3)
     assert doc["iteration"]["time_s"] < plain["iteration"]["time_s"]
     table = invoke(runner, *args[:-2])
     assert table.exit_code == 0
