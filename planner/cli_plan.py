@@ -795,8 +795,7 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
                            virtual)
         except NoFeasiblePlan as exc:
             error = error or exc
-            why = str(exc).removeprefix("planner: ").split("; try ")[0]
-            trials.append({"microbatches": m, "time_s": None, "outcome": why})
+            trials.append({"microbatches": m, "time_s": None, "outcome": _why(exc)})
             continue
         t = float(doc["iteration"]["time_s"])
         pipe = doc["problem"].get("pipeline") or {}
@@ -880,9 +879,7 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
                                     schedule_trials)
         except NoFeasiblePlan as exc:
             error = error or exc
-            # the stage's reason without its tips (they are the stage's question's)
-            why = str(exc).removeprefix("planner: ").split("; try ")[0]
-            trials.append({"stages": s, "time_s": None, "outcome": why})
+            trials.append({"stages": s, "time_s": None, "outcome": _why(exc)})
             continue
         trials.append({"stages": s, "time_s": res.time_s, "outcome": "plan",
                        **({"virtual_stages": res.virtual} if virtual == "auto" else {}),
@@ -944,9 +941,8 @@ def best_schedule(q: Question, stages: int, objective: str, pins: tuple[str, ...
                                   run_search, context, virtual, name)
         except NoFeasiblePlan as exc:
             error = error or exc
-            why = str(exc).removeprefix("planner: ").split("; try ")[0]
             trials.append({"stages": stages, "schedule": name, "time_s": None,
-                           "outcome": why})
+                           "outcome": _why(exc)})
             continue
         trials.append({"stages": stages, "schedule": name, "time_s": res.time_s,
                        "outcome": "plan"})
@@ -981,9 +977,8 @@ def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str,
             res = best_schedule(q, stages, objective, pins, context, v, schedule_trials)
         except NoFeasiblePlan as exc:
             error = error or exc
-            why = str(exc).removeprefix("planner: ").split("; try ")[0]
             trials.append({"stages": stages, "virtual_stages": v, "time_s": None,
-                           "outcome": why})
+                           "outcome": _why(exc)})
             slower += 1
         else:
             trials.append({"stages": stages, "virtual_stages": v, "time_s": res.time_s,
@@ -998,6 +993,12 @@ def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str,
         assert error is not None
         raise error
     return best
+
+
+def _why(exc: Exception) -> str:
+    """A trial's outcome when it has no plan: the reason, without the tips (they are
+    for the trial's own question, not the one asked)."""
+    return str(exc).removeprefix("planner: ").split("; try ")[0]
 
 
 def _with_trials(doc: dict[str, Any], key: str, trials: list[dict[str, Any]]
@@ -1022,7 +1023,7 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     from .evaluate import question_param_bytes
     from .output import rounded
     from .plan import layer_record, placement_record, plan_header
-    from .schedules import ZERO_BUBBLE
+    from .schedules import PASSES
 
     stages = res.stages
     v = res.virtual
@@ -1090,10 +1091,7 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
             "send_s": st.send_s,
             # the passes its schedule runs: forward and backward (ZB-H1: the backward's
             # input and weight gradients apart), each with its send
-            "passes_s": {"forward": st.forward_pass_s, "input_grad": st.backward_pass_s,
-                         "weight_grad": st.weight_pass_s} if schedule == ZERO_BUBBLE
-            else {"forward": st.forward_pass_s,
-                  "backward": st.microbatch_s - st.forward_pass_s},
+            "passes_s": dict(zip(PASSES[schedule], st.passes(schedule), strict=True)),
             "tail_s": st.tail_s,
             # the stage's devices' peak, all its chunks' (with interleaving; each chunk
             # was planned in its share)

@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -298,6 +298,13 @@ class Stage:
         gradient's send back)."""
         return self.microbatch_s - self.forward_pass_s - self.weight_pass_s
 
+    def passes(self, schedule: str) -> tuple[float, ...]:
+        """The passes ``schedule`` runs for one microbatch (named by
+        :data:`~planner.schedules.PASSES`): F and B, or ZB-H1's F, B and W."""
+        if schedule == ZERO_BUBBLE:
+            return self.forward_pass_s, self.backward_pass_s, self.weight_pass_s
+        return self.forward_pass_s, self.microbatch_s - self.forward_pass_s
+
     @property
     def tail_s(self) -> float:
         """What the stage does once a step after its last backward pass: the exposed
@@ -372,13 +379,11 @@ def _compose(network: Network, stages: list[Stage], microbatches: int, virtual: 
     tails = [sum(c.tail_s for c in stages if c.index == s) for s in range(count)]
     busiest = max(t)
     ties = _tie_seconds(network, stages)
+    passes = [st.passes(schedule) for st in stages]
     if schedule == ZERO_BUBBLE:
-        passes = [(st.forward_pass_s, st.backward_pass_s, st.weight_pass_s)
-                  for st in stages]
         span = max(zero_bubble_finish(passes, microbatches))
-        return span + max(tails) + ties, span - microbatches * busiest, ties
-    passes2 = [(st.forward_pass_s, st.microbatch_s - st.forward_pass_s) for st in stages]
-    span = max(one_f_one_b_finish(passes2, count, virtual, microbatches))
+    else:
+        span = max(one_f_one_b_finish(passes, count, virtual, microbatches))
     return span + max(tails) + ties, span - microbatches * busiest, ties
 
 
@@ -407,7 +412,7 @@ def schedule(stages: int, virtual: int, microbatches: int, stage: int
     return order
 
 
-def one_f_one_b_finish(passes: list[tuple[float, float]], stages: int, virtual: int,
+def one_f_one_b_finish(passes: Sequence[tuple[float, ...]], stages: int, virtual: int,
                        microbatches: int) -> list[float]:
     """When each stage ends its last pass under Megatron-LM's 1F1B (interleaved with
     ``virtual`` model chunks a stage), from each chunk's ``(F, B)`` seconds for one
@@ -421,6 +426,19 @@ def one_f_one_b_finish(passes: list[tuple[float, float]], stages: int, virtual: 
     forward). With equal stages this is ``(M + S − 1)·(F + B)`` without interleaving
     and ``M·V·(F + B) + (S − 1)·(F + B)`` interleaved with ``M`` a multiple of ``S``
     (the bubbles of Narayanan et al., SC 2021, §2.2)."""
+    return _run_orders(passes, stages, virtual, microbatches)
+
+
+#: ``fill(stage, kind, clock, ready, made)``: the stage's clock once it has used the wait
+#: before its next pass (of ``kind``, whose input is made at ``ready``; ``made``: the F and
+#: B passes the stage has run)
+Fill = Callable[[int, str, float, float, dict[str, int]], float]
+
+
+def _run_orders(passes: Sequence[tuple[float, ...]], stages: int, virtual: int,
+                microbatches: int, fill: Fill | None = None) -> list[float]:
+    """Each stage's clock after its last F or B pass of :func:`schedule`'s order (see
+    :func:`one_f_one_b_finish`), ``fill`` run before each pass."""
     count, v, m = stages, virtual, microbatches
     chunks = count * v
     assert len(passes) == chunks, (len(passes), chunks)
@@ -445,6 +463,8 @@ def one_f_one_b_finish(passes: list[tuple[float, float]], stages: int, virtual: 
                     ready = end["F"][c][j] if c == chunks - 1 else end["B"][c + 1][j]
                 if math.isnan(ready):
                     break  # its input is not made yet: another stage first
+                if fill is not None:
+                    clock[s] = fill(s, kind, clock[s], ready, made[s])
                 clock[s] = max(clock[s], ready) + passes[c][0 if kind == "F" else 1]
                 end[kind][c][j] = clock[s]
                 made[s][kind] += 1
@@ -456,7 +476,7 @@ def one_f_one_b_finish(passes: list[tuple[float, float]], stages: int, virtual: 
     return clock
 
 
-def zero_bubble_finish(passes: list[tuple[float, float, float]], microbatches: int
+def zero_bubble_finish(passes: Sequence[tuple[float, ...]], microbatches: int
                        ) -> list[float]:
     """When each stage ends its last pass under ZB-H1 (Qi et al., "Zero bubble (almost)
     pipeline parallelism", ICLR 2024, §2.1), from each stage's ``(F, B, W)`` seconds
@@ -482,49 +502,27 @@ def zero_bubble_finish(passes: list[tuple[float, float, float]], microbatches: i
     return min(runs, key=lambda ends: max(ends))
 
 
-def _zero_bubble_run(passes: list[tuple[float, float, float]], microbatches: int,
+def _zero_bubble_run(passes: Sequence[tuple[float, ...]], microbatches: int,
                      overrun: bool) -> list[float]:
     """:func:`zero_bubble_finish` with one way of filling a wait (``overrun``: any
     ``W`` while the stage would wait; else only one that ends in time)."""
     count = len(passes)
-    m = microbatches
-    cap = min(count, m)
-    orders = [schedule(count, 1, m, s) for s in range(count)]
-    end_f = [[math.nan] * m for _ in range(count)]
-    end_b = [[math.nan] * m for _ in range(count)]
-    clock = [0.0] * count
-    step = [0] * count  # the next pass of the stage's order
-    made = [[0, 0, 0] for _ in range(count)]  # F, B and W passes run
-    left = sum(len(o) for o in orders)
-    while left:
-        moved = False
-        for s, (f, b, w) in enumerate(passes):
-            while step[s] < len(orders[s]):
-                kind = orders[s][step[s]][0]
-                k = made[s][0] if kind == "F" else made[s][1]
-                if kind == "F":
-                    ready = 0.0 if s == 0 else end_f[s - 1][k]
-                else:
-                    ready = end_f[s][k] if s == count - 1 else end_b[s + 1][k]
-                if math.isnan(ready):
-                    break  # its input is not made yet: another stage first
-                done = made[s]
-                while kind == "F" and done[0] - done[2] >= cap and done[2] < done[1]:
-                    clock[s] += w
-                    done[2] += 1
-                while done[2] < done[1] and (clock[s] < ready if overrun
-                                             else clock[s] + w <= ready):
-                    clock[s] += w
-                    done[2] += 1
-                clock[s] = max(clock[s], ready) + (f if kind == "F" else b)
-                (end_f if kind == "F" else end_b)[s][k] = clock[s]
-                done[0 if kind == "F" else 1] += 1
-                step[s] += 1
-                left -= 1
-                moved = True
-        if not moved:
-            raise AssertionError("the 1F1B orders wait on each other")
-    return [clock[s] + (m - made[s][2]) * passes[s][2] for s in range(count)]
+    cap = min(count, microbatches)
+    weights = [0] * count  # the W passes each stage has run
+
+    def fill(s: int, kind: str, clock: float, ready: float, made: dict[str, int]
+             ) -> float:
+        w = passes[s][2]
+        while kind == "F" and made["F"] - weights[s] >= cap and weights[s] < made["B"]:
+            clock += w
+            weights[s] += 1
+        while weights[s] < made["B"] and (clock < ready if overrun else clock + w <= ready):
+            clock += w
+            weights[s] += 1
+        return clock
+
+    ends = _run_orders([(f, b) for f, b, _ in passes], count, 1, microbatches, fill)
+    return [ends[s] + (microbatches - weights[s]) * passes[s][2] for s in range(count)]
 
 
 def in_flight(stages: int, virtual: int, microbatches: int, stage: int

@@ -494,8 +494,7 @@ def pipeline_table(doc: dict[str, Any]) -> Any:
               title_justify="left")
     # each stage's passes: F / B, or ZB-H1's F / B / W (none in plans made before)
     kinds = list(pipe["stage_plans"][0].get("passes_s", {}))
-    label = " / ".join({"forward": "F", "backward": "B", "input_grad": "B",
-                        "weight_grad": "W"}.get(k, k) for k in kinds)
+    label = " / ".join({"forward": "F", "weight_grad": "W"}.get(k, "B") for k in kinds)
     for col in ("stage", *(("chunk",) if v > 1 else ()), "layers", "ranks", "in flight",
                 "microbatch", *((label,) if kinds else ()), "sends", "step end",
                 "memory"):

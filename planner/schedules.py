@@ -10,3 +10,7 @@ INTERLEAVED = "interleaved-1f1b"
 ZERO_BUBBLE = "zb-h1"
 #: what ``--schedule`` takes
 SCHEDULES = (SCHEDULE, ZERO_BUBBLE)
+#: the passes of one microbatch through a stage each schedule runs, as a stage record
+#: names them (``passes_s``)
+PASSES = {SCHEDULE: ("forward", "backward"), INTERLEAVED: ("forward", "backward"),
+          ZERO_BUBBLE: ("forward", "input_grad", "weight_grad")}
