@@ -397,6 +397,10 @@ def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch
     indices)."""
     internal, extra = layer.saved_internal, layer.saved_bytes_extra
     a = layer.attention
+    if layout is not None and layout.mode == "model-sp" and dist is not None:
+        # the layer gathers its input's tokens and keeps what it computed on all of
+        # them (its heads' Q, K, V; an embedding's token ids), not a token split's share
+        dist = Dist(dist.p, dist.batch, None)
     if a is not None and layout is not None and base_mode(layout.mode) == "model" and \
             layout.pr > 1:
         internal, extra = a.saved(*a.held(layout.pr))

@@ -335,3 +335,27 @@ def test_pinned_to_cols(runner):
     assert cost.exit_code == 0, cost.output
     priced = {lay["name"]: lay for lay in json.loads(cost.stdout)["layers"]}
     assert priced["h.3.mlp.c_fc"]["mode"] == "column-sp"
+
+
+def test_attention_keeps_all_tokens_of_its_heads():
+    """A head-split attention layer under sequence parallelism gathers its input's
+    tokens, so what it keeps for backward (Q, K, V and the context of its heads, flash
+    attention's fp32 log-sum-exp a row) covers every token, as without it: Korthikanti
+    et al.'s Table 2 divides these by ``t`` once under both (until 2026-11-24 the
+    planner divided them by the row group a second time). By hand, 32 tokens, 8 heads
+    of 8, on 4 × 2: its 2 heads keep ``32 · (16 + 2 · 16) + 32 · 16`` = 2,048 elements a
+    sample and ``2 · 32 · 4`` = 256 bytes, 8 samples a device."""
+    from planner.evaluate import own_kept_bytes
+
+    net = load_network_text(f"""
+kind: network
+name: attn
+input: [{SEQ}, {DIM}]
+layers:
+  - {{name: attn, type: attention, heads: 8, flash: true}}
+""")
+    att = net.by_name("attn")
+    expected = 8 * (2048 * E + 256)
+    for mode in ("model", "model-sp"):
+        lay = make_layout(mode, 4, 2)
+        assert own_kept_bytes(att, lay, input_dist(lay), B, E) == expected, mode
