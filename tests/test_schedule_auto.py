@@ -59,14 +59,14 @@ def test_auto_is_the_faster_schedules_own_plan(runner, net_file, tmp_path, mib, 
         {"stages": 2, "schedule": s, "time_s": pytest.approx(times[s], rel=1e-3),
          "outcome": "plan"} for s in ("1f1b", "zb-h1")]
     if mib is not None:
-        assert times["zb-h1"] > 1.2 * times["1f1b"]  # measured 1.53x
+        assert times["zb-h1"] > 1.2 * times["1f1b"]  # measured 1.52x
 
 
 def test_auto_falls_back_to_1f1b_when_zb_h1_does_not_fit(runner, net_file, tmp_path):
-    """With 6 MiB a GPU no partition of ZB-H1's fits (its first stage, which holds as
+    """With 8 MiB a GPU no partition of ZB-H1's fits (its first stage, which holds as
     many microbatches as 1F1B's, is refused first); 1F1B's does. Exit 0 with the 1F1B
     plan, ZB-H1's reason recorded."""
-    cluster = _tight(tmp_path, 6)
+    cluster = _tight(tmp_path, 8)
     auto = _plan(runner, net_file, cluster, "--schedule", "auto")
     assert auto["problem"]["pipeline"]["schedule"] == "1f1b"
     assert _without(auto, "schedule_auto") == _plan(runner, net_file, cluster)
@@ -128,7 +128,7 @@ def test_auto_table_names_the_trials(runner, net_file, tmp_path):
     out = invoke(runner, "plan", net_file, _tight(tmp_path, 11), *PLAN, "--schedule",
                  "auto")
     assert out.exit_code == 0, out.output
-    assert "schedule auto 1f1b: 296.8 µs (chosen)  zb-h1: 455.3 µs" in out.output
+    assert "schedule auto 1f1b: 296.8 µs (chosen)  zb-h1: 450.4 µs" in out.output
 
 
 @pytest.mark.parametrize("command, extra, words", [
