@@ -319,7 +319,8 @@ def schedule_option(auto: bool = False) -> Callable[[Any], Any]:
                    "convolutions over P_r (other layers model); megatron: linear layers "
                    "in column/row pairs over P_r, a tied head column (other layers "
                    "model); megatron-sp: megatron with sequence parallelism (the pairs "
-                   "column-sp/row-sp, attention and embeddings model-sp).")
+                   "column-sp/row-sp, attention, embeddings and mixtures of experts "
+                   "model-sp).")
 @click.option("--pin", "pins", multiple=True, metavar="'GLOB=MODE[:PRxPC[:rows|cols]]'",
               help="Layout for matching layers, e.g. 'conv*=data' 'fc*=model:32x16', "
                    "'fc7=model:4x2:cols' (a placement of its own, else --placement). "

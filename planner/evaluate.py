@@ -409,6 +409,10 @@ def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch
         # the core's heads over every token (after the all-to-all), not the input's tokens
         internal, extra = a.saved(*a.held(layout.pr))
         dist = Dist(dist.p, dist.batch, None)
+    m = layer.moe
+    if m is not None and layout is not None and base_mode(layout.mode) == "model" and \
+            layout.pr > 1:  # every expert's share of the hidden features
+        internal = m.saved(-(-m.ffn // layout.pr))
     return (local_elems(internal, dist, batch) * e
             + local_elems(1, dist, batch) * extra)
 
@@ -588,14 +592,15 @@ def _bucket_time(ctx: Context, op: Collective, nbytes: float, group: Group,
     return float(collective_time(op, nbytes, group, ctx.cluster, ctx.algorithm)[0])
 
 
-def communicator(layout: Layout) -> tuple[int, int]:
+def communicator(layout: Layout, group_size: int | None = None) -> tuple[int, int]:
     """Which devices reduce a layer's weight gradient (and, with ZeRO, gather its
     parameters) together, as the digit ``(stride, count)`` that varies among them: all
     ``P`` for data and domain layouts (weights replicated everywhere), the column group
     otherwise. Row and column placements of one grid give groups of the same shape but
     other members (``4x2`` rows: ``{0, 4}``; cols: ``{0, 1}``), which DDP and FSDP reduce
-    in separate process groups, so never in one bucket."""
-    if layout.mode in WHOLE_MODES:
+    in separate process groups, so never in one bucket. A term over ``group_size`` = all
+    ``P`` devices (a mixture of experts' router under expert parallelism) is over all."""
+    if layout.mode in WHOLE_MODES or group_size == layout.p:
         return (1, layout.p)
     return layout.c_digit
 
@@ -640,8 +645,9 @@ def _bucketed(ctx: Context, results: list[LayerResult], items: list[tuple[int, i
             runs.append(([item], t.bytes, t.seconds))
             continue
         if pending and (t.group != at(pending[0]).group
-                        or communicator(results[item[0]].layout)
-                        != communicator(results[pending[0][0]].layout)
+                        or communicator(results[item[0]].layout, t.group.size)
+                        != communicator(results[pending[0][0]].layout,
+                                        at(pending[0]).group.size)
                         or pending_bytes >= bucket_bytes):
             flush()
         pending.append(item)

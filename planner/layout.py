@@ -14,6 +14,13 @@ SPAA 2018, REFERENCES §1):
   ``row`` takes its input split by features, multiplies by its ``1/P_r`` of the weight's
   rows and all-reduces the partial outputs. Between a ``column`` and a ``row`` layer
   only feature-wise layers (activations, dropout) may run.
+* ``expert`` and ``expert-sp`` (a mixture of experts only): expert parallelism (GShard,
+  Lepikhin et al. 2021; DeepSpeed-MoE, Rajbhandari et al. 2022): ``1/P_r`` of the
+  experts on each device of a row group, whose devices send each routed token to the
+  device of its expert and back with all-to-alls; ``P_c`` replicas of each expert.
+  ``expert`` takes its input as data parallelism leaves it, the batch split over all
+  ``P``; ``expert-sp`` as sequence parallelism leaves it, the tokens split over the row
+  group and the batch over ``P_c``.
 * ``column-sp``, ``row-sp`` and ``model-sp`` (attention, split by heads): the same with
   Megatron-LM's sequence parallelism (Korthikanti et al., MLSys 2023): outside them the
   activations are split by tokens over the row group, so norms, dropout and residual
@@ -54,9 +61,14 @@ from .costs.comm import Group
 from .errors import UsageError
 
 Mode = Literal["data", "model", "domain", "column", "row", "column-sp", "row-sp", "model-sp",
-               "ulysses"]
+               "ulysses", "expert", "expert-sp"]
 MODES: tuple[str, ...] = ("data", "model", "domain", "column", "row", "column-sp", "row-sp",
-                          "model-sp", "ulysses")
+                          "model-sp", "ulysses", "expert", "expert-sp")
+#: expert parallelism for a mixture of experts: its experts split over the row group,
+#: which exchanges the routed tokens with all-to-alls; ``expert`` on the batch split over
+#: all ``P`` (as data parallelism leaves it), ``expert-sp`` on tokens split over the row
+#: group (as sequence parallelism leaves them)
+EXPERT_MODES: tuple[str, ...] = ("expert", "expert-sp")
 #: modes that hold a layer's weights whole on every device (reduced over all ``P``)
 WHOLE_MODES: tuple[str, ...] = ("data", "domain", "ulysses")
 #: Megatron-LM's sequence parallelism (Korthikanti et al., MLSys 2023): the tensor-parallel
@@ -134,8 +146,10 @@ class Layout:
 @functools.lru_cache(maxsize=4096)
 def _output_dist(layout: Layout) -> Dist:
     # a sequence's tokens split over the row group are its "height" blocks
-    if layout.mode in ("domain", "row-sp", "model-sp", "ulysses"):
+    if layout.mode in ("domain", "row-sp", "model-sp", "ulysses", "expert-sp"):
         return Dist(layout.p, layout.c_digit, layout.r_digit)
+    if layout.mode == "expert":  # every device its own samples, as under data parallelism
+        return Dist(layout.p, (1, layout.p), None)
     if layout.mode in ("column", "column-sp"):
         return Dist(layout.p, layout.c_digit, None, layout.r_digit)
     return Dist(layout.p, layout.c_digit, None)

@@ -85,7 +85,7 @@ ACTIVATIONS = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity")
 LAYER_TYPES = (
     "conv2d", "linear", "maxpool", "avgpool", "global_avgpool", "adaptive_avgpool",
     *ACTIVATIONS, *GATED, "softmax", "dropout", "batchnorm", "layernorm", "rmsnorm", "lrn",
-    "flatten", "embedding", "positional_embedding", "attention",
+    "flatten", "embedding", "positional_embedding", "attention", "moe",
 )
 _TYPE_ALIASES = {
     "conv": "conv2d", "fc": "linear", "dense": "linear", "max_pool": "maxpool",
@@ -93,12 +93,12 @@ _TYPE_ALIASES = {
     "adaptive_avg_pool": "adaptive_avgpool", "bn": "batchnorm", "batch_norm": "batchnorm",
     "ln": "layernorm", "layer_norm": "layernorm", "rms_norm": "rmsnorm", "mha": "attention",
     "self_attention": "attention", "multihead_attention": "attention",
-    "pos_embedding": "positional_embedding",
+    "pos_embedding": "positional_embedding", "mixture_of_experts": "moe",
 }
 #: Layers whose output is a view of their input (no new storage).
 VIEW_TYPES = ("flatten", "identity")
 #: Layers that own weights (their layout is a free choice of the search).
-WEIGHTED_TYPES = ("conv2d", "linear", "attention", "embedding")
+WEIGHTED_TYPES = ("conv2d", "linear", "attention", "embedding", "moe")
 #: The most layers a network may expand to (repeat groups multiply). Real networks have
 #: a few thousand; the bound keeps a mistyped or hostile repeat count (nested repeats of
 #: 100,000 make 10^10 layers) from running for hours. Plans of 10,000 layers take seconds.
@@ -217,6 +217,73 @@ class AttentionGeom:
         return internal, extra
 
 
+#: the activations of a mixture-of-experts layer's expert MLPs: a gated unit has a gate
+#: and an up projection (``act(x·W_gate) · (x·W_up)``, then ``W_down``), the others one
+MOE_ACTIVATIONS = ("swiglu", "geglu", "glu", "gelu", "relu", "silu")
+
+
+@dataclass(frozen=True)
+class MoeGeom:
+    """A mixture-of-experts MLP over ``tokens`` tokens of width ``dim`` (Shazeer et al.,
+    ICLR 2017; GShard, Lepikhin et al., ICLR 2021; Mixtral, Jiang et al. 2024): a router
+    (a linear layer ``dim → experts`` without bias, softmax, top-k) sends each token to
+    ``top_k`` of ``experts`` MLPs ``dim → ffn → dim`` and sums their outputs weighted
+    by its probabilities. With a ``capacity_factor`` each expert takes at most that
+    many times its even share of the routed tokens, in buffers of that size that the
+    kernels and the all-to-alls run on whole (GShard, Switch Transformer); without one
+    (dropless), every expert gets its even share: the router is taken as balanced."""
+
+    tokens: int
+    dim: int
+    experts: int
+    top_k: int
+    ffn: int
+    activation: str
+    capacity_factor: float | None = None
+
+    @property
+    def gated(self) -> bool:
+        """Whether the experts are gated units (a gate and an up projection)."""
+        return self.activation in GATED
+
+    def up(self, ffn: int | None = None) -> int:
+        """Outputs of an expert's first product for ``ffn`` hidden features (default:
+        all): the gate and up projections side by side for a gated unit."""
+        f = self.ffn if ffn is None else ffn
+        return 2 * f if self.gated else f
+
+    def expert_weights(self, ffn: int | None = None) -> int:
+        """Parameters of one expert with ``ffn`` hidden features (default: all)."""
+        f = self.ffn if ffn is None else ffn
+        return self.dim * self.up(f) + f * self.dim
+
+    @property
+    def router_weights(self) -> int:
+        """Parameters of the router (no bias, as Mixtral's)."""
+        return self.dim * self.experts
+
+    @property
+    def fill(self) -> float:
+        """Routed rows a token makes, buffers included: ``top_k`` times the capacity
+        factor (1 without one)."""
+        return self.top_k * (self.capacity_factor or 1.0)
+
+    def rows(self, tokens: int) -> int:
+        """Rows each expert multiplies when ``tokens`` tokens are routed over all of
+        them: ``⌈fill · tokens / experts⌉``, the even share (times the capacity factor)."""
+        return math.ceil(self.fill * tokens / self.experts - 1e-9)
+
+    def saved(self, ffn: int | None = None) -> int:
+        """Elements one sample keeps for backward besides its input, with ``ffn`` hidden
+        features an expert (default: all): the router's probabilities, and per routed row
+        the permuted input, the first product's output, the activation's output (the
+        last product's input) and the expert's output (the combine's gradient by the
+        router's weights reads it)."""
+        f = self.ffn if ffn is None else ffn
+        per_row = 2 * self.dim + self.up(f) + f
+        return self.tokens * self.experts + math.ceil(self.tokens * self.fill * per_row)
+
+
 @dataclass(frozen=True)
 class EmbeddingGeom:
     """A token embedding table."""
@@ -250,6 +317,7 @@ class Layer:
     linear: LinearGeom | None = None
     attention: AttentionGeom | None = None
     embedding: EmbeddingGeom | None = None
+    moe: MoeGeom | None = None
     block: str | None = None  #: the residual block this layer belongs to
     role: str | None = None  #: 'body', 'shortcut' or 'add' inside a residual block
     tied_to: str | None = None
@@ -288,6 +356,8 @@ class Layer:
             return self.attention.heads
         if self.embedding is not None:
             return self.embedding.dim
+        if self.moe is not None:
+            return self.moe.ffn  # each expert split by hidden features
         return 1
 
     @property
@@ -335,7 +405,8 @@ class Layer:
 
 def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int = 1,
                   height_split: int = 1, input_split: int = 1,
-                  feature_split: int = 1, core_split: int = 1) -> dict[str, list[Kernel]]:
+                  feature_split: int = 1, core_split: int = 1,
+                  expert_split: int = 1) -> dict[str, list[Kernel]]:
     """The kernels of ``layer`` on one device's shard.
 
     ``batch`` is the local batch; ``model_split`` divides output channels, features or
@@ -346,7 +417,9 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
     reduction of its forward GEMM); ``core_split`` divides the heads of attention's core
     (the score and mix products), which then meets every token (DeepSpeed-Ulysses: the
     projections on a token split, the core on a head split);
-    ``feature_split`` divides the features an activation or dropout works on.
+    ``feature_split`` divides the features an activation or dropout works on;
+    ``expert_split`` divides a mixture of experts' experts (expert parallelism: the
+    device's experts take the rows the ``expert_split`` devices' tokens route to them).
     """
     out: dict[str, list[Kernel]] = {"forward": [], "backward_data": [], "backward_weight": []}
     ms = max(1, model_split)
@@ -429,6 +502,9 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
                 out["forward"].append(Elementwise((2 * eb + 1) * n, n, "dropout"))
                 out["backward_data"].insert(0, Elementwise((2 * eb + 1) * n, n, "dropout"))
         return out
+    if layer.moe is not None:
+        return _moe_kernels(layer.moe, batch * -(-layer.moe.tokens // max(1, height_split)),
+                            elem_bytes, ms, max(1, expert_split), layer.inputs != (-1,))
     if layer.embedding is not None:
         e = layer.embedding
         d_local = -(-e.dim // ms)
@@ -462,6 +538,45 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
     else:
         bwd_bytes = (elems_in + 2 * elems_out) * elem_bytes
     out["backward_data"].append(Elementwise(bwd_bytes, fwd_flops * 2, layer.type))
+    return out
+
+
+def _moe_kernels(m: MoeGeom, t: int, eb: int, ffn_split: int, expert_split: int,
+                 input_grad: bool) -> dict[str, list[Kernel]]:
+    """The kernels of a mixture of experts for the ``t`` tokens a device routes, with
+    each expert's hidden features split ``ffn_split`` ways and the experts
+    ``expert_split`` ways. The router is a GEMM over the device's tokens; the experts a
+    batched GEMM (one product an expert, as a grouped GEMM runs them) over the rows each
+    of the device's experts receives from the ``expert_split`` devices that share them;
+    memory-bound passes for the router's softmax and top-k, the permutation of the
+    tokens into the experts' order, the activation, and the weighted sum of the outputs
+    back into token order."""
+    out: dict[str, list[Kernel]] = {"forward": [], "backward_data": [], "backward_weight": []}
+    d, n_exp = m.dim, m.experts
+    e_loc = n_exp // expert_split
+    rows = m.rows(t * expert_split)  # per expert on this device
+    f = -(-m.ffn // ffn_split)
+    up = m.up(f)
+    hidden = float(rows) * e_loc  # rows through this device's experts
+    routed = t * m.fill  # rows this device's tokens send (buffers included)
+    router = Elementwise(float(t * n_exp * 2 * eb + t * m.top_k * (eb + 8)),
+                         5.0 * t * n_exp, "router")
+    permute = Elementwise((t + routed) * d * eb, 0.0, "permute")
+    combine = Elementwise((routed + t) * d * eb, 2.0 * routed * d, "combine")
+    act_flops = _ELEMENTWISE_FLOPS[m.activation] * hidden * f
+    act = Elementwise((up + f) * hidden * eb, act_flops, m.activation)
+    bwd_act = Elementwise(((2 * up + f) if m.gated else (up + 2 * f)) * hidden * eb,
+                          2 * act_flops, m.activation)
+    out["forward"] += [Gemm(t, n_exp, d), router, permute, Gemm(rows, up, d, e_loc), act,
+                       Gemm(rows, d, f, e_loc), combine]
+    # backward: the combine (and the router's weights' gradient), the down product, the
+    # activation, the up product, the permutation's scatter-add, the router
+    out["backward_data"] += [combine, Gemm(rows, f, d, e_loc), bwd_act,
+                             Gemm(rows, d, up, e_loc), permute, router]
+    if input_grad:
+        out["backward_data"].append(Gemm(t, d, n_exp))
+    out["backward_weight"] += [Gemm(d, f, rows, e_loc), Gemm(up, d, rows, e_loc),
+                               Gemm(n_exp, d, t)]
     return out
 
 
@@ -680,6 +795,13 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
         p["flash"] = f.opt("flash", boolean, False)
         p["dropout"] = f.opt("dropout", number(0.0, 1.0), 0.0)
         p["rotary"] = f.opt("rotary", boolean, False)
+    elif kind == "moe":
+        p["experts"] = f.req("experts", integer(1, 1_000_000))
+        p["top_k"] = f.opt("top_k", integer(1, 1_000_000), 2)
+        p["ffn"] = f.req("ffn", integer(1))
+        p["activation"] = f.opt("activation", choice(MOE_ACTIVATIONS), "swiglu")
+        p["capacity_factor"] = f.opt_none("capacity_factor", number(0.0, 1e6,
+                                                                    exclusive_min=True))
     elif kind == "softmax":
         pass
     return p
@@ -1134,6 +1256,26 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         return mk(shape, params=wts, weight_elems=wts, macs=macs, flops=2 * macs + sm,
                   attention=att, saves_input=True, saved_internal=internal,
                   saved_bytes_extra=extra)
+    if kind == "moe":
+        need((2,), "moe")
+        seq, d = shape
+        if p["top_k"] > p["experts"]:
+            raise _ShapeError(child_path(path, "top_k"),
+                              f"layer '{name}': top_k={p['top_k']} is more than its "
+                              f"{p['experts']} experts (each token goes to top_k of them)")
+        moe = MoeGeom(seq, d, p["experts"], p["top_k"], p["ffn"], p["activation"],
+                      p["capacity_factor"])
+        wts = moe.router_weights + moe.experts * moe.expert_weights()
+        # forward work: the router on every token, and each token through top_k experts
+        macs = seq * (moe.router_weights + moe.top_k * moe.expert_weights())
+        act = _ELEMENTWISE_FLOPS[p["activation"]]
+        # the router's softmax and top-k (5 an expert), the activation on the hidden
+        # features, and the weighted sum of the top_k outputs (2 an element)
+        fl = 2 * macs + seq * (5 * moe.experts
+                               + moe.top_k * (act * moe.ffn + 2 * d))
+        return mk(shape, params=wts, weight_elems=wts, macs=macs, flops=fl, moe=moe,
+                  saves_input=True, saved_internal=moe.saved(),
+                  saved_bytes_extra=seq * moe.top_k * 8)  # the experts chosen, int64
     raise _ShapeError(path, f"layer type '{kind}' is not supported here")  # pragma: no cover
 
 
@@ -1233,6 +1375,12 @@ def layer_summary(layer: Layer, network: Network, batch: int) -> dict[str, Any]:
         rec["role"] = layer.role
     if layer.tied_to is not None:
         rec["tied_to"] = layer.tied_to
+    if layer.moe is not None:
+        m = layer.moe
+        rec["moe"] = {"experts": m.experts, "top_k": m.top_k, "ffn": m.ffn,
+                      "activation": m.activation, "capacity_factor": m.capacity_factor,
+                      # the parameters a token's forward pass multiplies by
+                      "active_params": m.router_weights + m.top_k * m.expert_weights()}
     prods = layer_kernels(layer, batch, network.elem_bytes)
     shapes: dict[str, list[dict[str, Any]]] = {}
     for phase, kernels in prods.items():

@@ -16,6 +16,9 @@ A layer with weights on ``P = P_r × P_c`` devices admits
 * ``column-sp``, ``row-sp`` and ``model-sp`` (attention, embeddings) on sequences of at
   least ``P_r`` tokens: Megatron-LM's sequence parallelism;
 * ``ulysses`` for attention with at least ``P_r`` heads and tokens: DeepSpeed-Ulysses;
+* ``expert`` and ``expert-sp`` for a mixture of experts whose experts ``P_r`` divides:
+  expert parallelism, on a batch split over all ``P`` (``P ≤ B``) or on tokens split
+  over the row group (at least ``P_r`` tokens);
 
 each grid with both dimensions above one in the two placements (rows or columns inside a
 node; the layouts that split a sequence's tokens in the ``sequence_placements`` of
@@ -29,6 +32,7 @@ from collections.abc import Iterator
 
 from .costs.layer import FEATURE_WISE
 from .layout import (
+    EXPERT_MODES,
     SEQUENCE_MODES,
     Layout,
     Pin,
@@ -51,8 +55,7 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False,
                 "device needs at least one sample)")
     if layout.mode == "model":
         limit = layer.model_split_limit
-        what = "heads" if layer.attention is not None else (
-            "output channels" if layer.conv is not None else "output features")
+        what = _split_what(layer)
         if layout.pr > limit:
             return f"it has {limit} {what}, fewer than P_r={layout.pr}"
     if layout.mode in SEQUENCE_MODES:
@@ -61,9 +64,12 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False,
             return why
     if layout.mode == "ulysses":
         return _why_not_ulysses(layer, layout, paper)
+    if layout.mode in EXPERT_MODES:
+        return _why_not_expert(layer, layout, batch, paper, microbatched)
     mode = base_mode(layout.mode)
     if layout.mode == "model-sp" and layout.pr > layer.model_split_limit:
-        return f"it has {layer.model_split_limit} heads, fewer than P_r={layout.pr}"
+        return (f"it has {layer.model_split_limit} {_split_what(layer)}, fewer than "
+                f"P_r={layout.pr}")
     if mode in ("column", "row"):
         if layer.linear is None:
             return (f"{layout.mode}-parallel layouts (Megatron's pair) split a linear layer; "
@@ -106,6 +112,38 @@ def _why_not_context(layer: Layer, layout: Layout, paper: bool) -> str | None:
     return None
 
 
+def _split_what(layer: Layer) -> str:
+    """What a model split divides: heads, output channels, features or an expert's
+    hidden features."""
+    if layer.attention is not None:
+        return "heads"
+    if layer.conv is not None:
+        return "output channels"
+    return "hidden features an expert" if layer.moe is not None else "output features"
+
+
+def _why_not_expert(layer: Layer, layout: Layout, batch: int, paper: bool,
+                    microbatched: bool) -> str | None:
+    """Why an expert-parallel layout does not apply (None when it does)."""
+    m = layer.moe
+    if m is None:
+        return (f"{layout.mode} layouts (expert parallelism) split the experts of a "
+                "mixture of experts (type: moe); this layer is not one")
+    if paper:
+        return (f"the paper's accounting (--cost-model gholami2018) has no {layout.mode} "
+                "layout")
+    if m.experts % layout.pr:
+        return (f"P_r={layout.pr} does not divide its {m.experts} experts (every device of "
+                "an expert group holds as many)")
+    if layout.mode == "expert" and layout.p > batch:
+        what = "microbatch" if microbatched else "batch"
+        return (f"expert takes the batch split over all {layout.p} devices, more than the "
+                f"{what} {batch} (use expert-sp, which splits the tokens over P_r)")
+    if layout.mode == "expert-sp" and layout.pr > m.tokens:
+        return f"its sequence has {m.tokens} tokens, fewer than P_r={layout.pr}"
+    return None
+
+
 def _why_not_ulysses(layer: Layer, layout: Layout, paper: bool) -> str | None:
     """Why ``ulysses`` (DeepSpeed-Ulysses) does not apply (None when it does)."""
     if layer.attention is None:
@@ -125,8 +163,8 @@ def _why_not_sequence(layer: Layer, layout: Layout, paper: bool) -> str | None:
         return ("the paper's accounting (--cost-model gholami2018) has no sequence "
                 "parallelism")
     if layout.mode == "model-sp":
-        kind = "an attention layer or an embedding"
-        wrong = layer.attention is None and layer.embedding is None
+        kind = "an attention layer, an embedding or a mixture of experts"
+        wrong = layer.attention is None and layer.embedding is None and layer.moe is None
     else:
         kind, wrong = "a linear layer", layer.linear is None
     if wrong:
@@ -185,7 +223,8 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
         if pr <= limit:
             for pl in placements if both else ("rows",):
                 yield make_layout("model", pr, pc, pl)
-            if tokens and (layer.attention is not None or layer.embedding is not None):
+            if tokens and (layer.attention is not None or layer.embedding is not None
+                           or layer.moe is not None):
                 for pl in sp_placements:
                     yield make_layout("model-sp", pr, pc, pl)
             if tokens and layer.attention is not None:
@@ -199,6 +238,13 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
                     if tokens:
                         for pl in sp_placements:
                             yield make_layout(f"{mode}-sp", pr, pc, pl)
+        if layer.moe is not None and not paper and layer.moe.experts % pr == 0:
+            if gpus <= batch:
+                for pl in placements if both else ("rows",):
+                    yield make_layout("expert", pr, pc, pl)
+            if tokens:
+                for pl in sp_placements:
+                    yield make_layout("expert-sp", pr, pc, pl)
         if layer.conv is not None and (paper or pr <= spatial_rows):
             for pl in placements if both else ("rows",):
                 yield make_layout("domain", pr, pc, pl)
@@ -267,7 +313,8 @@ def megatron_modes(network: Network, sequence: bool = False) -> dict[int, str]:
     for layer in network.layers:
         if sequence_tokens(layer) is None:
             continue
-        if layer.attention is not None or layer.embedding is not None:
+        if layer.attention is not None or layer.embedding is not None or \
+                layer.moe is not None:
             modes[layer.index] = "model-sp"
         elif layer.index in modes:
             modes[layer.index] += "-sp"

@@ -57,3 +57,16 @@ def program_and_evaluation(net, cl, opts):
     space.prepare_transitions()
     value, assignment = solve(space, Weights())
     return value, evaluate(ctx, opts, assignment)
+
+
+def solved(ctx, opts, pins=None):
+    """The search's dynamic program on a context (no memory weight; ``pins``: layer
+    index → the layouts it may take) and the evaluation of its answer: ``(program value,
+    assignment, Evaluation)``, which tests hold equal."""
+    from planner.evaluate import evaluate
+    from planner.search import Space, Weights, solve
+
+    space = Space(ctx, opts, pins or {})
+    space.prepare_transitions()
+    value, assignment = solve(space, Weights())
+    return value, assignment, evaluate(ctx, opts, assignment)

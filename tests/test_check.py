@@ -206,8 +206,8 @@ def test_sizes_of_older_plans_still_match(runner, tmp_path):
     ("mode: data\n  grid: [3, 3]", ":4:9: error: grid 3x3 has 9 devices; the configuration "
                                    "has gpus=64"),
     ("mode: banana\n  grid: [1, 64]", ":3:9: error: expected mode one of data, model, "
-                                      "domain, column, row, column-sp, row-sp, model-sp, ulysses, "
-                                      "got 'banana'"),
+                                      "domain, column, row, column-sp, row-sp, model-sp, "
+                                      "ulysses, expert, expert-sp, got 'banana'"),
     ("mode: data\n  grid: [1, 64.5]", ":4:9: error: expected grid: [P_r, P_c], two whole "
                                       "numbers >= 1"),
     ("mode: domain\n  grid: [2, 32]", ":4:9: error: layer fc cannot use domain 2x32: "
@@ -274,7 +274,8 @@ def test_training_pin_errors_name_the_file_key(runner, tmp_path, command):
         f"{cfg}:9:7: error: grid 4x2 has 8 devices but gpus is 16; P_r × P_c must equal the "
         "device count (at $.strategy.pins[1])",
         f"{cfg}:10:7: error: invalid pin 'fc8=sideways': mode must be one of data, model, "
-        "domain, column, row, column-sp, row-sp, model-sp, ulysses (at $.strategy.pins[2])",
+        "domain, column, row, column-sp, row-sp, model-sp, ulysses, expert, expert-sp (at "
+        "$.strategy.pins[2])",
         f"{cfg}:11:7: error: invalid pin 'fc7=model:8x2:sideways': placement 'sideways' must "
         "be rows or cols (GLOB=MODE[:PRxPC[:rows|cols]]) (at $.strategy.pins[3])"],\
         result.stderr

@@ -14,11 +14,10 @@ from planner.costs.layer import weighted_kernels, weighted_terms
 from planner.evaluate import Options, evaluate, make_context
 from planner.inputs import load_network_text
 from planner.layout import input_dist, make_layout
-from planner.search import Space, Weights, solve
 from planner.strategies import candidate_layouts, why_invalid
 
 from .conftest import invoke
-from .helpers import FixedEstimator, cluster
+from .helpers import FixedEstimator, cluster, solved
 
 B, E = 16, 2  # batch, bytes per element (bf16)
 SEQ, DIM, HEADS, KV, FFN = 64, 128, 8, 2, 256
@@ -165,11 +164,8 @@ def test_program_equals_evaluation():
     program's value is the evaluation of its answer (to 1e-12)."""
     for p in (8, 32):
         net = _net()
-        ctx, opts = _ctx(net, p)
-        space = Space(ctx, opts, {})
-        space.prepare_transitions()
-        value, assignment = solve(space, Weights())
-        assert value == pytest.approx(evaluate(ctx, opts, assignment).time_s, rel=1e-12)
+        value, _, ev = solved(*_ctx(net, p))
+        assert value == pytest.approx(ev.time_s, rel=1e-12)
 
 
 def test_ulysses_by_hand():

@@ -32,7 +32,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..cluster import Cluster
-from ..layout import SEQUENCE_MODES, Dist, Layout, base_mode, node_group, redistribution
+from ..layout import (
+    EXPERT_MODES,
+    SEQUENCE_MODES,
+    Dist,
+    Layout,
+    base_mode,
+    node_group,
+    redistribution,
+)
 from ..network import DTYPE_BYTES, GATED, Layer, Network, layer_kernels
 from ..ops import Elementwise, Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
@@ -231,8 +239,8 @@ def cost_signature(layer: Layer, ctx: Context) -> tuple[object, ...]:
     does)."""
     return (layer.type, layer.input_shape, layer.output_shape, layer.params,
             layer.weight_elems, layer.conv, layer.pool, layer.linear, layer.attention,
-            layer.embedding, layer.inputs == (-1,), layer.saves_input, layer.saves_output,
-            layer.saved_internal, layer.saved_bytes_extra,
+            layer.embedding, layer.moe, layer.inputs == (-1,), layer.saves_input,
+            layer.saves_output, layer.saved_internal, layer.saved_bytes_extra,
             # an embedding's forward depends on whether a head shares its table (few
             # embeddings: none shares another's costs)
             layer.index if layer.embedding is not None else None, recomputed(layer, ctx))
@@ -320,6 +328,8 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
         return terms + _sequence_terms(layer, layout, ctx, b)
     if layout.mode == "ulysses":
         return terms + ulysses_terms(layer, layout, ctx, b) + gradient_terms(ctx, allg, own)
+    if layout.mode in EXPERT_MODES:
+        return expert_terms(layer, layout, ctx)
     if layout.mode == "model":
         if ctx.paper:
             d_i = layer.out_elems * b * e
@@ -332,8 +342,9 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
         # head shares is split by vocabulary rows, as the head splits it (Megatron's
         # vocabulary-parallel embedding), and sums the rows each device looked up
         tied_table = layer.embedding is not None and layer.index in ctx.network.ties
+        # so does a mixture of experts with each expert split by hidden features
         fwd_op: Collective = "all_reduce" if layer.attention is not None or tied_table \
-            else "all_gather"
+            or layer.moe is not None else "all_gather"
         _add(terms, term(ctx, "forward", fwd_op, row, b * layer.out_elems * e))
         if _needs_input_grad(layer):
             # a grouped convolution whose groups split evenly over P_r: each device's
@@ -437,6 +448,40 @@ def ulysses_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[
         ("forward", "all_to_all", out, "context"),
         ("backward_data", "all_to_all", out, "context gradient"),
         ("backward_data", "all_to_all", qkv, "query, key, value gradients")])
+
+
+def expert_tokens(layer: Layer, layout: Layout, batch: int) -> int:
+    """Tokens one device routes under an expert-parallel layout: those of its
+    ``⌈B/P⌉`` samples (``expert``) or its ``⌈seq/P_r⌉`` tokens of ``⌈B/P_c⌉`` samples
+    (``expert-sp``)."""
+    m = layer.moe
+    assert m is not None
+    if layout.mode == "expert":
+        return _ceil_div(batch, layout.p) * m.tokens
+    return _ceil_div(batch, layout.pc) * _ceil_div(m.tokens, layout.pr)
+
+
+def expert_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
+    """Expert parallelism (GShard, Lepikhin et al., ICLR 2021; DeepSpeed-MoE, Rajbhandari
+    et al., ICML 2022; Megatron-LM's ``--expert-model-parallel-size``): each device of
+    a row group holds ``1/P_r`` of the experts, routes its own tokens, and an all-to-all
+    over the group sends each routed row (a token for each of its ``top_k`` experts,
+    in buffers of the capacity factor's size) to its expert's device; a second brings
+    the outputs back for the weighted sum. Backward, the same two, reversed. Each rank's
+    buffer is its ``t · top_k · capacity_factor`` rows of ``dim``. The experts' weight
+    gradients are summed over their ``P_c`` replicas (the column group), the router's,
+    held whole by every device, over all ``P``."""
+    m = layer.moe
+    assert m is not None
+    buf = expert_tokens(layer, layout, ctx.batch) * m.fill * m.dim * ctx.elem_bytes
+    terms = _terms_on(ctx, layout.row_group(ctx.per_node), [
+        ("forward", "all_to_all", buf, "dispatch"),
+        ("forward", "all_to_all", buf, "combine"),
+        ("backward_data", "all_to_all", buf, "combine gradient"),
+        ("backward_data", "all_to_all", buf, "dispatch gradient")])
+    experts = local_params(layer, layout) - m.router_weights
+    return (terms + gradient_terms(ctx, layout.col_group(ctx.per_node), experts)
+            + gradient_terms(ctx, layout.all_group(ctx.per_node), m.router_weights))
 
 
 def _terms_on(ctx: Context, group: Group,
@@ -749,8 +794,14 @@ def shards(terms: list[CommTerm]) -> int:
     """Over how many devices ZeRO shards a layer with these terms: the replicas its
     weight gradient is reduced over, or under hybrid sharding those in one node (1 when
     nothing is reduced)."""
-    return max((t.group.per_node if t.collective == "hybrid_reduce" else t.group.size
-                for t in terms if t.phase == "weight_grad"), default=1)
+    grads = [t for t in terms if t.phase == "weight_grad"]
+    if not grads:
+        return 1
+    # a mixture of experts reduces its experts over their replicas and its small router
+    # over all devices: its shards are the experts' (the router's state is sharded as
+    # theirs are, a few kilobytes off)
+    t = max(grads, key=lambda t: t.bytes)
+    return t.group.per_node if t.collective == "hybrid_reduce" else t.group.size
 
 
 def held(pb: ParamBytes, zero: int, terms: list[CommTerm]) -> ParamBytes:
@@ -790,6 +841,12 @@ def _weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, l
     if layout.mode == "ulysses":
         return layer_kernels(layer, b, ctx.elem_bytes, height_split=layout.pr,
                              core_split=layout.pr)
+    if layout.mode == "expert":  # the samples of one device of P
+        return layer_kernels(layer, _ceil_div(ctx.batch, layout.p), ctx.elem_bytes,
+                             expert_split=layout.pr)
+    if layout.mode == "expert-sp":
+        return layer_kernels(layer, b, ctx.elem_bytes, height_split=layout.pr,
+                             expert_split=layout.pr)
     return layer_kernels(layer, b, ctx.elem_bytes)
 
 
@@ -832,6 +889,12 @@ def local_params(layer: Layer, layout: Layout | None) -> float:
     emb = layer.embedding
     if layout.mode == "model-sp" and emb is not None:  # split by vocabulary rows
         return layer.params * _ceil_div(emb.vocab, pr) / emb.vocab
+    m = layer.moe
+    if m is not None and mode in ("model", "expert"):
+        # the router whole; every expert's share of the hidden features, or 1/P_r of them
+        if mode == "model":
+            return float(m.router_weights + m.experts * m.expert_weights(_ceil_div(m.ffn, pr)))
+        return float(m.router_weights + m.experts // pr * m.expert_weights())
     if mode in ("model", "column") and layer.has_weights:
         if layer.attention is not None:
             return float(layer.attention.weights(*layer.attention.held(pr)))
