@@ -99,9 +99,16 @@ def network_data(draw: st.DrawFn, wide: bool | None = None) -> dict[str, Any]:
             shape = [dim]
         for _ in range(draw(st.integers(2 if wide else 0, 5))):
             choice = draw(st.sampled_from(["linear", "relu", "gelu", "layernorm", "attention",
-                                           "dropout", "repeat", "rmsnorm", "gated"]))
-            if choice == "attention" and kind == "features":
+                                           "dropout", "repeat", "rmsnorm", "gated", "moe"]))
+            if choice in ("attention", "moe") and kind == "features":
                 layers.append({"type": "relu"})  # attention needs a sequence
+            elif choice == "moe":  # a mixture of experts, with or without buffers
+                experts = _maybe_wild(draw, st.sampled_from([2, 4, 8, 6]))
+                layers.append({"type": "moe", "experts": experts,
+                               "top_k": draw(st.integers(1, 2)),
+                               "ffn": draw(st.sampled_from([dim, 2 * dim, 7])),
+                               "activation": draw(st.sampled_from(["swiglu", "gelu"])),
+                               "capacity_factor": draw(st.sampled_from([None, 1.25]))})
             elif choice == "attention":
                 layers.append({"type": "attention",
                                "heads": _maybe_wild(draw, st.sampled_from([1, 2, 4, 8, 3])),
