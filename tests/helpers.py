@@ -49,14 +49,10 @@ class FixedEstimator:
 def program_and_evaluation(net, cl, opts):
     """The search's dynamic program on a question (no memory weight) and the evaluation
     of its answer: ``(program value, Evaluation)``, which tests hold equal."""
-    from planner.evaluate import evaluate, make_context
-    from planner.search import Space, Weights, solve
+    from planner.evaluate import make_context
 
-    ctx = make_context(net, cl, opts)
-    space = Space(ctx, opts, {})
-    space.prepare_transitions()
-    value, assignment = solve(space, Weights())
-    return value, evaluate(ctx, opts, assignment)
+    value, _, ev = solved(make_context(net, cl, opts), opts)
+    return value, ev
 
 
 def solved(ctx, opts, pins=None):

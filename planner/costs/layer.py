@@ -450,15 +450,13 @@ def ulysses_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[
         ("backward_data", "all_to_all", qkv, "query, key, value gradients")])
 
 
-def expert_tokens(layer: Layer, layout: Layout, batch: int) -> int:
-    """Tokens one device routes under an expert-parallel layout: those of its
-    ``⌈B/P⌉`` samples (``expert``) or its ``⌈seq/P_r⌉`` tokens of ``⌈B/P_c⌉`` samples
-    (``expert-sp``)."""
-    m = layer.moe
-    assert m is not None
+def _expert_share(layout: Layout, batch: int) -> tuple[int, int]:
+    """One device's samples and the split of their tokens under an expert-parallel
+    layout: ``⌈B/P⌉`` whole samples (``expert``), or ``⌈B/P_c⌉`` samples split by tokens
+    over the row group (``expert-sp``)."""
     if layout.mode == "expert":
-        return _ceil_div(batch, layout.p) * m.tokens
-    return _ceil_div(batch, layout.pc) * _ceil_div(m.tokens, layout.pr)
+        return _ceil_div(batch, layout.p), 1
+    return _ceil_div(batch, layout.pc), layout.pr
 
 
 def expert_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
@@ -473,7 +471,8 @@ def expert_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
     held whole by every device, over all ``P``."""
     m = layer.moe
     assert m is not None
-    buf = expert_tokens(layer, layout, ctx.batch) * m.fill * m.dim * ctx.elem_bytes
+    samples, split = _expert_share(layout, ctx.batch)
+    buf = samples * _ceil_div(m.tokens, split) * m.fill * m.dim * ctx.elem_bytes
     terms = _terms_on(ctx, layout.row_group(ctx.per_node), [
         ("forward", "all_to_all", buf, "dispatch"),
         ("forward", "all_to_all", buf, "combine"),
@@ -841,11 +840,9 @@ def _weighted_kernels(layer: Layer, layout: Layout, ctx: Context) -> dict[str, l
     if layout.mode == "ulysses":
         return layer_kernels(layer, b, ctx.elem_bytes, height_split=layout.pr,
                              core_split=layout.pr)
-    if layout.mode == "expert":  # the samples of one device of P
-        return layer_kernels(layer, _ceil_div(ctx.batch, layout.p), ctx.elem_bytes,
-                             expert_split=layout.pr)
-    if layout.mode == "expert-sp":
-        return layer_kernels(layer, b, ctx.elem_bytes, height_split=layout.pr,
+    if layout.mode in EXPERT_MODES:
+        samples, split = _expert_share(layout, ctx.batch)
+        return layer_kernels(layer, samples, ctx.elem_bytes, height_split=split,
                              expert_split=layout.pr)
     return layer_kernels(layer, b, ctx.elem_bytes)
 
