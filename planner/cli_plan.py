@@ -392,7 +392,7 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     extra["placement"] = placement_record(ev, q.options.gpus, q.cluster.devices_per_node,
                                           expand_ranks, q.cluster.device.kind)
     doc = plan_document("cost", q.network, network, q.cluster.name, cluster, q.options, ev,
-                        q.estimator_name, nodes_used(q), extra)
+                        q.estimator_name, nodes_used(q), q.cluster.device, extra)
     render_data(doc, fmt, output, lambda: plan_table(doc, all_layers), ins)
     if not ev.memory.fits:
         from .units import format_bytes
@@ -646,7 +646,8 @@ def plan_doc(q: Question, result: Any, objective: str, expand: bool) -> dict[str
     if result.recompute_trials:
         extra["recompute_auto"] = [t.to_data() for t in result.recompute_trials]
     return plan_document("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
-                         q.options, ev, q.estimator_name, nodes_used(q), extra)
+                         q.options, ev, q.estimator_name, nodes_used(q), q.cluster.device,
+                         extra)
 
 
 objective_option = click.option(
@@ -1023,7 +1024,7 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     (``command`` cost: given layouts, so no search and no baselines)."""
     from .evaluate import question_param_bytes
     from .output import rounded
-    from .plan import layer_record, placement_record, plan_header
+    from .plan import layer_record, placement_record, plan_header, utilisation
     from .schedules import PASSES
 
     stages = res.stages
@@ -1059,6 +1060,8 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
         "recompute_s": per_stage(lambda ev, st: ev.recompute_s),
         "bubble_s": res.bubble_s,
         "samples_per_s": q.options.step_batch / res.time_s if res.time_s > 0 else 0.0,
+        **utilisation(q.network, q.cluster.device, q.options.gpus, q.options.step_batch,
+                      res.time_s),
     }
     memory = {**res.memories[res.fullest].to_data(), "stage": res.fullest}
     grids: list[dict[str, Any]] = []
@@ -1279,6 +1282,7 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                              "give them different names")
     from .evaluate import beyond_cluster
     from .inputs import load_cluster
+    from .plan import utilisation
 
     # a device count the cluster cannot hold is asked wrongly: before anything is planned
     beyond_cluster(load_cluster(cluster), gpus_values, sweep=True)
@@ -1308,6 +1312,8 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                 row: dict[str, Any] = {
                     "gpus": p, "batch": b, "feasible": True, "time_s": ev.time_s,
                     "samples_per_s": b / ev.time_s if ev.time_s else 0.0,
+                    "mfu": utilisation(q.network, q.cluster.device, q.options.gpus,
+                                       q.options.step_batch, ev.time_s)["mfu"],
                     "comm_s": ev.comm_s, "exposed_comm_s": ev.exposed_comm_s,
                     "peak_bytes": ev.memory.peak,
                     "layouts": _layout_summary(plan_doc(q, result, objective, False)),
@@ -1373,13 +1379,15 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     from .units import format_bytes, format_time
 
     # the layouts on one line where the table fits, else one layout a line (a layout
-    # such as "3× model 32x2" is never broken) and samples/s (batch / iteration) left out
+    # such as "3× model 32x2" is never broken) and samples/s (batch / iteration) and MFU
+    # left out
     t = FitTable(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False,
-                 wide=("samples/s", "layouts"), narrow=("layouts-lines",))
+                 wide=("samples/s", "MFU", "layouts"), narrow=("layouts-lines",))
     auto = any("zero" in r for r in rows)  # --zero auto: the stage each plan uses
     rec = any("recompute" in r for r in rows)  # --recompute auto: the blocks recomputed
     extra = (("ZeRO",) if auto else ()) + (("recompute",) if rec else ())
-    for col in ("devices", "batch", "iteration", "samples/s", "exposed", "memory", *extra,
+    for col in ("devices", "batch", "iteration", "samples/s", "MFU", "exposed", "memory",
+                *extra,
                 "vs data"):
         t.add_column(col, justify="right", no_wrap=True)
     t.add_column("layouts", no_wrap=False)
@@ -1387,7 +1395,7 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     for r in rows:
         if not r["feasible"]:
             reason = r["reason"].split(";")[0].replace("planner: ", "")
-            t.add_row(str(r["gpus"]), str(r["batch"]), "no plan", "", "", "",
+            t.add_row(str(r["gpus"]), str(r["batch"]), "no plan", "", "", "", "",
                       *(("",) * len(extra)), "", reason,
                       textwrap.fill(reason, 16, break_long_words=False))
             continue
@@ -1399,8 +1407,8 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
                  for k, n in r["layouts"].items()]
         vs = f"{r['speedup_vs_data']:.3g}x" if r.get("speedup_vs_data") is not None else "n/a"
         t.add_row(str(r["gpus"]), str(r["batch"]), format_time(r["time_s"]),
-                  f"{r['samples_per_s']:.4g}", format_time(r["exposed_comm_s"]),
-                  format_bytes(r["peak_bytes"]),
+                  f"{r['samples_per_s']:.4g}", f"{r['mfu']:.1%}",
+                  format_time(r["exposed_comm_s"]), format_bytes(r["peak_bytes"]),
                   *((str(r["zero"]) + (" node" if r.get("zero_shard") == "node" else ""),)
                     if auto else ()),
                   *((str(r["recompute"]),) if rec else ()), vs,

@@ -15,7 +15,10 @@ files)::
               estimator, algorithm, nodes}
     iteration: {time_s, compute_s, comm_s, exposed_comm_s, forward_s, backward_s,
                 optimizer_s, weight_grad_s, activation_comm_s, parameters_comm_s,
-                recompute_s, samples_per_s}
+                recompute_s, samples_per_s, model_flops, tflops_per_device, mfu}
+                # model_flops: the network's training FLOPs a step, 3x its forward
+                # FLOPs (recomputation not counted); mfu: tflops_per_device over the
+                # device's dense peak in the network's dtype
     memory: {peak_bytes, capacity_bytes, fits, breakdown: {weights, gradients, optimizer,
              activations, comm_buffers, workspace}}
     layers:                       # every layer, in execution order
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .cluster import Device
 from .costs.layer import CommTerm, held
 from .costs.memory import ParamBytes, uses_master_weights
 from .evaluate import (
@@ -56,7 +60,7 @@ from .evaluate import (
     question_param_bytes,
     zero_label,
 )
-from .network import Network
+from .network import DTYPE_PEAK_KEY, Network
 from .output import rounded
 from .units import count, format_bytes, format_time
 
@@ -114,8 +118,25 @@ def layer_record(r: LayerResult, pb: ParamBytes, zero: int = 0) -> dict[str, Any
     return rec
 
 
-def iteration_record(ev: Evaluation, batch: int) -> dict[str, Any]:
-    """The iteration summary."""
+def utilisation(network: Network, device: Device, gpus: int, batch: int,
+                time_s: float) -> dict[str, Any]:
+    """Model FLOPs utilisation (MFU, Chowdhery et al., "PaLM", 2022, Appendix B): the
+    FLOPs the network needs for a step of ``batch`` samples, three times its forward
+    FLOPs (the backward pass twice the forward's: the input's and the weights'
+    gradients), over ``time_s`` and ``gpus`` devices, and that rate over the device's
+    dense peak in the network's dtype. Recomputed forwards and the optimizer are not
+    counted: they are work the plan chose, not the network's. The forward FLOPs are
+    ``planner show``'s: 2 a multiply-accumulate plus elementwise arithmetic, and a
+    causal flash attention's masked half skipped."""
+    flops = 3 * network.flops * batch
+    rate = flops / time_s / gpus if time_s > 0 and gpus > 0 else 0.0
+    return {"model_flops": flops, "tflops_per_device": rate / 1e12,
+            "mfu": rate / device.peak(DTYPE_PEAK_KEY[network.dtype])}
+
+
+def iteration_record(ev: Evaluation, batch: int, use: dict[str, Any]) -> dict[str, Any]:
+    """The iteration summary, with the step's utilisation ``use``
+    (:func:`utilisation`)."""
     return {
         "time_s": ev.time_s,
         "compute_s": ev.compute_s,
@@ -129,6 +150,7 @@ def iteration_record(ev: Evaluation, batch: int) -> dict[str, Any]:
         "parameters_comm_s": ev.parameters_s,
         "recompute_s": ev.recompute_s,
         "samples_per_s": batch / ev.time_s if ev.time_s > 0 else 0.0,
+        **use,
     }
 
 
@@ -180,12 +202,14 @@ def plan_header(command: str, network: Network, network_file: str, cluster_name:
 
 def plan_document(command: str, network: Network, network_file: str, cluster_name: str,
                   cluster_file: str, options: Options, ev: Evaluation, estimator: str,
-                  nodes: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                  nodes: int, device: Device, extra: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
     """The full plan document, rounded for stable output."""
     doc: dict[str, Any] = {
         **plan_header(command, network, network_file, cluster_name, cluster_file, options,
                       estimator, nodes),
-        "iteration": iteration_record(ev, options.step_batch),
+        "iteration": iteration_record(ev, options.step_batch, utilisation(
+            network, device, options.gpus, options.step_batch, ev.time_s)),
         "memory": ev.memory.to_data(),
     }
     if extra:
@@ -248,6 +272,10 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     head.append(f"{format_time(it['time_s'])}  (compute {format_time(it['compute_s'])}, "
                 f"communication {format_time(it['comm_s'])}, exposed "
                 f"{format_time(it['exposed_comm_s'])}; {it['samples_per_s']:.4g} samples/s)\n")
+    if "mfu" in it:
+        head.append("utilisation ", style="bold")
+        head.append(f"{it['tflops_per_device']:.4g} TFLOP/s a device of the network's "
+                    f"FLOPs: MFU {it['mfu']:.1%} of the {prob['dtype']} peak\n")
     stages = doc.get("zero_auto")
     if stages:
         head.append("ZeRO auto ", style="bold")

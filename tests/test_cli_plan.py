@@ -140,7 +140,7 @@ def test_compare_when_nothing_fits(runner, tmp_path):
     assert data["problem"]["gpus"] == 8 and data["problem"]["batch"] == 4096
 
 
-def test_sweep_table_json_and_plot(runner, tmp_path):
+def test_sweep_table_json_and_plot(runner, tmp_path, monkeypatch):
     png = tmp_path / "sweep.png"
     # a device count beyond the cluster (128 nodes of 8) is an error, as it is for plan,
     # before anything is planned or written
@@ -164,14 +164,15 @@ def test_sweep_table_json_and_plot(runner, tmp_path):
     assert [r["speedup_vs_data"] is None for r in rows] == [
         False, False, True, False, False, False]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setenv("COLUMNS", "160")  # wide enough for every column
     table = invoke(runner, "sweep", ALEX, DGX, "-p", "8,16", "-b", "256",
                    "--estimator", "roofline")
-    assert table.exit_code == 0 and "samples/s" in table.stdout
+    assert table.exit_code == 0 and "samples/s" in table.stdout and "MFU" in table.stdout
 
 
 def test_sweep_table_at_80_columns(runner, monkeypatch):
     """At 80 columns the sweep table fits: one layout a line (never "2× data" / "1x8"),
-    samples/s left out, a no-plan reason wrapped. One device exposes no communication
+    samples/s and MFU left out, a no-plan reason wrapped. One device exposes no communication
     (the iteration minus the compute once read 9.7e-17 s: the same sum in two orders)."""
     monkeypatch.setenv("COLUMNS", "80")
     result = invoke(runner, "sweep", NETWORKS / "gpt2-small.yaml", DGX, "-p", "1,8",
@@ -179,7 +180,8 @@ def test_sweep_table_at_80_columns(runner, monkeypatch):
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80, result.stdout
-    assert "samples/s" not in result.stdout and "…" not in result.stdout
+    assert "samples/s" not in result.stdout and "MFU" not in result.stdout
+    assert "…" not in result.stdout
     layouts = [line.rstrip().split("  ")[-1].strip() for line in lines if "×" in line]
     assert len(layouts) >= 3
     assert all(re.fullmatch(r"\d+× (data|model|domain|column|row|ulysses)(-sp)? \d+x\d+", x)
