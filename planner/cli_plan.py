@@ -1054,7 +1054,7 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
         "forward_s": sum(ev.forward_s for ev in evs),
         "backward_s": sum(ev.backward_s for ev in evs),
         "optimizer_s": per_stage(lambda ev, st: ev.optimizer_s),
-        "weight_grad_s": per_stage(lambda ev, st: ev.weight_grad_s),
+        "weight_grad_s": per_stage(lambda ev, st: ev.weight_grad_s * ev.reductions),
         "activation_comm_s": per_stage(lambda ev, st: ev.activation_comm_s),
         "parameters_comm_s": per_stage(lambda ev, st: ev.parameters_s),
         "recompute_s": per_stage(lambda ev, st: ev.recompute_s),

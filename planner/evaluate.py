@@ -53,7 +53,7 @@ from .costs.layer import (
 )
 from .costs.memory import MemoryReport, ParamBytes, param_bytes
 from .errors import UsageError
-from .layout import WHOLE_MODES, Dist, Layout, base_mode, input_dist
+from .layout import EXPERT_MODES, WHOLE_MODES, Dist, Layout, base_mode, input_dist
 from .network import DTYPE_BYTES, Layer, Network
 
 OVERLAPS = ("none", "gradients")
@@ -139,11 +139,12 @@ class Evaluation:
     #: (the W passes of a zero-bubble pipeline schedule)
     weight_compute_s: float = 0.0
 
-    @property
-    def activation_comm_s(self) -> float:
-        """Activation traffic (everything but weight gradients and ZeRO's parameter
-        gathers), all on the critical path."""
-        return self.comm_s - self.weight_grad_s - self.parameters_s
+    #: activation traffic (everything but weight gradients and ZeRO's parameter
+    #: gathers), all on the critical path, over every microbatch of the step
+    activation_comm_s: float = 0.0
+    #: weight-gradient reductions a step (of ``weight_grad_s`` each): one, or one a
+    #: microbatch where the gradients are sharded (ZeRO stages 2 and 3)
+    reductions: int = 1
 
 
 def grad_dtype(network: Network, options: Options) -> str:
@@ -413,6 +414,9 @@ def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch
     if m is not None and layout is not None and base_mode(layout.mode) == "model" and \
             layout.pr > 1:  # every expert's share of the hidden features
         internal = m.saved(-(-m.ffn // layout.pr))
+    elif m is not None and layout is not None and layout.mode in EXPERT_MODES and \
+            m.imbalance > 1:  # the busiest device keeps its experts' rows
+        internal = m.saved(busiest=m.busiest(m.experts // layout.pr))
     return (local_elems(internal, dist, batch) * e
             + local_elems(1, dist, batch) * extra)
 
@@ -860,8 +864,15 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         weight_grad_s=weight_grad_s,
         memory=memory,
         buckets=buckets,
-        parameters_s=sum(t.seconds for r in results for t in r.cost.terms
+        # every microbatch runs its forward and backward collectives (ZeRO stage 3's
+        # gathers among them); the update's gathers run once
+        parameters_s=sum(t.seconds * (1 if t.when == "update" else more + 1)
+                         for r in results for t in r.cost.terms
                          if t.phase == "parameters") if ctx.zero else 0,
+        reductions=reductions,
+        activation_comm_s=(more + 1) * sum(t.seconds for r in results for t in r.cost.terms
+                                           if t.when in ("forward", "backward")
+                                           and t.phase != "parameters"),
         recompute_s=sum(r.cost.forward_s + r.cost.comm("recompute") for r in results
                         if recomputed(r.layer, ctx)) if ctx.rebuilt else 0,
         microbatch_s=plain,

@@ -231,7 +231,10 @@ class MoeGeom:
     by its probabilities. With a ``capacity_factor`` each expert takes at most that
     many times its even share of the routed tokens, in buffers of that size that the
     kernels and the all-to-alls run on whole (GShard, Switch Transformer); without one
-    (dropless), every expert gets its even share: the router is taken as balanced."""
+    (dropless), every expert gets its even share, or with a ``load_imbalance`` ``L``
+    the busiest expert ``L`` times its even share (the others theirs): a router is only
+    as even as its auxiliary loss makes it, and under expert parallelism the device of
+    the busiest expert sets the pace."""
 
     tokens: int
     dim: int
@@ -240,6 +243,17 @@ class MoeGeom:
     ffn: int
     activation: str
     capacity_factor: float | None = None
+    imbalance: float = 1.0  #: the busiest expert's routed rows over an even share
+
+    def busiest(self, local: int) -> float:
+        """How many times its even share of routed rows the busiest device receives
+        when each holds ``local`` of the experts: the busiest expert's ``imbalance``
+        times an even share, and its ``local − 1`` neighbours' even shares,
+        ``(local − 1 + imbalance) / local``; 1 where a device holds every expert (the
+        rows of its tokens are all its own, however they spread over the experts)."""
+        if local >= self.experts:
+            return 1.0
+        return (local - 1 + self.imbalance) / local
 
     @property
     def gated(self) -> bool:
@@ -273,15 +287,17 @@ class MoeGeom:
         them: ``⌈fill · tokens / experts⌉``, the even share (times the capacity factor)."""
         return math.ceil(self.fill * tokens / self.experts - 1e-9)
 
-    def saved(self, ffn: int | None = None) -> int:
+    def saved(self, ffn: int | None = None, busiest: float = 1.0) -> int:
         """Elements one sample keeps for backward besides its input, with ``ffn`` hidden
         features an expert (default: all): the router's probabilities, and per routed row
         the permuted input, the first product's output, the activation's output (the
         last product's input) and the expert's output (the combine's gradient by the
-        router's weights reads it)."""
+        router's weights reads it); ``busiest`` times the even share of the rows (a
+        device's experts' rows under imbalance, :meth:`busiest`)."""
         f = self.ffn if ffn is None else ffn
         per_row = 2 * self.dim + self.up(f) + f
-        return self.tokens * self.experts + math.ceil(self.tokens * self.fill * per_row)
+        return self.tokens * self.experts + math.ceil(self.tokens * self.fill * per_row
+                                                      * busiest - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -555,6 +571,10 @@ def _moe_kernels(m: MoeGeom, t: int, eb: int, ffn_split: int, expert_split: int,
     d, n_exp = m.dim, m.experts
     e_loc = n_exp // expert_split
     rows = m.rows(t * expert_split)  # per expert on this device
+    if expert_split > 1 and m.imbalance > 1:
+        # the busiest device: its hot expert's rows and its neighbours' even shares,
+        # as e_loc products of the mean (a grouped GEMM's total work)
+        rows = math.ceil(rows * m.busiest(e_loc) - 1e-9)
     f = -(-m.ffn // ffn_split)
     up = m.up(f)
     hidden = float(rows) * e_loc  # rows through this device's experts
@@ -802,6 +822,7 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
         p["activation"] = f.opt("activation", choice(MOE_ACTIVATIONS), "swiglu")
         p["capacity_factor"] = f.opt_none("capacity_factor", number(0.0, 1e6,
                                                                     exclusive_min=True))
+        p["load_imbalance"] = f.opt("load_imbalance", number(1.0, 1e6), 1.0)
     elif kind == "softmax":
         pass
     return p
@@ -1263,8 +1284,21 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
             raise _ShapeError(child_path(path, "top_k"),
                               f"layer '{name}': top_k={p['top_k']} is more than its "
                               f"{p['experts']} experts (each token goes to top_k of them)")
+        if p["load_imbalance"] > 1 and p["capacity_factor"] is not None:
+            raise _ShapeError(child_path(path, "load_imbalance"),
+                              f"layer '{name}': a capacity factor caps every expert at "
+                              "its buffer (the tokens beyond it are dropped), so the "
+                              "busiest expert's load is the buffer's; give "
+                              "load_imbalance for dropless routing, without "
+                              "capacity_factor")
+        if p["load_imbalance"] * p["top_k"] > p["experts"]:
+            raise _ShapeError(child_path(path, "load_imbalance"),
+                              f"layer '{name}': load_imbalance={p['load_imbalance']:g} "
+                              f"is more than experts / top_k = "
+                              f"{p['experts'] / p['top_k']:g}: an expert takes each "
+                              "token at most once, so at most all of them")
         moe = MoeGeom(seq, d, p["experts"], p["top_k"], p["ffn"], p["activation"],
-                      p["capacity_factor"])
+                      p["capacity_factor"], p["load_imbalance"])
         wts = moe.router_weights + moe.experts * moe.expert_weights()
         # forward work: the router on every token, and each token through top_k experts
         macs = seq * (moe.router_weights + moe.top_k * moe.expert_weights())
@@ -1379,6 +1413,7 @@ def layer_summary(layer: Layer, network: Network, batch: int) -> dict[str, Any]:
         m = layer.moe
         rec["moe"] = {"experts": m.experts, "top_k": m.top_k, "ffn": m.ffn,
                       "activation": m.activation, "capacity_factor": m.capacity_factor,
+                      "load_imbalance": m.imbalance,
                       # the parameters a token's forward pass multiplies by
                       "active_params": m.router_weights + m.top_k * m.expert_weights()}
     prods = layer_kernels(layer, batch, network.elem_bytes)

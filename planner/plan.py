@@ -145,7 +145,7 @@ def iteration_record(ev: Evaluation, batch: int, use: dict[str, Any]) -> dict[st
         "forward_s": ev.forward_s,
         "backward_s": ev.backward_s,
         "optimizer_s": ev.optimizer_s,
-        "weight_grad_s": ev.weight_grad_s,
+        "weight_grad_s": ev.weight_grad_s * ev.reductions,
         "activation_comm_s": ev.activation_comm_s,
         "parameters_comm_s": ev.parameters_s,
         "recompute_s": ev.recompute_s,

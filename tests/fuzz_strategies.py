@@ -102,13 +102,19 @@ def network_data(draw: st.DrawFn, wide: bool | None = None) -> dict[str, Any]:
                                            "dropout", "repeat", "rmsnorm", "gated", "moe"]))
             if choice in ("attention", "moe") and kind == "features":
                 layers.append({"type": "relu"})  # attention needs a sequence
-            elif choice == "moe":  # a mixture of experts, with or without buffers
+            elif choice == "moe":  # a mixture of experts: even, buffered or uneven
                 experts = _maybe_wild(draw, st.sampled_from([2, 4, 8, 6]))
-                layers.append({"type": "moe", "experts": experts,
-                               "top_k": draw(st.integers(1, 2)),
-                               "ffn": draw(st.sampled_from([dim, 2 * dim, 7])),
-                               "activation": draw(st.sampled_from(["swiglu", "gelu"])),
-                               "capacity_factor": draw(st.sampled_from([None, 1.25]))})
+                top_k = draw(st.integers(1, 2))
+                moe = {"type": "moe", "experts": experts, "top_k": top_k,
+                       "ffn": draw(st.sampled_from([dim, 2 * dim, 7])),
+                       "activation": draw(st.sampled_from(["swiglu", "gelu"]))}
+                routing = draw(st.sampled_from(["even", "buffers", "uneven"]))
+                if routing == "buffers":
+                    moe["capacity_factor"] = 1.25
+                elif routing == "uneven" and isinstance(experts, int) \
+                        and experts >= 2 * top_k:
+                    moe["load_imbalance"] = 1.5
+                layers.append(moe)
             elif choice == "attention":
                 layers.append({"type": "attention",
                                "heads": _maybe_wild(draw, st.sampled_from([1, 2, 4, 8, 3])),

@@ -170,6 +170,39 @@ def test_expert_terms_by_hand():
     assert terms[0].bytes == 160 * DIM * E
 
 
+def test_load_imbalance_by_hand():
+    """``load_imbalance: 1.5``: the busiest expert takes 1.5 times its even share. Under
+    ``expert 4x2`` a device holds 2 experts, so the busiest device receives (1 + 1.5) / 2
+    = 1.25 times its even share: each of its 2 experts' products runs ⌈1.25 · 64⌉ = 80
+    rows (the grouped GEMM's total, 160), its all-to-all buffers are 1.25 · 128 = 160
+    rows, and it keeps 1.25 times the routed rows' tensors, per sample ``32 · 8 +
+    ⌈1.25 · 32 · 2 · (2 · 64 + 256 + 128)⌉ = 256 + 40,960`` elements. Under ``expert
+    8x1`` (one expert a device) the busiest takes 1.5 · 128 = 192 rows. Where a device
+    holds every expert (data, model) its rows are its own tokens', however uneven."""
+    net = _net(", load_imbalance: 1.5")
+    moe = net.by_name("mlp.moe")
+    assert moe.moe is not None and moe.moe.busiest(2) == 1.25 and moe.moe.busiest(8) == 1
+    ctx, _ = _ctx(net)
+    even, _ = _ctx(_net())
+
+    def gemms(lay, c):
+        layer = c.network.by_name("mlp.moe")
+        return [(k.m, k.n, k.k, k.batch) for k in weighted_kernels(layer, lay, c)["forward"]
+                if isinstance(k, Gemm)]
+
+    assert gemms(make_layout("expert", 4, 2), ctx) == [
+        (64, 8, 64, 1), (80, 256, 64, 2), (80, 64, 128, 2)]
+    assert gemms(make_layout("expert", 8, 1), ctx)[1] == (192, 256, 64, 1)
+    for lay in (make_layout("data", 1, 8), make_layout("model", 4, 2)):
+        assert gemms(lay, ctx) == gemms(lay, even)
+    terms = weighted_terms(moe, make_layout("expert", 4, 2), ctx)
+    assert [t.bytes for t in terms if t.collective == "all_to_all"] == [160 * DIM * E] * 4
+    lay = make_layout("expert", 4, 2)
+    assert own_kept_bytes(moe, lay, input_dist(lay), B, E) == 2 * (
+        (256 + 40_960) * E + moe.saved_bytes_extra)
+    assert layer_summary(moe, net, 1)["moe"]["load_imbalance"] == 1.5
+
+
 def test_model_terms_by_hand():
     """``model 4x2`` (every expert's hidden features split 4 ways, 8 samples a batch
     block): the partial outputs are all-reduced over the row group, as a row-parallel
@@ -306,6 +339,10 @@ def test_bad_descriptions_exit_2(runner, tmp_path):
             "  - {type: moe, experts: 4, ffn: 128")
     cases = {", top_k: 5}\n": ("net.yaml:5:46: ", "top_k=5 is more than its 4 experts"),
              ", activation: swish}\n": ("net.yaml:5:51: ", "expected one of swiglu"),
+             ", load_imbalance: 0.5}\n": ("net.yaml:5:55: ", "load_imbalance"),
+             ", load_imbalance: 3}\n": ("net.yaml:5:55: ", "more than experts / top_k = 2"),
+             ", load_imbalance: 1.2, capacity_factor: 1.5}\n": (
+                 "net.yaml:5:55: ", "give load_imbalance for dropless routing"),
              "}\n": None}
     for tail, expected in cases.items():
         path = tmp_path / "net.yaml"

@@ -219,6 +219,32 @@ def test_sharded_gradients_are_reduced_every_microbatch(zero, reduced):
     assert ev4.memory.peak == pytest.approx(ev1.memory.peak, rel=1e-12)
 
 
+@pytest.mark.parametrize("zero, reduced", [(0, 1), (2, 4), (3, 4)])
+def test_the_communication_splits_by_what_each_microbatch_repeats(zero, reduced):
+    """The iteration's split of its communication over 4 microbatches: every
+    microbatch's activation collectives (a model layout's all-gathers), the gradient
+    reductions ``reduced`` times, ZeRO's gathers of the updated parameters once and
+    stage 3's gathers every microbatch. The activation figure once read the total less
+    one reduction, so under ZeRO 2 and 3 it counted three reductions as activations."""
+    net = mlp([256, 512, 512, 256])
+    opts = Options(gpus=4, batch=8, overlap="none", zero=zero, microbatches=4)
+    est = FixedEstimator(1e-5)
+    assignment = {layer.index: make_layout("model", 2, 2) for layer in net.layers
+                  if layer.has_weights}
+    ev = evaluate(make_context(net, cluster(per_node=4), opts, est), opts, assignment)
+    terms = [t for r in ev.layers for t in r.cost.terms]
+    acts = sum(t.seconds for t in terms if t.when in ("forward", "backward")
+               and t.phase != "parameters")
+    gathers = sum(t.seconds * (1 if t.when == "update" else 4) for t in terms
+                  if t.phase == "parameters")
+    assert acts > 0 and ev.reductions == reduced
+    assert ev.activation_comm_s == pytest.approx(4 * acts, rel=1e-12)
+    assert ev.parameters_s == pytest.approx(gathers, rel=1e-12)
+    assert (gathers > 0) == (zero > 0)
+    assert ev.comm_s == pytest.approx(ev.activation_comm_s + reduced * ev.weight_grad_s
+                                      + ev.parameters_s, rel=1e-12)
+
+
 def _update_gathers(ev):
     """The parameters' all-gathers after a ZeRO 1-2 step: once a step, whatever M."""
     return sum(t.seconds for r in ev.layers for t in r.cost.terms if t.when == "update")

@@ -466,13 +466,17 @@ def expert_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
     over the group sends each routed row (a token for each of its ``top_k`` experts,
     in buffers of the capacity factor's size) to its expert's device; a second brings
     the outputs back for the weighted sum. Backward, the same two, reversed. Each rank's
-    buffer is its ``t · top_k · capacity_factor`` rows of ``dim``. The experts' weight
+    buffer is its ``t · top_k · capacity_factor`` rows of ``dim``, times
+    :meth:`MoeGeom.busiest` under a load imbalance. The experts' weight
     gradients are summed over their ``P_c`` replicas (the column group), the router's,
     held whole by every device, over all ``P``."""
     m = layer.moe
     assert m is not None
     samples, split = _expert_share(layout, ctx.batch)
-    buf = samples * _ceil_div(m.tokens, split) * m.fill * m.dim * ctx.elem_bytes
+    # the busiest device receives its experts' rows (under imbalance, more than it
+    # sends), and an all-to-all ends when it has
+    buf = samples * _ceil_div(m.tokens, split) * m.fill * m.dim * ctx.elem_bytes \
+        * m.busiest(m.experts // layout.pr)
     terms = _terms_on(ctx, layout.row_group(ctx.per_node), [
         ("forward", "all_to_all", buf, "dispatch"),
         ("forward", "all_to_all", buf, "combine"),
