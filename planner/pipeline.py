@@ -88,7 +88,7 @@ from typing import Any
 import numpy as np
 
 from .costs.comm import Group, collective_time
-from .costs.layer import local_params
+from .costs.layer import local_params, recompute_value
 from .costs.memory import MemoryReport
 from .errors import NoFeasiblePlan, UsageError
 from .network import DTYPE_BYTES, Block, Layer, Network, layer_kernels
@@ -131,6 +131,18 @@ def stage_starts(network: Network) -> list[int]:
         if w is not None and w != weighted[0]:
             kept[w] = c  # ascending: the last boundary before w wins
     return sorted(kept.values())
+
+
+def chunk_recompute(value: str, blocks: int) -> str:
+    """A recomputation setting as one stage (chunk) of ``blocks`` residual blocks takes
+    it: ``N`` recomputes the first ``N`` blocks of each, as Megatron-LM's
+    ``--recompute-num-layers`` does each pipeline stage's, all of them where it has
+    fewer, and none where it has none (a chunk of the output head alone)."""
+    if value == "none" or blocks == 0:
+        return "none"
+    if value.isdigit():
+        return recompute_value(min(int(value), blocks), blocks)
+    return value
 
 
 def stage_network(network: Network, lo: int, hi: int) -> Network:
@@ -664,7 +676,9 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
         hit = planned.get(key)
         if hit is None:
             sub = stage_network(net, lo, hi)
-            sopts = dataclasses.replace(opts, gpus=size, inflight=most[s][k])
+            sopts = dataclasses.replace(opts, gpus=size, inflight=most[s][k],
+                                        recompute=chunk_recompute(opts.recompute,
+                                                                  len(sub.blocks)))
             ctx = context(sub, sopts)
             if virtual > 1:
                 ctx = dataclasses.replace(ctx, cluster=cluster)

@@ -534,3 +534,26 @@ def test_microbatches_auto_refused_where_it_means_nothing(runner, files, command
     assert words in out.output
     bad = invoke(runner, "plan", net, cl, "-p", "8", "-b", "16", "--microbatches", "x")
     assert bad.exit_code == 2 and "number of microbatches" in bad.output
+
+
+def test_a_recompute_count_applies_to_each_stage(runner, files):
+    """``--recompute N`` recomputes the first N residual blocks of each stage (chunk), as
+    Megatron-LM's ``--recompute-num-layers`` does each pipeline stage's: all of them in a
+    stage with fewer, none in the output head's stage alone (which once failed the whole
+    plan, "the network has no residual blocks", after every stage before it was
+    searched)."""
+    from planner.pipeline import chunk_recompute
+
+    assert [chunk_recompute(v, 4) for v in ("none", "0", "1", "4", "9", "blocks")] == [
+        "none", "none", "1", "blocks", "blocks", "blocks"]
+    assert chunk_recompute("2", 0) == chunk_recompute("blocks", 0) == "none"
+    net, cl = files
+    base = ["cost", net, cl, "-p", "16", "-b", "64", "--microbatches", "8", "--pipeline",
+            "2", "--stage-starts", "head", "--estimator", "roofline", "--format", "json"]
+    docs = {}
+    for value in ("none", "1", "8"):
+        out = invoke(runner, *base, "--recompute", value)
+        assert out.exit_code == 0, out.output
+        docs[value] = json.loads(out.output)["iteration"]
+    assert docs["none"]["recompute_s"] == 0 < docs["1"]["recompute_s"] \
+        < docs["8"]["recompute_s"]

@@ -282,3 +282,55 @@ def test_a_network_without_blocks_has_nothing_to_recompute(runner, tmp_path):
                       "recompute: blocks\nstrategy: {grid: 1x2}\n")
     res = invoke(runner, "check", str(config))
     assert res.exit_code == 2 and "train.yaml:6:12" in res.output, res.output
+
+
+def test_unimodal_least_by_hand():
+    """Ternary search over integers: the least of a cost that falls then rises, the
+    lower count on a tie, each count asked at most once when memoised."""
+    from planner.search import unimodal_least
+
+    for best in range(0, 25):
+        asked: list[int] = []
+
+        def cost(n, best=best, asked=asked):
+            asked.append(n)
+            return abs(n - best) + 0.5 * (n > best)
+
+        assert unimodal_least(0, 24, cost) == best
+        assert len(set(asked)) <= 2 * 9  # about 2·log_1.5(24) = 15.7 points
+    assert unimodal_least(0, 6, lambda n: 1.0) == 0  # flat: the lower
+    assert unimodal_least(5, 5, lambda n: 1.0) == 5
+
+
+def test_recompute_auto_searches_between_when_every_count_trades():
+    """When no count's optimum fits (each trades time for memory), the fastest count may
+    lie between none and all: a fake search whose step is 1 + (n − 3)²/100 s for n of 8
+    blocks recomputed, always traded, is answered with 3 (before: 0 or 8, the two ends
+    tried, 0 kept)."""
+    from types import SimpleNamespace
+
+    from planner.search import search_recompute
+
+    net = load_network_text(_transformer_text(4))
+    blocks = len(net.blocks)
+    assert blocks == 8
+    opts = Options(gpus=2, batch=4)
+    ctx = make_context(net, cluster(per_node=2), opts, FixedEstimator(1e-5))
+    searched: list[int] = []
+
+    def inner(c, o):
+        n = {"none": 0, "blocks": blocks}.get(o.recompute)
+        n = int(o.recompute) if n is None else n
+        searched.append(n)
+        t = 1 + (n - 3) ** 2 / 100
+        best = SimpleNamespace(score=lambda objective, t=t: t,
+                               evaluation=SimpleNamespace(time_s=t,
+                                                          memory=SimpleNamespace(peak=1.0)))
+        return SimpleNamespace(best=best, constrained=True, objective="time", notes=[],
+                               recompute_trials=[]), c, o
+
+    res, _, o = search_recompute(ctx, opts, inner)
+    assert o.recompute == "3" and res.best.score("time") == 1.0
+    assert searched[:2] == [0, 8] and len(searched) == len(set(searched)) <= 8
+    assert [t.blocks for t in res.recompute_trials] == sorted(searched)
+    assert all(t.outcome == "traded" for t in res.recompute_trials)
