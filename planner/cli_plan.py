@@ -1037,6 +1037,8 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     schedule = res.schedule
     interleave = {"virtual_stages": v} if v > 1 else {}
     head["problem"]["pipeline"] = {"stages": count, **interleave, "schedule": schedule}
+    if q.recompute_auto:  # each stage's count is in its record (stage_plans: recompute)
+        head["problem"]["recompute"] = "auto"
 
     def per_stage(value: Callable[[Any, Any], float]) -> float:
         """The largest over the pipeline stages of a figure added over their chunks."""

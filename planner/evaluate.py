@@ -873,8 +873,10 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         activation_comm_s=(more + 1) * sum(t.seconds for r in results for t in r.cost.terms
                                            if t.when in ("forward", "backward")
                                            and t.phase != "parameters"),
-        recompute_s=sum(r.cost.forward_s + r.cost.comm("recompute") for r in results
-                        if recomputed(r.layer, ctx)) if ctx.rebuilt else 0,
+        # every microbatch re-runs the recomputed blocks' forward
+        recompute_s=(more + 1) * sum(r.cost.forward_s + r.cost.comm("recompute")
+                                     for r in results if recomputed(r.layer, ctx))
+        if ctx.rebuilt else 0,
         microbatch_s=plain,
         weight_compute_s=sum(r.cost.weight_s for r in results),
     )

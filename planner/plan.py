@@ -238,6 +238,8 @@ def _count(value: str, trials: list[dict[str, Any]]) -> int:
 
 def _recomputing(value: str) -> str:
     """How the table names a recomputation: every block, or the first N."""
+    if value == "auto":  # a pipeline's stages, each its own count
+        return "each stage's blocks as its memory needs"
     return "blocks" if value == "blocks" else f"{value} blocks"
 
 
@@ -266,7 +268,8 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 + (f", ZeRO {setting}" if zero else "")
                 + (f", recomputing {_recomputing(str(prob['recompute']))} "
                    f"({format_time(it.get('recompute_s', 0.0))} a step)"
-                   if str(prob.get("recompute", "none")) not in ("none", "0") else "")
+                   if str(prob.get("recompute", "none")) not in ("none", "0")
+                   and (prob["recompute"] != "auto" or it.get("recompute_s")) else "")
                 + "\n")
     head.append("iteration ", style="bold")
     head.append(f"{format_time(it['time_s'])}  (compute {format_time(it['compute_s'])}, "

@@ -34,10 +34,10 @@ layers:
 """ for b in ("b1", "b2")) + """  - {name: head, type: linear, out_features: 10}
 """
 
-def _evaluate(recompute, layouts=None, zero=0, p=2, b=4, text=BLOCKS):
+def _evaluate(recompute, layouts=None, zero=0, p=2, b=4, text=BLOCKS, microbatches=1):
     net = load_network_text(text)
     opts = Options(gpus=p, batch=b, overlap="none", optimizer="adam", zero=zero,
-                   recompute=recompute)
+                   recompute=recompute, microbatches=microbatches)
     ctx = make_context(net, cluster(per_node=8, algorithm="ring"), opts, FixedEstimator(1e-5))
     layouts = layouts or {}
     assignment = {x.index: layouts.get(x.name, make_layout("data", 1, p))
@@ -92,6 +92,10 @@ def test_time_by_hand():
     assert rec.forward_s == plain.forward_s
     assert rec.backward_s == pytest.approx(plain.backward_s + 8e-5, rel=1e-12)
     assert rec.time_s == pytest.approx(plain.time_s + 8e-5, rel=1e-12)
+    # 3 microbatches re-run them 3 times a step (recompute_s read one microbatch's)
+    rec3, plain3 = _evaluate("blocks", microbatches=3), _evaluate("none", microbatches=3)
+    assert rec3.recompute_s == pytest.approx(3 * 8e-5, rel=1e-12)
+    assert rec3.time_s == pytest.approx(plain3.time_s + 3 * 8e-5, rel=1e-12)
 
 
 def test_forward_collectives_run_again():
