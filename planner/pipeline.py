@@ -585,7 +585,7 @@ def search_pipeline(q: Any, stages: int, objective: str, pins: tuple[str, ...],
     under ``schedule`` (raises NoFeasiblePlan): ``run(question, objective, pins)``
     searches one chunk's question, ``context(net, options)`` builds its cost context."""
     return _pipeline(q, stages, lambda sq, lo: run(sq, objective, pins), context,
-                     virtual=virtual, schedule=schedule)
+                     virtual=virtual, schedule=schedule, reuse=not pins)
 
 
 @dataclass
@@ -624,13 +624,39 @@ def price_pipeline(q: Any, stages: int, layouts: dict[int, Any],
                      schedule=schedule)
 
 
+def chunk_signature(network: Network) -> tuple[Any, ...]:
+    """What a chunk's search sees of it, its layers' and blocks' names left out (ties
+    and block membership by position): two chunks of one signature (a transformer's
+    middle stages) are the same question, whose answer is the same layouts by
+    position."""
+    position = {layer.name: layer.index for layer in network.layers}
+    block = {b.name: str(i) for i, b in enumerate(network.blocks)}
+
+    def tie(name: str | None) -> str | None:
+        return None if name is None else f"#{position.get(name, -1)}"
+
+    layers = tuple(dataclasses.replace(
+        layer, name="", path="", block=None if layer.block is None else block[layer.block],
+        tied_to=tie(layer.tied_to),
+        linear=None if layer.linear is None else
+        dataclasses.replace(layer.linear, tied_to=tie(layer.linear.tied_to)))
+        for layer in network.layers)
+    blocks = tuple(dataclasses.replace(b, name="") for b in network.blocks)
+    return (network.dtype, network.input_shape, network.input_kind, network.loss, layers,
+            blocks)
+
+
 def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
               context: Callable[[Network, Any], Any], bounds: list[int] | None = None,
-              must_fit: bool = True, virtual: int = 1, schedule: str = SCHEDULE
-              ) -> PipelineResult:
+              must_fit: bool = True, virtual: int = 1, schedule: str = SCHEDULE,
+              reuse: bool = False) -> PipelineResult:
     """Stages (``virtual`` model chunks each) planned by ``run(chunk question, first
     layer)``, over the partitions balancing finds (or ``bounds``); the fastest that fits
-    (``must_fit``: else NoFeasiblePlan; otherwise the leanest when none fits)."""
+    (``must_fit``: else NoFeasiblePlan; otherwise the leanest when none fits). With
+    ``reuse`` (a search without pins, which match layers by name) a chunk that asks the
+    question another chunk asked (:func:`chunk_signature`, its devices and microbatches
+    in flight) takes that chunk's answer, its layouts by position and the settings its
+    search chose, evaluated on its own layers, instead of being searched again."""
     net = q.network
     opts = q.options
     p, m = opts.gpus, opts.microbatches
@@ -667,6 +693,21 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
     weights = layer_seconds(net, q.ctx, opts.batch)
     planned: dict[tuple[int, int, int], Stage] = {}
     failures: dict[tuple[int, int, int], NoFeasiblePlan] = {}
+    answered: dict[tuple[Any, ...], Stage] = {}  # a question's first answer (reuse)
+
+    def answer(sq: Any, lo: int, key: tuple[Any, ...]) -> Any:
+        """``run``'s result for a chunk question, or (``reuse``) the answer to the
+        same question asked by another chunk, re-evaluated on this one's layers."""
+        from .evaluate import evaluate
+
+        same = answered.get(key) if reuse else None
+        if same is None:
+            return run(sq, lo)
+        sq.ctx = dataclasses.replace(same.question.ctx, network=sq.network)
+        sq.options = same.question.options
+        assignment = {r.layer.index: r.layout for r in same.evaluation.layers
+                      if r.follows is None and r.layer.has_weights}
+        return Fixed(evaluate(sq.ctx, sq.options, assignment), list(same.result.notes), 0)
 
     def plan_stage(c: int, lo: int, hi: int) -> Stage:
         key = (c, lo, hi)
@@ -683,8 +724,9 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
             if virtual > 1:
                 ctx = dataclasses.replace(ctx, cluster=cluster)
             sq = dataclasses.replace(q, network=sub, options=sopts, ctx=ctx, cluster=cluster)
+            key_q = (chunk_signature(sub), most[s][k]) if reuse else ()
             try:
-                result = run(sq, lo)
+                result = answer(sq, lo, key_q)
             except NoFeasiblePlan as exc:
                 what = f"pipeline stage {s}" if virtual == 1 else \
                     f"pipeline stage {s}, model chunk {k}"
@@ -705,6 +747,8 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
                                        ((c + 1) % stages) * size)
             hit = planned[key] = Stage(s, lo, hi, s * size, size, sopts.inflight, sq,
                                        result, send, k)
+            if reuse:
+                answered.setdefault(key_q, hit)
         return hit
 
     tried: list[dict[str, Any]] = []

@@ -557,3 +557,34 @@ def test_a_recompute_count_applies_to_each_stage(runner, files):
         docs[value] = json.loads(out.output)["iteration"]
     assert docs["none"]["recompute_s"] == 0 < docs["1"]["recompute_s"] \
         < docs["8"]["recompute_s"]
+
+
+@pytest.mark.parametrize("extra", [
+    ("--schedule", "zb-h1"),
+    ("--schedule", "zb-h1", "--recompute", "auto", "--zero", "auto"),
+], ids=["zb-h1", "recompute-and-zero-auto"])
+def test_identical_chunks_are_searched_once(runner, tmp_path, monkeypatch, extra):
+    """Chunks that ask the same question (the same layers but for their names, devices
+    and microbatches in flight: here the middle stages of 8 blocks in 8 stages under
+    ZB-H1, which keeps as many microbatches on every stage) take the first one's answer,
+    evaluated on their own layers: the plan is the one searching each gives, byte for
+    byte but for the count of evaluations, which falls."""
+    import planner.pipeline as pl
+
+    net = tmp_path / "net.yaml"  # the test decoder, 8 blocks of width 1,024, 512 tokens
+    net.write_text(NET.replace("repeat: 4", "repeat: 8").replace("dim: 128", "dim: 1024")
+                   .replace("out_features: 256", "out_features: 4096")
+                   .replace("out_features: 128,", "out_features: 1024,")
+                   .replace("input: [64]", "input: [512]"))
+    args = ("plan", net, "examples/clusters/dgx-h100.yaml", "-p", "16", "-b", "64",
+            "--microbatches", "8", "--pipeline", "8", *extra, "--estimator", "roofline",
+            "--format", "json")
+    reused = json.loads(invoke(runner, *args).output)
+    chunks = [tuple(s["layers"]) for s in reused["pipeline"]["stage_plans"]]
+    assert ("blk.2.mlp.ln", "blk.3.attn.add") in chunks \
+        and ("blk.5.mlp.ln", "blk.6.attn.add") in chunks  # two of one question
+    whole = pl._pipeline
+    monkeypatch.setattr(pl, "_pipeline", lambda *a, **kw: whole(*a, **{**kw, "reuse": False}))
+    searched = json.loads(invoke(runner, *args).output)
+    assert reused["search"].pop("evaluated") < searched["search"].pop("evaluated")
+    assert reused == searched
