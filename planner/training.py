@@ -34,9 +34,12 @@ team chose: a plan file, one grid for every layer, or pins::
                                  # megatron-sp), or: pins: [...]; with a pipeline, a
                                  # grid or pin is one stage's (gpus / pipeline devices)
     max_slowdown: 1.10           # allowed ratio to the searched optimum
+    min_mfu: 0.35                # optional: the least model FLOPs utilisation allowed
 
 Checks: the strategy fits in memory on every device; its predicted iteration time is
-within ``max_slowdown`` of the searched optimum; a referenced plan still matches its
+within ``max_slowdown`` of the searched optimum; with ``min_mfu``, its model FLOPs
+utilisation (the network's FLOPs over the devices' peak, as plans report it) is at least
+that; a referenced plan still matches its
 inputs (the digests of the network and cluster files it was made from, and the question,
 the collective algorithm included) and is feasible. The strategy and the optimum are
 priced alike: the configuration's algorithm and ``check``'s ``--estimator``; a plan's
@@ -126,6 +129,8 @@ class TrainingConfig:
     schedule: str = SCHEDULE  #: the pipeline schedule: 1f1b or zb-h1
     #: the layers where stages (chunks) 1 on start (None: balanced)
     stage_starts: list[str] | None = None
+    #: the least model FLOPs utilisation the strategy may predict (None: no check)
+    min_mfu: float | None = None
 
     @property
     def stage_gpus(self) -> int:
@@ -277,6 +282,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         f.error("recompute", "recomputation needs 'cost_model: exact': the paper's accounting "
                              "(Gholami et al. 2018) keeps every activation")
     slowdown = f.opt("max_slowdown", number(1.0, 1e6), 1.10)
+    min_mfu = f.opt_none("min_mfu", number(0.0, 1.0, exclusive_min=True))
     algorithm = f.opt_none("algorithm", choice(ALGORITHMS))
     strategy: dict[str, Any] = {}
     if f.has("strategy"):
@@ -341,7 +347,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           max_slowdown=slowdown, document=doc,
                           microbatches=microbatches, pipeline=pipeline,
                           virtual_stages=virtual, stage_starts=starts,
-                          schedule=schedule or SCHEDULE)
+                          schedule=schedule or SCHEDULE, min_mfu=min_mfu)
 
 
 def _dtype(value: object) -> str:
@@ -378,7 +384,7 @@ def load_training(path: str | Path) -> TrainingConfig:
 class Finding:
     """One check's outcome."""
 
-    check: str  #: memory | speed | plan
+    check: str  #: memory | speed | efficiency | plan
     ok: bool
     message: str
     key: str = "$"  #: where in the configuration the problem lies (its key's line)
@@ -825,6 +831,17 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
         f"the strategy {'fits' if mem.fits else 'does not fit'} in memory: "
         f"{format_bytes(mem.peak)} per device of {format_bytes(mem.capacity)}{where}",
         key, {"peak_bytes": mem.peak, "capacity_bytes": mem.capacity}))
+    if cfg.min_mfu is not None:
+        from .plan import utilisation
+
+        use = utilisation(net, cl.device, options.gpus, options.step_batch, chosen_s)
+        findings.append(Finding(
+            "efficiency", use["mfu"] >= cfg.min_mfu * (1 - 1e-9),
+            f"predicted MFU {use['mfu']:.1%} ({use['tflops_per_device']:.4g} TFLOP/s a "
+            f"device of the network's FLOPs) is "
+            + ("at least" if use["mfu"] >= cfg.min_mfu * (1 - 1e-9) else "under")
+            + f" the {cfg.min_mfu:.1%} allowed",
+            "$.min_mfu", {"mfu": use["mfu"], "min_mfu": cfg.min_mfu}))
     if best_s is None:
         assert failure is not None
         why = _as_keys(str(failure).removeprefix("planner: "))

@@ -646,3 +646,30 @@ def test_validate_finds_what_check_would(runner, tmp_path, edit, said):
             continue
         assert result.exit_code == 2, (command, result.stdout)
         assert said in result.stderr, (command, result.stderr)
+
+
+def test_min_mfu(runner, tmp_path):
+    """``min_mfu``: the strategy's predicted model FLOPs utilisation, as its plan
+    reports it (the network's FLOPs over the devices' peak), must reach it. ResNet-50's
+    committed plan predicts the MFU its iteration records; a floor just under passes,
+    one just over fails (exit 1, annotated at the key's line), and one outside (0, 1]
+    is an input error at its file, line and column (exit 2)."""
+    (tmp_path / "plans").mkdir()
+    shutil.copy(CI / "plans" / "resnet50-dgx-64.yaml", tmp_path / "plans" / "p.yaml")
+    recorded = yaml.safe_load((CI / "plans" / "resnet50-dgx-64.yaml").read_text())
+    mfu = recorded["iteration"]["mfu"]  # rounded to 4 digits
+    cfg = tmp_path / "c.yaml"
+    text = _config("plans/p.yaml")
+    cfg.write_text(text + f"min_mfu: {mfu * 0.999:.5f}\n")
+    result = invoke(runner, "check", cfg, "--format", "json")
+    assert result.exit_code == 0, result.stdout
+    found = {c["check"]: c for c in json.loads(result.stdout)["configs"][0]["checks"]}
+    assert found["efficiency"]["ok"] and found["efficiency"]["line"] == 7
+    assert found["efficiency"]["mfu"] == pytest.approx(mfu, rel=1e-3)
+    cfg.write_text(text + f"min_mfu: {mfu * 1.001:.5f}\n")
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 1
+    assert f"predicted MFU {mfu:.1%}" in result.stdout and "under the" in result.stdout
+    cfg.write_text(text + "min_mfu: 1.5\n")
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 2 and "c.yaml:7:10" in result.stderr, result.stderr

@@ -108,4 +108,5 @@ def test_readme_training_configuration_is_valid(runner, tmp_path):
     cfg.write_text(block, encoding="utf-8")
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 0, result.stdout + result.stderr
-    assert result.stdout.count(": ok: [") == 3  # plan, memory, speed
+    assert result.stdout.count(": ok: [") == 4  # plan, memory, efficiency, speed
+    assert ": ok: [efficiency]" in result.stdout
