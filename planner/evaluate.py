@@ -414,8 +414,8 @@ def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch
     if m is not None and layout is not None and base_mode(layout.mode) == "model" and \
             layout.pr > 1:  # every expert's share of the hidden features
         internal = m.saved(-(-m.ffn // layout.pr))
-    elif m is not None and layout is not None and layout.mode in EXPERT_MODES and \
-            m.imbalance > 1:  # the busiest device keeps its experts' rows
+    elif m is not None and layout is not None and layout.mode in EXPERT_MODES:
+        # the busiest device keeps its experts' rows (more than its own under imbalance)
         internal = m.saved(busiest=m.busiest(m.experts // layout.pr))
     return (local_elems(internal, dist, batch) * e
             + local_elems(1, dist, batch) * extra)
@@ -792,8 +792,22 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
             gathers = [(pos, j) for pos in positions
                        for j, t in enumerate(results[pos].cost.terms) if _prefetched(t, when)]
             gather_runs[when] = _bucketed(ctx, results, gathers, options.bucket_bytes, cache)
-    fwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "forward")
-    bwd_comm = sum(t.seconds for r in results for t in r.cost.terms if t.when == "backward")
+    # one pass over the terms: the critical path's collectives forward and backward, and
+    # of those ZeRO stage 3's parameter gathers, each summed in term order
+    fwd_comm = bwd_comm = act_comm = passes_gathers = 0.0
+    for r in results:
+        for t in r.cost.terms:
+            when, gather = t.when, t.phase == "parameters"
+            if when in ("gradient", "update"):
+                continue
+            if when == "forward":
+                fwd_comm += t.seconds
+            else:
+                bwd_comm += t.seconds
+            if gather:
+                passes_gathers += t.seconds
+            else:
+                act_comm += t.seconds
     pb = question_param_bytes(ctx.network, options)
     # the optimizer step: one memory-bound pass over each layer's parameter shard (with
     # ZeRO, over the 1/R of it whose optimizer state this device keeps)
@@ -866,13 +880,11 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         buckets=buckets,
         # every microbatch runs its forward and backward collectives (ZeRO stage 3's
         # gathers among them); the update's gathers run once
-        parameters_s=sum(t.seconds * (1 if t.when == "update" else more + 1)
-                         for r in results for t in r.cost.terms
-                         if t.phase == "parameters") if ctx.zero else 0,
+        parameters_s=(more + 1) * passes_gathers
+        + sum(t.seconds for r in results for t in r.cost.terms  # bucketed above
+              if t.phase == "parameters" and t.when == "update") if ctx.zero else 0,
         reductions=reductions,
-        activation_comm_s=(more + 1) * sum(t.seconds for r in results for t in r.cost.terms
-                                           if t.when in ("forward", "backward")
-                                           and t.phase != "parameters"),
+        activation_comm_s=(more + 1) * act_comm,
         # every microbatch re-runs the recomputed blocks' forward
         recompute_s=(more + 1) * sum(r.cost.forward_s + r.cost.comm("recompute")
                                      for r in results if recomputed(r.layer, ctx))

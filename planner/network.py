@@ -570,11 +570,9 @@ def _moe_kernels(m: MoeGeom, t: int, eb: int, ffn_split: int, expert_split: int,
     out: dict[str, list[Kernel]] = {"forward": [], "backward_data": [], "backward_weight": []}
     d, n_exp = m.dim, m.experts
     e_loc = n_exp // expert_split
-    rows = m.rows(t * expert_split)  # per expert on this device
-    if expert_split > 1 and m.imbalance > 1:
-        # the busiest device: its hot expert's rows and its neighbours' even shares,
-        # as e_loc products of the mean (a grouped GEMM's total work)
-        rows = math.ceil(rows * m.busiest(e_loc) - 1e-9)
+    # per expert on the busiest device: under imbalance its hot expert's rows and its
+    # neighbours' even shares, as e_loc products of the mean (a grouped GEMM's work)
+    rows = math.ceil(m.rows(t * expert_split) * m.busiest(e_loc) - 1e-9)
     f = -(-m.ffn // ffn_split)
     up = m.up(f)
     hidden = float(rows) * e_loc  # rows through this device's experts

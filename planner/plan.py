@@ -134,9 +134,10 @@ def utilisation(network: Network, device: Device, gpus: int, batch: int,
             "mfu": rate / device.peak(DTYPE_PEAK_KEY[network.dtype])}
 
 
-def iteration_record(ev: Evaluation, batch: int, use: dict[str, Any]) -> dict[str, Any]:
-    """The iteration summary, with the step's utilisation ``use``
-    (:func:`utilisation`)."""
+def iteration_record(ev: Evaluation, network: Network, device: Device, options: Options
+                     ) -> dict[str, Any]:
+    """The iteration summary, with the step's :func:`utilisation`."""
+    batch = options.step_batch
     return {
         "time_s": ev.time_s,
         "compute_s": ev.compute_s,
@@ -150,7 +151,7 @@ def iteration_record(ev: Evaluation, batch: int, use: dict[str, Any]) -> dict[st
         "parameters_comm_s": ev.parameters_s,
         "recompute_s": ev.recompute_s,
         "samples_per_s": batch / ev.time_s if ev.time_s > 0 else 0.0,
-        **use,
+        **utilisation(network, device, options.gpus, batch, ev.time_s),
     }
 
 
@@ -208,8 +209,7 @@ def plan_document(command: str, network: Network, network_file: str, cluster_nam
     doc: dict[str, Any] = {
         **plan_header(command, network, network_file, cluster_name, cluster_file, options,
                       estimator, nodes),
-        "iteration": iteration_record(ev, options.step_batch, utilisation(
-            network, device, options.gpus, options.step_batch, ev.time_s)),
+        "iteration": iteration_record(ev, network, device, options),
         "memory": ev.memory.to_data(),
     }
     if extra:

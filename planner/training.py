@@ -835,12 +835,12 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
         from .plan import utilisation
 
         use = utilisation(net, cl.device, options.gpus, options.step_batch, chosen_s)
+        enough = use["mfu"] >= cfg.min_mfu * (1 - 1e-9)
         findings.append(Finding(
-            "efficiency", use["mfu"] >= cfg.min_mfu * (1 - 1e-9),
+            "efficiency", enough,
             f"predicted MFU {use['mfu']:.1%} ({use['tflops_per_device']:.4g} TFLOP/s a "
-            f"device of the network's FLOPs) is "
-            + ("at least" if use["mfu"] >= cfg.min_mfu * (1 - 1e-9) else "under")
-            + f" the {cfg.min_mfu:.1%} allowed",
+            f"device of the network's FLOPs) is {'at least' if enough else 'under'} the "
+            f"{cfg.min_mfu:.1%} allowed",
             "$.min_mfu", {"mfu": use["mfu"], "min_mfu": cfg.min_mfu}))
     if best_s is None:
         assert failure is not None
