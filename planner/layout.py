@@ -374,10 +374,19 @@ def _shared_target(dst: Dist, strides: tuple[tuple[int, int], ...]) -> bool:
     digits' place values: a gather digit ``(s, c)`` leaves a block digit ``(t, n)``
     alone when ``[s, s·c)`` and ``[t, t·n)`` do not overlap (exact where the digits
     are those of one mixed radix, as a grid's are)."""
-    digits = [d for d in (dst.batch, dst.height, dst.feature) if d is not None and d[1] > 1]
+    digits = tuple(sorted(d for d in (dst.batch, dst.height, dst.feature)
+                          if d is not None and d[1] > 1))
     if dst.p > BRUTE_FORCE_MAX_P:
         return all(s * c <= t or t * n <= s for s, c in strides for t, n in digits)
-    members = _groups(strides, dst.p)
+    return _digits_shared(dst.p, digits, strides)
+
+
+@functools.lru_cache(maxsize=8192)
+def _digits_shared(p: int, digits: tuple[tuple[int, int], ...],
+                   strides: tuple[tuple[int, int], ...]) -> bool:
+    """:func:`_shared_target` on every group of ``p`` devices (memoised: distributions
+    of many layouts share their block digits)."""
+    members = _groups(strides, p)
     for digit in digits:
         index = (members // digit[0]) % digit[1]
         if np.any(index != index[:, :1]):
