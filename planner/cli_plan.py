@@ -43,6 +43,11 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Overlap weight-gradient all-reduces with the backward pass."),
         click.option("--bucket-size", "bucket", default="25 MiB", show_default=True,
                      help="Gradient bucket size for --overlap gradients (0: one per layer)."),
+        click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=False,
+                     show_default=True,
+                     help="Overlap sequence-parallel layers' all-gathers and "
+                          "reduce-scatters with their GEMMs inside a node (Megatron-LM's "
+                          "--tp-comm-overlap, Transformer Engine's userbuffers)."),
         click.option("--optimizer", type=click.Choice(("sgd", "momentum", "adam")),
                      default="momentum", show_default=True,
                      help="Optimizer state kept per parameter."),
@@ -151,7 +156,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                   algorithm: str | None, estimator: str, models_dir: str | None,
                   zero: int | str = 0, recompute: str = "none", zero_shard: str = "all",
                   precision: str | None = None, grad_precision: str | None = None,
-                  microbatches: int | str = 1) -> Question:
+                  microbatches: int | str = 1, tp_comm_overlap: bool = False) -> Question:
     """Load both files, build the options and the cost context (``zero="auto"`` or
     ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
     from .evaluate import ZERO_STAGES, Options, check_question, make_context
@@ -177,6 +182,10 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
         raise UsageError(f"planner: error: the batch {batch} is not a multiple of "
                          f"--microbatches {microbatches}; each microbatch runs the same "
                          "number of samples: pick a batch or a count that divides it")
+    if tp_comm_overlap and cost_model == "gholami2018":
+        raise UsageError("planner: error: --tp-comm-overlap needs --cost-model exact: the "
+                         "paper's accounting (Gholami et al. 2018) has no sequence "
+                         "parallelism; drop --tp-comm-overlap or the cost model")
     if microbatches > 1 and cost_model == "gholami2018":
         raise UsageError("planner: error: --microbatches needs --cost-model exact: the "
                          "paper's accounting (Gholami et al. 2018) runs one pass a step; "
@@ -204,7 +213,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                       recompute="none" if rec_auto else
                       canonical_recompute(recompute, len(net.blocks)),
                       grad_dtype=DTYPE_ALIASES.get(grad_precision, grad_precision)
-                      if grad_precision is not None else None)
+                      if grad_precision is not None else None,
+                      tp_comm_overlap=tp_comm_overlap)
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)

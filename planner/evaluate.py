@@ -94,6 +94,11 @@ class Options:
     #: microbatches whose activations are kept at once (a pipeline stage under 1F1B keeps
     #: those it has run forward and not yet backward; gradient accumulation alone, one)
     inflight: int = 1
+    #: sequence-parallel collectives overlap the GEMMs they feed or drain
+    #: (Megatron-LM's ``--tp-comm-overlap``; :func:`~planner.costs.layer.overlap_tp`)
+    tp_comm_overlap: bool = False
+    #: the weight gradients' GEMMs run later in a pass of their own (ZB-H1's W)
+    wgrad_deferred: bool = False
 
     @property
     def step_batch(self) -> int:
@@ -168,7 +173,8 @@ def make_context(network: Network, cluster: Cluster, options: Options,
                    estimator=estimator or Roofline(), cost_model=options.cost_model,
                    algorithm=options.algorithm, zero=options.zero,
                    zero_shard=options.zero_shard, recompute=options.recompute,
-                   grad_dtype=options.grad_dtype)
+                   grad_dtype=options.grad_dtype, tp_comm_overlap=options.tp_comm_overlap,
+                   wgrad_deferred=options.wgrad_deferred)
 
 
 def check_question(network: Network, cluster: Cluster, options: Options) -> None:
@@ -731,7 +737,7 @@ def _prefetched_forward(results: list[LayerResult],
     clock = 0.0
     for pos, r in enumerate(results):
         clock = pre.start(pos, clock)
-        clock += r.cost.forward_s + sum(t.seconds for t in r.cost.terms
+        clock += r.cost.forward_s + sum(t.critical_s for t in r.cost.terms
                                         if t.when == "forward" and not _prefetched(t, "forward"))
     return clock
 
@@ -760,7 +766,7 @@ def _overlapped_backward(results: list[LayerResult],
     for pos in range(len(results) - 1, -1, -1):
         r = results[pos]
         clock = pre.start(pos, clock)
-        clock += r.cost.backward_s + sum(t.seconds for t in r.cost.terms
+        clock += r.cost.backward_s + sum(t.critical_s for t in r.cost.terms
                                          if t.when == "backward"
                                          and not (prefetch and _prefetched(t, "backward")))
         for run in closing.get(pos, []):
@@ -794,7 +800,9 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
             gather_runs[when] = _bucketed(ctx, results, gathers, options.bucket_bytes, cache)
     # one pass over the terms: the critical path's collectives forward and backward, and
     # of those ZeRO stage 3's parameter gathers, each summed in term order
-    fwd_comm = bwd_comm = act_comm = passes_gathers = 0.0
+    # (all their seconds, and what the critical path pays of them where tensor-parallel
+    # collectives overlap their GEMMs)
+    fwd_comm = bwd_comm = act_comm = passes_gathers = fwd_crit = 0.0
     for r in results:
         for t in r.cost.terms:
             when, gather = t.when, t.phase == "parameters"
@@ -802,6 +810,7 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
                 continue
             if when == "forward":
                 fwd_comm += t.seconds
+                fwd_crit += t.critical_s
             else:
                 bwd_comm += t.seconds
             if gather:
@@ -818,7 +827,7 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         else 0.0
     forward = _prefetched_forward(results, gather_runs["forward"], options.bucket_bytes) \
         if prefetch else \
-        fwd_compute + fwd_comm
+        fwd_compute + fwd_crit
     bucketing = options.overlap == "gradients"
     # every weight-gradient term, from the output back: (layer position, term position)
     items = [(pos, j) for pos in range(len(results) - 1, -1, -1)
@@ -833,7 +842,7 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     else:  # every reduction after the backward pass, gathers on the critical path
         end_backward = forward
         for r in reversed(results):
-            end_backward += r.cost.backward_s + sum(t.seconds for t in r.cost.terms
+            end_backward += r.cost.backward_s + sum(t.critical_s for t in r.cost.terms
                                                     if t.when == "backward")
         weight_grad_s = sum(run[2] for run in grad_runs)
         finish = end_backward + weight_grad_s
@@ -854,7 +863,7 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         plain = finish
         reductions = more + 1
     else:
-        plain = forward + sum(r.cost.backward_s + sum(t.seconds for t in r.cost.terms
+        plain = forward + sum(r.cost.backward_s + sum(t.critical_s for t in r.cost.terms
                                                       if t.when == "backward")
                               for r in results)
         reductions = 1

@@ -42,6 +42,8 @@ class LaunchSpec:
     microbatches: int = 1
     virtual_stages: int = 1  #: model chunks a stage (interleaved 1F1B)
     schedule: str = SCHEDULE  #: the pipeline schedule (1f1b, interleaved-1f1b, zb-h1)
+    #: sequence-parallel collectives overlap their GEMMs (``--tp-comm-overlap``)
+    tp_comm_overlap: bool = False
 
     @property
     def fsdp(self) -> str | None:
@@ -113,6 +115,10 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
         if zero_shard not in ("all", "node"):
             issues.append(Issue("$.problem.zero_shard", f"expected all or node, got "
                                                         f"{zero_shard!r}"))
+    tp_overlap = isinstance(problem, dict) and problem.get("tp_comm_overlap", False)
+    if not isinstance(tp_overlap, bool):
+        issues.append(Issue("$.problem.tp_comm_overlap", f"expected true or false, got "
+                                                         f"{show(tp_overlap)}"))
     if isinstance(problem, dict) and not issues:
         for key, mine, want in (("gpus", "devices", world), ("nodes", "nodes", nodes)):
             got = problem.get(key)
@@ -206,7 +212,7 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
                       nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits,
                       str(dtype), str(grad_dtype or dtype), stages, microbatches, virtual,
-                      schedule)
+                      schedule, bool(tp_overlap))
 
 
 def _grid_index(g: dict[str, Any], key: str, count: int, what: str, where: str,
@@ -270,6 +276,9 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
         head.append(f"# {spec.dtype} weights, gradients accumulated and reduced in "
                     f"{spec.grad_dtype} (PyTorch FSDP: MixedPrecision(reduce_dtype="
                     f"torch.{spec.grad_dtype}))")
+    if spec.tp_comm_overlap:
+        head.append("# sequence-parallel collectives overlap their GEMMs (Megatron-LM: "
+                    "--tp-comm-overlap, with Transformer Engine)")
     if kind == "env":
         lines = [
             f"PLANNER_PLAN={q(plan_path)}",
@@ -291,6 +300,8 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
                 lines.append(f"PLANNER_VIRTUAL_STAGES={spec.virtual_stages}")
             if spec.stages > 1:
                 lines.append(f"PLANNER_PIPELINE_SCHEDULE={spec.schedule}")
+        if spec.tp_comm_overlap:
+            lines.append("PLANNER_TP_COMM_OVERLAP=1")
         return "\n".join(head + lines) + "\n"
     if kind == "torchrun":
         if spec.uneven:

@@ -470,10 +470,10 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         t = batch * -(-lin.tokens // max(1, height_split))
         n_local = -(-lin.out_features // ms)
         k_local = -(-lin.in_features // max(1, input_split))
-        out["forward"].append(Gemm(t, n_local, k_local))
+        out["forward"].append(Gemm(t, n_local, k_local, role="fprop"))
         if layer.inputs != (-1,):
-            out["backward_data"].append(Gemm(t, k_local, n_local))
-        out["backward_weight"].append(Gemm(n_local, k_local, t))
+            out["backward_data"].append(Gemm(t, k_local, n_local, role="dgrad"))
+        out["backward_weight"].append(Gemm(n_local, k_local, t, role="wgrad"))
         return out
     if layer.attention is not None:
         a = layer.attention
@@ -499,12 +499,15 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         n_rot = float(t) * (h_local + kv_local) * a.head_dim
         rope = [Elementwise(2 * elem_bytes * n_rot, ROTARY_FLOPS * n_rot, "rotary")
                 ] if a.rotary else []
-        out["forward"] += [Gemm(t, qkv, a.dim), *rope, scores, mix, Gemm(t, a.dim, proj_in)]
+        out["forward"] += [Gemm(t, qkv, a.dim, role="fprop"), *rope, scores, mix,
+                           Gemm(t, a.dim, proj_in, role="fprop-out")]
         # backward through P·V (dP, dV), Q·Kᵀ (dQ, dK), then the two projections; flash
         # attention keeps no probabilities, so it computes Q·Kᵀ again first
         out["backward_data"] += ([scores] if a.flash else []) + [
-            scores, mix, mix, mix, Gemm(t, proj_in, a.dim), *rope, Gemm(t, a.dim, qkv)]
-        out["backward_weight"] += [Gemm(a.dim, proj_in, t), Gemm(qkv, a.dim, t)]
+            scores, mix, mix, mix, Gemm(t, proj_in, a.dim, role="dgrad-out"), *rope,
+            Gemm(t, a.dim, qkv, role="dgrad")]
+        out["backward_weight"] += [Gemm(a.dim, proj_in, t, role="wgrad-out"),
+                                   Gemm(qkv, a.dim, t, role="wgrad")]
         if not a.flash:
             # an unfused kernel also passes over the score matrix in memory: the scaled,
             # masked softmax as one pass (Megatron-LM's fused kernel: read the scores,

@@ -15,7 +15,7 @@ output written once), which is what the roofline needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 ConvPhase = Literal["fwd", "bwd_data", "bwd_filter"]
@@ -29,6 +29,11 @@ class Gemm:
     n: int
     k: int
     batch: int = 1
+    #: what the product is to a layer whose tensor-parallel collectives overlap it
+    #: (``fprop``, ``dgrad``, ``wgrad`` of a linear layer or of attention's input
+    #: projection; with ``-out``, of attention's output projection); not part of the
+    #: problem, so equal shapes are equal kernels
+    role: str = field(default="", compare=False)
 
     @property
     def flops(self) -> float:

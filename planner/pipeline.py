@@ -719,7 +719,8 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
             sub = stage_network(net, lo, hi)
             sopts = dataclasses.replace(opts, gpus=size, inflight=most[s][k],
                                         recompute=chunk_recompute(opts.recompute,
-                                                                  len(sub.blocks)))
+                                                                  len(sub.blocks)),
+                                        wgrad_deferred=schedule == ZERO_BUBBLE)
             ctx = context(sub, sopts)
             if virtual > 1:
                 ctx = dataclasses.replace(ctx, cluster=cluster)

@@ -12,7 +12,7 @@ files)::
       cluster: {file, name, sha256}
     problem: {gpus, batch, dtype, cost_model, overlap, bucket_bytes, optimizer,
               master_weights, grad_dtype, zero, zero_shard (with zero 1-3: all|node), recompute,
-              estimator, algorithm, nodes}
+              tp_comm_overlap (when true), estimator, algorithm, nodes}
     iteration: {time_s, compute_s, comm_s, exposed_comm_s, forward_s, backward_s,
                 optimizer_s, weight_grad_s, activation_comm_s, parameters_comm_s,
                 recompute_s, samples_per_s, model_flops, tflops_per_device, mfu}
@@ -27,7 +27,8 @@ files)::
         compute_s, compute: {forward_s, backward_s, estimator},
         comm: {forward_s, backward_data_s, weight_grad_s, redistribute_s, parameters_s,
                recompute_s,
-               terms: [{phase, collective, group, per_node, bytes, seconds, algorithm, note}]},
+               terms: [{phase, collective, group, per_node, bytes, seconds, algorithm, note,
+                        exposed_s (overlapping its layer's GEMM: what the pass pays)}]},
                # per_node: the group's ranks in each node it touches; where they do not
                # fill their nodes evenly (12 on 8-GPU nodes: 8 + 4), the fewest (4)
         memory: {params_bytes, activation_bytes}   # params_bytes: what this device keeps
@@ -85,6 +86,8 @@ def _term(t: CommTerm) -> dict[str, Any]:
     }
     if t.note:
         rec["note"] = t.note
+    if t.exposed_s is not None:  # overlapping its GEMM: what the critical path pays
+        rec["exposed_s"] = t.exposed_s
     return rec
 
 
@@ -179,6 +182,8 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
         # ZeRO's sharding only where there is ZeRO (a plan without it reads the same)
         **({"zero_shard": options.zero_shard} if options.zero else {}),
         "recompute": options.recompute,
+        # the overlap only where it is asked for (a plan without it reads the same)
+        **({"tp_comm_overlap": True} if options.tp_comm_overlap else {}),
     }
 
 
@@ -265,6 +270,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 + (f" in {micro} microbatches" if micro > 1 else "") + f", {prob['dtype']}"
                 + (f" (gradients in {grads})" if grads != prob["dtype"] else "") + ", "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
+                + (" and tensor-parallel" if prob.get("tp_comm_overlap") else "")
                 + (f", ZeRO {setting}" if zero else "")
                 + (f", recomputing {_recomputing(str(prob['recompute']))} "
                    f"({format_time(it.get('recompute_s', 0.0))} a step)"

@@ -242,7 +242,7 @@ class Space:
                     if self._hideable(t):
                         comm_g += t.seconds
                     else:
-                        comm_a += t.seconds
+                        comm_a += t.critical_s
                 arr[j, _A] = comm_a
                 arr[j, _G] = comm_g
                 params_local = local_params(layer, lay)
@@ -497,7 +497,7 @@ class Space:
         else:
             terms, work, out = follower_terms(layer, dist, ctx)
         for t in terms:
-            parts[_G if self._hideable(t) else _A] += t.seconds
+            parts[_G if self._hideable(t) else _A] += t.critical_s
         prods = follower_kernels(layer, work, ctx)
         ks = prods["forward"] + prods["backward_data"] + prods["backward_weight"]
         if layer.params:

@@ -24,6 +24,8 @@ team chose: a plan file, one grid for every layer, or pins::
     grad_precision: float32      # the dtype gradients are accumulated and reduced in
                                  # (default: the weights')
     overlap: gradients           # none | gradients
+    tp_comm_overlap: false       # sequence-parallel collectives overlap their GEMMs
+                                 # (Megatron-LM's --tp-comm-overlap)
     zero: 0                      # ZeRO stage 0-3: optimizer state / + gradients / + weights sharded
     zero_shard: all              # all | node: over all replicas, or within nodes (hybrid)
     recompute: none              # none | blocks | N: residual blocks (or the first N) re-run
@@ -131,6 +133,8 @@ class TrainingConfig:
     stage_starts: list[str] | None = None
     #: the least model FLOPs utilisation the strategy may predict (None: no check)
     min_mfu: float | None = None
+    #: sequence-parallel collectives overlap their GEMMs (``--tp-comm-overlap``)
+    tp_comm_overlap: bool = False
 
     @property
     def stage_gpus(self) -> int:
@@ -258,6 +262,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     master = f.opt_none("master_weights", boolean)
     grad_precision = f.opt_none("grad_precision", _dtype)
     overlap = f.opt("overlap", choice(OVERLAPS), "gradients")
+    tp_overlap = f.opt("tp_comm_overlap", boolean, False)
     bucket = f.opt("bucket_size", bucket_size, float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
     zero = f.opt("zero", integer(0, 3), 0)
@@ -268,6 +273,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     if zero and cost_model == "gholami2018":
         f.error("zero", "ZeRO needs 'cost_model: exact': the paper's accounting (Gholami "
                         "et al. 2018) has no sharded optimizer")
+    if tp_overlap and cost_model == "gholami2018":
+        f.error("tp_comm_overlap", "tensor-parallel overlap needs 'cost_model: exact': the "
+                                   "paper's accounting (Gholami et al. 2018) has no sequence "
+                                   "parallelism")
     if grad_precision is not None and cost_model == "gholami2018":
         f.error("grad_precision", "a gradient precision needs 'cost_model: exact': the "
                                   "paper's accounting (Gholami et al. 2018) moves every word "
@@ -347,7 +356,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           max_slowdown=slowdown, document=doc,
                           microbatches=microbatches, pipeline=pipeline,
                           virtual_stages=virtual, stage_starts=starts,
-                          schedule=schedule or SCHEDULE, min_mfu=min_mfu)
+                          schedule=schedule or SCHEDULE, min_mfu=min_mfu,
+                          tp_comm_overlap=bool(tp_overlap))
 
 
 def _dtype(value: object) -> str:
@@ -480,12 +490,14 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
     from .plan import problem_record
 
     # a plan without gradient accumulation records no microbatches: compare them even so
-    record = {"microbatches": 1, **rounded(problem_record(net, options), 4)}
+    record = {"microbatches": 1, "tp_comm_overlap": False,
+              **rounded(problem_record(net, options), 4)}
     for key, value in record.items():
         # a plan made before ZeRO was modelled had none
         # (and before gradients had a dtype of their own, the weights')
         had = prob.get(key, {"zero": 0, "zero_shard": "all", "recompute": "none",
-                             "grad_dtype": prob.get("dtype"), "microbatches": 1}.get(key))
+                             "grad_dtype": prob.get("dtype"), "microbatches": 1,
+                             "tp_comm_overlap": False}.get(key))
         if key.endswith("_bytes") and _same_size(had, value):
             continue  # plans before 2026-11-23 rounded sizes to 4 digits
         if had != value:
@@ -719,7 +731,8 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                       optimizer=cfg.optimizer, master_weights=cfg.master_weights,
                       zero=cfg.zero, zero_shard=cfg.zero_shard,
                       recompute=canonical_recompute(cfg.recompute, len(net.blocks)),
-                      algorithm=cfg.algorithm, grad_dtype=cfg.grad_precision)
+                      algorithm=cfg.algorithm, grad_dtype=cfg.grad_precision,
+                      tp_comm_overlap=cfg.tp_comm_overlap)
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "

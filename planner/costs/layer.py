@@ -42,7 +42,7 @@ from ..layout import (
     redistribution,
 )
 from ..network import DTYPE_BYTES, GATED, Layer, Network, layer_kernels
-from ..ops import Elementwise, Kernel
+from ..ops import Elementwise, Gemm, Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
 from .compute import Estimator, FloatArray
 from .memory import ParamBytes, sharded
@@ -71,6 +71,14 @@ class CommTerm:
     seconds: float
     algorithm: str
     note: str = ""
+    #: the seconds it adds to the critical path when it overlaps its layer's GEMM
+    #: (``--tp-comm-overlap``; None: all of them)
+    exposed_s: float | None = None
+
+    @property
+    def critical_s(self) -> float:
+        """The seconds it adds to its pass: all of them, or what its overlap leaves."""
+        return self.seconds if self.exposed_s is None else self.exposed_s
 
     @functools.cached_property
     def when(self) -> str:
@@ -108,6 +116,12 @@ class Context:
     recompute: str = "none"
     #: the dtype gradients are accumulated and reduced in (None: the weights')
     grad_dtype: str | None = None
+    #: tensor-parallel collectives overlap the GEMMs they feed or drain
+    #: (:func:`overlap_tp`; Megatron-LM's ``--tp-comm-overlap``)
+    tp_comm_overlap: bool = False
+    #: the weight gradients' GEMMs run in a pass of their own, later (ZB-H1's W), so
+    #: nothing of the backward pass overlaps them
+    wgrad_deferred: bool = False
 
     @functools.cached_property
     def rebuilt(self) -> frozenset[str]:
@@ -221,7 +235,8 @@ def rerun_terms(layer: Layer, ctx: Context, terms: list[CommTerm]) -> list[CommT
     if not recomputed(layer, ctx):
         return []
     return [CommTerm("recompute", t.collective, t.group, t.bytes, t.seconds, t.algorithm,
-                     (t.note.replace("(forward)", "").strip() + " (recompute)").strip())
+                     (t.note.replace("(forward)", "").strip() + " (recompute)").strip(),
+                     t.exposed_s)
             for t in terms if t.when == "forward" and t.phase != "parameters"]
 
 
@@ -297,7 +312,111 @@ def weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]
     """Forward, backward-data and weight-gradient collectives of a layer with weights
     (and, recomputed, its forward ones again)."""
     terms = _weighted_terms(layer, layout, ctx)
+    if ctx.tp_comm_overlap and layout.mode in SEQUENCE_MODES:
+        terms = overlap_tp(layer, layout, ctx, terms)
     return terms + rerun_terms(layer, ctx, terms)
+
+
+#: how each sequence-parallel collective overlaps a GEMM of its layer under
+#: Megatron-LM's ``--tp-comm-overlap``: Transformer Engine's userbuffers with their
+#: default method per GEMM (``transformer_engine.pytorch.module.base.initialize_ub``):
+#: (phase, collective, note) → (the GEMM's role, whether on attention's output
+#: projection, method).
+#:
+#: * ``ring``: the all-gather feeding a GEMM (the QKV and first MLP projections
+#:   forward, the output projections' input gradient) as ``P_r`` ring steps, each
+#:   chunk of rows multiplied while the next arrives, on copy engines (no SMs taken);
+#: * ``pipeline``: the reduce-scatter draining a GEMM (the output projections
+#:   forward) in 4 chunks of rows, each reduce-scattered while the next is computed;
+#: * ``bulk``: the collective beside an independent GEMM of the same backward pass (the
+#:   input's all-gather for the weight gradient beside the input gradient's GEMM; the
+#:   input gradient's reduce-scatter beside the weight gradient's GEMM).
+#:
+#: ``pipeline`` and ``bulk`` communicate on 16 SMs, which the GEMM gives up.
+TP_OVERLAPS: dict[tuple[str, str, str], tuple[str, bool, str]] = {
+    ("forward", "all_gather", "tokens"): ("fprop", False, "ring"),
+    ("forward", "reduce_scatter", "tokens"): ("fprop", True, "pipeline"),
+    ("backward_data", "all_gather", "tokens"): ("dgrad", True, "ring"),
+    ("backward_data", "all_gather", "tokens again"): ("dgrad", False, "bulk"),
+    ("backward_data", "reduce_scatter", "tokens"): ("wgrad", False, "bulk"),
+}
+#: the chunks of a pipelined reduce-scatter, and the SMs its and a bulk collective's
+#: kernels take (Transformer Engine's defaults: ``num_splits``, ``num_sm``)
+TP_PIPELINE_SPLITS = 4
+TP_COMM_SMS = 16
+
+
+def tp_overlap_error(layer: Layer, layout: Layout, ctx: Context) -> str | None:
+    """Why a sequence-parallel layout's collectives do not overlap its GEMMs (None: they
+    do)."""
+    if layer.linear is None and layer.attention is None:
+        return "only a linear layer's or attention's collectives overlap their GEMMs"
+    if layout.row_group(ctx.per_node).spans_nodes:
+        return ("its tensor-parallel group spans nodes; Transformer Engine's userbuffers "
+                "overlap within a node")
+    return None
+
+
+def overlap_tp(layer: Layer, layout: Layout, ctx: Context,
+               terms: list[CommTerm]) -> list[CommTerm]:
+    """Terms with the exposed seconds of the collectives that overlap the layer's GEMMs
+    (:data:`TP_OVERLAPS`), for a GEMM of ``C`` seconds and a collective of ``S``:
+
+    * ``ring`` over ``n = P_r`` devices: ``n`` chunks of ``⌈m/n⌉`` rows, ``c`` seconds
+      each (timed by the estimator: a chunk runs below the whole GEMM's rate), against
+      ``n − 1`` ring steps of ``S/(n − 1)``: ``c + (n − 1)·max(c, S/(n − 1))`` in all;
+    * ``pipeline``: 4 chunks of ``⌈m/4⌉`` rows, each ``c`` on the SMs the collective
+      leaves (``c·SMs/(SMs − 16)``), and each chunk's reduce-scatter (``s``, priced at a
+      quarter of the bytes): ``c' + 3·max(c', s) + s``;
+    * ``bulk``: ``max(C·SMs/(SMs − 16), S)``; the weight gradient's GEMM is no partner
+      where it is deferred (ZB-H1's W pass).
+
+    What exceeds ``C`` is exposed (it may exceed ``S`` where chunking or the SMs given
+    up cost more than the collective). A GEMM gives up SMs in proportion to its time
+    (a compute-bound kernel's, an upper bound on a memory-bound one's); the copy
+    engines' traffic does not slow it."""
+    if tp_overlap_error(layer, layout, ctx) is not None:
+        return terms
+    n = layout.row_group(ctx.per_node).size
+    if n <= 1:
+        return terms
+    kernels = _weighted_kernels(layer, layout, ctx)
+    gemms = {k.role: k for phase in kernels.values() for k in phase
+             if isinstance(k, Gemm) and k.role}
+    wanted: list[tuple[int, Gemm, str]] = []
+    for i, t in enumerate(terms):
+        pair = TP_OVERLAPS.get((t.phase, t.collective, t.note))
+        if pair is None:
+            continue
+        role, output_side, method = pair
+        if output_side and layer.attention is not None:
+            role += "-out"
+        g = gemms.get(role)
+        if g is None or (role.startswith("wgrad") and ctx.wgrad_deferred):
+            continue
+        wanted.append((i, g, method))
+    if not wanted:
+        return terms
+    splits = {"ring": n, "pipeline": TP_PIPELINE_SPLITS, "bulk": 1}
+    asked = [g for _, g, _ in wanted] + [replace(g, m=-(-g.m // splits[m]))
+                                         for _, g, m in wanted]
+    times = ctx.estimator.estimate(asked, ctx.cluster.device, ctx.network.dtype).seconds
+    sms = ctx.cluster.device.sm_count
+    slower = sms / max(1, sms - TP_COMM_SMS)
+    out = list(terms)
+    for j, (i, _, method) in enumerate(wanted):
+        t, whole, chunk = terms[i], float(times[j]), float(times[len(wanted) + j])
+        if method == "ring":
+            total = chunk + (n - 1) * max(chunk, t.seconds / (n - 1))
+        elif method == "pipeline":
+            k = TP_PIPELINE_SPLITS
+            step, _ = price(ctx, "reduce_scatter", t.group, np.array([t.bytes / k]))
+            c, s_k = chunk * slower, float(step[0])
+            total = c + (k - 1) * max(c, s_k) + s_k
+        else:
+            total = max(whole * slower, t.seconds)
+        out[i] = replace(t, exposed_s=max(0.0, total - whole))
+    return out
 
 
 def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:

@@ -1,7 +1,7 @@
 """The planner against Meta's published Llama 3 405B pre-training throughput (not a test
 module).
 
-    python tests/benchmarks/llama3_405b.py [--search]
+    python tests/benchmarks/llama3_405b.py [--search] [--tp-comm-overlap]
 
 Meta ("The Llama 3 Herd of Models", 2024, Table 4) trained Llama 3 405B on 8,192 and
 16,384 H100 GPUs with tensor parallelism 8, pipeline parallelism 16 and data
@@ -15,8 +15,9 @@ data-parallel replicas (ZeRO stage 1, Megatron-LM's distributed optimizer: one
 reduce-scatter a step) and with the gradients too (stage 2, as Meta describes its FSDP:
 each microbatch reduce-scatters its gradients). With ``--search`` it also runs ``planner
 plan`` (ZeRO stage 1) on the same stages and microbatches for each chunk count: the
-layouts the planner would pick itself (about 2-3 minutes each). Prints a Markdown
-table.
+layouts the planner would pick itself (about 2-3 minutes each). With
+``--tp-comm-overlap`` every command overlaps the sequence-parallel collectives with
+their GEMMs (Megatron-LM's flag of that name). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -43,13 +44,14 @@ def _run(*args: str) -> tuple[dict, float]:
     return json.loads(out.stdout), time.perf_counter() - t0
 
 
-def main(search: bool) -> None:
+def main(search: bool, overlap: bool) -> None:
     print("| GPUs | Meta (Table 4) | what is priced | ZeRO | chunks a stage | step "
           "| TFLOP/s a GPU | MFU | fill and drain | memory | run |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for gpus, dp, micro, meta in RUNS:
         common = [str(NET), str(CL), "-p", str(gpus), "-b", "2048", "--optimizer", "adam",
-                  "--pipeline", "16", "--microbatches", str(micro), "--recompute", "auto"]
+                  "--pipeline", "16", "--microbatches", str(micro), "--recompute", "auto",
+                  *(["--tp-comm-overlap"] if overlap else [])]
         rows = [("Meta's layout (cost)", "cost", zero, ["--grid", f"8x{dp}", "--mode",
                                                         "megatron-sp"]) for zero in (1, 2)]
         if search:
@@ -72,4 +74,4 @@ def main(search: bool) -> None:
 
 
 if __name__ == "__main__":
-    main("--search" in sys.argv[1:])
+    main("--search" in sys.argv[1:], "--tp-comm-overlap" in sys.argv[1:])
