@@ -85,6 +85,27 @@ def _by_note(terms):
     return {(t.phase, t.collective, t.note): t for t in terms}
 
 
+def _ring(gemm: float, comm: float, n: int = 4) -> float:
+    """A ring of ``n``: ``c + (n − 1)·max(c, S/(n − 1)) − C`` with ``c = C/n`` (a GEMM's
+    FLOPs are linear in its rows at a fixed rate), never below 0."""
+    return max(0.0, gemm / n + (n - 1) * max(gemm / n, comm / (n - 1)) - gemm)
+
+
+def _pipeline(gemm: float, term, ctx) -> float:
+    """The pipelined reduce-scatter: 4 chunks of ``c' = C/4 · 132/116``, each
+    reduce-scattered (``s``: a quarter of the bytes): ``c' + 3·max(c', s) + s − C``."""
+    k = TP_PIPELINE_SPLITS
+    s = float(collective_time("reduce_scatter", np.array([term.bytes / k]), term.group,
+                              ctx.cluster, None)[0][0])
+    c = gemm / k * SLOW
+    return c + (k - 1) * max(c, s) + s - gemm
+
+
+def _bulk(gemm: float, comm: float) -> float:
+    """Side by side on 116 of 132 SMs: ``max(C·132/116, S) − C``."""
+    return max(gemm * SLOW, comm) - gemm
+
+
 # 4x2: the row group (tensor parallelism) 4 devices of one node, 8 samples a column group,
 # 8·32 = 256 tokens gathered
 PR, TOKENS = 4, 8 * SEQ
@@ -104,12 +125,10 @@ def test_column_ring_and_bulk_by_hand():
         t = _by_note(weighted_terms(up, make_layout("column-sp", PR, 2), ctx))
         c_f = 2.0 * TOKENS * (FFN // PR) * DIM / rate  # fprop, dgrad and wgrad alike
         ag = t[("forward", "all_gather", "tokens")]
-        assert ag.exposed_s == pytest.approx(
-            max(0.0, c_f / 4 + 3 * max(c_f / 4, ag.seconds / 3) - c_f), rel=1e-12, abs=1e-18)
+        assert ag.exposed_s == pytest.approx(_ring(c_f, ag.seconds), rel=1e-12, abs=1e-18)
         for key in (("backward_data", "all_gather", "tokens again"),
                     ("backward_data", "reduce_scatter", "tokens")):
-            assert t[key].exposed_s == pytest.approx(max(c_f * SLOW, t[key].seconds) - c_f,
-                                                     rel=1e-12)
+            assert t[key].exposed_s == pytest.approx(_bulk(c_f, t[key].seconds), rel=1e-12)
         if rate == 1e9:  # compute-bound: the ring hides all; the bulk pays the SMs
             assert ag.exposed_s == 0.0
             assert t[key].exposed_s == pytest.approx(c_f * (SLOW - 1), rel=1e-12)
@@ -131,15 +150,9 @@ def test_row_pipeline_and_ring_by_hand():
         t = _by_note(weighted_terms(down, layout, ctx))
         big = 2.0 * TOKENS * DIM * (FFN // PR) / rate
         rs = t[("forward", "reduce_scatter", "tokens")]
-        k = TP_PIPELINE_SPLITS
-        s = float(collective_time("reduce_scatter", np.array([rs.bytes / k]), rs.group,
-                                  ctx.cluster, None)[0][0])
-        c = big / k * SLOW
-        assert rs.exposed_s == pytest.approx(c + (k - 1) * max(c, s) + s - big, rel=1e-12)
+        assert rs.exposed_s == pytest.approx(_pipeline(big, rs, ctx), rel=1e-12)
         ag = t[("backward_data", "all_gather", "tokens")]
-        assert ag.exposed_s == pytest.approx(
-            max(0.0, big / PR + (PR - 1) * max(big / PR, ag.seconds / (PR - 1)) - big),
-            rel=1e-12, abs=1e-18)
+        assert ag.exposed_s == pytest.approx(_ring(big, ag.seconds), rel=1e-12, abs=1e-18)
 
 
 def test_attention_pairs_each_collective_with_its_projection():
@@ -156,23 +169,14 @@ def test_attention_pairs_each_collective_with_its_projection():
     qkv = 2.0 * TOKENS * 3 * (DIM // HEADS) * DIM / rate  # fprop, dgrad, wgrad alike
     proj = 2.0 * TOKENS * DIM * (DIM // HEADS) / rate
     ag = t[("forward", "all_gather", "tokens")]
-    assert ag.exposed_s == pytest.approx(
-        max(0.0, qkv / PR + (PR - 1) * max(qkv / PR, ag.seconds / (PR - 1)) - qkv),
-        rel=1e-12, abs=1e-18)
+    assert ag.exposed_s == pytest.approx(_ring(qkv, ag.seconds), rel=1e-12, abs=1e-18)
     rs = t[("forward", "reduce_scatter", "tokens")]
-    k = TP_PIPELINE_SPLITS
-    s = float(collective_time("reduce_scatter", np.array([rs.bytes / k]), rs.group,
-                              ctx.cluster, None)[0][0])
-    c = proj / k * SLOW
-    assert rs.exposed_s == pytest.approx(c + (k - 1) * max(c, s) + s - proj, rel=1e-12)
+    assert rs.exposed_s == pytest.approx(_pipeline(proj, rs, ctx), rel=1e-12)
     bag = t[("backward_data", "all_gather", "tokens")]
-    assert bag.exposed_s == pytest.approx(
-        max(0.0, proj / PR + (PR - 1) * max(proj / PR, bag.seconds / (PR - 1)) - proj),
-        rel=1e-12, abs=1e-18)
+    assert bag.exposed_s == pytest.approx(_ring(proj, bag.seconds), rel=1e-12, abs=1e-18)
     for key in (("backward_data", "all_gather", "tokens again"),
                 ("backward_data", "reduce_scatter", "tokens")):
-        assert t[key].exposed_s == pytest.approx(max(qkv * SLOW, t[key].seconds) - qkv,
-                                                 rel=1e-12)
+        assert t[key].exposed_s == pytest.approx(_bulk(qkv, t[key].seconds), rel=1e-12)
 
 
 def test_where_nothing_overlaps():
