@@ -381,6 +381,7 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
         doc, res = pipeline_cost(q, pipeline, grid, mode, pins, placement, expand_ranks,
                                  virtual, starts)
         render_data(doc, fmt, output, lambda: _pipeline_tables(doc, all_layers), ins)
+        overlap_note(doc)
         if not res.fits:
             from .units import format_bytes
 
@@ -404,6 +405,7 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     doc = plan_document("cost", q.network, network, q.cluster.name, cluster, q.options, ev,
                         q.estimator_name, nodes_used(q), q.cluster.device, extra)
     render_data(doc, fmt, output, lambda: plan_table(doc, all_layers), ins)
+    overlap_note(doc)
     if not ev.memory.fits:
         from .units import format_bytes
 
@@ -411,6 +413,24 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
                    f"needed per device, {format_bytes(ev.memory.capacity)} available",
                    err=True)
         raise click.exceptions.Exit(1)
+
+
+def overlap_note(doc: dict[str, Any]) -> None:
+    """With ``--tp-comm-overlap``, say on standard error which sequence-parallel layers
+    still wait for their collectives: those whose tensor-parallel group spans nodes
+    (userbuffers overlap within a node)."""
+    if not doc["problem"].get("tp_comm_overlap"):
+        return
+    names = [lay["name"] for lay in doc["layers"]
+             if lay["type"] in ("linear", "attention") and lay["mode"].endswith("-sp")
+             and any(t.get("note") == "tokens" and "exposed_s" not in t
+                     for t in lay["comm"]["terms"])]
+    if names:
+        click.echo(f"planner: note: --tp-comm-overlap: {len(names)} sequence-parallel "
+                   f"layer{'s' if len(names) > 1 else ''} ('{names[0]}'"
+                   f"{', ...' if len(names) > 1 else ''}) split over devices of more than "
+                   "one node; Transformer Engine's userbuffers overlap within a node, so "
+                   "their collectives are not overlapped", err=True)
 
 
 def _pipeline_tables(doc: dict[str, Any], all_layers: bool) -> Any:
@@ -740,6 +760,7 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
         return Group(*parts, baselines_table(doc))
 
     render_data(doc, fmt, output, table, ins)
+    overlap_note(doc)
 
 
 def plan_for(q: Question, pipeline: int | str, objective: str, pins: tuple[str, ...],

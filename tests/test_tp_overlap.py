@@ -317,3 +317,18 @@ def test_training_configuration_and_launch(runner, tmp_path):
     (tmp_path / "edited.yaml").write_text(yaml.safe_dump(doc))
     edited = invoke(runner, "launch", tmp_path / "edited.yaml", "--emit", "env")
     assert edited.exit_code == 2 and "tp_comm_overlap" in edited.stderr
+
+
+def test_a_note_names_what_cannot_overlap(runner):
+    """Tensor parallelism over 16 devices of 8-GPU nodes: the flag changes nothing, and
+    standard error says so (exit 0, the plan unchanged); within a node, no note."""
+    args = ("cost", LLAMA, DGX, "-p", "32", "-b", "32", "--grid", "16x2", "--mode",
+            "megatron-sp", "--optimizer", "adam", "--format", "json")
+    across = invoke(runner, *args, "--tp-comm-overlap")
+    assert across.exit_code == 0
+    assert "97 sequence-parallel layers ('layers.0.attn.self_attn', ...) split over " \
+        "devices of more than one node" in across.stderr
+    without = json.loads(invoke(runner, *args).stdout)
+    assert json.loads(across.stdout)["iteration"] == without["iteration"]
+    inside = invoke(runner, *COST, "--tp-comm-overlap")
+    assert inside.exit_code == 0 and "note" not in inside.stderr
