@@ -193,4 +193,6 @@ def options(draw: st.DrawFn, gpus: st.SearchStrategy[int] = GPUS,
         "pin_modes": draw(st.lists(st.sampled_from(["model", "data", "domain"]), max_size=1)),
         "pin_grid": draw(st.booleans()),
         "seed": draw(st.integers(0, 2**16)),
+        # sequence-parallel collectives overlapping their GEMMs (exact accounting only)
+        "tp_comm_overlap": draw(st.booleans()),
     }
