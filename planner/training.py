@@ -28,7 +28,9 @@ team chose: a plan file, one grid for every layer, or pins::
                                  # (Megatron-LM's --tp-comm-overlap)
     zero: 0                      # ZeRO stage 0-3: optimizer state / + gradients / + weights sharded
     zero_shard: all              # all | node: over all replicas, or within nodes (hybrid)
-    recompute: none              # none | blocks | N: residual blocks (or the first N) re-run
+    recompute: none              # none | blocks | N | auto: residual blocks (or the first N)
+                                 # re-run their forward in backward; auto: as few as
+                                 # memory needs, for the strategy and the optimum alike
                                  # their forward in backward
     algorithm: ring              # collective algorithm (default: the cluster file's)
     strategy:
@@ -376,9 +378,8 @@ def _recompute_setting(value: object) -> str:
     if isinstance(value, str) and (value in RECOMPUTE or value.isdigit()):
         return str(int(value)) if value.isdigit() else value  # as plans write it: '2'
     if value == "auto":
-        raise Invalid("'auto' is for the search: run `planner plan ... --recompute auto` and "
-                      "write the setting it picks (the plan's problem.recompute) here")
-    raise Invalid(f"expected none, blocks or a number of blocks, got {show(value)}")
+        return value
+    raise Invalid(f"expected none, blocks, a number of blocks or auto, got {show(value)}")
 
 
 def load_training(path: str | Path) -> TrainingConfig:
@@ -492,6 +493,12 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
     # a plan without gradient accumulation records no microbatches: compare them even so
     record = {"microbatches": 1, "tp_comm_overlap": False,
               **rounded(problem_record(net, options), 4)}
+    if cfg.recompute == "auto":
+        # the plan's own choice stands when it was made by --recompute auto: a pipeline
+        # records auto (each chunk chose), a flat plan its count and the trials
+        record["recompute"] = "auto"
+        if prob.get("recompute") != "auto" and data.get("recompute_auto"):
+            record["recompute"] = prob.get("recompute")
     for key, value in record.items():
         # a plan made before ZeRO was modelled had none
         # (and before gradients had a dtype of their own, the weights')
@@ -691,8 +698,8 @@ def _as_keys(advice: str) -> str:
     `planner plan` (``--batch 504`` is ``batch: 504``)."""
     import re
 
-    advice = advice.replace("(--recompute auto: as few of the", "(recompute: N, which "
-                            "`planner plan ... --recompute auto` finds: as few of the")
+    advice = advice.replace("(--recompute auto: as few of the", "(recompute: auto: as "
+                            "few of the")
     return re.sub(r"--(gpus|batch|zero-shard|zero|optimizer|grad-precision) ",
                   lambda m: m.group(1).replace("-", "_") + ": ", advice)
 
@@ -730,14 +737,16 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                       overlap=cfg.overlap, bucket_bytes=cfg.bucket_bytes,
                       optimizer=cfg.optimizer, master_weights=cfg.master_weights,
                       zero=cfg.zero, zero_shard=cfg.zero_shard,
-                      recompute=canonical_recompute(cfg.recompute, len(net.blocks)),
+                      recompute="none" if cfg.recompute == "auto" else
+                      canonical_recompute(cfg.recompute, len(net.blocks)),
                       algorithm=cfg.algorithm, grad_dtype=cfg.grad_precision,
                       tp_comm_overlap=cfg.tp_comm_overlap)
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "
                                            f"({limit})")
-    wrong = recompute_error(cfg.recompute, len(net.blocks))
+    wrong = None if cfg.recompute == "auto" else recompute_error(cfg.recompute,
+                                                                 len(net.blocks))
     if wrong:
         raise _config_error(cfg, "$.recompute", wrong)
     most = max_stages(net)
@@ -784,26 +793,65 @@ class _StageQuestion:
     ctx: Any
 
 
+def _price_auto(ctx: Any, options: Options, assignment: dict[int, Layout]
+                ) -> tuple[Evaluation, Any, Options]:
+    """A strategy under ``recompute: auto``, as ``planner cost --recompute auto`` prices
+    it: recomputing the fewest blocks (the first ones) with which it fits, or every
+    block when none does; with the context and options of that count."""
+    from .search import least_recomputed, with_recompute
+
+    blocks = len(ctx.network.blocks)
+    priced: dict[int, tuple[Evaluation, Any, Options]] = {}
+
+    def fits(count: int) -> bool:
+        c, o = with_recompute(ctx, options, count)
+        priced[count] = (evaluate(c, o, assignment), c, o)
+        return bool(priced[count][0].memory.fits)
+
+    count = least_recomputed(blocks, fits)
+    return priced[blocks if count is None else count]
+
+
+def _search_auto(ctx: Any, options: Options, auto: bool) -> tuple[Any, Any, Options]:
+    """The searched optimum, with ``auto`` recomputing as few blocks as its memory
+    needs (:func:`~planner.search.search_recompute`, as ``planner plan --recompute
+    auto``)."""
+    from .search import search, search_recompute
+
+    if not auto:
+        return search(ctx, options), ctx, options
+    return search_recompute(ctx, options, lambda c, o: (search(c, o), c, o))
+
+
 def _pipeline_check(prep: Prepared, cfg: TrainingConfig, ctx: Any
                     ) -> tuple[Any, Any, NoFeasiblePlan | None]:
     """The strategy's pipeline priced, and the searched optimum with as many stages
-    (None, and why, when nothing fits)."""
+    (None, and why, when nothing fits); under ``recompute: auto`` each chunk
+    recomputes as its memory needs, in both."""
     from .pipeline import price_pipeline, search_pipeline
-    from .search import search
 
     q = _StageQuestion(prep.network, prep.cluster, prep.options, ctx)
+    auto = cfg.recompute == "auto"
 
     def context(net: Network, options: Options) -> Any:
         return make_context(net, prep.cluster, options, ctx.estimator)
 
+    def price(sq: _StageQuestion, assignment: dict[int, Layout]) -> Evaluation:
+        if not auto:
+            return evaluate(sq.ctx, sq.options, assignment)
+        ev, sq.ctx, sq.options = _price_auto(sq.ctx, sq.options, assignment)
+        return ev
+
+    def run(sq: _StageQuestion, objective: str, pins: Any) -> Any:
+        result, sq.ctx, sq.options = _search_auto(sq.ctx, sq.options, auto)
+        return result
+
     assert prep.assignment is not None
-    chosen = price_pipeline(q, cfg.pipeline, prep.assignment,
-                            lambda sq, a: evaluate(sq.ctx, sq.options, a), context,
+    chosen = price_pipeline(q, cfg.pipeline, prep.assignment, price, context,
                             prep.bounds, cfg.virtual_stages, cfg.schedule)
     try:
-        best = search_pipeline(q, cfg.pipeline, "time", (),
-                               lambda sq, objective, pins: search(sq.ctx, sq.options),
-                               context, cfg.virtual_stages, cfg.schedule)
+        best = search_pipeline(q, cfg.pipeline, "time", (), run, context,
+                               cfg.virtual_stages, cfg.schedule)
     except NoFeasiblePlan as exc:
         return chosen, None, exc
     return chosen, best, None
@@ -811,7 +859,6 @@ def _pipeline_check(prep: Prepared, cfg: TrainingConfig, ctx: Any
 
 def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     """Run every check on one configuration (input errors raise InputError)."""
-    from .search import search
 
     prep = prepare_config(cfg)
     net, cl, options, findings = prep.network, prep.cluster, prep.options, prep.findings
@@ -831,12 +878,14 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
                 f"0-{cfg.pipeline - 1})"
         best_s = None if best_res is None else float(best_res.time_s)
     else:
-        chosen: Evaluation = evaluate(ctx, options, assignment)
+        auto = cfg.recompute == "auto"
+        chosen: Evaluation = _price_auto(ctx, options, assignment)[0] if auto else \
+            evaluate(ctx, options, assignment)
         chosen_s = chosen.time_s
         mem = chosen.memory
         where = ""
         try:
-            best_s = search(ctx, options).best.evaluation.time_s
+            best_s = _search_auto(ctx, options, auto)[0].best.evaluation.time_s
         except NoFeasiblePlan as exc:
             failure, best_s = exc, None
     findings.append(Finding(

@@ -15,7 +15,7 @@ from planner.inputs import load_network_text
 from planner.layout import make_layout
 from planner.search import Space, Weights, search, solve
 
-from .conftest import CLUSTERS, NETWORKS, invoke
+from .conftest import CLUSTERS, EXAMPLES, NETWORKS, invoke
 from .helpers import FixedEstimator, cluster
 from .test_search import _transformer_text
 
@@ -210,18 +210,12 @@ def test_command_line_plan_and_configuration(runner, tmp_path):
                     "strategy:\n  grid: 1x8\nrecompute: all\n")
     out = invoke(runner, "check", str(path))
     assert out.exit_code == 2 and "train.yaml:8:12" in out.output, out.output
-    assert "expected none, blocks or a number of blocks, got 'all'" in out.output
+    assert "expected none, blocks, a number of blocks or auto, got 'all'" in out.output
     path.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\nbatch: 64\n"
                     "strategy:\n  grid: 1x8\nrecompute: 30\n")
     out = invoke(runner, "check", str(path))
     assert out.exit_code == 2 and "train.yaml:8:12" in out.output, out.output
     assert "the network has 24 residual blocks" in out.output
-    # 'auto' is a search option; the configuration names what the search picked
-    path.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\nbatch: 64\n"
-                    "strategy:\n  grid: 1x8\nrecompute: auto\n")
-    out = invoke(runner, "check", str(path))
-    assert out.exit_code == 2 and "train.yaml:8:12: error: 'auto' is for the search: run " \
-        "`planner plan ... --recompute auto` and write the setting it picks" in out.output
 
 
 def test_recompute_auto_takes_the_fewest_blocks_that_fit(runner):
@@ -338,3 +332,61 @@ def test_recompute_auto_searches_between_when_every_count_trades():
     assert searched[:2] == [0, 8] and len(searched) == len(set(searched)) <= 8
     assert [t.blocks for t in res.recompute_trials] == sorted(searched)
     assert all(t.outcome == "traded" for t in res.recompute_trials)
+
+
+def _check_json(runner, path):
+    out = invoke(runner, "check", str(path), "--format", "json")
+    return out.exit_code, {c["check"]: c for c in json.loads(out.stdout)["configs"][0]["checks"]}
+
+
+def test_a_configuration_may_say_auto(runner, tmp_path):
+    """``recompute: auto`` in a training configuration prices the strategy as ``cost
+    --recompute auto`` does (the fewest blocks with which it fits) and the optimum as
+    ``plan --recompute auto`` searches it. GPT-2 small on 8 H100s, fp32 Adam, batch 384
+    (nothing fits without recomputation): a grid's time is cost's; a plan made with
+    --recompute auto matches (it recorded its count, 9, and the trials), and its time is
+    the optimum's. With two pipeline stages at batch 1536 in 4 microbatches each chunk
+    chooses (11 and 4 blocks), the plan records auto, and a configuration saying auto
+    matches it where any count would not."""
+    net = EXAMPLES / "networks" / "gpt2-small.yaml"
+    cl = EXAMPLES / "clusters" / "dgx-h100.yaml"
+    base = [net, cl, "-p", "8", "-b", "384", "--optimizer", "adam", "--recompute", "auto",
+            "--format", "json"]
+    cost = json.loads(invoke(runner, "cost", *base, "--grid", "1x8").stdout)
+    head = f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\noptimizer: adam\n"
+    path = tmp_path / "train.yaml"
+    path.write_text(head + "batch: 384\nrecompute: auto\nstrategy: {grid: 1x8}\n")
+    code, found = _check_json(runner, path)
+    assert code == 0 and found["memory"]["ok"], found
+    assert found["speed"]["time_s"] == pytest.approx(cost["iteration"]["time_s"], rel=1e-3)
+    plan = tmp_path / "plan.json"
+    assert invoke(runner, "plan", *base, "-o", plan).exit_code == 0
+    doc = json.loads(plan.read_text())
+    assert doc["problem"]["recompute"] == "9"
+    for setting, stale in (("auto", False), ("9", False), ("none", True)):
+        path.write_text(head + f"batch: 384\nrecompute: {setting}\nstrategy: {{plan: {plan}}}\n")
+        code, found = _check_json(runner, path)
+        assert (found["plan"]["ok"] is False) == stale, found
+        if setting == "auto":
+            assert code == 0
+            assert found["speed"]["time_s"] == pytest.approx(doc["iteration"]["time_s"],
+                                                             rel=1e-3)
+            assert found["speed"]["optimum_s"] == pytest.approx(doc["iteration"]["time_s"],
+                                                                rel=1e-3)
+    piped = tmp_path / "piped.json"
+    assert invoke(runner, "plan", *base[:5], "1536", *base[6:], "--pipeline", "2",
+                  "--microbatches", "4", "-o", piped).exit_code == 0
+    pdoc = json.loads(piped.read_text())
+    assert pdoc["problem"]["recompute"] == "auto"
+    assert [st["recompute"] for st in pdoc["pipeline"]["stage_plans"]] == ["11", "4"]
+    for setting, stale in (("auto", False), ("11", True)):
+        path.write_text(head + f"batch: 1536\nmicrobatches: 4\npipeline: 2\n"
+                        f"recompute: {setting}\nstrategy: {{plan: {piped}}}\n")
+        code, found = _check_json(runner, path)
+        assert (found["plan"]["ok"] is False) == stale, found
+        if setting == "auto":
+            assert code == 0, found
+            assert found["speed"]["time_s"] == pytest.approx(pdoc["iteration"]["time_s"],
+                                                             rel=1e-3)
+            assert found["speed"]["optimum_s"] == pytest.approx(
+                pdoc["iteration"]["time_s"], rel=1e-3)
