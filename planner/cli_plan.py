@@ -423,7 +423,7 @@ def overlap_note(doc: dict[str, Any]) -> None:
         return
     names = [lay["name"] for lay in doc["layers"]
              if lay["type"] in ("linear", "attention") and lay["mode"].endswith("-sp")
-             and any(t.get("note") == "tokens" and "exposed_s" not in t
+             and any(t.get("note") == "tokens" and t["per_node"] < t["group"]
                      for t in lay["comm"]["terms"])]
     if names:
         click.echo(f"planner: note: --tp-comm-overlap: {len(names)} sequence-parallel "
