@@ -67,7 +67,9 @@ tails are added, none overlapped with another chunk's backward pass).
 pipeline parallelism", ICLR 2024): each backward pass split into B (input gradients)
 and W (weight gradients), 1F1B's order of F and B kept and the W passes run where the
 stage would wait (:func:`zero_bubble_finish`, which simulates the schedule); every
-stage keeps ``min(S, M)`` microbatches.
+stage keeps ``min(S, M)`` microbatches. With ``--tp-comm-overlap`` the input gradient's
+reduce-scatter, which overlaps the weight gradient's GEMM otherwise, has no partner in
+B (``Options.wgrad_deferred``).
 
 Not modelled: ZB-H2, ZB-V and interleaved zero-bubble schedules, the overlap of the
 point-to-point sends with compute (they are charged on the critical path), a layout
