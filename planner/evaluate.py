@@ -419,7 +419,7 @@ def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch
     m = layer.moe
     if m is not None and layout is not None and base_mode(layout.mode) == "model" and \
             layout.pr > 1:  # every expert's share of the hidden features
-        internal = m.saved(-(-m.ffn // layout.pr))
+        internal = m.saved(-(-m.ffn // layout.pr), shared_split=layout.pr)
     elif m is not None and layout is not None and layout.mode in EXPERT_MODES:
         # the busiest device keeps its experts' rows (more than its own under imbalance)
         internal = m.saved(busiest=m.busiest(m.experts // layout.pr))

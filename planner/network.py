@@ -244,6 +244,22 @@ class MoeGeom:
     activation: str
     capacity_factor: float | None = None
     imbalance: float = 1.0  #: the busiest expert's routed rows over an even share
+    #: shared experts (DeepSeekMoE, Dai et al. 2024): every token goes through them
+    #: besides its routed ones, as through one MLP of ``shared · shared_ffn`` hidden
+    #: features, whose output is added to the routed experts'
+    shared: int = 0
+    shared_ffn: int = 0  #: hidden features of each shared expert
+
+    @property
+    def shared_hidden(self) -> int:
+        """Hidden features of the shared experts together."""
+        return self.shared * self.shared_ffn
+
+    def shared_weights(self, split: int = 1) -> int:
+        """Parameters of the shared experts with their hidden features split ``split``
+        ways (rounded up: the busiest device); 0 without any."""
+        h = -(-self.shared_hidden // split)
+        return self.expert_weights(h) if h else 0
 
     def busiest(self, local: int) -> float:
         """How many times its even share of routed rows the busiest device receives
@@ -287,17 +303,21 @@ class MoeGeom:
         them: ``⌈fill · tokens / experts⌉``, the even share (times the capacity factor)."""
         return math.ceil(self.fill * tokens / self.experts - 1e-9)
 
-    def saved(self, ffn: int | None = None, busiest: float = 1.0) -> int:
+    def saved(self, ffn: int | None = None, busiest: float = 1.0, shared_split: int = 1
+              ) -> int:
         """Elements one sample keeps for backward besides its input, with ``ffn`` hidden
         features an expert (default: all): the router's probabilities, and per routed row
         the permuted input, the first product's output, the activation's output (the
         last product's input) and the expert's output (the combine's gradient by the
         router's weights reads it); ``busiest`` times the even share of the rows (a
-        device's experts' rows under imbalance, :meth:`busiest`)."""
+        device's experts' rows under imbalance, :meth:`busiest`); per token, the shared
+        experts' first product's and activation's outputs, their hidden features split
+        ``shared_split`` ways."""
         f = self.ffn if ffn is None else ffn
         per_row = 2 * self.dim + self.up(f) + f
-        return self.tokens * self.experts + math.ceil(self.tokens * self.fill * per_row
-                                                      * busiest - 1e-9)
+        h = -(-self.shared_hidden // shared_split)
+        return self.tokens * (self.experts + self.up(h) + h) + math.ceil(
+            self.tokens * self.fill * per_row * busiest - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -598,6 +618,23 @@ def _moe_kernels(m: MoeGeom, t: int, eb: int, ffn_split: int, expert_split: int,
         out["backward_data"].append(Gemm(t, d, n_exp))
     out["backward_weight"] += [Gemm(d, f, rows, e_loc), Gemm(up, d, rows, e_loc),
                                Gemm(n_exp, d, t)]
+    if m.shared:
+        # the shared experts, one MLP of their hidden features together on all the
+        # device's tokens (split as each expert's are under a model split; whole under
+        # expert parallelism), and the add of their output to the routed ones'
+        h = -(-m.shared_hidden // ffn_split)
+        s_up = m.up(h)
+        s_flops = _ELEMENTWISE_FLOPS[m.activation] * float(t) * h
+        out["forward"] += [Gemm(t, s_up, d), Elementwise((s_up + h) * float(t) * eb,
+                                                         s_flops, m.activation),
+                           Gemm(t, d, h), Elementwise(3.0 * t * d * eb, float(t * d), "add")]
+        out["backward_data"] += [
+            Gemm(t, h, d),
+            Elementwise(((2 * s_up + h) if m.gated else (s_up + 2 * h)) * float(t) * eb,
+                        2 * s_flops, m.activation)]
+        if input_grad:
+            out["backward_data"].append(Gemm(t, d, s_up))
+        out["backward_weight"] += [Gemm(h, d, t), Gemm(d, s_up, t)]
     return out
 
 
@@ -824,6 +861,8 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
         p["capacity_factor"] = f.opt_none("capacity_factor", number(0.0, 1e6,
                                                                     exclusive_min=True))
         p["load_imbalance"] = f.opt("load_imbalance", number(1.0, 1e6), 1.0)
+        p["shared_experts"] = f.opt("shared_experts", integer(0, 1_000_000), 0)
+        p["shared_ffn"] = f.opt_none("shared_ffn", integer(1))
     elif kind == "softmax":
         pass
     return p
@@ -1298,16 +1337,25 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
                               f"is more than experts / top_k = "
                               f"{p['experts'] / p['top_k']:g}: an expert takes each "
                               "token at most once, so at most all of them")
+        if p["shared_ffn"] is not None and not p["shared_experts"]:
+            raise _ShapeError(child_path(path, "shared_ffn"),
+                              f"layer '{name}': shared_ffn sizes the shared experts, and "
+                              "it has none; give shared_experts: N (or drop shared_ffn)")
         moe = MoeGeom(seq, d, p["experts"], p["top_k"], p["ffn"], p["activation"],
-                      p["capacity_factor"], p["load_imbalance"])
-        wts = moe.router_weights + moe.experts * moe.expert_weights()
-        # forward work: the router on every token, and each token through top_k experts
-        macs = seq * (moe.router_weights + moe.top_k * moe.expert_weights())
+                      p["capacity_factor"], p["load_imbalance"], p["shared_experts"],
+                      p["shared_ffn"] or p["ffn"] if p["shared_experts"] else 0)
+        wts = moe.router_weights + moe.experts * moe.expert_weights() + moe.shared_weights()
+        # forward work: the router on every token, each token through top_k experts and
+        # the shared ones
+        macs = seq * (moe.router_weights + moe.top_k * moe.expert_weights()
+                      + moe.shared_weights())
         act = _ELEMENTWISE_FLOPS[p["activation"]]
         # the router's softmax and top-k (5 an expert), the activation on the hidden
-        # features, and the weighted sum of the top_k outputs (2 an element)
+        # features, and the weighted sum of the top_k outputs (2 an element); the shared
+        # experts' activation, and their output added (1 an element)
         fl = 2 * macs + seq * (5 * moe.experts
-                               + moe.top_k * (act * moe.ffn + 2 * d))
+                               + moe.top_k * (act * moe.ffn + 2 * d)
+                               + (act * moe.shared_hidden + d if moe.shared else 0))
         return mk(shape, params=wts, weight_elems=wts, macs=macs, flops=fl, moe=moe,
                   saves_input=True, saved_internal=moe.saved(),
                   saved_bytes_extra=seq * moe.top_k * 8)  # the experts chosen, int64
@@ -1415,8 +1463,11 @@ def layer_summary(layer: Layer, network: Network, batch: int) -> dict[str, Any]:
         rec["moe"] = {"experts": m.experts, "top_k": m.top_k, "ffn": m.ffn,
                       "activation": m.activation, "capacity_factor": m.capacity_factor,
                       "load_imbalance": m.imbalance,
+                      **({"shared_experts": m.shared, "shared_ffn": m.shared_ffn}
+                         if m.shared else {}),
                       # the parameters a token's forward pass multiplies by
-                      "active_params": m.router_weights + m.top_k * m.expert_weights()}
+                      "active_params": m.router_weights + m.top_k * m.expert_weights()
+                      + m.shared_weights()}
     prods = layer_kernels(layer, batch, network.elem_bytes)
     shapes: dict[str, list[dict[str, Any]]] = {}
     for phase, kernels in prods.items():

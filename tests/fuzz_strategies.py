@@ -109,6 +109,8 @@ def network_data(draw: st.DrawFn, wide: bool | None = None) -> dict[str, Any]:
                        "ffn": draw(st.sampled_from([dim, 2 * dim, 7])),
                        "activation": draw(st.sampled_from(["swiglu", "gelu"]))}
                 routing = draw(st.sampled_from(["even", "buffers", "uneven"]))
+                if routing == "even":  # and two shared experts (no draw of its own)
+                    moe["shared_experts"] = 2
                 if routing == "buffers":
                     moe["capacity_factor"] = 1.25
                 elif routing == "uneven" and isinstance(experts, int) \

@@ -360,3 +360,79 @@ def test_bad_descriptions_exit_2(runner, tmp_path):
                      "  - {type: moe, experts: 4, ffn: 8}\n")
     result = invoke(runner, "show", str(image))
     assert result.exit_code == 2 and "needs a sequence [seq, dim]" in result.output
+
+
+#: two shared experts of 32 hidden features: one SwiGLU MLP 64 → 2 · 64 → 64
+SHARED = DIM * 2 * 64 + 64 * DIM  # 12,288
+
+
+def test_deepseek_moe_counts_by_hand():
+    """DeepSeekMoE 16B (Dai et al. 2024, arXiv 2401.06066: 16.4B parameters; its
+    released configuration: width 2048, 28 blocks of 16 heads, the first block's MLP
+    dense at 10,944, the others 64 routed experts of 1,408 with top-6 and 2 shared
+    experts of 1,408, vocabulary 102,400, untied head): 2 · 102,400 · 2048 + 28 · 4 ·
+    2048² + 3 · 2048 · 10,944 + 27 · (2048 · 64 + 64 · 3 · 2048 · 1408 + 2 · 3 · 2048 ·
+    1408) + 28 · 2 · 2048 + 2048 = 16,375,728,128. A token multiplies through the
+    router, 6 routed and both shared experts: 2048 · 64 + 8 · 3 · 2048 · 1408."""
+    net = load_network(NETWORKS / "deepseek-moe-16b.yaml")
+    assert net.params == 2 * 102400 * 2048 + 28 * 4 * 2048 ** 2 + 3 * 2048 * 10944 + 27 * (
+        2048 * 64 + 64 * 3 * 2048 * 1408 + 2 * 3 * 2048 * 1408) + 28 * 2 * 2048 + 2048 \
+        == 16_375_728_128
+    moe = net.by_name("moe_layers.0.moe.experts")
+    assert moe.macs == 4096 * (2048 * 64 + 8 * 3 * 2048 * 1408)
+    shown = layer_summary(moe, net, 1)["moe"]
+    assert (shown["shared_experts"], shown["shared_ffn"]) == (2, 1408)
+    assert shown["active_params"] == 2048 * 64 + 8 * 3 * 2048 * 1408
+
+
+def test_shared_experts_by_hand():
+    """``shared_experts: 2, shared_ffn: 32``: every token also goes through one SwiGLU
+    MLP of 64 hidden features (12,288 parameters), its output added to the routed
+    experts'. Per sample it keeps that MLP's gate and up outputs (128) and its
+    activation's (64) a token. Under ``model 4x2`` its hidden features split as each
+    expert's (16 a device: 192 · 16 = 3,072 parameters, the products on the batch
+    block's 256 tokens); under ``expert 4x2`` every device holds it whole and runs it on
+    its own 64 tokens, and its gradient is reduced over all 8 devices with the router's,
+    the routed experts' over their 2 replicas."""
+    net = _net(", shared_experts: 2, shared_ffn: 32")
+    moe = net.by_name("mlp.moe")
+    plain = _net().by_name("mlp.moe")
+    assert moe.params == plain.params + SHARED
+    assert moe.macs == plain.macs + SEQ * SHARED
+    assert moe.flops == plain.flops + 2 * SEQ * SHARED + SEQ * (5 * 64 + DIM)
+    assert moe.saved_internal == plain.saved_internal + SEQ * (128 + 64)
+    ctx, _ = _ctx(net)
+
+    def shared_gemms(lay):
+        ks = weighted_kernels(moe, lay, ctx)
+        return [[(k.m, k.n, k.k) for k in ks[ph] if isinstance(k, Gemm) and k.batch == 1]
+                for ph in ("forward", "backward_data", "backward_weight")]
+
+    # the router's GEMM, then the shared MLP's: up, down; backward the down's and up's
+    # input gradients (after the router's), their weight gradients (before the router's)
+    model = make_layout("model", 4, 2)
+    assert shared_gemms(model) == [[(256, 8, 64), (256, 32, 64), (256, 64, 16)],
+                                   [(256, 64, 8), (256, 16, 64), (256, 64, 32)],
+                                   [(8, 64, 256), (16, 64, 256), (64, 32, 256)]]
+    expert = make_layout("expert", 4, 2)
+    assert shared_gemms(expert) == [[(64, 8, 64), (64, 128, 64), (64, 64, 64)],
+                                    [(64, 64, 8), (64, 64, 64), (64, 64, 128)],
+                                    [(8, 64, 64), (64, 64, 64), (64, 128, 64)]]
+    assert local_params(moe, model) == ROUTER + EXPERTS * 192 * 32 + 192 * 16
+    assert local_params(moe, expert) == ROUTER + 2 * EXPERT + SHARED
+    grads = [(t.group.size, t.bytes) for t in weighted_terms(moe, expert, ctx)
+             if t.phase == "weight_grad"]
+    assert grads == [(2, 2 * EXPERT * E), (8, (ROUTER + SHARED) * E)]
+    # kept: model 4x2, 8 samples a device, each expert's 32 and the shared 16 hidden
+    # features: 32 · (8 + 32 + 16) + 32 · 2 · (2 · 64 + 64 + 32) a sample
+    assert own_kept_bytes(moe, model, input_dist(model), B, E) == 8 * (
+        (32 * 56 + 64 * 224) * E + moe.saved_bytes_extra)
+
+
+def test_shared_ffn_needs_shared_experts(runner, tmp_path):
+    path = tmp_path / "n.yaml"
+    path.write_text("kind: network\ninput: [32, 64]\nlayers:\n"
+                    "  - {type: moe, experts: 8, ffn: 128, shared_ffn: 64}\n")
+    out = invoke(runner, "show", path)
+    assert out.exit_code == 2 and "n.yaml:4:" in out.stderr, out.stderr
+    assert "shared_ffn sizes the shared experts, and it has none" in out.stderr

@@ -587,8 +587,8 @@ def expert_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
     the outputs back for the weighted sum. Backward, the same two, reversed. Each rank's
     buffer is its ``t · top_k · capacity_factor`` rows of ``dim``, times
     :meth:`MoeGeom.busiest` under a load imbalance. The experts' weight
-    gradients are summed over their ``P_c`` replicas (the column group), the router's,
-    held whole by every device, over all ``P``."""
+    gradients are summed over their ``P_c`` replicas (the column group), the router's
+    and the shared experts', held whole by every device, over all ``P``."""
     m = layer.moe
     assert m is not None
     samples, split = _expert_share(layout, ctx.batch)
@@ -601,9 +601,10 @@ def expert_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
         ("forward", "all_to_all", buf, "combine"),
         ("backward_data", "all_to_all", buf, "combine gradient"),
         ("backward_data", "all_to_all", buf, "dispatch gradient")])
-    experts = local_params(layer, layout) - m.router_weights
+    whole = m.router_weights + m.shared_weights()  # on every device
+    experts = local_params(layer, layout) - whole
     return (terms + gradient_terms(ctx, layout.col_group(ctx.per_node), experts)
-            + gradient_terms(ctx, layout.all_group(ctx.per_node), m.router_weights))
+            + gradient_terms(ctx, layout.all_group(ctx.per_node), whole))
 
 
 def _terms_on(ctx: Context, group: Group,
@@ -1013,8 +1014,10 @@ def local_params(layer: Layer, layout: Layout | None) -> float:
     if m is not None and mode in ("model", "expert"):
         # the router whole; every expert's share of the hidden features, or 1/P_r of them
         if mode == "model":
-            return float(m.router_weights + m.experts * m.expert_weights(_ceil_div(m.ffn, pr)))
-        return float(m.router_weights + m.experts // pr * m.expert_weights())
+            return float(m.router_weights + m.experts * m.expert_weights(_ceil_div(m.ffn, pr))
+                         + m.shared_weights(pr))
+        return float(m.router_weights + m.experts // pr * m.expert_weights()
+                     + m.shared_weights())
     if mode in ("model", "column") and layer.has_weights:
         if layer.attention is not None:
             return float(layer.attention.weights(*layer.attention.held(pr)))
