@@ -349,10 +349,12 @@ def test_yaml_writer_matches_pyyaml_on_real_documents(runner, network):
 
     # 2,048 images of 2048x2048 do not fit 64 GPUs (exit 1, no document): 64 images do;
     # nor do 2,048 sequences of 8,192 tokens for Llama 3 8B: 64 do (for 70B, 8; for
-    # Mixtral 8x7B 64 of 4,096 tokens, with ZeRO stage 1)
-    batch = "64" if network.stem in ("segmentation-2048", "llama3-8b", "mixtral-8x7b") \
+    # Mixtral 8x7B and DeepSeekMoE 16B 64 of 4,096 tokens, with ZeRO stage 1)
+    batch = "64" if network.stem in ("segmentation-2048", "llama3-8b", "mixtral-8x7b",
+                                     "deepseek-moe-16b") \
         else "8" if network.stem == "llama3-70b" else "2048"
-    extra = ["--optimizer", "adam", "--zero", "1"] if network.stem == "mixtral-8x7b" else []
+    extra = ["--optimizer", "adam", "--zero", "1"] if network.stem in (
+        "mixtral-8x7b", "deepseek-moe-16b") else []
     priced = ["plan", network, CL, "-p", "64", "-b", batch, "--estimator", "roofline", *extra]
     if network.stem == "llama3-405b":  # no 64 GPUs hold it: Meta's layout on 8,192 (cost)
         priced = ["cost", network, CLUSTERS / "h100-roce-16k.yaml", "-p", "8192", "-b",
