@@ -920,9 +920,10 @@ def shards(terms: list[CommTerm]) -> int:
     grads = [t for t in terms if t.phase == "weight_grad"]
     if not grads:
         return 1
-    # a mixture of experts reduces its experts over their replicas and its small router
-    # over all devices: its shards are the experts' (the router's state is sharded as
-    # theirs are, a few kilobytes off)
+    # a mixture of experts reduces its experts over their replicas and its router and
+    # shared experts over all devices: its shards are the routed experts' (the others'
+    # state is sharded as theirs is, over fewer devices than it could be: the memory
+    # errs high, by a router's few kilobytes, or by shared experts' 1/P_c - 1/P)
     t = max(grads, key=lambda t: t.bytes)
     return t.group.per_node if t.collective == "hybrid_reduce" else t.group.size
 
