@@ -237,6 +237,30 @@ def balance(weights: np.ndarray, cuts: list[int], stages: int) -> list[int] | No
     return _split_to(best, cuts, stages, prefix)
 
 
+def by_count(cuts: list[int], n: int, chunks: int) -> list[int] | None:
+    """Boundaries ``[0, c_1, …, n]`` giving every chunk the same number of the segments
+    between cuts (residual blocks), those one short at both ends first, where the
+    embedding and the head add their work: Megatron-LM's even split of the layers
+    (None: fewer segments than chunks). Interleaved stages sum their chunks, and
+    :func:`balance`'s lightest heaviest chunk leaves the slack to the last chunk, so
+    that every other stage is heavier than an even split makes it (Llama 3 405B, 64
+    chunks: 5.69 s a step against 5.60 s)."""
+    segs = len(cuts) + 1
+    if segs < chunks:
+        return None
+    base, extra = divmod(segs, chunks)
+    short = chunks - extra  # chunks of base segments; the rest base + 1
+    ends_first = sorted(range(chunks), key=lambda c: (min(c, chunks - 1 - c), c))
+    shorter = set(ends_first[:short])
+    sizes = [base + (0 if c in shorter else 1) for c in range(chunks)]
+    starts = [0, *cuts]
+    bounds, k = [0], 0
+    for size in sizes[:-1]:
+        k += size
+        bounds.append(starts[k])
+    return [*bounds, n]
+
+
 def _split_to(best: list[int], cuts: list[int], stages: int, prefix: np.ndarray
               ) -> list[int] | None:
     """A partition with fewer stages than asked (a light tail) split at its heaviest
@@ -759,9 +783,21 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
     leanest: PipelineResult | None = None
     error: NoFeasiblePlan | None = None
     seen: set[tuple[int, ...]] = set()
-    for _ in range(1 if bounds is not None else REBALANCE + 1):
-        part = bounds if bounds is not None else balance(weights, cuts, chunks)
+    # interleaved: a last round tries Megatron-LM's even split (see by_count)
+    extra_round = bounds is None and virtual > 1
+    rounds = 1 if bounds is not None else REBALANCE + 1 + extra_round
+    settled = False
+    for r in range(rounds):
+        last = extra_round and r == rounds - 1
+        if settled and not last:
+            continue
+        part = bounds if bounds is not None else \
+            by_count(cuts, len(net.layers), chunks) if last else \
+            balance(weights, cuts, chunks)
         if part is None or tuple(part) in seen:
+            if extra_round and not last:
+                settled = True
+                continue
             break
         seen.add(tuple(part))
         try:

@@ -26,11 +26,14 @@ from planner.cli_plan import run_search
 from planner.evaluate import evaluate, make_context
 from planner.inputs import load_network_text
 from planner.pipeline import (
+    REBALANCE,
+    by_count,
     in_flight,
     one_f_one_b_finish,
     price_pipeline,
     schedule,
     search_pipeline,
+    stage_starts,
 )
 
 from .conftest import EXAMPLES, invoke
@@ -173,6 +176,32 @@ def test_pricing_an_interleaved_plan_gives_back_its_time():
         [(st.index, st.chunk, st.lo, st.hi) for st in res.stages]
     assert priced.time_s == pytest.approx(res.time_s, rel=1e-12)
     assert [m.peak for m in priced.memories] == [m.peak for m in res.memories]
+
+
+def test_even_split_by_hand():
+    """Megatron-LM's even split (:func:`by_count`): 6 segments of 2 layers (cuts at 2,
+    4, 6, 8, 10 of 12) over 4 chunks are 1, 2, 2, 1 segments, the short ones at the ends
+    where the embedding and the head are: bounds 0, 2, 6, 10, 12; 7 segments over 3
+    chunks are 2, 3, 2; fewer segments than chunks, none."""
+    assert by_count([2, 4, 6, 8, 10], 12, 4) == [0, 2, 6, 10, 12]
+    assert by_count([1, 2, 3, 4, 5, 6], 7, 3) == [0, 2, 5, 7]
+    assert by_count([2, 4, 6, 8, 10], 12, 6) == [0, 2, 4, 6, 8, 10, 12]
+    assert by_count([2], 4, 3) is None
+
+
+def test_interleaved_search_tries_the_even_split_last():
+    """With chunks a stage the balancing rounds are followed by the even split (tried
+    unless a round found it already); the step is the fastest partition that fits. One
+    chunk a stage does without it: at most the balancing rounds' partitions."""
+    net, q, res = _interleaved()
+    cuts = stage_starts(net)
+    even = by_count(cuts, len(net.layers), 4)
+    tried = [t["bounds"] for t in res.partitions]
+    best = min(t["time_s"] for t in res.partitions if t["outcome"] == "plan")
+    assert res.time_s == best
+    assert even in tried
+    plain = search_pipeline(_question(net), 2, "time", (), run_search, _context(q))
+    assert len(plain.partitions) <= REBALANCE + 1
 
 
 def test_one_chunk_is_1f1b():
