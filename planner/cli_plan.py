@@ -569,24 +569,15 @@ def _cost_recompute(q: Question, assignment: dict[int, Any]
     not fit) every block and the least number of blocks, the first ones, that fits, by
     bisection; the least that fits is taken, or every block when none does (each count
     priced by :func:`_price`). Returns its pricing and the counts' trials."""
-    from .search import RecomputeTrial, least_recomputed, with_recompute
+    from .search import RecomputeTrial, price_least_recomputed
 
-    blocks = len(q.network.blocks)
-    priced: dict[int, Any] = {}
-    trials: dict[int, Any] = {}
-
-    def fits(count: int) -> bool:
-        ctx, options = with_recompute(q.ctx, q.options, count)
-        priced[count] = _price(ctx, options, assignment, q)
-        ev = priced[count][0]
-        ok = bool(ev.memory.fits)
-        trials[count] = RecomputeTrial(count, "fits" if ok else "does not fit", ev.time_s,
-                                       ev.memory.peak)
-        return ok
-
-    count = least_recomputed(blocks, fits)
-    return (*priced[blocks if count is None else count],
-            [trials[n].to_data() for n in sorted(trials)])
+    taken, priced = price_least_recomputed(
+        q.ctx, q.options, lambda c, o: _price(c, o, assignment, q),
+        lambda p: bool(p[0].memory.fits))
+    trials = [RecomputeTrial(n, "fits" if ev.memory.fits else "does not fit", ev.time_s,
+                             ev.memory.peak).to_data()
+              for n, (ev, *_) in sorted(priced.items())]
+    return (*taken, trials)
 
 
 def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -783,22 +783,23 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
     leanest: PipelineResult | None = None
     error: NoFeasiblePlan | None = None
     seen: set[tuple[int, ...]] = set()
-    # interleaved: a last round tries Megatron-LM's even split (see by_count)
-    extra_round = bounds is None and virtual > 1
-    rounds = 1 if bounds is not None else REBALANCE + 1 + extra_round
-    settled = False
-    for r in range(rounds):
-        last = extra_round and r == rounds - 1
-        if settled and not last:
-            continue
-        part = bounds if bounds is not None else \
-            by_count(cuts, len(net.layers), chunks) if last else \
-            balance(weights, cuts, chunks)
-        if part is None or tuple(part) in seen:
-            if extra_round and not last:
-                settled = True
-                continue
-            break
+
+    def partitions() -> Iterator[list[int]]:
+        """``bounds``; or the balancing rounds (each on the weights the last left) until
+        one repeats, then, interleaved, Megatron-LM's even split (:func:`by_count`)."""
+        if bounds is not None:
+            yield bounds
+            return
+        for _ in range(REBALANCE + 1):
+            part = balance(weights, cuts, chunks)
+            if part is None or tuple(part) in seen:
+                break
+            yield part
+        even = by_count(cuts, len(net.layers), chunks) if virtual > 1 else None
+        if even is not None and tuple(even) not in seen:
+            yield even
+
+    for part in partitions():
         seen.add(tuple(part))
         try:
             plans = [plan_stage(c, part[c], part[c + 1]) for c in range(chunks)]

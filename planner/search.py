@@ -36,7 +36,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -81,6 +81,7 @@ from .ops import Elementwise, Kernel
 from .strategies import candidate_layouts, megatron_modes, why_invalid
 from .units import MAX_GPUS, format_bytes, format_time
 
+T = TypeVar("T")
 INF = math.inf
 OBJECTIVES = ("time", "comm")
 
@@ -1398,6 +1399,23 @@ def least_recomputed(blocks: int, fits: Callable[[int], bool]) -> int | None:
         else:
             lo = mid
     return hi
+
+
+def price_least_recomputed(ctx: Context, options: Options,
+                           price: Callable[[Context, Options], T],
+                           fits: Callable[[T], bool]) -> tuple[T, dict[int, T]]:
+    """A given layout under ``--recompute auto``: ``price`` at the fewest blocks (the
+    first ones) recomputed with which ``fits`` holds (:func:`least_recomputed`), or at
+    every block when none does; with every count priced on the way, by count."""
+    blocks = len(ctx.network.blocks)
+    priced: dict[int, T] = {}
+
+    def holds(count: int) -> bool:
+        priced[count] = price(*with_recompute(ctx, options, count))
+        return fits(priced[count])
+
+    count = least_recomputed(blocks, holds)
+    return priced[blocks if count is None else count], priced
 
 
 def unimodal_least(lo: int, hi: int, cost: Callable[[int], float]) -> int:

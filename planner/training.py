@@ -31,7 +31,6 @@ team chose: a plan file, one grid for every layer, or pins::
     recompute: none              # none | blocks | N | auto: residual blocks (or the first N)
                                  # re-run their forward in backward; auto: as few as
                                  # memory needs, for the strategy and the optimum alike
-                                 # their forward in backward
     algorithm: ring              # collective algorithm (default: the cluster file's)
     strategy:
       plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron|
@@ -796,20 +795,13 @@ class _StageQuestion:
 def _price_auto(ctx: Any, options: Options, assignment: dict[int, Layout]
                 ) -> tuple[Evaluation, Any, Options]:
     """A strategy under ``recompute: auto``, as ``planner cost --recompute auto`` prices
-    it: recomputing the fewest blocks (the first ones) with which it fits, or every
-    block when none does; with the context and options of that count."""
-    from .search import least_recomputed, with_recompute
+    it (:func:`~planner.search.price_least_recomputed`), with the context and options
+    of the count taken."""
+    from .search import price_least_recomputed
 
-    blocks = len(ctx.network.blocks)
-    priced: dict[int, tuple[Evaluation, Any, Options]] = {}
-
-    def fits(count: int) -> bool:
-        c, o = with_recompute(ctx, options, count)
-        priced[count] = (evaluate(c, o, assignment), c, o)
-        return bool(priced[count][0].memory.fits)
-
-    count = least_recomputed(blocks, fits)
-    return priced[blocks if count is None else count]
+    return price_least_recomputed(ctx, options,
+                                  lambda c, o: (evaluate(c, o, assignment), c, o),
+                                  lambda p: bool(p[0].memory.fits))[0]
 
 
 def _search_auto(ctx: Any, options: Options, auto: bool) -> tuple[Any, Any, Options]:

@@ -346,15 +346,12 @@ TP_PIPELINE_SPLITS = 4
 TP_COMM_SMS = 16
 
 
-def tp_overlap_error(layer: Layer, layout: Layout, ctx: Context) -> str | None:
-    """Why a sequence-parallel layout's collectives do not overlap its GEMMs (None: they
-    do)."""
-    if layer.linear is None and layer.attention is None:
-        return "only a linear layer's or attention's collectives overlap their GEMMs"
-    if layout.row_group(ctx.per_node).spans_nodes:
-        return ("its tensor-parallel group spans nodes; Transformer Engine's userbuffers "
-                "overlap within a node")
-    return None
+def _overlaps(layer: Layer, layout: Layout, ctx: Context) -> bool:
+    """Whether a sequence-parallel layout's collectives overlap its GEMMs: a linear
+    layer's or attention's, over a tensor-parallel group within a node (userbuffers
+    overlap within a node's NVLink)."""
+    return (layer.linear is not None or layer.attention is not None) \
+        and not layout.row_group(ctx.per_node).spans_nodes
 
 
 def overlap_tp(layer: Layer, layout: Layout, ctx: Context,
@@ -375,7 +372,7 @@ def overlap_tp(layer: Layer, layout: Layout, ctx: Context,
     up cost more than the collective). A GEMM gives up SMs in proportion to its time
     (a compute-bound kernel's, an upper bound on a memory-bound one's); the copy
     engines' traffic does not slow it."""
-    if tp_overlap_error(layer, layout, ctx) is not None:
+    if not _overlaps(layer, layout, ctx):
         return terms
     n = layout.row_group(ctx.per_node).size
     if n <= 1:
