@@ -48,6 +48,14 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Overlap sequence-parallel layers' all-gathers and "
                           "reduce-scatters with their GEMMs inside a node (Megatron-LM's "
                           "--tp-comm-overlap, Transformer Engine's userbuffers)."),
+        # costs.layer.CP_COMM_TYPES (not imported here: the CLI starts without numpy)
+        click.option("--cp-comm-type", type=click.Choice(("p2p", "allgather", "auto")),
+                     default="p2p",
+                     show_default=True,
+                     help="How context parallelism (domain attention) moves the keys and "
+                          "values: p2p, a ring of sends overlapped with attention; "
+                          "allgather, gathered before it; auto, the cheaper a layer "
+                          "(Megatron-LM's --cp-comm-type)."),
         click.option("--optimizer", type=click.Choice(("sgd", "momentum", "adam")),
                      default="momentum", show_default=True,
                      help="Optimizer state kept per parameter."),
@@ -156,7 +164,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                   algorithm: str | None, estimator: str, models_dir: str | None,
                   zero: int | str = 0, recompute: str = "none", zero_shard: str = "all",
                   precision: str | None = None, grad_precision: str | None = None,
-                  microbatches: int | str = 1, tp_comm_overlap: bool = False) -> Question:
+                  microbatches: int | str = 1, tp_comm_overlap: bool = False,
+                  cp_comm_type: str = "p2p") -> Question:
     """Load both files, build the options and the cost context (``zero="auto"`` or
     ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
     from .evaluate import ZERO_STAGES, Options, check_question, make_context
@@ -186,6 +195,11 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
         raise UsageError("planner: error: --tp-comm-overlap needs --cost-model exact: the "
                          "paper's accounting (Gholami et al. 2018) has no sequence "
                          "parallelism; drop --tp-comm-overlap or the cost model")
+    if cp_comm_type != "p2p" and cost_model == "gholami2018":
+        raise UsageError(f"planner: error: --cp-comm-type {cp_comm_type} needs --cost-model "
+                         "exact: the paper's accounting (Gholami et al. 2018) splits a "
+                         "sequence as an image, by halo rows; drop --cp-comm-type or the "
+                         "cost model")
     if microbatches > 1 and cost_model == "gholami2018":
         raise UsageError("planner: error: --microbatches needs --cost-model exact: the "
                          "paper's accounting (Gholami et al. 2018) runs one pass a step; "
@@ -214,7 +228,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                       canonical_recompute(recompute, len(net.blocks)),
                       grad_dtype=DTYPE_ALIASES.get(grad_precision, grad_precision)
                       if grad_precision is not None else None,
-                      tp_comm_overlap=tp_comm_overlap)
+                      tp_comm_overlap=tp_comm_overlap, cp_comm_type=cp_comm_type)
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)

@@ -99,6 +99,10 @@ class Options:
     tp_comm_overlap: bool = False
     #: the weight gradients' GEMMs run later in a pass of their own (ZB-H1's W)
     wgrad_deferred: bool = False
+    #: how context parallelism moves the keys and values: a ring of point-to-point sends
+    #: overlapped with attention, or an all-gather before it (Megatron-LM's
+    #: ``--cp-comm-type``; :func:`~planner.costs.layer.overlap_context`)
+    cp_comm_type: str = "p2p"
 
     @property
     def step_batch(self) -> int:
@@ -174,7 +178,7 @@ def make_context(network: Network, cluster: Cluster, options: Options,
                    algorithm=options.algorithm, zero=options.zero,
                    zero_shard=options.zero_shard, recompute=options.recompute,
                    grad_dtype=options.grad_dtype, tp_comm_overlap=options.tp_comm_overlap,
-                   wgrad_deferred=options.wgrad_deferred)
+                   wgrad_deferred=options.wgrad_deferred, cp_comm_type=options.cp_comm_type)
 
 
 def check_question(network: Network, cluster: Cluster, options: Options) -> None:

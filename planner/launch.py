@@ -44,6 +44,9 @@ class LaunchSpec:
     schedule: str = SCHEDULE  #: the pipeline schedule (1f1b, interleaved-1f1b, zb-h1)
     #: sequence-parallel collectives overlap their GEMMs (``--tp-comm-overlap``)
     tp_comm_overlap: bool = False
+    #: how each context-parallel attention layer moves its keys and values, in layer
+    #: order (p2p or allgather: Megatron-LM's ``--cp-comm-type``)
+    cp_comm_types: tuple[str, ...] = ()
 
     @property
     def fsdp(self) -> str | None:
@@ -212,7 +215,25 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
                       nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits,
                       str(dtype), str(grad_dtype or dtype), stages, microbatches, virtual,
-                      schedule, bool(tp_overlap))
+                      schedule, bool(tp_overlap), _cp_comm_types(data.get("layers")))
+
+
+def _cp_comm_types(layers: object) -> tuple[str, ...]:
+    """How each attention layer split by tokens (``domain``) moves its keys and values:
+    ``p2p`` where its terms went around the ring of sends, else ``allgather``. Layers
+    the plan does not describe as such are skipped (the placement is what launch
+    checks)."""
+    out = []
+    for layer in layers if isinstance(layers, list) else []:
+        if not (isinstance(layer, dict) and layer.get("type") == "attention"
+                and layer.get("mode") == "domain" and isinstance(layer.get("comm"), dict)):
+            continue
+        terms = layer["comm"].get("terms")
+        ring = isinstance(terms, list) and any(
+            isinstance(t, dict) and t.get("algorithm") == "p2p"
+            and str(t.get("note", "")).startswith("keys and values") for t in terms)
+        out.append("p2p" if ring else "allgather")
+    return tuple(out)
 
 
 def _grid_index(g: dict[str, Any], key: str, count: int, what: str, where: str,
@@ -279,6 +300,15 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
     if spec.tp_comm_overlap:
         head.append("# sequence-parallel collectives overlap their GEMMs (Megatron-LM: "
                     "--tp-comm-overlap, with Transformer Engine)")
+    cp = spec.cp_comm_types
+    if cp:
+        value = cp[0] if len(set(cp)) == 1 else ",".join(cp)
+        head.append(f"# context parallelism in {len(cp)} attention layer"
+                    f"{'s' if len(cp) > 1 else ''}: "
+                    + ("keys and values around a ring of sends overlapped with attention"
+                       if set(cp) == {"p2p"} else "keys and values all-gathered"
+                       if set(cp) == {"allgather"} else "one method a layer, in order")
+                    + f" (Megatron-LM: --cp-comm-type {value})")
     if kind == "env":
         lines = [
             f"PLANNER_PLAN={q(plan_path)}",
@@ -302,6 +332,8 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
                 lines.append(f"PLANNER_PIPELINE_SCHEDULE={spec.schedule}")
         if spec.tp_comm_overlap:
             lines.append("PLANNER_TP_COMM_OVERLAP=1")
+        if cp:
+            lines.append(f"PLANNER_CP_COMM_TYPE={value}")
         return "\n".join(head + lines) + "\n"
     if kind == "torchrun":
         if spec.uneven:

@@ -442,7 +442,7 @@ class Layer:
 def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int = 1,
                   height_split: int = 1, input_split: int = 1,
                   feature_split: int = 1, core_split: int = 1,
-                  expert_split: int = 1) -> dict[str, list[Kernel]]:
+                  expert_split: int = 1, key_split: int = 1) -> dict[str, list[Kernel]]:
     """The kernels of ``layer`` on one device's shard.
 
     ``batch`` is the local batch; ``model_split`` divides output channels, features or
@@ -455,7 +455,9 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
     projections on a token split, the core on a head split);
     ``feature_split`` divides the features an activation or dropout works on;
     ``expert_split`` divides a mixture of experts' experts (expert parallelism: the
-    device's experts take the rows the ``expert_split`` devices' tokens route to them).
+    device's experts take the rows the ``expert_split`` devices' tokens route to them);
+    ``key_split`` divides the keys attention's core meets (one step of context
+    parallelism's ring, which meets one device's keys at a time).
     """
     out: dict[str, list[Kernel]] = {"forward": [], "backward_data": [], "backward_weight": []}
     ms = max(1, model_split)
@@ -512,6 +514,7 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         # of 2·P_r, so its queries meet half the keys too); an unfused one computes the
         # whole score matrix and masks it
         sk = -(-a.seq // 2) if a.causal and a.flash else a.seq
+        sk = -(-sk // max(1, key_split))
         scores, mix = Gemm(sq, sk, a.head_dim, bh), Gemm(sq, a.head_dim, sk, bh)
         # rotary embeddings: one memory-bound pass over the queries and keys (read,
         # write; the cos and sin tables are per position, cached) after their

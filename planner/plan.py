@@ -12,7 +12,8 @@ files)::
       cluster: {file, name, sha256}
     problem: {gpus, batch, dtype, cost_model, overlap, bucket_bytes, optimizer,
               master_weights, grad_dtype, zero, zero_shard (with zero 1-3: all|node), recompute,
-              tp_comm_overlap (when true), estimator, algorithm, nodes}
+              tp_comm_overlap (when true), cp_comm_type (allgather|auto; p2p when absent),
+              estimator, algorithm, nodes}
     iteration: {time_s, compute_s, comm_s, exposed_comm_s, forward_s, backward_s,
                 optimizer_s, weight_grad_s, activation_comm_s, parameters_comm_s,
                 recompute_s, samples_per_s, model_flops, tflops_per_device, mfu}
@@ -28,7 +29,8 @@ files)::
         comm: {forward_s, backward_data_s, weight_grad_s, redistribute_s, parameters_s,
                recompute_s,
                terms: [{phase, collective, group, per_node, bytes, seconds, algorithm, note,
-                        exposed_s (overlapping its layer's GEMM: what the pass pays)}]},
+                        exposed_s (overlapping its layer's GEMM, or attention under
+                        context parallelism's p2p ring: what the pass pays)}]},
                # per_node: the group's ranks in each node it touches; where they do not
                # fill their nodes evenly (12 on 8-GPU nodes: 8 + 4), the fewest (4)
         memory: {params_bytes, activation_bytes}   # params_bytes: what this device keeps
@@ -184,6 +186,8 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
         "recompute": options.recompute,
         # the overlap only where it is asked for (a plan without it reads the same)
         **({"tp_comm_overlap": True} if options.tp_comm_overlap else {}),
+        # context parallelism's method where it is not Megatron-LM's default ring
+        **({"cp_comm_type": options.cp_comm_type} if options.cp_comm_type != "p2p" else {}),
     }
 
 
@@ -271,6 +275,8 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 + (f" (gradients in {grads})" if grads != prob["dtype"] else "") + ", "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
                 + (" and tensor-parallel" if prob.get("tp_comm_overlap") else "")
+                + (f", context parallelism {prob['cp_comm_type']}"
+                   if prob.get("cp_comm_type", "p2p") != "p2p" else "")
                 + (f", ZeRO {setting}" if zero else "")
                 + (f", recomputing {_recomputing(str(prob['recompute']))} "
                    f"({format_time(it.get('recompute_s', 0.0))} a step)"

@@ -26,6 +26,8 @@ team chose: a plan file, one grid for every layer, or pins::
     overlap: gradients           # none | gradients
     tp_comm_overlap: false       # sequence-parallel collectives overlap their GEMMs
                                  # (Megatron-LM's --tp-comm-overlap)
+    cp_comm_type: p2p            # p2p | allgather | auto: context parallelism's keys
+                                 # and values (Megatron-LM's --cp-comm-type)
     zero: 0                      # ZeRO stage 0-3: optimizer state / + gradients / + weights sharded
     zero_shard: all              # all | node: over all replicas, or within nodes (hybrid)
     recompute: none              # none | blocks | N | auto: residual blocks (or the first N)
@@ -61,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import ALGORITHMS, Cluster
-from .costs.layer import RECOMPUTE, canonical_recompute, recompute_error
+from .costs.layer import CP_COMM_TYPES, RECOMPUTE, canonical_recompute, recompute_error
 from .errors import InputError, Issue, NoFeasiblePlan, PlannerError, printable
 from .evaluate import (
     DEFAULT_BUCKET_BYTES,
@@ -136,6 +138,8 @@ class TrainingConfig:
     min_mfu: float | None = None
     #: sequence-parallel collectives overlap their GEMMs (``--tp-comm-overlap``)
     tp_comm_overlap: bool = False
+    #: how context parallelism moves the keys and values (``--cp-comm-type``)
+    cp_comm_type: str = "p2p"
 
     @property
     def stage_gpus(self) -> int:
@@ -264,6 +268,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     grad_precision = f.opt_none("grad_precision", _dtype)
     overlap = f.opt("overlap", choice(OVERLAPS), "gradients")
     tp_overlap = f.opt("tp_comm_overlap", boolean, False)
+    cp_comm = f.opt("cp_comm_type", choice(CP_COMM_TYPES), "p2p")
     bucket = f.opt("bucket_size", bucket_size, float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
     zero = f.opt("zero", integer(0, 3), 0)
@@ -278,6 +283,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         f.error("tp_comm_overlap", "tensor-parallel overlap needs 'cost_model: exact': the "
                                    "paper's accounting (Gholami et al. 2018) has no sequence "
                                    "parallelism")
+    if cp_comm != "p2p" and cost_model == "gholami2018":
+        f.error("cp_comm_type", f"cp_comm_type {cp_comm} needs 'cost_model: exact': the "
+                                "paper's accounting (Gholami et al. 2018) splits a sequence "
+                                "as an image, by halo rows")
     if grad_precision is not None and cost_model == "gholami2018":
         f.error("grad_precision", "a gradient precision needs 'cost_model: exact': the "
                                   "paper's accounting (Gholami et al. 2018) moves every word "
@@ -358,7 +367,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           microbatches=microbatches, pipeline=pipeline,
                           virtual_stages=virtual, stage_starts=starts,
                           schedule=schedule or SCHEDULE, min_mfu=min_mfu,
-                          tp_comm_overlap=bool(tp_overlap))
+                          tp_comm_overlap=bool(tp_overlap), cp_comm_type=cp_comm)
 
 
 def _dtype(value: object) -> str:
@@ -490,7 +499,7 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
     from .plan import problem_record
 
     # a plan without gradient accumulation records no microbatches: compare them even so
-    record = {"microbatches": 1, "tp_comm_overlap": False,
+    record = {"microbatches": 1, "tp_comm_overlap": False, "cp_comm_type": "p2p",
               **rounded(problem_record(net, options), 4)}
     if cfg.recompute == "auto":
         # the plan's own choice stands when it was made by --recompute auto: a pipeline
@@ -503,7 +512,7 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
         # (and before gradients had a dtype of their own, the weights')
         had = prob.get(key, {"zero": 0, "zero_shard": "all", "recompute": "none",
                              "grad_dtype": prob.get("dtype"), "microbatches": 1,
-                             "tp_comm_overlap": False}.get(key))
+                             "tp_comm_overlap": False, "cp_comm_type": "p2p"}.get(key))
         if key.endswith("_bytes") and _same_size(had, value):
             continue  # plans before 2026-11-23 rounded sizes to 4 digits
         if had != value:
@@ -739,7 +748,7 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                       recompute="none" if cfg.recompute == "auto" else
                       canonical_recompute(cfg.recompute, len(net.blocks)),
                       algorithm=cfg.algorithm, grad_dtype=cfg.grad_precision,
-                      tp_comm_overlap=cfg.tp_comm_overlap)
+                      tp_comm_overlap=cfg.tp_comm_overlap, cp_comm_type=cfg.cp_comm_type)
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "

@@ -197,4 +197,6 @@ def options(draw: st.DrawFn, gpus: st.SearchStrategy[int] = GPUS,
         "seed": draw(st.integers(0, 2**16)),
         # sequence-parallel collectives overlapping their GEMMs (exact accounting only)
         "tp_comm_overlap": draw(st.booleans()),
+        # context parallelism's keys and values (exact accounting only)
+        "cp_comm_type": draw(st.sampled_from(["p2p", "allgather", "auto"])),
     }

@@ -46,6 +46,26 @@ class FixedEstimator:
         return KernelTimes(np.full(len(kernels), self.seconds), ("fixed",) * len(kernels))
 
 
+class RateEstimator:
+    """A GEMM takes its FLOPs over ``rate``; anything else its bytes over ``rate``; each
+    kernel ``launch`` seconds more (to check overlaps by hand)."""
+
+    name = "rate"
+
+    def __init__(self, rate: float, launch: float = 0.0) -> None:
+        self.rate, self.launch = rate, launch
+
+    def seconds(self, k) -> float:
+        from planner.ops import Gemm
+
+        work = k.flops if isinstance(k, Gemm) else k.bytes_moved(4)
+        return work / self.rate + self.launch
+
+    def estimate(self, kernels, device, dtype) -> KernelTimes:
+        return KernelTimes(np.array([self.seconds(k) for k in kernels]),
+                           ("rate",) * len(kernels))
+
+
 def program_and_evaluation(net, cl, opts):
     """The search's dynamic program on a question (no memory weight) and the evaluation
     of its answer: ``(program value, Evaluation)``, which tests hold equal."""

@@ -4,20 +4,21 @@ as the paper's domain parallelism splits an image's rows (Gholami et al., SPAA 2
 with their weights whole, which are reduced over all ``P`` devices; attention's queries
 meet every key, so its keys and values are gathered over the row group (Megatron-LM's
 ``--context-parallel-size``; Liu, Zaharia and Abbeel's ring attention, ICLR 2024, passes
-the same bytes around a ring)."""
+the same bytes around a ring, overlapped with attention: ``--cp-comm-type p2p``, the
+default, against ``allgather``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.costs.layer import weighted_kernels, weighted_terms
+from planner.costs.layer import CP_COMM_TYPES, weighted_kernels, weighted_terms
 from planner.evaluate import Options, evaluate, make_context
 from planner.inputs import load_network_text
 from planner.layout import input_dist, make_layout
 from planner.strategies import candidate_layouts, why_invalid
 
-from .conftest import invoke
-from .helpers import FixedEstimator, cluster, solved
+from .conftest import EXAMPLES, invoke
+from .helpers import FixedEstimator, RateEstimator, cluster, solved
 
 B, E = 16, 2  # batch, bytes per element (bf16)
 SEQ, DIM, HEADS, KV, FFN = 64, 128, 8, 2, 256
@@ -26,7 +27,11 @@ HD = DIM // HEADS
 
 def _net(flash: bool = True):
     """A token table and one pre-norm decoder block with grouped-query attention."""
-    return load_network_text(f"""
+    return load_network_text(_net_text(flash))
+
+
+def _net_text(flash: bool = True) -> str:
+    return f"""
 kind: network
 name: cp
 input: [{SEQ}]
@@ -47,7 +52,7 @@ layers:
       - {{name: act, type: gelu}}
       - {{name: down, type: linear, out_features: {DIM}, bias: false}}
   - {{name: head, type: linear, out_features: 512, bias: false}}
-""")
+"""
 
 
 def _ctx(net, p=8):
@@ -227,3 +232,203 @@ def test_llama_at_batch_16(runner):
     base = {b["name"]: b for b in doc["baselines"]}
     for name in ("megatron", "megatron-sp"):
         assert doc["iteration"]["time_s"] < base[name]["time_s"]
+
+
+# ---- the ring (--cp-comm-type p2p) -------------------------------------------------
+# domain 4x2 on _net(), b = 8: the core's GEMMs are the score and mix products of 16
+# queries a sequence meeting 32 keys (causal flash: half of 64), 16 wide, 8 × 8 heads,
+# each 2 · 16 · 32 · 16 · 64 FLOPs; forward two of them, backward five (the scores again,
+# dS, dQ/dK and dV products, as flash attention's backward runs them). A ring step meets
+# a quarter of the keys: 8.
+CORE = 2 * 16 * 32 * 16 * 64
+N = 4
+
+
+def _ring(cp: str, rate: float, launch: float = 0.0, flash: bool = True, **opt):
+    net = _net(flash)
+    opts = Options(gpus=8, batch=B, overlap="none", cp_comm_type=cp, **opt)
+    ctx = make_context(net, cluster(per_node=8), opts, RateEstimator(rate, launch))
+    terms = weighted_terms(net.by_name("attn.sa"), make_layout("domain", 4, 2), ctx)
+    return {t.note: t for t in terms if t.phase != "weight_grad"}
+
+
+def test_ring_by_hand():
+    """``c`` a step, ``C`` the whole core, ``S`` a collective's seconds, ``sᵢ = Sᵢ/3``:
+    forward ``c + 3·max(c, S/3) − C`` is exposed; backward ``max(c, s₁) + 2·max(c, s₁ +
+    s₂) + max(c, s₂) − C`` (Transformer Engine's reversed steps: the keys and values in
+    the first three, the gradients' partial sums in the last three), split between the
+    two terms by their seconds. At 1e9 FLOP/s a forward step (0.52 ms) covers the sends
+    (64 KiB a collective, 6.5 µs in the collective model): nothing is exposed; at 1e14
+    FLOP/s (5.2 ns a step) the sends are exposed but for what the steps cover. The
+    terms are p2p, with their seconds (the traffic) unchanged."""
+    gathered = _ring("allgather", 1e9)
+    s = gathered["keys and values"].seconds
+    s1, s2 = gathered["keys and values again"].seconds, \
+        gathered["key and value gradients"].seconds
+    assert all(t.exposed_s is None and t.algorithm != "p2p" for t in gathered.values())
+    for rate in (1e9, 1e14):
+        c_f, whole_f = 2 * CORE / N / rate, 2 * CORE / rate
+        c_b, whole_b = 5 * CORE / N / rate, 5 * CORE / rate
+        fwd = c_f + (N - 1) * max(c_f, s / (N - 1)) - whole_f
+        h1, h2 = s1 / (N - 1), s2 / (N - 1)
+        bwd = max(c_b, h1) + (N - 2) * max(c_b, h1 + h2) + max(c_b, h2) - whole_b
+        ring = _ring("p2p", rate)
+        assert ring["keys and values"].exposed_s == pytest.approx(fwd, rel=1e-12)
+        assert ring["keys and values again"].exposed_s == pytest.approx(
+            bwd * s1 / (s1 + s2), rel=1e-12)
+        assert ring["key and value gradients"].exposed_s == pytest.approx(
+            bwd * s2 / (s1 + s2), rel=1e-12)
+        assert {t.algorithm for t in ring.values()} == {"p2p"}
+        assert [t.seconds for t in ring.values()] == [s, s1, s2]
+    slow = _ring("p2p", 1e9)
+    assert slow["keys and values"].exposed_s == 0.0  # c_f = 0.52 ms, far over S / 3
+    assert sum(t.exposed_s for t in slow.values()) == 0.0
+    fast = _ring("p2p", 1e14)  # the steps take 5.2 ns: nearly all of the sends exposed
+    assert fast["keys and values"].exposed_s == pytest.approx(s - 3 * 2 * CORE / N / 1e14,
+                                                              rel=1e-12)
+
+
+def test_ring_steps_that_cost_more_than_the_gather():
+    """Each kernel 0.1 ms to launch: four steps of two kernels cost 6 launches more than
+    the whole core's two, more than the sends. ``p2p`` pays that (it is what the ring
+    runs); ``auto`` keeps the all-gather for the layer. Where the kernels are free it
+    takes the ring, even where the core is too quick to hide much (1e14 FLOP/s: what the
+    steps cover is what the ring saves)."""
+    slow = _ring("p2p", 1e14, launch=1e-4)
+    gathered = _ring("allgather", 1e14, launch=1e-4)
+    assert sum(t.critical_s for t in slow.values()) > sum(t.seconds for t in
+                                                          gathered.values())
+    assert slow["keys and values"].exposed_s == pytest.approx(
+        6 * 1e-4 + 4 * 2 * CORE / N / 1e14 - 2 * CORE / 1e14, rel=1e-9)
+    assert _ring("auto", 1e14, launch=1e-4) == gathered
+    assert _ring("auto", 1e14) == _ring("p2p", 1e14) != _ring("allgather", 1e14)
+    assert _ring("auto", 1e9) == _ring("p2p", 1e9)
+    assert CP_COMM_TYPES == ("p2p", "allgather", "auto")
+
+
+def test_ring_needs_flash_attention():
+    """An unfused attention materialises the scores, which the ring's online softmax
+    does not: it gathers whatever the setting."""
+    assert all(t.exposed_s is None for t in _ring("p2p", 1e9, flash=False).values())
+
+
+def test_recomputed_ring_runs_again():
+    """Recomputed, the forward ring runs again before the backward, as exposed as the
+    first."""
+    ring = _ring("p2p", 1e12, recompute="blocks")
+    again = next(t for note, t in ring.items() if note.endswith("(recompute)"))
+    assert again.phase == "recompute"
+    assert again.exposed_s == ring["keys and values"].exposed_s > 0
+
+
+@pytest.mark.parametrize("cp", CP_COMM_TYPES)
+def test_ring_program_equals_evaluation(cp):
+    """The dynamic program pays what the evaluation's timeline pays, with every setting
+    (to 1e-12), on 8 and 32 devices."""
+    for p in (8, 32):
+        net = _net()
+        opts = Options(gpus=p, batch=B, overlap="none", cp_comm_type=cp)
+        ctx = make_context(net, cluster(per_node=8), opts, RateEstimator(1e12, 1e-6))
+        value, _, ev = solved(ctx, opts)
+        assert value == pytest.approx(ev.time_s, rel=1e-12)
+
+
+def _files(tmp_path):
+    """The test network as a file, and the costs of it split by tokens 4 ways."""
+    net = tmp_path / "cp.yaml"
+    net.write_text(_net_text())
+    return net, ("cost", net, EXAMPLES / "clusters" / "dgx-h100.yaml", "-p", "8", "-b",
+                 str(B), "--pin", "*=domain:4x2", "--optimizer", "adam")
+
+
+def test_cli_records_it(runner, tmp_path):
+    """``cost`` rings by default: the attention's three terms are p2p with their exposed
+    seconds, and the problem records nothing (Megatron-LM's default). ``--cp-comm-type
+    allgather`` is recorded, its terms have no exposed seconds, and the table's head
+    says so. The paper's accounting splits a sequence as an image: exit 2."""
+    import json
+
+    _, args = _files(tmp_path)
+    ring = json.loads(invoke(runner, *args, "--format", "json").stdout)
+    gath = json.loads(invoke(runner, *args, "--cp-comm-type", "allgather", "--format",
+                             "json").stdout)
+    assert "cp_comm_type" not in ring["problem"]
+    assert gath["problem"]["cp_comm_type"] == "allgather"
+
+    def kv(doc):
+        (sa,) = [lay for lay in doc["layers"] if lay["name"] == "attn.sa"]
+        return [t for t in sa["comm"]["terms"] if t["phase"] != "weight_grad"]
+
+    assert [t["algorithm"] for t in kv(ring)] == ["p2p"] * 3
+    assert all("exposed_s" in t for t in kv(ring))
+    assert not any("exposed_s" in t or t["algorithm"] == "p2p" for t in kv(gath))
+    assert [t["bytes"] for t in kv(ring)] == [t["bytes"] for t in kv(gath)]
+    assert ring["iteration"]["comm_s"] == gath["iteration"]["comm_s"]
+    table = invoke(runner, *args, "--cp-comm-type", "auto").stdout
+    assert "context parallelism auto" in table.splitlines()[0]
+    bad = invoke(runner, *args, "--cp-comm-type", "allgather", "--cost-model", "gholami2018")
+    assert bad.exit_code == 2 and "--cp-comm-type allgather needs --cost-model exact" \
+        in bad.stderr
+
+
+def test_training_configuration_and_launch(runner, tmp_path):
+    """A training configuration says ``cp_comm_type: allgather``; a plan made with the
+    default ring does not match it (``check`` names the key), one made with it does.
+    ``launch`` says how each context-parallel attention layer moves its keys and
+    values, as Megatron-LM's ``--cp-comm-type`` takes it. A value not among p2p,
+    allgather and auto is an input error at its line and column (exit 2), and so is one
+    other than p2p under the paper's accounting."""
+    net, args = _files(tmp_path)
+    (tmp_path / "ring.yaml").write_text(invoke(runner, *args, "--format", "yaml").stdout)
+    (tmp_path / "gath.yaml").write_text(invoke(runner, *args, "--cp-comm-type", "allgather",
+                                               "--format", "yaml").stdout)
+
+    def cfg(extra, strategy="{plan: gath.yaml}"):
+        path = tmp_path / "t.yaml"
+        path.write_text(f"kind: training\nnetwork: {net}\ncluster: "
+                        f"{EXAMPLES / 'clusters' / 'dgx-h100.yaml'}\ngpus: 8\nbatch: {B}\n"
+                        f"optimizer: adam\n{extra}strategy: {strategy}\nmax_slowdown: 100\n")
+        return path
+
+    ok = invoke(runner, "check", cfg("cp_comm_type: allgather\n"))
+    assert ok.exit_code == 0, ok.stdout + ok.stderr
+    stale = invoke(runner, "check", cfg("cp_comm_type: allgather\n", "{plan: ring.yaml}"))
+    assert stale.exit_code == 1
+    assert "the plan is for cp_comm_type=p2p, the configuration says allgather" in stale.stdout
+    assert invoke(runner, "check", cfg("", "{plan: ring.yaml}")).exit_code == 0
+    wrong = invoke(runner, "check", cfg("cp_comm_type: ring\n"))
+    assert wrong.exit_code == 2 and "t.yaml:7:15" in wrong.stderr, wrong.stderr
+    paper = invoke(runner, "check", cfg("cp_comm_type: auto\ncost_model: gholami2018\n",
+                                        "{grid: 1x8}"))
+    assert paper.exit_code == 2 and "t.yaml:7" in paper.stderr, paper.stderr
+    env = invoke(runner, "launch", tmp_path / "ring.yaml", "--emit", "env").stdout
+    assert "PLANNER_CP_COMM_TYPE=p2p" in env and "--cp-comm-type p2p" in env
+    assert "context parallelism in 1 attention layer:" in env
+    env = invoke(runner, "launch", tmp_path / "gath.yaml", "--emit", "env").stdout
+    assert "PLANNER_CP_COMM_TYPE=allgather" in env
+    data = invoke(runner, *args[:-4], "--grid", "1x8", "--optimizer", "adam", "--format",
+                  "yaml").stdout
+    (tmp_path / "data.yaml").write_text(data)
+    env = invoke(runner, "launch", tmp_path / "data.yaml", "--emit", "env").stdout
+    assert "CP_COMM" not in env and "context parallelism" not in env
+
+
+def test_llama3_8b_at_128k_tokens(runner):
+    """Llama 3 8B on sequences of 131,072 tokens, 4 of them on 64 H100s (ZeRO 1): the
+    plan splits every attention layer's tokens (16 ways), its keys and values around the
+    ring, and is faster than with them gathered, which is faster than Megatron-LM's
+    layouts with sequence parallelism."""
+    import json
+
+    args = ("plan", EXAMPLES / "networks" / "llama3-8b-128k.yaml",
+            EXAMPLES / "clusters" / "dgx-h100.yaml", "-p", "64", "-b", "4", "--optimizer",
+            "adam", "--zero", "1", "--format", "json")
+    ring = json.loads(invoke(runner, *args).stdout)
+    gath = json.loads(invoke(runner, *args, "--cp-comm-type", "allgather").stdout)
+    attn = [lay for lay in ring["layers"] if lay["type"] == "attention"]
+    assert len(attn) == 32 and all(lay["mode"] == "domain" for lay in attn)
+    assert all(t["algorithm"] == "p2p" for lay in attn for t in lay["comm"]["terms"]
+               if t["note"].startswith(("keys", "key and value")))
+    base = {b["name"]: b for b in ring["baselines"]}
+    assert ring["iteration"]["time_s"] < gath["iteration"]["time_s"] \
+        < base["megatron-sp"]["time_s"]

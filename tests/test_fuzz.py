@@ -76,7 +76,8 @@ def _question(net_data: dict[str, Any], cl_data: dict[str, Any], opts: dict[str,
     o = Options(gpus=opts["gpus"], batch=opts["batch"], cost_model=opts["cost_model"],
                 overlap=opts["overlap"], bucket_bytes=opts["bucket_bytes"],
                 optimizer=opts["optimizer"],
-                tp_comm_overlap=opts["tp_comm_overlap"] and opts["cost_model"] == "exact")
+                tp_comm_overlap=opts["tp_comm_overlap"] and opts["cost_model"] == "exact",
+                cp_comm_type=opts["cp_comm_type"] if opts["cost_model"] == "exact" else "p2p")
     check_question(net, cl, o)
     ctx = make_context(net, cl, o, Roofline())
     return Question(net, cl, "network.yaml", "cluster.yaml", o, ctx, "roofline"), \
@@ -212,7 +213,9 @@ def test_cli_plan_and_cost_agree(net_data, cl_data, opts):
                   opts["overlap"], "--optimizer", opts["optimizer"], "--estimator",
                   "roofline", "--format", "json",
                   *(["--tp-comm-overlap"] if opts["tp_comm_overlap"]
-                    and opts["cost_model"] == "exact" else [])]
+                    and opts["cost_model"] == "exact" else []),
+                  *(["--cp-comm-type", opts["cp_comm_type"]]
+                    if opts["cost_model"] == "exact" else [])]
         result = CliRunner().invoke(cli, ["plan", *common, "--objective", opts["objective"]])
         assert result.exit_code in (0, 1, 2), result.output
         assert "Traceback" not in result.stderr and "internal error" not in result.stderr

@@ -170,6 +170,25 @@ def test_llama3_8b():
     assert net.flops - dense - attention < 0.01 * net.flops
 
 
+def test_llama3_8b_at_128k_tokens():
+    """The long-context example is Llama 3 8B with sequences of 131,072 tokens: the same
+    layers and parameters (rotary embeddings have none), sixteen times the tokens, and
+    attention's causal half of 2 · 2 · 32 · s² · 128 a layer 256 times over, and its
+    softmax's 5 FLOPs a score (counted over all 32 · s² scores, as the network's FLOPs
+    count them) with it; the rest (norms, rotary, SwiGLU) is under 0.1%."""
+    short = load_network(NETWORKS / "llama3-8b.yaml")
+    long = load_network(NETWORKS / "llama3-8b-128k.yaml")
+    assert long.params == short.params == 8_030_261_248
+    assert [(a.name, a.type, a.params) for a in long.layers] == \
+        [(a.name, a.type, a.params) for a in short.layers]
+    attn = long.by_name("layers.0.attn.self_attn").attention
+    assert attn.seq == 131_072 == 16 * short.by_name("layers.0.attn.self_attn").attention.seq
+    core = 32 * 2 * 2 * 32 * 131_072 ** 2 * 128 // 2
+    dense = 2 * (long.params - 128_256 * 4096) * 131_072
+    softmax = 32 * 5 * 32 * 131_072 ** 2
+    assert 0 < long.flops - dense - core - softmax < 0.001 * long.flops
+
+
 def test_llama3_70b():
     """Llama 3 70B (the same paper, Table 3: 80 layers, model dimension 8,192, FFN
     dimension 28,672, 64 attention heads, 8 key/value heads). By hand: per block 8192 ·

@@ -19,7 +19,6 @@ import pytest
 import yaml
 
 from planner.costs.comm import collective_time
-from planner.costs.compute import KernelTimes
 from planner.costs.layer import TP_COMM_SMS, TP_PIPELINE_SPLITS, weighted_terms
 from planner.evaluate import Options, evaluate, make_context
 from planner.inputs import load_network_text
@@ -27,28 +26,12 @@ from planner.layout import make_layout
 from planner.ops import Gemm
 
 from .conftest import EXAMPLES, invoke
-from .helpers import cluster, solved
+from .helpers import RateEstimator, cluster, solved
 
 B = 16
 SEQ, DIM, FFN, HEADS = 32, 64, 256, 4
 SMS = 132  # H100 SXM5 (NVIDIA's datasheet; the catalog's sm_count)
 SLOW = SMS / (SMS - TP_COMM_SMS)  # a GEMM on the SMs the collective leaves
-
-
-class RateEstimator:
-    """A GEMM takes its FLOPs over ``rate``; anything else its bytes over ``rate``."""
-
-    name = "rate"
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-
-    def seconds(self, k) -> float:
-        return k.flops / self.rate if isinstance(k, Gemm) else k.bytes_moved(4) / self.rate
-
-    def estimate(self, kernels, device, dtype) -> KernelTimes:
-        return KernelTimes(np.array([self.seconds(k) for k in kernels]),
-                           ("rate",) * len(kernels))
 
 
 def _net():

@@ -122,6 +122,8 @@ class Context:
     #: the weight gradients' GEMMs run in a pass of their own, later (ZB-H1's W), so
     #: nothing of the backward pass overlaps them
     wgrad_deferred: bool = False
+    #: how context parallelism moves the keys and values (:data:`CP_COMM_TYPES`)
+    cp_comm_type: str = "p2p"
 
     @functools.cached_property
     def rebuilt(self) -> frozenset[str]:
@@ -314,6 +316,8 @@ def weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]
     terms = _weighted_terms(layer, layout, ctx)
     if ctx.tp_comm_overlap and layout.mode in SEQUENCE_MODES:
         terms = overlap_tp(layer, layout, ctx, terms)
+    elif layout.mode == "domain" and layer.attention is not None and not ctx.paper:
+        terms = overlap_context(layer, layout, ctx, terms)
     return terms + rerun_terms(layer, ctx, terms)
 
 
@@ -414,6 +418,73 @@ def overlap_tp(layer: Layer, layout: Layout, ctx: Context,
             total = max(whole * slower, t.seconds)
         out[i] = replace(t, exposed_s=max(0.0, total - whole))
     return out
+
+
+#: how context parallelism moves attention's keys and values (Megatron-LM's
+#: ``--cp-comm-type``): ``p2p`` passes them around a ring of point-to-point sends, each
+#: step's attention computed while the next device's block arrives (Transformer
+#: Engine's ``AttnFuncWithCPAndKVP2P``, Megatron-LM's default; Liu et al.'s ring
+#: attention, ICLR 2024); ``allgather`` gathers them whole before the attention and
+#: reduce-scatters their gradients after it (Llama 3's, Dubey et al. 2024 §3.3.2), on
+#: the critical path; ``auto``, whichever of the two costs a layer less (Megatron-LM
+#: takes a list, one a layer)
+CP_COMM_TYPES = ("p2p", "allgather", "auto")
+
+
+def overlap_context(layer: Layer, layout: Layout, ctx: Context,
+                    terms: list[CommTerm]) -> list[CommTerm]:
+    """Terms of context parallelism's keys and values as its ring (``p2p``) moves them,
+    as Transformer Engine's ``AttnFuncWithCPAndKVP2P`` does: over ``n = P_r`` devices
+    each pass runs attention's core as ``n`` steps, each meeting one device's keys
+    (``⌈k/n⌉`` of the ``k`` keys a query meets, ``c`` seconds timed by the estimator: a
+    step runs below the whole core's rate) while the block the next step needs
+    travels one hop (``S/(n − 1)`` of the ring collective's ``S`` seconds: the same
+    bytes), and a step starts when its block is in. Forward, the keys and values, sent
+    in every step but the last: ``c + (n − 1)·max(c, S/(n − 1))``. Backward, the steps
+    run in the reverse order, ending on the device's own keys: the keys and values
+    (``S₁``) are sent in every step but the last, and with them, from the second step,
+    the partial sums of their gradients (``S₂``), which arrive home during the last
+    step: ``max(c, s₁) + (n − 2)·max(c, s₁ + s₂) + max(c, s₂)`` with ``sᵢ = Sᵢ/(n −
+    1)``. What exceeds the whole core's ``C`` is exposed (more than ``S`` where the
+    steps' kernels lose more than the sends cost), the backward's split between its
+    two terms by their seconds; the terms' algorithm reads ``p2p``. Under ``auto`` the
+    layer keeps the all-gather where that exposes less, forward and backward together.
+    Ring attention needs a flash kernel's online softmax: an unfused attention
+    gathers."""
+    a = layer.attention
+    n = layout.pr
+    if a is None or not a.flash or ctx.cp_comm_type == "allgather" or n <= 1:
+        return terms
+    b = _ceil_div(ctx.batch, layout.pc)
+
+    def core(key_split: int) -> list[list[Kernel]]:
+        ks = layer_kernels(layer, b, ctx.elem_bytes, height_split=n, key_split=key_split)
+        return [[k for k in ks[phase] if isinstance(k, Gemm) and not k.role]
+                for phase in ("forward", "backward_data")]
+
+    parts = core(1) + core(n)
+    times = ctx.estimator.estimate([k for part in parts for k in part], ctx.cluster.device,
+                                   ctx.network.dtype).seconds
+    ends = np.cumsum([len(part) for part in parts])
+    whole_f, whole_b, c_f, c_b = (float(times[e - len(p):e].sum())
+                                  for e, p in zip(ends, parts, strict=True))
+    ring = [i for i, t in enumerate(terms) if t.phase in ("forward", "backward_data")]
+    exposed: dict[int, float] = {}
+    s_kv, s_grad = (sum(terms[i].seconds for i in ring if terms[i].phase == "backward_data"
+                        and terms[i].collective == op)
+                    for op in ("all_gather", "reduce_scatter"))
+    both = max(s_kv + s_grad, 1e-30)
+    s1, s2 = s_kv / (n - 1), s_grad / (n - 1)
+    back = max(c_b, s1) + (n - 2) * max(c_b, s1 + s2) + max(c_b, s2)
+    for i in ring:
+        t = terms[i]
+        exposed[i] = max(0.0, c_f + (n - 1) * max(c_f, t.seconds / (n - 1)) - whole_f) \
+            if t.phase == "forward" else max(0.0, back - whole_b) * t.seconds / both
+    if ctx.cp_comm_type == "auto" and sum(exposed.values()) >= sum(terms[i].seconds
+                                                                   for i in ring):
+        return terms
+    return [replace(t, algorithm="p2p", exposed_s=exposed[i]) if i in exposed else t
+            for i, t in enumerate(terms)]
 
 
 def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
@@ -534,7 +605,7 @@ def context_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[
     token) are all-gathered over the row group forward; backward they are gathered
     again (each device keeps only its own) and their gradients reduce-scattered back.
     Megatron-LM passes them around a ring of point-to-point sends, the bytes of the
-    gather's ring, overlapped with the attention kernels; here on the critical path."""
+    gather's ring, overlapped with the attention kernels (:func:`overlap_context`)."""
     a = layer.attention
     assert a is not None
     kv = b * a.seq * 2 * a.kv_heads * a.head_dim * ctx.elem_bytes
