@@ -48,6 +48,11 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Overlap sequence-parallel layers' all-gathers and "
                           "reduce-scatters with their GEMMs inside a node (Megatron-LM's "
                           "--tp-comm-overlap, Transformer Engine's userbuffers)."),
+        click.option("--overlap-param-gather/--no-overlap-param-gather", default=False,
+                     show_default=True,
+                     help="With ZeRO 1-2, gather the updated parameters under the next "
+                          "step's first forward pass, a bucket ahead of the layers "
+                          "that need them (Megatron-LM's --overlap-param-gather)."),
         # costs.layer.CP_COMM_TYPES (not imported here: the CLI starts without numpy)
         click.option("--cp-comm-type", type=click.Choice(("p2p", "allgather", "auto")),
                      default="p2p",
@@ -165,7 +170,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                   zero: int | str = 0, recompute: str = "none", zero_shard: str = "all",
                   precision: str | None = None, grad_precision: str | None = None,
                   microbatches: int | str = 1, tp_comm_overlap: bool = False,
-                  cp_comm_type: str = "p2p") -> Question:
+                  cp_comm_type: str = "p2p", overlap_param_gather: bool = False
+                  ) -> Question:
     """Load both files, build the options and the cost context (``zero="auto"`` or
     ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
     from .evaluate import ZERO_STAGES, Options, check_question, make_context
@@ -195,6 +201,18 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
         raise UsageError("planner: error: --tp-comm-overlap needs --cost-model exact: the "
                          "paper's accounting (Gholami et al. 2018) has no sequence "
                          "parallelism; drop --tp-comm-overlap or the cost model")
+    if overlap_param_gather:
+        why = "drop --overlap-param-gather or"
+        if str(zero) in ("0", "3"):
+            raise UsageError(f"planner: error: --overlap-param-gather overlaps ZeRO stages 1 "
+                             f"and 2's gathers of the updated parameters, and --zero {zero} "
+                             + ("has none" if str(zero) == "0" else
+                                "gathers before each pass (prefetched already)")
+                             + f"; {why} use --zero 1, 2 or auto")
+        if overlap != "gradients":
+            raise UsageError("planner: error: --overlap-param-gather needs --overlap "
+                             "gradients: the gathers fill the gradients' buckets (Megatron-LM "
+                             f"needs --overlap-grad-reduce with it); {why} the overlap")
     if cp_comm_type != "p2p" and cost_model == "gholami2018":
         raise UsageError(f"planner: error: --cp-comm-type {cp_comm_type} needs --cost-model "
                          "exact: the paper's accounting (Gholami et al. 2018) splits a "
@@ -228,7 +246,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                       canonical_recompute(recompute, len(net.blocks)),
                       grad_dtype=DTYPE_ALIASES.get(grad_precision, grad_precision)
                       if grad_precision is not None else None,
-                      tp_comm_overlap=tp_comm_overlap, cp_comm_type=cp_comm_type)
+                      tp_comm_overlap=tp_comm_overlap, cp_comm_type=cp_comm_type,
+                      overlap_param_gather=overlap_param_gather)
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)

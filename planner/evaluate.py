@@ -99,6 +99,9 @@ class Options:
     tp_comm_overlap: bool = False
     #: the weight gradients' GEMMs run later in a pass of their own (ZB-H1's W)
     wgrad_deferred: bool = False
+    #: ZeRO stages 1-2's gathers of the updated parameters run under the next step's
+    #: first forward pass, a bucket ahead (Megatron-LM's ``--overlap-param-gather``)
+    overlap_param_gather: bool = False
     #: how context parallelism moves the keys and values: a ring of point-to-point sends
     #: overlapped with attention, or an all-gather before it (Megatron-LM's
     #: ``--cp-comm-type``; :func:`~planner.costs.layer.overlap_context`)
@@ -683,7 +686,8 @@ def _prefetched(t: CommTerm, when: str) -> bool:
 
 
 class _Prefetcher:
-    """ZeRO stage 3's parameter gathers issued ahead of the layers that need them, in
+    """ZeRO stage 3's parameter gathers (and, with ``--overlap-param-gather``, stages
+    1-2's gathers after the step) issued ahead of the layers that need them, in
     the order those run, on one channel: whenever a layer starts, the gathers after it
     are issued one by one while the gathered parameters not yet in use are under
     ``window`` bytes (so at least the next layer's; FSDP prefetches one unit ahead,
@@ -700,7 +704,7 @@ class _Prefetcher:
     def fill(self, at: float) -> None:
         while self.next < len(self.order):
             pos = self.order[self.next]
-            if self.ahead >= self.window:
+            if self.ahead > 0 and self.ahead >= self.window:  # the next layer's at least
                 return
             self.channel = max(self.channel, at) + self.seconds[pos]
             self.arrive[pos] = self.channel
@@ -733,8 +737,9 @@ def _gathers(count: int, runs: list[tuple[list[tuple[int, int]], float, float]]
 def _prefetched_forward(results: list[LayerResult],
                         runs: list[tuple[list[tuple[int, int]], float, float]],
                         window: float) -> float:
-    """The forward pass with ZeRO stage 3's gathers prefetched (:class:`_Prefetcher`):
-    a layer starts when the one before it has finished and its gather has arrived."""
+    """The forward pass with ``runs`` of gathers prefetched (:class:`_Prefetcher`; ZeRO
+    stage 3's, or stages 1-2's under ``--overlap-param-gather``): a layer starts when
+    the one before it has finished and its gather has arrived."""
     seconds, nbytes = _gathers(len(results), runs)
     pre = _Prefetcher(seconds, nbytes, [p for p, g in enumerate(seconds) if g], window, 0.0)
     pre.fill(0.0)
@@ -854,9 +859,16 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     # as the gradients were
     upd_items = [(p, j) for p, r in enumerate(results) for j, t in enumerate(r.cost.terms)
                  if t.when == "update"] if ctx.zero else []
-    upd_comm = sum(run[2] for run in _bucketed(ctx, results, upd_items,
-                                               options.bucket_bytes if bucketing else None,
-                                               cache))
+    upd_runs = _bucketed(ctx, results, upd_items,
+                         options.bucket_bytes if bucketing else None, cache)
+    upd_comm = sum(run[2] for run in upd_runs)
+    # Megatron-LM's --overlap-param-gather: the gathers run under the next step's first
+    # forward pass, each bucket issued a bucket ahead of the layers that need it; the
+    # step pays what that forward waits for
+    upd_paid = upd_comm
+    if options.overlap_param_gather and upd_runs:
+        upd_paid = _prefetched_forward(results, upd_runs, options.bucket_bytes) \
+            - _prefetched_forward(results, [], options.bucket_bytes)
     # one microbatch without reductions; under gradient accumulation the microbatches
     # before the last run so (DDP's no_sync), and the last one as above. Sharded
     # gradients (ZeRO 2 and 3) have nowhere to accumulate unreduced: every microbatch
@@ -871,7 +883,7 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
                                                       if t.when == "backward")
                               for r in results)
         reductions = 1
-    time_s = more * plain + finish + optimizer_s + upd_comm
+    time_s = more * plain + finish + optimizer_s + upd_paid
     compute_s = (more + 1) * (fwd_compute + bwd_compute) + optimizer_s
     comm_s = (more + 1) * (fwd_comm + bwd_comm) + reductions * weight_grad_s + upd_comm
     # the same compute summed in two orders differs in its last bits: on one device the

@@ -44,6 +44,8 @@ class LaunchSpec:
     schedule: str = SCHEDULE  #: the pipeline schedule (1f1b, interleaved-1f1b, zb-h1)
     #: sequence-parallel collectives overlap their GEMMs (``--tp-comm-overlap``)
     tp_comm_overlap: bool = False
+    #: ZeRO 1-2's gathers under the next step's forward (``--overlap-param-gather``)
+    overlap_param_gather: bool = False
     #: how each context-parallel attention layer moves its keys and values, in layer
     #: order (p2p or allgather: Megatron-LM's ``--cp-comm-type``)
     cp_comm_types: tuple[str, ...] = ()
@@ -118,10 +120,13 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
         if zero_shard not in ("all", "node"):
             issues.append(Issue("$.problem.zero_shard", f"expected all or node, got "
                                                         f"{zero_shard!r}"))
-    tp_overlap = isinstance(problem, dict) and problem.get("tp_comm_overlap", False)
-    if not isinstance(tp_overlap, bool):
-        issues.append(Issue("$.problem.tp_comm_overlap", f"expected true or false, got "
-                                                         f"{show(tp_overlap)}"))
+    flags: dict[str, bool] = {}
+    for key in ("tp_comm_overlap", "overlap_param_gather"):
+        value = isinstance(problem, dict) and problem.get(key, False)
+        if not isinstance(value, bool):
+            issues.append(Issue(f"$.problem.{key}", f"expected true or false, got "
+                                                    f"{show(value)}"))
+        flags[key] = value is True
     if isinstance(problem, dict) and not issues:
         for key, mine, want in (("gpus", "devices", world), ("nodes", "nodes", nodes)):
             got = problem.get(key)
@@ -215,7 +220,8 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
                       nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits,
                       str(dtype), str(grad_dtype or dtype), stages, microbatches, virtual,
-                      schedule, bool(tp_overlap), _cp_comm_types(data.get("layers")))
+                      schedule, flags["tp_comm_overlap"], flags["overlap_param_gather"],
+                      _cp_comm_types(data.get("layers")))
 
 
 def _cp_comm_types(layers: object) -> tuple[str, ...]:
@@ -300,6 +306,9 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
     if spec.tp_comm_overlap:
         head.append("# sequence-parallel collectives overlap their GEMMs (Megatron-LM: "
                     "--tp-comm-overlap, with Transformer Engine)")
+    if spec.overlap_param_gather:
+        head.append("# the updated parameters gathered under the next step's forward pass "
+                    "(Megatron-LM: --overlap-param-gather)")
     cp = spec.cp_comm_types
     if cp:
         value = cp[0] if len(set(cp)) == 1 else ",".join(cp)
@@ -332,6 +341,8 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
                 lines.append(f"PLANNER_PIPELINE_SCHEDULE={spec.schedule}")
         if spec.tp_comm_overlap:
             lines.append("PLANNER_TP_COMM_OVERLAP=1")
+        if spec.overlap_param_gather:
+            lines.append("PLANNER_OVERLAP_PARAM_GATHER=1")
         if cp:
             lines.append(f"PLANNER_CP_COMM_TYPE={value}")
         return "\n".join(head + lines) + "\n"

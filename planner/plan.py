@@ -12,7 +12,8 @@ files)::
       cluster: {file, name, sha256}
     problem: {gpus, batch, dtype, cost_model, overlap, bucket_bytes, optimizer,
               master_weights, grad_dtype, zero, zero_shard (with zero 1-3: all|node), recompute,
-              tp_comm_overlap (when true), cp_comm_type (allgather|auto; p2p when absent),
+              tp_comm_overlap, overlap_param_gather (when true), cp_comm_type
+              (allgather|auto; p2p when absent),
               estimator, algorithm, nodes}
     iteration: {time_s, compute_s, comm_s, exposed_comm_s, forward_s, backward_s,
                 optimizer_s, weight_grad_s, activation_comm_s, parameters_comm_s,
@@ -186,6 +187,7 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
         "recompute": options.recompute,
         # the overlap only where it is asked for (a plan without it reads the same)
         **({"tp_comm_overlap": True} if options.tp_comm_overlap else {}),
+        **({"overlap_param_gather": True} if options.overlap_param_gather else {}),
         # context parallelism's method where it is not Megatron-LM's default ring
         **({"cp_comm_type": options.cp_comm_type} if options.cp_comm_type != "p2p" else {}),
     }
@@ -275,6 +277,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 + (f" (gradients in {grads})" if grads != prob["dtype"] else "") + ", "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"
                 + (" and tensor-parallel" if prob.get("tp_comm_overlap") else "")
+                + (" and parameter gathers" if prob.get("overlap_param_gather") else "")
                 + (f", context parallelism {prob['cp_comm_type']}"
                    if prob.get("cp_comm_type", "p2p") != "p2p" else "")
                 + (f", ZeRO {setting}" if zero else "")

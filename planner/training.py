@@ -26,6 +26,8 @@ team chose: a plan file, one grid for every layer, or pins::
     overlap: gradients           # none | gradients
     tp_comm_overlap: false       # sequence-parallel collectives overlap their GEMMs
                                  # (Megatron-LM's --tp-comm-overlap)
+    overlap_param_gather: false  # with zero 1-2: the updated parameters gathered under
+                                 # the next step's forward (--overlap-param-gather)
     cp_comm_type: p2p            # p2p | allgather | auto: context parallelism's keys
                                  # and values (Megatron-LM's --cp-comm-type)
     zero: 0                      # ZeRO stage 0-3: optimizer state / + gradients / + weights sharded
@@ -140,6 +142,8 @@ class TrainingConfig:
     tp_comm_overlap: bool = False
     #: how context parallelism moves the keys and values (``--cp-comm-type``)
     cp_comm_type: str = "p2p"
+    #: ZeRO 1-2's gathers under the next forward (``--overlap-param-gather``)
+    overlap_param_gather: bool = False
 
     @property
     def stage_gpus(self) -> int:
@@ -269,6 +273,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     overlap = f.opt("overlap", choice(OVERLAPS), "gradients")
     tp_overlap = f.opt("tp_comm_overlap", boolean, False)
     cp_comm = f.opt("cp_comm_type", choice(CP_COMM_TYPES), "p2p")
+    param_gather = f.opt("overlap_param_gather", boolean, False)
     bucket = f.opt("bucket_size", bucket_size, float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
     zero = f.opt("zero", integer(0, 3), 0)
@@ -283,6 +288,15 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         f.error("tp_comm_overlap", "tensor-parallel overlap needs 'cost_model: exact': the "
                                    "paper's accounting (Gholami et al. 2018) has no sequence "
                                    "parallelism")
+    if param_gather and zero not in (1, 2):
+        f.error("overlap_param_gather", f"overlap_param_gather overlaps ZeRO stages 1 and "
+                                        f"2's gathers of the updated parameters, and zero "
+                                        f"{zero} " + ("has none" if zero == 0 else
+                                                      "gathers before each pass") +
+                                        ": set 'zero' to 1 or 2, or drop it")
+    elif param_gather and overlap != "gradients":
+        f.error("overlap_param_gather", "overlap_param_gather needs 'overlap: gradients': "
+                                        "the gathers fill the gradients' buckets")
     if cp_comm != "p2p" and cost_model == "gholami2018":
         f.error("cp_comm_type", f"cp_comm_type {cp_comm} needs 'cost_model: exact': the "
                                 "paper's accounting (Gholami et al. 2018) splits a sequence "
@@ -367,7 +381,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           microbatches=microbatches, pipeline=pipeline,
                           virtual_stages=virtual, stage_starts=starts,
                           schedule=schedule or SCHEDULE, min_mfu=min_mfu,
-                          tp_comm_overlap=bool(tp_overlap), cp_comm_type=cp_comm)
+                          tp_comm_overlap=bool(tp_overlap), cp_comm_type=cp_comm,
+                          overlap_param_gather=bool(param_gather))
 
 
 def _dtype(value: object) -> str:
@@ -500,7 +515,7 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
 
     # a plan without gradient accumulation records no microbatches: compare them even so
     record = {"microbatches": 1, "tp_comm_overlap": False, "cp_comm_type": "p2p",
-              **rounded(problem_record(net, options), 4)}
+              "overlap_param_gather": False, **rounded(problem_record(net, options), 4)}
     if cfg.recompute == "auto":
         # the plan's own choice stands when it was made by --recompute auto: a pipeline
         # records auto (each chunk chose), a flat plan its count and the trials
@@ -512,7 +527,8 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
         # (and before gradients had a dtype of their own, the weights')
         had = prob.get(key, {"zero": 0, "zero_shard": "all", "recompute": "none",
                              "grad_dtype": prob.get("dtype"), "microbatches": 1,
-                             "tp_comm_overlap": False, "cp_comm_type": "p2p"}.get(key))
+                             "tp_comm_overlap": False, "cp_comm_type": "p2p",
+                             "overlap_param_gather": False}.get(key))
         if key.endswith("_bytes") and _same_size(had, value):
             continue  # plans before 2026-11-23 rounded sizes to 4 digits
         if had != value:
@@ -748,7 +764,8 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                       recompute="none" if cfg.recompute == "auto" else
                       canonical_recompute(cfg.recompute, len(net.blocks)),
                       algorithm=cfg.algorithm, grad_dtype=cfg.grad_precision,
-                      tp_comm_overlap=cfg.tp_comm_overlap, cp_comm_type=cfg.cp_comm_type)
+                      tp_comm_overlap=cfg.tp_comm_overlap, cp_comm_type=cfg.cp_comm_type,
+                      overlap_param_gather=cfg.overlap_param_gather)
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "

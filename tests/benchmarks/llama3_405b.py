@@ -2,6 +2,7 @@
 module).
 
     python tests/benchmarks/llama3_405b.py [--search] [--tp-comm-overlap]
+        [--overlap-param-gather]
 
 Meta ("The Llama 3 Herd of Models", 2024, Table 4) trained Llama 3 405B on 8,192 and
 16,384 H100 GPUs with tensor parallelism 8, pipeline parallelism 16 and data
@@ -17,7 +18,9 @@ each microbatch reduce-scatters its gradients). With ``--search`` it also runs `
 plan`` (ZeRO stage 1) on the same stages and microbatches for each chunk count: the
 layouts the planner would pick itself (about 2-3 minutes each). With
 ``--tp-comm-overlap`` every command overlaps the sequence-parallel collectives with
-their GEMMs (Megatron-LM's flag of that name). Prints a Markdown table.
+their GEMMs (Megatron-LM's flag of that name), and with ``--overlap-param-gather`` the
+gathers of the updated parameters run under the next step's forward passes (that flag).
+Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -44,14 +47,18 @@ def _run(*args: str) -> tuple[dict, float]:
     return json.loads(out.stdout), time.perf_counter() - t0
 
 
-def main(search: bool, overlap: bool) -> None:
+#: the command-line flags passed on to every planner command
+FLAGS = ("--tp-comm-overlap", "--overlap-param-gather")
+
+
+def main(search: bool, flags: list[str]) -> None:
     print("| GPUs | Meta (Table 4) | what is priced | ZeRO | chunks a stage | step "
           "| TFLOP/s a GPU | MFU | fill and drain | memory | run |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for gpus, dp, micro, meta in RUNS:
         common = [str(NET), str(CL), "-p", str(gpus), "-b", "2048", "--optimizer", "adam",
                   "--pipeline", "16", "--microbatches", str(micro), "--recompute", "auto",
-                  *(["--tp-comm-overlap"] if overlap else [])]
+                  *flags]
         rows = [("Meta's layout (cost)", "cost", zero, ["--grid", f"8x{dp}", "--mode",
                                                         "megatron-sp"]) for zero in (1, 2)]
         if search:
@@ -74,4 +81,4 @@ def main(search: bool, overlap: bool) -> None:
 
 
 if __name__ == "__main__":
-    main("--search" in sys.argv[1:], "--tp-comm-overlap" in sys.argv[1:])
+    main("--search" in sys.argv[1:], [f for f in FLAGS if f in sys.argv[1:]])

@@ -4,7 +4,8 @@
 
 A generated transformer (32 blocks, width 4,096, 32 heads, 2,048 tokens, bf16; see
 ``generate.py``), Adam, the batch equal to the device count, on the example DGX H100
-cluster, planned with ZeRO stages 0, 1 and 3 on one node and on eight (stage 3 also with
+cluster, planned with ZeRO stages 0, 1 and 3 on one node and on eight (stage 1 also with
+``--overlap-param-gather``, its gathers under the next step's forward; stage 3 also with
 ``overlap: none``, its gathers on the critical path; on eight nodes stages 1 and 3 also
 sharded within each node and replicated across nodes, ``--zero-shard node``). Prints the
 tables
@@ -41,14 +42,16 @@ def main(grad_dtype: str | None = None) -> None:
     print("| GPUs | stage | plan | iteration | gradient / parameter comm | peak memory |")
     print("|---|---|---|---|---|---|")
     for p in (8, 64):
-        settings = [(0, "gradients", "all"), (1, "gradients", "all"), (3, "gradients", "all"),
-                    (3, "none", "all")]
+        settings = [(0, "gradients", "all", False), (1, "gradients", "all", False),
+                    (1, "gradients", "all", True), (3, "gradients", "all", False),
+                    (3, "none", "all", False)]
         if p > cl.devices_per_node:
-            settings += [(1, "gradients", "node"), (3, "gradients", "node"),
-                         (3, "none", "node")]
-        for zero, overlap, shard in settings:
+            settings += [(1, "gradients", "node", False), (1, "gradients", "node", True),
+                         (3, "gradients", "node", False), (3, "none", "node", False)]
+        for zero, overlap, shard, gather in settings:
             opts = Options(gpus=p, batch=p, optimizer="adam", zero=zero, overlap=overlap,
-                           zero_shard=shard, grad_dtype=grad_dtype)
+                           zero_shard=shard, grad_dtype=grad_dtype,
+                           overlap_param_gather=gather)
             ctx = make_context(net, cl, opts, make_estimator("auto", None, cl.device))
             ev = search(ctx, opts).best.evaluation
             grids = collections.Counter(f"{r.layout.pr}×{r.layout.pc}" for r in ev.layers
@@ -61,7 +64,8 @@ def main(grad_dtype: str | None = None) -> None:
             plan = ("Megatron" + (f" ({sp} of {len(split)} SP)" if sp else "") + " "
                     if {"column", "row"} <= bases else "/".join(modes) + " ") + ", ".join(grids)
             label = f"{zero}" + (" within nodes" if shard == "node" else "") + (
-                ", gathers not prefetched (overlap none)" if overlap == "none" else "")
+                ", gathers not prefetched (overlap none)" if overlap == "none" else "") + (
+                ", gathers under the next forward (--overlap-param-gather)" if gather else "")
             print(f"| {p} | {label} | {plan} | {ev.time_s * 1e3:.1f} ms | "
                   f"{ev.weight_grad_s * 1e3:.1f} / {ev.parameters_s * 1e3:.1f} ms | "
                   f"{ev.memory.peak / 2**30:.1f} GiB |")
