@@ -80,7 +80,7 @@ def _estimator_for(cfg: Any, name: str, make: Any) -> Any:
 
 @click.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
-@click.option("--emit", "kind", type=click.Choice(("torchrun", "slurm", "env")),
+@click.option("--emit", "kind", type=click.Choice(("torchrun", "slurm", "env", "megatron")),
               default="torchrun", show_default=True, help="What to write.")
 @click.option("--script", default="train.py", show_default=True,
               help="The training program each rank runs (it reads the plan: see "
@@ -94,7 +94,8 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
     rank-to-device mapping of the placement, the plan path.
 
     torchrun: a script to run on every node (NODE_RANK, MASTER_ADDR); slurm: an sbatch
-    script; env: KEY=VALUE lines for your own launcher.
+    script; env: KEY=VALUE lines for your own launcher; megatron: Megatron-LM's
+    parallelism arguments, where every layer is split the same way (exit 2 otherwise).
     """
     from .launch import emit as render
     from .launch import launch_spec
@@ -117,8 +118,14 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
         click.echo(f"planner: warning: {plan_file}: the plan does not fit in memory "
                    "(memory.fits: false): its ranks will run out of device memory; "
                    "`planner plan` finds one that fits", err=True)
+    if kind == "megatron":
+        from .megatron import megatron_args
+
+        text = megatron_args(doc, plan_file)
+    else:
+        text = render(kind, spec, plan_file, script, master_port)
     # neither the plan nor the training program is overwritten by -o
-    emit(render(kind, spec, plan_file, script, master_port), output, (plan_file, script))
+    emit(text, output, (plan_file, script))
 
 
 def register(group: click.Group) -> None:

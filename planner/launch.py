@@ -20,7 +20,7 @@ from .network import DTYPE_BYTES
 from .schedules import INTERLEAVED, SCHEDULE, SCHEDULES
 from .units import MAX_GPUS
 
-EMITTERS = ("torchrun", "slurm", "env")
+EMITTERS = ("torchrun", "slurm", "env", "megatron")  #: megatron: planner.megatron
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,342 @@
+"""A plan as Megatron-LM's parallelism arguments: ``planner launch PLAN --emit megatron``.
+
+Megatron-LM (Shoeybi et al. 2019; Narayanan et al., SC'21) splits every transformer
+layer the same way: tensor parallelism ``T`` (with sequence parallelism for all of them
+or none), context parallelism ``C``, expert parallelism ``E`` for the experts, pipeline
+stages ``S`` of whole transformer layers and data parallelism over the rest, ranks
+ordered tensor, context, data, pipeline (its default ``tp-cp-ep-dp-pp``: the tensor
+group on consecutive ranks, the stages in blocks of ``P / S``). A plan whose layers all
+agree on one such split is emitted as the arguments that run it; any other is refused
+(exit 2) with what Megatron-LM cannot express and the command that prices its nearest
+layout, so that nothing is launched that the plan did not price.
+
+Mapping (each from the plan document alone):
+
+* every linear, attention and token-table layer ``column``/``row``/``model`` over ``P_r
+  = T`` → ``--tensor-model-parallel-size T``, all ``-sp`` → ``--sequence-parallel``;
+  all ``domain`` over ``P_r = C`` → ``--context-parallel-size C`` with
+  ``--cp-comm-type`` from the attention layers' terms (``p2p`` or ``allgather``, one a
+  layer where they differ), attention ``ulysses`` → ``a2a``; all ``data`` → neither;
+* mixtures of experts split like the rest (their experts' hidden features over ``T``,
+  Megatron-LM's expert tensor parallelism), or ``expert`` over ``P_r = E`` with every
+  other layer data parallel → ``--expert-model-parallel-size E`` (with the all-to-all
+  token dispatcher the cost model prices);
+* ``S`` stages, ``V`` chunks a stage of equal numbers of transformer layers →
+  ``--pipeline-model-parallel-size S`` (``--num-layers-per-virtual-pipeline-stage``
+  with ``V > 1``); with ``V = 1`` a first and a last stage of other counts →
+  ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``;
+* the step's batch ``B`` in ``M`` microbatches over ``D = P / (T·C·S)`` replicas →
+  ``--micro-batch-size B/(M·D) --global-batch-size B``;
+* ZeRO 1 → ``--use-distributed-optimizer``; ``overlap: gradients`` →
+  ``--overlap-grad-reduce``; ``overlap_param_gather`` → ``--overlap-param-gather``;
+  ``tp_comm_overlap`` → ``--tp-comm-overlap``;
+* recomputing every residual block → ``--recompute-granularity full
+  --recompute-method uniform --recompute-num-layers 1``; the first ``2k`` of a chunk →
+  ``--recompute-method block --recompute-num-layers k``;
+* bf16 / fp16 → ``--bf16`` / ``--fp16``, fp32 gradients for them →
+  ``--accumulate-allreduce-grads-in-fp32``; Adam → ``--optimizer adam``, momentum →
+  ``--optimizer sgd`` (Megatron-LM's momentum 0.9), SGD → ``--sgd-momentum 0`` besides.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+from typing import Any
+
+from .errors import Issue, UsageError, printable
+from .fields import show
+from .loading import Document
+
+#: the modes of each of Megatron-LM's splits
+_TENSOR = {"column": False, "row": False, "model": False,
+           "column-sp": True, "row-sp": True, "model-sp": True}
+_CONTEXT = ("domain", "ulysses")
+
+
+class NotMegatron(UsageError):
+    """A plan Megatron-LM's arguments cannot express (exit 2)."""
+
+
+def _refuse(plan_path: str, why: str, data: dict[str, Any]) -> NotMegatron:
+    """The error for a plan that Megatron-LM cannot run as planned, with the command
+    that prices Megatron-LM's own layouts where the plan compared them."""
+    bases = data.get("baselines")
+    base = {b.get("name"): b for b in bases if isinstance(b, dict)} \
+        if isinstance(bases, list) else {}
+    it = data.get("iteration")
+    it = it if isinstance(it, dict) else {}
+    hint = "; price Megatron-LM's own layouts with `planner cost ... --mode megatron-sp " \
+           "--grid TxD` (or `--mode megatron`) and emit that plan"
+    for name in ("megatron-sp", "megatron"):
+        b = base.get(name)
+        if b and isinstance(b.get("time_s"), float) and b.get("fits") is True \
+                and isinstance(it.get("time_s"), float):
+            hint += (f" (this plan's {name} baseline, {b.get('description', name)}: "
+                     f"{b['time_s']:.4g} s a step against its {it['time_s']:.4g} s)")
+            break
+    return NotMegatron(f"planner: error: {printable(plan_path)}: Megatron-LM cannot run "
+                       f"this plan as planned: {why}{hint}")
+
+
+def _weighted(doc: Document) -> list[dict[str, Any]]:
+    """The plan's layers with weights, each with a name, a mode, a grid of two whole
+    numbers and a placement (an :class:`InputError` at the entry otherwise)."""
+    data = doc.data
+    layers = data.get("layers")
+    if not isinstance(layers, list) or not layers:
+        raise doc.error([Issue("$.layers", "expected the plan's layers (a list), got "
+                                           f"{show(layers)}")])
+    issues, out = [], []
+    for i, lay in enumerate(layers):
+        where = f"$.layers[{i}]"
+        if not isinstance(lay, dict):
+            issues.append(Issue(where, f"expected a layer (a mapping), got {show(lay)}"))
+            continue
+        if lay.get("type") not in ("linear", "attention", "embedding", "moe", "conv2d"):
+            continue
+        grid = lay.get("grid")
+        if not (isinstance(grid, list) and len(grid) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in grid)):
+            issues.append(Issue(f"{where}.grid", f"expected [P_r, P_c], two whole numbers "
+                                                 f">= 1, got {show(grid)}"))
+        elif not isinstance(lay.get("mode"), str) or not isinstance(lay.get("name"), str):
+            issues.append(Issue(where, "expected the layer's name and mode"))
+        else:
+            out.append(lay)
+    if issues:
+        raise doc.error(issues)
+    return out
+
+
+def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
+           ) -> tuple[int, int, int, bool, list[str]]:
+    """(T, C, E, sequence parallel, the attention layers' context methods)."""
+    conv = next((lay for lay in layers if lay.get("type") == "conv2d"), None)
+    if conv is not None:
+        raise _refuse(plan_path, f"layer '{conv.get('name')}' is a convolution; Megatron-LM "
+                                 "trains transformers", data)
+    kinds: dict[str, list[dict[str, Any]]] = {"tensor": [], "context": [], "expert": [],
+                                              "data": []}
+    for lay in layers:
+        mode, pr = lay.get("mode"), (lay.get("grid") or [1, 1])[0]
+        if pr > 1 and lay.get("placement") != "rows":
+            raise _refuse(plan_path, f"layer '{lay.get('name')}' places its {mode} {pr}x"
+                                     f"{lay['grid'][1]} grid by columns; Megatron-LM's "
+                                     "groups are consecutive ranks", data)
+        if pr == 1 or mode == "data":
+            kinds["data"].append(lay)
+        elif mode in _TENSOR:
+            kinds["tensor"].append(lay)
+        elif mode in _CONTEXT:
+            kinds["context"].append(lay)
+        elif mode in ("expert", "expert-sp") and lay.get("type") == "moe":
+            kinds["expert"].append(lay)
+        else:
+            raise _refuse(plan_path, f"layer '{lay.get('name')}' is {mode} {pr}x"
+                                     f"{lay['grid'][1]}, which Megatron-LM has no split "
+                                     "for", data)
+
+    def one(group: list[dict[str, Any]], what: str) -> int:
+        sizes = Counter(lay["grid"][0] for lay in group)
+        if len(sizes) > 1:
+            (a, _), (b, _) = sizes.most_common(2)
+            la = next(lay for lay in group if lay["grid"][0] == a)
+            lb = next(lay for lay in group if lay["grid"][0] == b)
+            raise _refuse(plan_path, f"its {what} groups differ in size ('{la['name']}' "
+                                     f"over {a}, '{lb['name']}' over {b}); Megatron-LM "
+                                     "has one size for every layer", data)
+        return next(iter(sizes)) if sizes else 1
+
+    present = [k for k in ("tensor", "context", "expert", "data") if kinds[k]]
+    if kinds["tensor"] and kinds["context"]:
+        a, b = kinds["tensor"][0], kinds["context"][0]
+        raise _refuse(plan_path, f"layer '{a['name']}' splits its features over "
+                                 f"{a['grid'][0]} devices and '{b['name']}' its tokens over "
+                                 f"{b['grid'][0]}; Megatron-LM's tensor and context "
+                                 "parallelism are separate dimensions (T x C devices), "
+                                 "each layer split by both", data)
+    if kinds["data"] and (kinds["tensor"] or kinds["context"]):
+        split = (kinds["tensor"] or kinds["context"])[0]
+        d = kinds["data"][0]
+        raise _refuse(plan_path, f"layer '{d['name']}' is data parallel where "
+                                 f"'{split['name']}' is {split['mode']} "
+                                 f"{split['grid'][0]}x{split['grid'][1]}; Megatron-LM splits "
+                                 "every layer over the same group", data)
+    if kinds["expert"] and present != ["expert", "data"] and present != ["expert"]:
+        first = kinds["expert"][0]
+        raise _refuse(plan_path, f"layer '{first['name']}' is expert-parallel beside tensor or "
+                                 "context parallelism; emitted only with every other "
+                                 "layer data parallel", data)
+    t, c, e = one(kinds["tensor"], "tensor-parallel"), one(kinds["context"], "context"), \
+        one(kinds["expert"], "expert-parallel")
+    sp = {_TENSOR[lay["mode"]] for lay in kinds["tensor"]}
+    if len(sp) > 1:
+        n = sum(_TENSOR[lay["mode"]] for lay in kinds["tensor"])
+        raise _refuse(plan_path, f"{n} of its {len(kinds['tensor'])} tensor-parallel layers "
+                                 "are sequence-parallel; Megatron-LM's --sequence-parallel "
+                                 "is for all of them or none", data)
+    cp = []
+    for lay in kinds["context"]:
+        if lay.get("type") != "attention":
+            continue
+        comm = lay.get("comm")
+        terms = comm.get("terms") if isinstance(comm, dict) else None
+        ring = isinstance(terms, list) and any(
+            isinstance(t, dict) and t.get("algorithm") == "p2p" for t in terms)
+        cp.append("a2a" if lay["mode"] == "ulysses" else "p2p" if ring else "allgather")
+    if kinds["context"] and "a2a" in cp and len(set(cp)) > 1:
+        raise _refuse(plan_path, "some attention layers are DeepSpeed-Ulysses and some "
+                                 "context-parallel; Megatron-LM runs one or the other "
+                                 "(--cp-comm-type a2a, or p2p / allgather)", data)
+    return t, c, e, sp == {True}, cp
+
+
+def _chunks(data: dict[str, Any], stages: int, virtual: int, plan_path: str
+            ) -> list[int]:
+    """The transformer layers (attention layers) of each model chunk in network order,
+    checking that each chunk starts where a transformer layer does (its first layer with
+    weights is attention, after a residual add that closes a block without one)."""
+    layers = [lay for lay in data.get("layers") or [] if isinstance(lay, dict)]
+    if stages == 1:
+        return [sum(lay.get("type") == "attention" for lay in layers)]
+    order = [(s, k) for k in range(virtual) for s in range(stages)]
+    pos = {sk: i for i, sk in enumerate(order)}
+    counts = [0] * len(order)
+    members: list[list[dict[str, Any]]] = [[] for _ in order]
+    for lay in layers:
+        i = pos.get((lay.get("stage", 0), lay.get("chunk", 0)))
+        if i is None:
+            raise _refuse(plan_path, f"layer '{lay.get('name')}' names no stage of the "
+                                     "pipeline", data)
+        members[i].append(lay)
+        counts[i] += lay.get("type") == "attention"
+    for i in range(1, len(order)):
+        before, chunk = members[i - 1], members[i]
+        first = next((lay for lay in chunk if lay.get("type") in
+                      ("linear", "attention", "embedding", "moe")), None)
+        last_weighted = next((lay for lay in reversed(before) if lay.get("type") in
+                              ("linear", "attention", "embedding", "moe")), None)
+        whole = first is not None and first.get("type") == "attention" and before \
+            and before[-1].get("type") == "add" and (last_weighted is None or
+                                                     last_weighted.get("type") != "attention")
+        if not whole:
+            s, k = order[i]
+            where = f"stage {s}" + (f" chunk {k}" if virtual > 1 else "")
+            start = chunk[0].get("name") if chunk else "?"
+            raise _refuse(plan_path, f"{where} starts at '{start}', "
+                                     "inside a transformer layer; Megatron-LM's stages hold "
+                                     "whole layers (give `planner cost` --stage-starts at "
+                                     "layer boundaries)", data)
+    return counts
+
+
+def megatron_args(doc: Document, plan_path: str) -> str:
+    """The lines ``--emit megatron`` prints (a bash array), or :class:`NotMegatron`."""
+    data = doc.data
+    assert isinstance(data, dict)  # launch_spec read its placement
+    prob = data.get("problem")
+    prob = prob if isinstance(prob, dict) else {}
+    world = int(data["placement"]["devices"])
+    pipe = prob.get("pipeline") or {}
+    stages, virtual = int(pipe.get("stages", 1)), int(pipe.get("virtual_stages", 1))
+    if pipe.get("schedule") == "zb-h1":
+        raise _refuse(plan_path, "its pipeline runs ZB-H1, which Megatron-LM does not "
+                                 "schedule", data)
+    t, c, e, sp, cp = _split(_weighted(doc), plan_path, data)
+    batch, micro = prob.get("batch"), prob.get("microbatches", 1)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise doc.error([Issue("$.problem.batch", f"expected the step's samples, a whole "
+                                                  f"number >= 1, got {show(batch)}")])
+    if int(prob.get("zero", 0)) not in (0, 1) or (prob.get("zero") and
+                                                  prob.get("zero_shard", "all") != "all"):
+        raise _refuse(plan_path, f"ZeRO stage {prob.get('zero')}"
+                                 + (" within nodes" if prob.get("zero_shard") == "node"
+                                    else "")
+                                 + "; Megatron-LM's distributed optimizer shards the "
+                                   "optimizer state over all replicas (stage 1)", data)
+    counts = _chunks(data, stages, virtual, plan_path)
+    args: list[str] = [f"--tensor-model-parallel-size {t}"]
+    if sp:
+        args.append("--sequence-parallel")
+    args.append(f"--pipeline-model-parallel-size {stages}")
+    if virtual > 1:
+        if len(set(counts)) > 1:
+            raise _refuse(plan_path, f"its model chunks hold {counts} transformer layers; "
+                                     "Megatron-LM's interleaved chunks hold the same number",
+                          data)
+        args.append(f"--num-layers-per-virtual-pipeline-stage {counts[0]}")
+    elif stages > 1 and len(set(counts)) > 1:
+        middle = counts[1:-1]
+        if len(set(middle)) > 1:
+            raise _refuse(plan_path, f"its stages hold {counts} transformer layers; "
+                                     "Megatron-LM splits them evenly but for the first "
+                                     "and last stage", data)
+        args += [f"--decoder-first-pipeline-num-layers {counts[0]}",
+                 f"--decoder-last-pipeline-num-layers {counts[-1]}"]
+    args.append(f"--context-parallel-size {c}")
+    if cp:
+        types = cp[0] if len(set(cp)) == 1 else " ".join(cp)
+        args.append(f"--cp-comm-type {types}")
+    if e > 1:  # the tokens exchanged all-to-all, as priced
+        args += [f"--expert-model-parallel-size {e}", "--moe-token-dispatcher-type alltoall"]
+    replicas = world // (stages * t * c)
+    if batch % (micro * replicas):
+        raise _refuse(plan_path, f"its {micro} microbatches of {batch} samples do not "
+                                 f"split evenly over {replicas} data-parallel replicas", data)
+    args += [f"--micro-batch-size {batch // (micro * replicas)}",
+             f"--global-batch-size {batch}"]
+    if prob.get("zero") == 1:
+        args.append("--use-distributed-optimizer")
+    if prob.get("overlap") == "gradients":
+        args.append("--overlap-grad-reduce")
+    if prob.get("overlap_param_gather"):
+        args.append("--overlap-param-gather")
+    if prob.get("tp_comm_overlap"):
+        args.append("--tp-comm-overlap")
+    args += _recompute(data, prob, plan_path)
+    dtype = prob.get("dtype", "float32")
+    args += {"bfloat16": ["--bf16"], "float16": ["--fp16"]}.get(dtype, [])
+    if dtype != "float32" and prob.get("grad_dtype") == "float32":
+        args.append("--accumulate-allreduce-grads-in-fp32")
+    opt = prob.get("optimizer", "adam")
+    args += ["--optimizer adam"] if opt == "adam" else \
+        ["--optimizer sgd"] + (["--sgd-momentum 0"] if opt == "sgd" else [])
+    inputs = data.get("inputs")
+    net = inputs.get("network") if isinstance(inputs, dict) else None
+    called = net.get("name") if isinstance(net, dict) else None
+    name = printable(called) if isinstance(called, str) else "plan"
+    layers = sum(counts)
+    head = [f"# planner launch: Megatron-LM's parallelism arguments for "
+            f"{printable(plan_path)} ({name})",
+            f"# {world} ranks: tensor {t} x context {c} x pipeline {stages} x data "
+            f"{replicas}" + (f", experts over {e} of the data-parallel ranks" if e > 1 else ""),
+            f"# the model's own arguments are yours to add ({layers} transformer layers: "
+            f"--num-layers {layers}, and its widths)"]
+    return "\n".join(head + ["PLANNER_MEGATRON_ARGS=("]
+                     + [f"  {' '.join(shlex.quote(w) for w in a.split())}" for a in args]
+                     + [")"]) + "\n"
+
+
+def _recompute(data: dict[str, Any], prob: dict[str, Any], plan_path: str) -> list[str]:
+    """Megatron-LM's recomputation of whole transformer layers (two residual blocks)."""
+    # a pipeline's chunks record their own where each chose (--recompute auto); else
+    # every chunk takes the problem's, as Megatron-LM's stages do
+    pipe = data.get("pipeline")
+    stage_plans = pipe.get("stage_plans") if isinstance(pipe, dict) else None
+    plans = [st for st in stage_plans if isinstance(st, dict) and "recompute" in st] \
+        if isinstance(stage_plans, list) else []
+    settings = {str(st["recompute"]) for st in plans} if plans \
+        else {str(prob.get("recompute", "none"))}
+    if settings <= {"none", "0"}:
+        return []
+    if settings == {"blocks"}:
+        return ["--recompute-granularity full", "--recompute-method uniform",
+                "--recompute-num-layers 1"]
+    if len(settings) == 1 and next(iter(settings)).isdigit() \
+            and int(next(iter(settings))) % 2 == 0:
+        return ["--recompute-granularity full", "--recompute-method block",
+                f"--recompute-num-layers {int(next(iter(settings))) // 2}"]
+    raise _refuse(plan_path, f"it recomputes {', '.join(sorted(settings))} residual blocks "
+                             "a chunk; Megatron-LM recomputes the same whole transformer "
+                             "layers (two blocks each) in every chunk", data)

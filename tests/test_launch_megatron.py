@@ -1,0 +1,190 @@
+"""``planner launch PLAN --emit megatron``: a plan as Megatron-LM's parallelism
+arguments, derived here by hand from each plan's question and layouts; a plan Megatron-LM
+cannot run as planned is refused (exit 2) with the reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import CLUSTERS, NETWORKS, invoke
+
+DGX = CLUSTERS / "dgx-h100.yaml"
+LLAMA = NETWORKS / "llama3-8b.yaml"
+GPT2 = NETWORKS / "gpt2-small.yaml"
+
+
+def _plan(runner, tmp_path, *args, name="plan.yaml"):
+    out = invoke(runner, *args, "--format", "yaml")
+    assert out.exit_code in (0, 1), out.output
+    path = tmp_path / name
+    path.write_text(out.stdout)
+    return path
+
+
+def _args(runner, plan):
+    """The arguments between ``PLANNER_MEGATRON_ARGS=(`` and ``)``, one a line."""
+    out = invoke(runner, "launch", plan, "--emit", "megatron")
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    start = lines.index("PLANNER_MEGATRON_ARGS=(")
+    return [line.strip() for line in lines[start + 1:lines.index(")", start)]], out.stdout
+
+
+def _refused(runner, plan, words):
+    out = invoke(runner, "launch", plan, "--emit", "megatron")
+    assert out.exit_code == 2, out.output
+    assert "Megatron-LM cannot run this plan as planned" in out.stderr, out.stderr
+    assert words in out.stderr, out.stderr
+    assert "Traceback" not in out.output and not out.stdout
+    return out.stderr
+
+
+def test_tensor_parallel_plan(runner, tmp_path):
+    """Llama 3 8B on 64 H100s, Megatron's layouts with sequence parallelism over 4 × 16,
+    ZeRO 1, both overlaps: tensor 4 (every layer, all sequence-parallel), data 16 = 64 /
+    4, one microbatch of 16 / 16 = 1 sequence, bf16 and Adam; 32 attention layers."""
+    plan = _plan(runner, tmp_path, "cost", LLAMA, DGX, "-p", "64", "-b", "16", "--optimizer",
+                 "adam", "--grid", "4x16", "--mode", "megatron-sp", "--zero", "1",
+                 "--overlap-param-gather", "--tp-comm-overlap")
+    args, text = _args(runner, plan)
+    assert args == ["--tensor-model-parallel-size 4", "--sequence-parallel",
+                    "--pipeline-model-parallel-size 1", "--context-parallel-size 1",
+                    "--micro-batch-size 1", "--global-batch-size 16",
+                    "--use-distributed-optimizer", "--overlap-grad-reduce",
+                    "--overlap-param-gather", "--tp-comm-overlap", "--bf16",
+                    "--optimizer adam"]
+    assert "64 ranks: tensor 4 x context 1 x pipeline 1 x data 16" in text
+    assert "--num-layers 32" in text
+
+
+@pytest.mark.parametrize("cp, attention, want", [
+    ("p2p", "domain", "p2p"), ("allgather", "domain", "allgather"),
+    ("p2p", "ulysses", "a2a"),
+])
+def test_context_parallel_plan(runner, tmp_path, cp, attention, want):
+    """Every layer split by tokens 8 ways with the batch over 8 (64 H100s, batch 16):
+    context 8, data 8, a microbatch of 2; the attention's method from its terms (the
+    ring's ``p2p``, ``allgather``), DeepSpeed-Ulysses attention as ``a2a``. Without
+    gradient overlap, no --overlap-grad-reduce; fp32 gradients for bf16 weights, and
+    SGD with momentum."""
+    plan = _plan(runner, tmp_path, "cost", LLAMA, DGX, "-p", "64", "-b", "16",
+                 "--pin", f"*self_attn={attention}:8x8", "--pin", "*=domain:8x8",
+                 "--cp-comm-type", cp, "--overlap", "none", "--grad-precision", "fp32")
+    args, _ = _args(runner, plan)
+    assert args == ["--tensor-model-parallel-size 1", "--pipeline-model-parallel-size 1",
+                    "--context-parallel-size 8", f"--cp-comm-type {want}",
+                    "--micro-batch-size 2", "--global-batch-size 16", "--bf16",
+                    "--accumulate-allreduce-grads-in-fp32", "--optimizer sgd"]
+
+
+def test_expert_parallel_plan(runner, tmp_path):
+    """Mixtral 8x7B on 8 GPUs, every layer data parallel but the experts, one a device
+    (``expert 8x1``): expert parallelism 8 over the 8 data-parallel ranks, its tokens
+    dispatched all-to-all; 8 samples, one a replica. A mixture split by hidden features
+    with the rest (``megatron`` 8x1) is plain tensor parallelism."""
+    mixtral = NETWORKS / "mixtral-8x7b.yaml"
+    plan = _plan(runner, tmp_path, "cost", mixtral, DGX, "-p", "8", "-b", "8",
+                 "--pin", "*.moe.experts=expert:8x1")
+    args, text = _args(runner, plan)
+    assert args[:6] == ["--tensor-model-parallel-size 1", "--pipeline-model-parallel-size 1",
+                        "--context-parallel-size 1", "--expert-model-parallel-size 8",
+                        "--moe-token-dispatcher-type alltoall", "--micro-batch-size 1"]
+    assert "experts over 8 of the data-parallel ranks" in text
+    plan = _plan(runner, tmp_path, "cost", mixtral, DGX, "-p", "8", "-b", "8", "--grid",
+                 "8x1", "--mode", "megatron", name="tp.yaml")
+    args, _ = _args(runner, plan)
+    assert args[0] == "--tensor-model-parallel-size 8" and not any("expert" in a
+                                                                  for a in args)
+
+
+def test_interleaved_pipeline_with_even_chunks(runner, tmp_path):
+    """GPT-2 small (12 layers) on 16 GPUs: 2 stages of 2 chunks, each 3 transformer
+    layers (starts at h.3, h.6, h.9), tensor 4 × data 2 in each stage, 8 microbatches of
+    64 / (8 · 2) = 4, recomputing the first 2 residual blocks of each chunk (one
+    transformer layer: Megatron-LM's block method); plain SGD."""
+    plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "16", "-b", "64", "--grid", "4x2",
+                 "--mode", "megatron", "--pipeline", "2", "--virtual-stages", "2",
+                 "--microbatches", "8", "--stage-starts",
+                 "h.3.attn.ln_1,h.6.attn.ln_1,h.9.attn.ln_1", "--recompute", "2",
+                 "--optimizer", "sgd")
+    args, text = _args(runner, plan)
+    assert args == ["--tensor-model-parallel-size 4", "--pipeline-model-parallel-size 2",
+                    "--num-layers-per-virtual-pipeline-stage 3", "--context-parallel-size 1",
+                    "--micro-batch-size 4", "--global-batch-size 64", "--overlap-grad-reduce",
+                    "--recompute-granularity full", "--recompute-method block",
+                    "--recompute-num-layers 1", "--optimizer sgd", "--sgd-momentum 0"]
+    assert "16 ranks: tensor 4 x context 1 x pipeline 2 x data 2" in text
+
+
+def test_uneven_first_and_last_stages(runner, tmp_path):
+    """Three stages of 2, 5 and 5 transformer layers (starts at h.2 and h.7) are
+    Megatron-LM's uneven first and last stages (the middle ones share what is left
+    evenly); every block recomputed is its uniform method a layer at a time. Four stages
+    of 2, 3, 5 and 2 are not: the middle two differ."""
+    common = ("cost", GPT2, DGX, "-p", "6", "-b", "12", "--grid", "2x1", "--mode",
+              "megatron", "--pipeline", "3", "--microbatches", "4")
+    plan = _plan(runner, tmp_path, *common, "--stage-starts", "h.2.attn.ln_1,h.7.attn.ln_1",
+                 "--recompute", "blocks")
+    args, _ = _args(runner, plan)
+    assert args[:4] == ["--tensor-model-parallel-size 2", "--pipeline-model-parallel-size 3",
+                        "--decoder-first-pipeline-num-layers 2",
+                        "--decoder-last-pipeline-num-layers 5"]
+    assert "--micro-batch-size 3" in args  # 12 / (4 microbatches · 1 replica)
+    assert args[-4:] == ["--recompute-granularity full", "--recompute-method uniform",
+                         "--recompute-num-layers 1", "--optimizer sgd"]
+    bad = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "8", "-b", "16", "--grid",
+                "2x1", "--mode", "megatron", "--pipeline", "4", "--microbatches", "4",
+                "--stage-starts", "h.2.attn.ln_1,h.5.attn.ln_1,h.10.attn.ln_1",
+                name="bad.yaml")
+    _refused(runner, bad, "its stages hold [2, 3, 5, 2] transformer layers")
+
+
+def test_what_megatron_cannot_run(runner, tmp_path):
+    """Refused, each with its reason: a searched plan that splits some layers by tokens
+    and others by features (and the baseline to price instead); stages that start inside
+    a transformer layer; ZeRO 2; a convolution; a grid placed by columns; tensor
+    parallelism with and without sequence parallelism; an odd number of recomputed
+    blocks; ZB-H1."""
+    searched = _plan(runner, tmp_path, "plan", LLAMA, DGX, "-p", "64", "-b", "16",
+                     "--optimizer", "adam", name="searched.yaml")
+    doc = json.loads(invoke(runner, "plan", LLAMA, DGX, "-p", "64", "-b", "16",
+                            "--optimizer", "adam", "--format", "json").stdout)
+    base = next(b for b in doc["baselines"] if b["name"] == "megatron-sp")
+    said = _refused(runner, searched, "tensor and context parallelism are separate")
+    assert f"megatron-sp baseline, sequence parallel, 4x16: {base['time_s']:.4g} s" in said
+    cases = [
+        (("cost", GPT2, DGX, "-p", "4", "-b", "8", "--grid", "2x1", "--mode", "megatron",
+          "--pipeline", "2", "--microbatches", "4", "--stage-starts", "h.5.mlp.ln_2"),
+         "stage 1 starts at 'h.5.mlp.ln_2', inside a transformer layer"),
+        (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--zero", "2"), "ZeRO stage 2"),
+        (("cost", NETWORKS / "resnet50.yaml", DGX, "-p", "8", "-b", "64"), "convolution"),
+        (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron",
+          "--placement", "cols"), "by columns"),
+        (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron-sp",
+          "--pin", "h.0.mlp.c_fc=column:4x2"), "37 of its 38 tensor-parallel layers are "
+                                                "sequence-parallel"),
+        (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron",
+          "--recompute", "3"), "recomputes 3 residual blocks"),
+        (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x1", "--mode", "megatron",
+          "--pipeline", "2", "--microbatches", "4", "--schedule", "zb-h1"), "ZB-H1"),
+    ]
+    for i, (args, words) in enumerate(cases):
+        _refused(runner, _plan(runner, tmp_path, *args, name=f"case{i}.yaml"), words)
+
+
+def test_a_malformed_plan_is_an_input_error(runner, tmp_path):
+    """A layer's grid or the problem's batch edited into something else: an input error
+    at its line (exit 2), no traceback."""
+    plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2",
+                 "--mode", "megatron")
+    text = plan.read_text()
+    for old, new, where in (("grid: [4, 2]", "grid: four", "$.layers"),
+                            ("  batch: 8\n", "  batch: many\n", "$.problem.batch")):
+        bad = tmp_path / "bad.yaml"
+        head, _, tail = text.rpartition(old)  # the last: a layer's, not the placement's
+        bad.write_text(head + new + tail)
+        out = invoke(runner, "launch", bad, "--emit", "megatron")
+        assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+        assert "bad.yaml:" in out.stderr and where in out.stderr, out.stderr
