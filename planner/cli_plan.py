@@ -53,6 +53,11 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="With ZeRO 1-2, gather the updated parameters under the next "
                           "step's first forward pass, a bucket ahead of the layers "
                           "that need them (Megatron-LM's --overlap-param-gather)."),
+        click.option("--stage-boundaries", type=click.Choice(("blocks", "layers")),
+                     default="blocks", show_default=True,
+                     help="Where pipeline stages may start: between residual blocks, or "
+                          "only between copies of the network's repeat groups (a "
+                          "transformer's layers, as Megatron-LM's stages hold them)."),
         # costs.layer.CP_COMM_TYPES (not imported here: the CLI starts without numpy)
         click.option("--cp-comm-type", type=click.Choice(("p2p", "allgather", "auto")),
                      default="p2p",
@@ -170,8 +175,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                   zero: int | str = 0, recompute: str = "none", zero_shard: str = "all",
                   precision: str | None = None, grad_precision: str | None = None,
                   microbatches: int | str = 1, tp_comm_overlap: bool = False,
-                  cp_comm_type: str = "p2p", overlap_param_gather: bool = False
-                  ) -> Question:
+                  cp_comm_type: str = "p2p", overlap_param_gather: bool = False,
+                  stage_boundaries: str = "blocks") -> Question:
     """Load both files, build the options and the cost context (``zero="auto"`` or
     ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
     from .evaluate import ZERO_STAGES, Options, check_question, make_context
@@ -230,6 +235,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     from .costs.layer import canonical_recompute
 
     net = load_network(network).in_dtype(precision)
+    if stage_boundaries == "layers":
+        net = by_layers(net, network)
     cl = load_cluster(cluster)
     stages = ZERO_STAGES if zero == "auto" else (int(zero),)
     # within nodes is the same as over all replicas while the devices fit in one node
@@ -253,6 +260,18 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     ctx = make_context(net, cl, options, est)
     return Question(net, cl, network, cluster, options, ctx, est.name, rec_auto, stages,
                     shards)
+
+
+def by_layers(net: Any, network: str) -> Any:
+    """The network with pipeline stages starting only between copies of its repeat
+    groups (``--stage-boundaries layers``); a usage error where it has none."""
+    import dataclasses
+
+    if not any(c >= 0 for c in net.copies):
+        raise UsageError(f"planner: error: --stage-boundaries layers starts pipeline stages "
+                         f"between the copies of a repeat group, and {network} has no "
+                         "repeat group; use --stage-boundaries blocks")
+    return dataclasses.replace(net, stage_unit="layers")
 
 
 def inputs_of(network: str, cluster: str, kw: dict[str, Any]) -> tuple[str, ...]:
@@ -492,7 +511,7 @@ def schedule_option_check(schedule: str, pipeline: int | str, virtual: int | str
 def stage_count_check(q: Question, stages: int, option: str = "--pipeline") -> None:
     """UsageError unless ``stages`` divides the devices and the network can be cut into
     that many stages (and the question allows a pipeline)."""
-    from .pipeline import max_stages
+    from .pipeline import max_stages, where_stages_start
 
     if q.options.cost_model == "gholami2018":
         raise UsageError(f"planner: error: {option} needs --cost-model exact: the paper's "
@@ -507,8 +526,8 @@ def stage_count_check(q: Question, stages: int, option: str = "--pipeline") -> N
         raise UsageError(
             f"planner: error: {option} {stages}: '{q.network.name}' can be cut into "
             f"at most {most} stage{'s' if most > 1 else ''} (a stage boundary falls "
-            "where one tensor alone crosses, between residual blocks, and every stage "
-            "needs a layer with weights)")
+            f"where one tensor alone crosses, {where_stages_start(q.network)}, and every "
+            "stage needs a layer with weights)")
 
 
 def stage_context(q: Question) -> Callable[[Any, Any], Any]:
@@ -1091,7 +1110,9 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
                        q.options, q.estimator_name, nodes_used(q))
     schedule = res.schedule
     interleave = {"virtual_stages": v} if v > 1 else {}
-    head["problem"]["pipeline"] = {"stages": count, **interleave, "schedule": schedule}
+    head["problem"]["pipeline"] = {"stages": count, **interleave, "schedule": schedule,
+                                   **({"boundaries": "layers"}
+                                      if q.network.stage_unit == "layers" else {})}
     if q.recompute_auto:  # each stage's count is in its record (stage_plans: recompute)
         head["problem"]["recompute"] = "auto"
 

@@ -226,8 +226,8 @@ def _chunks(data: dict[str, Any], stages: int, virtual: int, plan_path: str
             start = chunk[0].get("name") if chunk else "?"
             raise _refuse(plan_path, f"{where} starts at '{start}', "
                                      "inside a transformer layer; Megatron-LM's stages hold "
-                                     "whole layers (give `planner cost` --stage-starts at "
-                                     "layer boundaries)", data)
+                                     "whole layers (make the plan with --stage-boundaries "
+                                     "layers)", data)
     return counts
 
 

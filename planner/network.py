@@ -665,6 +665,13 @@ class Network:
     #: whether the last layer's output feeds the loss (a pipeline stage before the last
     #: sends it to the next stage instead)
     loss: bool = True
+    #: per layer, the copy of the network's top-level repeat groups it is in (numbered
+    #: in order; −1 outside them): a transformer's layers, where Megatron-LM's pipeline
+    #: stages may start
+    copies: tuple[int, ...] = ()
+    #: where pipeline stages may start: "blocks" (between residual blocks) or "layers"
+    #: (between copies of a repeat group, ``--stage-boundaries``)
+    stage_unit: str = "blocks"
 
     @property
     def elem_bytes(self) -> int:
@@ -958,6 +965,10 @@ class _Builder:
     counters: dict[str, int] = field(default_factory=dict)
     failed: bool = False
     input_kind: str = "image"
+    #: the copies of the network's top-level repeat groups, numbered in order, and the
+    #: first layer built for each spec inside one (→ its copy's number)
+    copies: dict[str, int] = field(default_factory=dict)
+    copy_from: dict[int, int] = field(default_factory=dict)
 
     #: names the file gives explicitly, which no automatic name may take
     reserved: set[str] = field(default_factory=set)
@@ -973,9 +984,11 @@ class _Builder:
                 return name
 
 
-def _expand(specs: list[_Spec], prefix: str) -> Iterator[tuple[_Spec, str]]:
-    """Flatten repeat groups, yielding (spec, full name prefix for it). Groups without a
-    name are ``repeat``, then ``repeat2``, ``repeat3``... (skipping the names given)."""
+def _expand(specs: list[_Spec], prefix: str, copy: str | None = None
+            ) -> Iterator[tuple[_Spec, str, str | None]]:
+    """Flatten repeat groups, yielding (spec, full name prefix for it, the copy of the
+    outermost repeat group it is in: ``layers.3``, or None). Groups without a name are
+    ``repeat``, then ``repeat2``, ``repeat3``... (skipping the names given)."""
     named = {spec.name for spec in specs if spec.name}
     for spec in specs:
         if spec.kind == "repeat":
@@ -988,16 +1001,17 @@ def _expand(specs: list[_Spec], prefix: str) -> Iterator[tuple[_Spec, str]]:
             single = len(spec.children) == 1 and spec.children[0].name is None
             for i in range(spec.start, spec.start + spec.count):
                 copy_prefix = f"{base}.{i}"
+                outer = copy if copy is not None else copy_prefix
                 if single:
                     child = spec.children[0]
                     if child.kind == "repeat":
-                        yield from _expand([child], copy_prefix)
-                    else:
-                        yield child, copy_prefix + "\0"  # the copy itself is named copy_prefix
+                        yield from _expand([child], copy_prefix, outer)
+                    else:  # the copy itself is named copy_prefix
+                        yield child, copy_prefix + "\0", outer
                 else:
-                    yield from _expand(spec.children, copy_prefix)
+                    yield from _expand(spec.children, copy_prefix, outer)
         else:
-            yield spec, prefix
+            yield spec, prefix, copy
 
 
 def _full_name(b: _Builder, spec: _Spec, prefix: str) -> str:
@@ -1011,12 +1025,16 @@ def _full_name(b: _Builder, spec: _Spec, prefix: str) -> str:
 def _build_seq(b: _Builder, specs: list[_Spec], prefix: str, shape: Shape | None, src: int,
                block: str | None, role: str | None) -> tuple[Shape | None, int]:
     expanded = list(_expand(specs, prefix))
-    for spec, pre in expanded:  # the names given here, before any is made up
+    for spec, pre, _ in expanded:  # the names given here, before any is made up
         if pre.endswith("\0"):
             b.reserved.add(pre[:-1])
         elif spec.name is not None:
             b.reserved.add(f"{pre}.{spec.name}" if pre else spec.name)
-    for spec, pre in expanded:
+    for spec, pre, copy in expanded:
+        if not prefix:  # the network's own list: where each of its specs starts
+            if copy is not None:
+                b.copies.setdefault(copy, len(b.copies))
+            b.copy_from[len(b.layers)] = b.copies[copy] if copy is not None else -1
         name = _full_name(b, spec, pre)
         if spec.kind == "residual":
             if block is not None:
@@ -1440,8 +1458,12 @@ def network_from_data(data: object, issues: list[Issue]) -> Network | None:
     # the loss keeps the network's output for backward (softmax cross-entropy keeps its
     # probabilities: GPT-2's logits, 50,257 a token, or a segmentation's map)
     b.layers[-1] = dataclasses.replace(b.layers[-1], saves_output=True)
+    copy_of, current = [], -1
+    for i in range(len(b.layers)):  # each layer's: that of the last spec started at or before it
+        current = b.copy_from.get(i, current)
+        copy_of.append(current)
     return Network(name=name, dtype=dtype, input_shape=shape, layers=tuple(b.layers),
-                   blocks=tuple(b.blocks), input_kind=b.input_kind)
+                   blocks=tuple(b.blocks), input_kind=b.input_kind, copies=tuple(copy_of))
 
 
 def layer_summary(layer: Layer, network: Network, batch: int) -> dict[str, Any]:

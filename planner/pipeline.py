@@ -114,7 +114,10 @@ def cut_points(network: Network) -> list[int]:
 
 def stage_starts(network: Network) -> list[int]:
     """The boundaries a plan may use: :func:`cut_points` such that every stage holds a
-    layer with weights (a stage of ReLUs and pools alone has nothing to lay out). Of the
+    layer with weights (a stage of ReLUs and pools alone has nothing to lay out), and
+    with ``--stage-boundaries layers`` only those between two copies of the network's
+    repeat groups (a transformer's layers: Megatron-LM's stages hold whole ones, the
+    token table with the first and the head with the last). Of the
     boundaries before the same next layer with weights, the last is kept (the layers
     without weights stay with the stage before); none before the first such layer or
     after the last."""
@@ -128,11 +131,21 @@ def stage_starts(network: Network) -> list[int]:
             upcoming = i
         nxt[i] = upcoming
     kept: dict[int, int] = {}
-    for c in cut_points(network):
+    cuts = cut_points(network)
+    if network.stage_unit == "layers":  # between two copies of a repeat group only
+        cp = network.copies
+        cuts = [c for c in cuts if cp[c - 1] >= 0 and cp[c] >= 0 and cp[c - 1] != cp[c]]
+    for c in cuts:
         w = nxt[c]
         if w is not None and w != weighted[0]:
             kept[w] = c  # ascending: the last boundary before w wins
     return sorted(kept.values())
+
+
+def where_stages_start(network: Network) -> str:
+    """Where a stage boundary may fall, for messages."""
+    return "between copies of a repeat group (--stage-boundaries layers)" \
+        if network.stage_unit == "layers" else "between residual blocks"
 
 
 def chunk_recompute(value: str, blocks: int) -> str:
@@ -698,8 +711,8 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
         raise UsageError(
             f"planner: error: --pipeline {stages}: '{net.name}' has "
             f"{len(cuts) + 1} place{'s' if len(cuts) else ''} to start a stage (stage "
-            "boundaries fall where one tensor alone crosses, between residual blocks, and "
-            "every stage needs a layer with weights); use "
+            f"boundaries fall where one tensor alone crosses, {where_stages_start(net)}, "
+            "and every stage needs a layer with weights); use "
             f"at most {len(cuts) + 1} stages")
     if bounds is not None:
         assert len(bounds) == chunks + 1 and set(bounds[1:-1]) <= set(cuts), bounds
@@ -859,8 +872,8 @@ def virtual_check(network: Network, stages: int, virtual: int, microbatches: int
         raise UsageError(
             f"planner: error: {option} {virtual}: {stages} stages of {virtual} chunks "
             f"are {stages * virtual} chunks, and '{network.name}' can be cut into at most "
-            f"{most} (a boundary falls where one tensor alone crosses, between residual "
-            "blocks, and every chunk needs a layer with weights)")
+            f"{most} (a boundary falls where one tensor alone crosses, "
+            f"{where_stages_start(network)}, and every chunk needs a layer with weights)")
 
 
 def schedule_check(virtual: int | str, schedule: str) -> None:
@@ -891,8 +904,8 @@ def given_bounds(network: Network, names: list[str], chunks: int) -> list[int]:
             near = sorted(allowed, key=lambda c: (abs(c - at), c))[:3]
             raise ValueError(
                 f"a stage cannot start at '{name}': a stage starts where one tensor alone "
-                "crosses (between residual blocks), and every stage needs a layer with "
-                "weights; "
+                f"crosses, {where_stages_start(network)}, and every stage needs a layer "
+                "with weights; "
                 f"nearby: {', '.join(repr(network.layers[c].name) for c in sorted(near))}",
                 k)
         if at <= bounds[-1]:

@@ -17,6 +17,8 @@ team chose: a plan file, one grid for every layer, or pins::
                                  # microbatches a multiple of pipeline)
     schedule: 1f1b               # 1f1b | zb-h1: 1F1B with the weight gradients deferred
                                  # into the fill and drain (one chunk a stage)
+    stage_boundaries: blocks     # blocks | layers: pipeline stages start between
+                                 # residual blocks, or between copies of a repeat group
     stage_starts: [...]          # optional, with a grid or pins: the layers where stages
                                  # (chunks) 1 on start, in place of the balanced ones
     optimizer: momentum          # sgd | momentum | adam
@@ -60,6 +62,7 @@ with ``schedule: zb-h1``, the same schedule).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +139,8 @@ class TrainingConfig:
     schedule: str = SCHEDULE  #: the pipeline schedule: 1f1b or zb-h1
     #: the layers where stages (chunks) 1 on start (None: balanced)
     stage_starts: list[str] | None = None
+    #: where stages may start: between residual blocks or repeat copies (layers)
+    stage_boundaries: str = "blocks"
     #: the least model FLOPs utilisation the strategy may predict (None: no check)
     min_mfu: float | None = None
     #: sequence-parallel collectives overlap their GEMMs (``--tp-comm-overlap``)
@@ -262,6 +267,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                                 "(interleaved)")
     stage_count = "gpus" if pipeline == 1 else \
         f"a stage's devices (gpus {gpus} / pipeline {pipeline})"
+    boundaries = f.opt("stage_boundaries", choice(("blocks", "layers")), "blocks")
     starts = f.opt_none("stage_starts", _names)
     if starts is not None and pipeline == 1:
         f.error("stage_starts", "stage_starts places the stages of a pipeline; set "
@@ -380,6 +386,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           max_slowdown=slowdown, document=doc,
                           microbatches=microbatches, pipeline=pipeline,
                           virtual_stages=virtual, stage_starts=starts,
+                          stage_boundaries=boundaries,
                           schedule=schedule or SCHEDULE, min_mfu=min_mfu,
                           tp_comm_overlap=bool(tp_overlap), cp_comm_type=cp_comm,
                           overlap_param_gather=bool(param_gather))
@@ -455,6 +462,12 @@ def _rel(path: Path, config: TrainingConfig) -> str:
 def _network_for(cfg: TrainingConfig) -> tuple[Network, Cluster]:
     net = network_from_document(load_file(cfg.network_path, _display(cfg.network_path)))
     net = net.in_dtype(cfg.precision)
+    if cfg.stage_boundaries == "layers":
+        if not any(c >= 0 for c in net.copies):
+            raise _config_error(cfg, "$.stage_boundaries", "stage_boundaries layers starts "
+                                "pipeline stages between the copies of a repeat group, and "
+                                "the network has none; use blocks")
+        net = dataclasses.replace(net, stage_unit="layers")
     cl = cluster_from_document(load_file(cfg.cluster_path, _display(cfg.cluster_path)))
     return net, cl
 
@@ -544,6 +557,10 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
     if had_chunks != cfg.virtual_stages:
         problems.append(f"the plan is for virtual_stages={_yaml(had_chunks)}, the "
                         f"configuration says {cfg.virtual_stages}")
+    had_bounds = pipe.get("boundaries", "blocks") if isinstance(pipe, dict) else "blocks"
+    if cfg.pipeline > 1 and had_bounds != cfg.stage_boundaries:
+        problems.append(f"the plan is for stage_boundaries={_yaml(had_bounds)}, the "
+                        f"configuration says {cfg.stage_boundaries}")
     had_schedule = pipe.get("schedule", SCHEDULE) if isinstance(pipe, dict) else SCHEDULE
     if cfg.pipeline > 1 and cfg.virtual_stages == 1 and had_schedule != cfg.schedule:
         problems.append(f"the plan is for schedule={_yaml(had_schedule)}, the "

@@ -36,7 +36,7 @@ from planner.pipeline import (
 )
 from planner.search import Space, Weights
 
-from .conftest import invoke
+from .conftest import ROOT, invoke
 from .helpers import FixedEstimator, cluster, mlp
 
 SEQ, DIM = 64, 128
@@ -89,6 +89,80 @@ def test_cut_points_fall_between_residual_blocks():
     net = _net()
     assert [net.layers[c].name for c in stage_starts(net)] == [
         "blk.0.attn.ln", "blk.0.mlp.ln", "blk.1.attn.ln", "blk.1.mlp.ln", "head"]
+
+
+def test_stages_between_layers_only():
+    """``--stage-boundaries layers``: stages start between two copies of the network's
+    repeat groups only (a transformer layer is a copy: its attention and MLP blocks), so
+    the token table stays with the first copy and the head with the last. Each layer
+    knows its copy (−1 outside), nested and unnamed groups by their outermost copy;
+    a network without a repeat group has none."""
+    net = _net(blocks=3)
+    assert net.copies == tuple([-1] + [0] * 8 + [1] * 8 + [2] * 8 + [-1])
+    layers = dataclasses.replace(net, stage_unit="layers")
+    assert [net.layers[c].name for c in stage_starts(layers)] == ["blk.1.attn.ln",
+                                                                  "blk.2.attn.ln"]
+    nested = load_network_text("""
+kind: network
+input: [16]
+layers:
+  - {type: linear, out_features: 16}
+  - repeat: 2
+    layers:
+      - repeat: 2
+        layers:
+          - {type: linear, out_features: 16}
+      - {type: relu}
+  - {type: linear, out_features: 4}
+""")
+    assert nested.copies == (-1, 0, 0, 0, 1, 1, 1, -1)
+    assert [nested.layers[c].name for c in stage_starts(
+        dataclasses.replace(nested, stage_unit="layers"))] == [nested.layers[4].name]
+    assert mlp([8, 8, 8]).copies == (-1, -1, -1)
+
+
+def test_stage_boundaries_on_the_command_line(runner, tmp_path):
+    """GPT-2 small in 2 stages of 2 chunks: by layers the balanced chunks start at
+    attention blocks (recorded as problem.pipeline.boundaries); in 2 stages of 1F1B,
+    Megatron-LM's arguments can then be emitted (its first and last stages may
+    differ). A network without repeat groups, or a start inside a layer, is a usage
+    error; a training configuration compares the setting with its plan's."""
+    gpt2 = "examples/networks/gpt2-small.yaml"
+    args = ("cost", gpt2, "examples/clusters/dgx-h100.yaml", "-p", "16", "-b", "64",
+            "--grid", "4x2", "--mode", "megatron", "--pipeline", "2", "--virtual-stages",
+            "2", "--microbatches", "8", "--format", "yaml")
+    doc = yaml.safe_load(invoke(runner, *args, "--stage-boundaries", "layers").stdout)
+    assert doc["problem"]["pipeline"]["boundaries"] == "layers"
+    starts = [st["layers"][0] for st in doc["pipeline"]["stage_plans"]]
+    assert starts[0] == "wte" and all(s.endswith(".attn.ln_1") for s in starts[1:]), starts
+    plain = yaml.safe_load(invoke(runner, *args).stdout)
+    assert "boundaries" not in plain["problem"]["pipeline"]
+    (tmp_path / "layers.yaml").write_text(yaml.safe_dump(doc))
+    at = args.index("--virtual-stages")
+    flat = [*args[:at], *args[at + 2:], "--stage-boundaries", "layers"]
+    (tmp_path / "flat.yaml").write_text(invoke(runner, *flat).stdout)
+    out = invoke(runner, "launch", tmp_path / "flat.yaml", "--emit", "megatron")
+    assert out.exit_code == 0 and "--pipeline-model-parallel-size 2" in out.stdout
+    bad = invoke(runner, "cost", "examples/networks/alexnet.yaml",
+                 "examples/clusters/dgx-h100.yaml", "-p", "8", "-b", "64", "--pipeline",
+                 "2", "--microbatches", "2", "--stage-boundaries", "layers")
+    assert bad.exit_code == 2 and "has no repeat group" in bad.stderr
+    inside = invoke(runner, *args[:-2], "--stage-boundaries", "layers", "--stage-starts",
+                    "h.3.attn.ln_1,h.5.mlp.ln_2,h.9.attn.ln_1")
+    assert inside.exit_code == 2 and "between copies of a repeat group" in inside.stderr
+    (tmp_path / "blocks.yaml").write_text(yaml.safe_dump(plain))
+    for plan, extra, code in (("layers.yaml", "stage_boundaries: layers\n", 0),
+                              ("blocks.yaml", "stage_boundaries: layers\n", 1),
+                              ("layers.yaml", "", 1)):
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text(f"kind: training\nnetwork: {ROOT / gpt2}\ncluster: "
+                       f"{ROOT / 'examples/clusters/dgx-h100.yaml'}\ngpus: 16\nbatch: 64\n"
+                       f"microbatches: 8\npipeline: 2\nvirtual_stages: 2\n{extra}"
+                       f"strategy: {{plan: {plan}}}\nmax_slowdown: 100\n")
+        out = invoke(runner, "check", cfg)
+        assert out.exit_code == code, out.output
+        if code:
+            assert "stage_boundaries=" in out.output
 
 
 def test_every_stage_of_a_cnn_has_weights(runner):

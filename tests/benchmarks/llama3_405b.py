@@ -2,7 +2,7 @@
 module).
 
     python tests/benchmarks/llama3_405b.py [--search] [--tp-comm-overlap]
-        [--overlap-param-gather]
+        [--overlap-param-gather] [--stage-boundaries=layers]
 
 Meta ("The Llama 3 Herd of Models", 2024, Table 4) trained Llama 3 405B on 8,192 and
 16,384 H100 GPUs with tensor parallelism 8, pipeline parallelism 16 and data
@@ -19,7 +19,9 @@ plan`` (ZeRO stage 1) on the same stages and microbatches for each chunk count: 
 layouts the planner would pick itself (about 2-3 minutes each). With
 ``--tp-comm-overlap`` every command overlaps the sequence-parallel collectives with
 their GEMMs (Megatron-LM's flag of that name), and with ``--overlap-param-gather`` the
-gathers of the updated parameters run under the next step's forward passes (that flag).
+gathers of the updated parameters run under the next step's forward passes (that flag);
+with ``--stage-boundaries=layers`` the stages hold whole transformer layers, as
+Megatron-LM's do.
 Prints a Markdown table.
 """
 
@@ -48,7 +50,7 @@ def _run(*args: str) -> tuple[dict, float]:
 
 
 #: the command-line flags passed on to every planner command
-FLAGS = ("--tp-comm-overlap", "--overlap-param-gather")
+FLAGS = ("--tp-comm-overlap", "--overlap-param-gather", "--stage-boundaries=layers")
 
 
 def main(search: bool, flags: list[str]) -> None:
