@@ -244,48 +244,64 @@ CORE = 2 * 16 * 32 * 16 * 64
 N = 4
 
 
-def _ring(cp: str, rate: float, launch: float = 0.0, flash: bool = True, **opt):
+def _ring(cp: str, rate: float, launch: float = 0.0, flash: bool = True, per_node: int = 8,
+          **opt):
     net = _net(flash)
     opts = Options(gpus=8, batch=B, overlap="none", cp_comm_type=cp, **opt)
-    ctx = make_context(net, cluster(per_node=8), opts, RateEstimator(rate, launch))
+    ctx = make_context(net, cluster(per_node=per_node), opts, RateEstimator(rate, launch))
     terms = weighted_terms(net.by_name("attn.sa"), make_layout("domain", 4, 2), ctx)
     return {t.note: t for t in terms if t.phase != "weight_grad"}
 
 
-def test_ring_by_hand():
-    """``c`` a step, ``C`` the whole core, ``S`` a collective's seconds, ``sᵢ = Sᵢ/3``:
-    forward ``c + 3·max(c, S/3) − C`` is exposed; backward ``max(c, s₁) + 2·max(c, s₁ +
-    s₂) + max(c, s₂) − C`` (Transformer Engine's reversed steps: the keys and values in
-    the first three, the gradients' partial sums in the last three), split between the
-    two terms by their seconds. At 1e9 FLOP/s a forward step (0.52 ms) covers the sends
-    (64 KiB a collective, 6.5 µs in the collective model): nothing is exposed; at 1e14
-    FLOP/s (5.2 ns a step) the sends are exposed but for what the steps cover. The
-    terms are p2p, with their seconds (the traffic) unchanged."""
-    gathered = _ring("allgather", 1e9)
-    s = gathered["keys and values"].seconds
-    s1, s2 = gathered["keys and values again"].seconds, \
-        gathered["key and value gradients"].seconds
+#: helpers.cluster's tiers: (α seconds, bytes a second) inside a node and between nodes
+INTRA, INTER = (2e-6, 100e9), (5e-6, 10e9)
+#: each collective's 8 × 64 × 2 · 2 · 16 × 2 bytes of keys and values; a rank's block
+KV_BYTES = 8 * SEQ * 2 * KV * HD * E
+BLOCK = KV_BYTES / N
+
+
+@pytest.mark.parametrize("per_node, tier", [(8, INTRA), (2, INTER)])
+def test_ring_by_hand(per_node, tier):
+    """``c`` a step, ``C`` the whole core, a hop of ``b`` bytes ``h(b) = α + b/β`` on
+    the tier the row group crosses (4 devices in one 8-GPU node, or over two 2-GPU
+    nodes): forward ``c + 3·max(c, h(B)) − C`` is exposed, ``B`` a rank's block of 16
+    KiB; backward ``max(c, h(B)) + 2·max(c, h(2B)) + max(c, h(B)) − C`` (Transformer
+    Engine's reversed steps: the keys and values in the first three, the gradients'
+    partial sums with them from the second, in one message), split between the two
+    terms by their seconds. At 1e9 FLOP/s a forward step (0.52 ms) covers the hops
+    (2.2 µs inside the node, 6.6 µs across): nothing is exposed; at 1e14 FLOP/s (5.2
+    ns a step) the hops are exposed but for what the steps cover. Inside the node
+    three hops are the ring all-gather's seconds; across, a hop takes the whole block
+    over one NIC. The terms are p2p, with their seconds (the traffic) unchanged."""
+    alpha, bw = tier
+    gathered = _ring("allgather", 1e9, per_node=per_node)
+    secs = [t.seconds for t in gathered.values()]
+    assert [t.bytes for t in gathered.values()] == [KV_BYTES] * 3
     assert all(t.exposed_s is None and t.algorithm != "p2p" for t in gathered.values())
+    if per_node == 8:
+        assert secs[0] == pytest.approx(3 * (alpha + BLOCK / bw), rel=1e-12)
+
+    def hop(blocks):
+        return alpha + blocks * BLOCK / bw
+
     for rate in (1e9, 1e14):
         c_f, whole_f = 2 * CORE / N / rate, 2 * CORE / rate
         c_b, whole_b = 5 * CORE / N / rate, 5 * CORE / rate
-        fwd = c_f + (N - 1) * max(c_f, s / (N - 1)) - whole_f
-        h1, h2 = s1 / (N - 1), s2 / (N - 1)
-        bwd = max(c_b, h1) + (N - 2) * max(c_b, h1 + h2) + max(c_b, h2) - whole_b
-        ring = _ring("p2p", rate)
-        assert ring["keys and values"].exposed_s == pytest.approx(fwd, rel=1e-12)
+        fwd = c_f + (N - 1) * max(c_f, hop(1)) - whole_f
+        bwd = max(c_b, hop(1)) + (N - 2) * max(c_b, hop(2)) + max(c_b, hop(1)) - whole_b
+        ring = _ring("p2p", rate, per_node=per_node)
+        assert ring["keys and values"].exposed_s == pytest.approx(max(0.0, fwd), rel=1e-12)
         assert ring["keys and values again"].exposed_s == pytest.approx(
-            bwd * s1 / (s1 + s2), rel=1e-12)
+            max(0.0, bwd) * secs[1] / (secs[1] + secs[2]), rel=1e-12)
         assert ring["key and value gradients"].exposed_s == pytest.approx(
-            bwd * s2 / (s1 + s2), rel=1e-12)
+            max(0.0, bwd) * secs[2] / (secs[1] + secs[2]), rel=1e-12)
         assert {t.algorithm for t in ring.values()} == {"p2p"}
-        assert [t.seconds for t in ring.values()] == [s, s1, s2]
-    slow = _ring("p2p", 1e9)
-    assert slow["keys and values"].exposed_s == 0.0  # c_f = 0.52 ms, far over S / 3
+        assert [t.seconds for t in ring.values()] == secs
+    slow = _ring("p2p", 1e9, per_node=per_node)
     assert sum(t.exposed_s for t in slow.values()) == 0.0
-    fast = _ring("p2p", 1e14)  # the steps take 5.2 ns: nearly all of the sends exposed
-    assert fast["keys and values"].exposed_s == pytest.approx(s - 3 * 2 * CORE / N / 1e14,
-                                                              rel=1e-12)
+    fast = _ring("p2p", 1e14, per_node=per_node)  # nearly all of the hops exposed
+    assert fast["keys and values"].exposed_s == pytest.approx(
+        3 * hop(1) - 3 * 2 * CORE / N / 1e14, rel=1e-12)
 
 
 def test_ring_steps_that_cost_more_than_the_gather():

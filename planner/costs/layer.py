@@ -438,16 +438,20 @@ def overlap_context(layer: Layer, layout: Layout, ctx: Context,
     each pass runs attention's core as ``n`` steps, each meeting one device's keys
     (``⌈k/n⌉`` of the ``k`` keys a query meets, ``c`` seconds timed by the estimator: a
     step runs below the whole core's rate) while the block the next step needs
-    travels one hop (``S/(n − 1)`` of the ring collective's ``S`` seconds: the same
-    bytes), and a step starts when its block is in. Forward, the keys and values, sent
-    in every step but the last: ``c + (n − 1)·max(c, S/(n − 1))``. Backward, the steps
-    run in the reverse order, ending on the device's own keys: the keys and values
-    (``S₁``) are sent in every step but the last, and with them, from the second step,
-    the partial sums of their gradients (``S₂``), which arrive home during the last
-    step: ``max(c, s₁) + (n − 2)·max(c, s₁ + s₂) + max(c, s₂)`` with ``sᵢ = Sᵢ/(n −
-    1)``. What exceeds the whole core's ``C`` is exposed (more than ``S`` where the
-    steps' kernels lose more than the sends cost), the backward's split between its
-    two terms by their seconds; the terms' algorithm reads ``p2p``. Under ``auto`` the
+    travels one hop, and a step starts when its block is in. A hop of a block of ``B``
+    bytes (``1/n`` of a collective's) is ``h(B) = α + B/β`` on the node's links, or on
+    the nodes' network where the ring spans nodes: every rank sends at once, and the
+    pair across a node boundary shares one NIC (an NCCL all-gather spreads that over a
+    channel a GPU, so a ring of sends across nodes is slower than the collective).
+    Forward, the keys and values (``B``), sent in every step but the last: ``c + (n −
+    1)·max(c, h(B))``. Backward, the steps run in the reverse order, ending on the
+    device's own keys: the keys and values (``B₁``) are sent in every step but the
+    last, and with them in one message, from the second step, the partial sums of
+    their gradients (``B₂``), which arrive home during the last step: ``max(c, h(B₁))
+    + (n − 2)·max(c, h(B₁ + B₂)) + max(c, h(B₂))``. What exceeds the whole core's ``C``
+    is exposed (more than the collective's seconds where the steps' kernels lose more,
+    or the hops cost more, than it), the backward's split between its two terms by
+    their seconds; the terms' algorithm reads ``p2p``. Under ``auto`` the
     layer keeps the all-gather where that exposes less, forward and backward together.
     Ring attention needs a flash kernel's online softmax: an unfused attention
     gathers."""
@@ -470,15 +474,24 @@ def overlap_context(layer: Layer, layout: Layout, ctx: Context,
                                   for e, p in zip(ends, parts, strict=True))
     ring = [i for i, t in enumerate(terms) if t.phase in ("forward", "backward_data")]
     exposed: dict[int, float] = {}
-    s_kv, s_grad = (sum(terms[i].seconds for i in ring if terms[i].phase == "backward_data"
+    # a hop: every rank sends its block to its neighbour at once; across nodes the
+    # boundary's pair on one NIC, which paces the ring
+    link = ctx.cluster.inter if layout.row_group(ctx.per_node).spans_nodes \
+        else ctx.cluster.intra
+
+    def hop(nbytes: float) -> float:
+        return float(link.latency_s) + nbytes / n / float(link.bandwidth) if nbytes else 0.0
+
+    b_kv, b_grad = (sum(terms[i].bytes for i in ring if terms[i].phase == "backward_data"
                         and terms[i].collective == op)
                     for op in ("all_gather", "reduce_scatter"))
-    both = max(s_kv + s_grad, 1e-30)
-    s1, s2 = s_kv / (n - 1), s_grad / (n - 1)
-    back = max(c_b, s1) + (n - 2) * max(c_b, s1 + s2) + max(c_b, s2)
+    back = max(c_b, hop(b_kv)) + (n - 2) * max(c_b, hop(b_kv + b_grad)) \
+        + max(c_b, hop(b_grad))
+    both = max(sum(terms[i].seconds for i in ring if terms[i].phase == "backward_data"),
+               1e-30)
     for i in ring:
         t = terms[i]
-        exposed[i] = max(0.0, c_f + (n - 1) * max(c_f, t.seconds / (n - 1)) - whole_f) \
+        exposed[i] = max(0.0, c_f + (n - 1) * max(c_f, hop(t.bytes)) - whole_f) \
             if t.phase == "forward" else max(0.0, back - whole_b) * t.seconds / both
     if ctx.cp_comm_type == "auto" and sum(exposed.values()) >= sum(terms[i].seconds
                                                                    for i in ring):
