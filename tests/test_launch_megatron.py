@@ -188,3 +188,20 @@ def test_a_malformed_plan_is_an_input_error(runner, tmp_path):
         out = invoke(runner, "launch", bad, "--emit", "megatron")
         assert out.exit_code == 2 and "Traceback" not in out.output, out.output
         assert "bad.yaml:" in out.stderr and where in out.stderr, out.stderr
+
+
+def test_names_cannot_inject_commands(runner, tmp_path):
+    """A network named with a newline and a plan path with one: the header comments
+    show them escaped, so no line of the output starts a command of its own."""
+    import re
+
+    net = tmp_path / "net.yaml"
+    net.write_text(re.sub(r"(?m)^name: .*$", 'name: "gpt\\\\necho INJECTED"',
+                          GPT2.read_text(), count=1))
+    plan = tmp_path / "plan\necho PWNED.yaml"
+    r = invoke(runner, "cost", net, DGX, "-p", "8", "-b", "8", "-o", plan, "--format", "yaml")
+    assert r.exit_code == 0, r.stderr
+    out = invoke(runner, "launch", plan, "--emit", "megatron")
+    assert out.exit_code == 0, out.stderr
+    assert not [line for line in out.stdout.splitlines() if line.startswith("echo")]
+    assert out.stdout.count("\n") == len(out.stdout.splitlines())
