@@ -44,6 +44,8 @@ team chose: a plan file, one grid for every layer, or pins::
                                  # grid or pin is one stage's (gpus / pipeline devices)
     max_slowdown: 1.10           # allowed ratio to the searched optimum
     min_mfu: 0.35                # optional: the least model FLOPs utilisation allowed
+    launcher: megatron           # optional, with a plan: Megatron-LM must be able to run
+                                 # it as planned (`planner launch --emit megatron`)
 
 Checks: the strategy fits in memory on every device; its predicted iteration time is
 within ``max_slowdown`` of the searched optimum; with ``min_mfu``, its model FLOPs
@@ -143,6 +145,8 @@ class TrainingConfig:
     stage_boundaries: str = "blocks"
     #: the least model FLOPs utilisation the strategy may predict (None: no check)
     min_mfu: float | None = None
+    #: the framework that must run the plan as planned ("megatron"; None: any)
+    launcher: str | None = None
     #: sequence-parallel collectives overlap their GEMMs (``--tp-comm-overlap``)
     tp_comm_overlap: bool = False
     #: how context parallelism moves the keys and values (``--cp-comm-type``)
@@ -322,6 +326,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                              "(Gholami et al. 2018) keeps every activation")
     slowdown = f.opt("max_slowdown", number(1.0, 1e6), 1.10)
     min_mfu = f.opt_none("min_mfu", number(0.0, 1.0, exclusive_min=True))
+    launcher = f.opt_none("launcher", choice(("megatron",)))
     algorithm = f.opt_none("algorithm", choice(ALGORITHMS))
     strategy: dict[str, Any] = {}
     if f.has("strategy"):
@@ -370,6 +375,9 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         sf.finish()
     else:
         f.error(None, "missing required key 'strategy' (plan, grid or pins)")
+    if launcher is not None and strategy and "plan" not in strategy:
+        f.error("launcher", f"launcher {launcher} checks that it can run a plan file as "
+                            "planned; give 'strategy: {plan: FILE}', or drop 'launcher'")
     f.finish()
     if issues:
         raise doc.error(issues)
@@ -388,6 +396,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           virtual_stages=virtual, stage_starts=starts,
                           stage_boundaries=boundaries,
                           schedule=schedule or SCHEDULE, min_mfu=min_mfu,
+                          launcher=launcher,
                           tp_comm_overlap=bool(tp_overlap), cp_comm_type=cp_comm,
                           overlap_param_gather=bool(param_gather))
 
@@ -641,6 +650,19 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
                 return None
     findings.append(Finding("plan", True, "the plan matches its network, cluster and question",
                             "$.strategy.plan"))
+    if cfg.launcher == "megatron":
+        from .megatron import NotMegatron, megatron_args
+
+        try:
+            megatron_args(doc, str(path))
+        except NotMegatron as exc:
+            why = str(exc).split("cannot run this plan as planned: ", 1)[-1]
+            findings.append(Finding("launcher", False, "Megatron-LM cannot run the plan as "
+                                                       f"planned: {why}", "$.launcher"))
+        else:
+            findings.append(Finding("launcher", True, "Megatron-LM can run the plan as "
+                                                      "planned (`planner launch --emit "
+                                                      "megatron`)", "$.launcher"))
     return assignment, bounds
 
 

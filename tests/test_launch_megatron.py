@@ -205,3 +205,28 @@ def test_names_cannot_inject_commands(runner, tmp_path):
     assert out.exit_code == 0, out.stderr
     assert not [line for line in out.stdout.splitlines() if line.startswith("echo")]
     assert out.stdout.count("\n") == len(out.stdout.splitlines())
+
+
+def test_a_training_configuration_may_ask_for_megatron(runner, tmp_path):
+    """``launcher: megatron`` in a training configuration: ``check`` fails (exit 1) on a
+    plan Megatron-LM cannot run as planned, at the key's line, with the reason; passes a
+    Megatron-LM plan; and needs a plan file (an input error otherwise, exit 2)."""
+    for name, pins in (("good.yaml", ()), ("bad.yaml", ("--pin", "h.0.mlp.c_fc=column:4x2"))):
+        _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2",
+              "--mode", "megatron-sp", *pins, name=name)
+
+    def check(strategy):
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text(f"kind: training\nnetwork: {GPT2}\ncluster: {DGX}\ngpus: 8\nbatch: 8\n"
+                       f"launcher: megatron\nstrategy: {strategy}\nmax_slowdown: 100\n")
+        return invoke(runner, "check", cfg)
+
+    ok = check("{plan: good.yaml}")
+    assert ok.exit_code == 0, ok.output
+    assert "[launcher] Megatron-LM can run the plan as planned" in ok.stdout
+    no = check("{plan: bad.yaml}")
+    assert no.exit_code == 1, no.output
+    assert "t.yaml:6:1: FAIL: [launcher] Megatron-LM cannot run the plan as planned: 37 of " \
+        "its 38 tensor-parallel layers are sequence-parallel" in no.stdout, no.stdout
+    grid = check("{grid: 4x2, mode: megatron-sp}")
+    assert grid.exit_code == 2 and "t.yaml:6" in grid.stderr and "plan file" in grid.stderr
