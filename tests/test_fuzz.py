@@ -226,6 +226,13 @@ def test_cli_plan_and_cost_agree(net_data, cl_data, opts):
         assert plan["memory"]["fits"] is True
         assert plan["memory"]["peak_bytes"] <= plan["memory"]["capacity_bytes"]
         assert all(math.isfinite(v) and v >= 0 for v in plan["iteration"].values())
+        # every plan is Megatron-LM's arguments or a reason it is not, never a crash
+        plan_file = Path(tmp) / "plan.json"
+        plan_file.write_text(result.stdout, encoding="utf-8")
+        emitted = CliRunner().invoke(cli, ["launch", str(plan_file), "--emit", "megatron"])
+        assert emitted.exit_code in (0, 2), emitted.output
+        assert "Traceback" not in emitted.output and "internal error" not in emitted.output
+        assert (emitted.exit_code == 0) == ("PLANNER_MEGATRON_ARGS=(" in emitted.stdout)
         pinned = _pins_of(plan)
         if pinned is None:
             return
