@@ -234,12 +234,19 @@ def _cp_comm_types(layers: object) -> tuple[str, ...]:
         if not (isinstance(layer, dict) and layer.get("type") == "attention"
                 and layer.get("mode") == "domain" and isinstance(layer.get("comm"), dict)):
             continue
-        terms = layer["comm"].get("terms")
-        ring = isinstance(terms, list) and any(
-            isinstance(t, dict) and t.get("algorithm") == "p2p"
-            and str(t.get("note", "")).startswith("keys and values") for t in terms)
-        out.append("p2p" if ring else "allgather")
+        out.append(cp_method(layer))
     return tuple(out)
+
+
+def cp_method(layer: dict[str, Any]) -> str:
+    """How a plan's context-parallel attention layer moves its keys and values: ``p2p``
+    where its terms went around the ring of sends, else ``allgather``."""
+    comm = layer.get("comm")
+    terms = comm.get("terms") if isinstance(comm, dict) else None
+    ring = isinstance(terms, list) and any(
+        isinstance(t, dict) and t.get("algorithm") == "p2p"
+        and str(t.get("note", "")).startswith("key") for t in terms)
+    return "p2p" if ring else "allgather"
 
 
 def _grid_index(g: dict[str, Any], key: str, count: int, what: str, where: str,

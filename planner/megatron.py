@@ -46,6 +46,7 @@ from typing import Any
 
 from .errors import Issue, UsageError, printable
 from .fields import show
+from .launch import cp_method
 from .loading import Document
 
 #: the modes of each of Megatron-LM's splits
@@ -180,11 +181,7 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
     for lay in kinds["context"]:
         if lay.get("type") != "attention":
             continue
-        comm = lay.get("comm")
-        terms = comm.get("terms") if isinstance(comm, dict) else None
-        ring = isinstance(terms, list) and any(
-            isinstance(t, dict) and t.get("algorithm") == "p2p" for t in terms)
-        cp.append("a2a" if lay["mode"] == "ulysses" else "p2p" if ring else "allgather")
+        cp.append("a2a" if lay["mode"] == "ulysses" else cp_method(lay))
     if kinds["context"] and "a2a" in cp and len(set(cp)) > 1:
         raise _refuse(plan_path, "some attention layers are DeepSpeed-Ulysses and some "
                                  "context-parallel; Megatron-LM runs one or the other "
