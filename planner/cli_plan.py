@@ -265,13 +265,12 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
 def by_layers(net: Any, network: str) -> Any:
     """The network with pipeline stages starting only between copies of its repeat
     groups (``--stage-boundaries layers``); a usage error where it has none."""
-    import dataclasses
-
-    if not any(c >= 0 for c in net.copies):
+    staged = net.staged_by_layers()
+    if staged is None:
         raise UsageError(f"planner: error: --stage-boundaries layers starts pipeline stages "
                          f"between the copies of a repeat group, and {network} has no "
                          "repeat group; use --stage-boundaries blocks")
-    return dataclasses.replace(net, stage_unit="layers")
+    return staged
 
 
 def inputs_of(network: str, cluster: str, kw: dict[str, Any]) -> tuple[str, ...]:

@@ -678,6 +678,14 @@ class Network:
         """Bytes per element of the network dtype."""
         return DTYPE_BYTES[self.dtype]
 
+    def staged_by_layers(self) -> Network | None:
+        """The network with pipeline stages starting only between copies of its
+        top-level repeat groups (``--stage-boundaries layers``); None where it has no
+        repeat group, which the caller words as an input error."""
+        if not any(c >= 0 for c in self.copies):
+            return None
+        return dataclasses.replace(self, stage_unit="layers")
+
     def in_dtype(self, dtype: str | None) -> Network:
         """The network with its weights and activations in ``dtype`` (a name or a short
         name: bf16; None: as it is), as ``--precision`` and a configuration's

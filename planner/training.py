@@ -64,7 +64,6 @@ with ``schedule: zb-h1``, the same schedule).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -472,11 +471,12 @@ def _network_for(cfg: TrainingConfig) -> tuple[Network, Cluster]:
     net = network_from_document(load_file(cfg.network_path, _display(cfg.network_path)))
     net = net.in_dtype(cfg.precision)
     if cfg.stage_boundaries == "layers":
-        if not any(c >= 0 for c in net.copies):
+        staged = net.staged_by_layers()
+        if staged is None:
             raise _config_error(cfg, "$.stage_boundaries", "stage_boundaries layers starts "
                                 "pipeline stages between the copies of a repeat group, and "
                                 "the network has none; use blocks")
-        net = dataclasses.replace(net, stage_unit="layers")
+        net = staged
     cl = cluster_from_document(load_file(cfg.cluster_path, _display(cfg.cluster_path)))
     return net, cl
 
