@@ -22,15 +22,25 @@ EXIT_INTERNAL = 3
 
 
 class Reported(click.ClickException):
-    """A planner error on its way out: printed as is, with its own exit code."""
+    """A planner error on its way out: printed as is, with its own exit code (click 8.2
+    and later declare ``exit_code`` a class variable, so each code is a subclass)."""
+
+    def __new__(cls, message: str, exit_code: int) -> Reported:
+        sub = _REPORTED.get(exit_code)
+        if sub is None:
+            sub = _REPORTED[exit_code] = type(f"Reported{exit_code}", (cls,),
+                                              {"exit_code": exit_code})
+        return super().__new__(sub)
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
 
     def show(self, file: Any = None) -> None:
         """Print the message to stderr without click's 'Error:' prefix."""
         click.echo(self.message, err=True)
+
+
+_REPORTED: dict[int, type[Reported]] = {}
 
 
 class Finite(click.FloatRange):
