@@ -373,15 +373,17 @@ def schedule_option(auto: bool = False) -> Callable[[Any], Any]:
 @batch_option
 @click.option("--grid", default=None, metavar="PRxPC",
               help="One grid for every layer with weights, e.g. 32x16 (1xP: data).")
+# strategies.GRID_MODES (not imported here: the CLI starts without numpy)
 @click.option("--mode", type=click.Choice(("data", "model", "domain", "megatron",
-                                           "megatron-sp")),
+                                           "megatron-sp", "megatron-cp")),
               default=None,
               help="model: split output features over P_r; domain: split the height of "
                    "convolutions over P_r (other layers model); megatron: linear layers "
                    "in column/row pairs over P_r, a tied head column (other layers "
                    "model); megatron-sp: megatron with sequence parallelism (the pairs "
                    "column-sp/row-sp, attention, embeddings and mixtures of experts "
-                   "model-sp).")
+                   "model-sp); megatron-cp: Megatron-LM's context parallelism (every "
+                   "layer split by tokens over P_r and the batch over P_c).")
 @click.option("--pin", "pins", multiple=True, metavar="'GLOB=MODE[:PRxPC[:rows|cols]]'",
               help="Layout for matching layers, e.g. 'conv*=data' 'fc*=model:32x16', "
                    "'fc7=model:4x2:cols' (a placement of its own, else --placement). "

@@ -78,7 +78,7 @@ from .evaluate import (
 from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
 from .network import Layer
 from .ops import Elementwise, Kernel
-from .strategies import candidate_layouts, megatron_modes, why_invalid
+from .strategies import CONTEXT_MODE, candidate_layouts, grid_layout, megatron_modes, why_invalid
 from .units import MAX_GPUS, format_bytes, format_time
 
 T = TypeVar("T")
@@ -1161,6 +1161,16 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
                                              "pairs column-sp/row-sp, attention and "
                                              "embeddings model-sp, on the best grid",
                               megatron_options(sp, "sequence parallel", ("rows",))))
+    if any(layer.attention is not None for layer in space.layers) and not ctx.paper:
+        # Megatron-LM's context parallelism without tensor parallelism: its groups on
+        # consecutive ranks (tp-cp-dp order), as --emit megatron writes it
+        result.append(best_of(CONTEXT_MODE, "Megatron-LM with context parallelism: every "
+                                            "layer split along the sequence (P_r) and the "
+                                            "batch (P_c), on the best grid",
+                              [(f"context parallel, {pr}x{pc}",
+                                _assign(space, lambda layer, pr=pr, pc=pc: grid_layout(
+                                    layer, p, pr, pc, CONTEXT_MODE, "rows")))
+                               for pr, pc in _grids(p) if pr > 1]))
     return result
 
 

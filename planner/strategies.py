@@ -266,9 +266,12 @@ def grid_layout(layer: Layer, gpus: int, pr: int, pc: int, mode: str | None,
     """The layout one grid for every layer gives ``layer``: data when ``P_r = 1``; with
     ``mode: domain``, convolutions split their height and the other layers model; with
     ``mode: megatron``, linear layers take ``pairs`` (:func:`megatron_modes`) and the
-    other layers model."""
+    other layers model; with ``mode: megatron-cp`` (Megatron-LM's context parallelism),
+    every layer its tokens over ``P_r`` and the batch over ``P_c``."""
     if pr == 1 or mode == "data":
         return make_layout("data", 1, gpus)
+    if mode == CONTEXT_MODE:
+        return make_layout("domain", pr, pc, placement)
     if mode == "domain" and layer.conv is not None:
         return make_layout("domain", pr, pc, placement)
     if mode in MEGATRON_MODES and pairs:
@@ -278,6 +281,11 @@ def grid_layout(layer: Layer, gpus: int, pr: int, pc: int, mode: str | None,
 
 #: the one-grid modes of Megatron-LM: tensor parallelism, and with sequence parallelism
 MEGATRON_MODES: tuple[str, ...] = ("megatron", "megatron-sp")
+#: Megatron-LM's context parallelism as one grid: every layer split by tokens (``P_r``)
+#: and the batch (``P_c``), its weights whole
+CONTEXT_MODE = "megatron-cp"
+#: the modes of one grid for every layer (``--mode``, a training configuration's mode)
+GRID_MODES: tuple[str, ...] = ("data", "model", "domain", *MEGATRON_MODES, CONTEXT_MODE)
 
 
 def megatron_modes(network: Network, sequence: bool = False) -> dict[int, str]:
@@ -365,8 +373,9 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
         pr, pc = grid
         if mode == "data" and pr != 1:
             raise StrategyError(f"--mode data is the grid 1x{gpus}; --grid {pr}x{pc} needs "
-                                "--mode model, domain, megatron or megatron-sp", "grid")
-    elif mode in ("model", "domain", *MEGATRON_MODES):
+                                "--mode model, domain, megatron, megatron-sp or megatron-cp",
+                                "grid")
+    elif mode in GRID_MODES[1:]:
         pr, pc = gpus, 1
     else:
         pr, pc = 1, gpus

@@ -40,8 +40,9 @@ team chose: a plan file, one grid for every layer, or pins::
     algorithm: ring              # collective algorithm (default: the cluster file's)
     strategy:
       plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron|
-                                 # megatron-sp), or: pins: [...]; with a pipeline, a
-                                 # grid or pin is one stage's (gpus / pipeline devices)
+                                 # megatron-sp|megatron-cp), or: pins: [...]; with a
+                                 # pipeline, a grid or pin is one stage's (gpus /
+                                 # pipeline devices)
     max_slowdown: 1.10           # allowed ratio to the searched optimum
     min_mfu: 0.35                # optional: the least model FLOPs utilisation allowed
     launcher: megatron           # optional, with a plan: Megatron-LM must be able to run
@@ -106,7 +107,7 @@ from .loading import Document, Mark, load_file
 from .network import DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
 from .plan import DEFAULT_ALGORITHM
 from .schedules import SCHEDULE, SCHEDULES, ZERO_BUBBLE
-from .strategies import MEGATRON_MODES, StrategyError, fixed_assignment, why_invalid
+from .strategies import GRID_MODES, StrategyError, fixed_assignment, why_invalid
 from .units import MAX_BATCH, MAX_GPUS
 
 
@@ -354,8 +355,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                     parse_grid(strategy["grid"], stage_gpus, stage_count)
                 except PlannerError as exc:
                     sf.error("grid", str(exc).removeprefix("planner: error: "))
-            strategy["mode"] = sf.opt("mode", choice(("data", "model", "domain",
-                                                      *MEGATRON_MODES)), "model")
+            strategy["mode"] = sf.opt("mode", choice(GRID_MODES), "model")
             strategy["placement"] = sf.opt("placement", choice(("rows", "cols")), "rows")
         elif sf.has("pins"):
             strategy["pins"] = sf.req("pins", _pins)

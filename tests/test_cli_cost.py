@@ -80,7 +80,8 @@ def test_one_grid_domain(runner):
     (["--pin", "fc*=model:512x1:cols"], "the grid 512x1 has one dimension, so nothing to "
      "place"),
     (["--grid", "16x32", "--mode", "data"], "--mode data is the grid 1x512; --grid 16x32 "
-                                            "needs --mode model, domain, megatron or megatron-sp"),
+                                            "needs --mode model, domain, megatron, megatron-sp "
+                                            "or megatron-cp"),
 ])
 def test_usage_errors(runner, args, message):
     result = invoke(runner, "cost", ALEX, KNL, *PAPER, *args)

@@ -133,7 +133,8 @@ def test_compare_when_nothing_fits(runner, tmp_path):
     assert data["error"] == said.removeprefix("planner: ")
     applied = [b for b in data["baselines"] if b["applicable"]]
     assert [b["name"] for b in data["baselines"]] == ["data", "model", "single-grid",
-                                                      "gholami", "megatron", "megatron-sp"]
+                                                      "gholami", "megatron", "megatron-sp",
+                                                      "megatron-cp"]
     assert applied and not any(b["fits"] for b in applied)
     # the leanest layout found is no larger than any baseline
     assert data["leanest_peak_bytes"] <= min(b["peak_bytes"] for b in applied)

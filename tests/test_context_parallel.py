@@ -448,3 +448,58 @@ def test_llama3_8b_at_128k_tokens(runner):
     base = {b["name"]: b for b in ring["baselines"]}
     assert ring["iteration"]["time_s"] < gath["iteration"]["time_s"] \
         < base["megatron-sp"]["time_s"]
+    # the searched plan is Megatron-LM's context parallelism, 16 x 4 for every layer:
+    # the megatron-cp baseline is the same assignment, so the same time to the bit
+    assert all(lay["mode"] == "domain" and lay["grid"] == [16, 4] for lay in ring["layers"]
+               if lay.get("grid"))
+    assert base["megatron-cp"]["description"] == "context parallel, 16x4"
+    assert base["megatron-cp"]["time_s"] == ring["iteration"]["time_s"]
+
+
+def test_megatron_cp_baseline(runner, tmp_path):
+    """``megatron-cp``: every layer split by tokens (P_r) and the batch (P_c), the best
+    grid with P_r > 1; priced again with ``cost --mode megatron-cp --grid`` it is the same
+    step, and ``launch --emit megatron`` runs it as context parallelism. A network
+    without attention has none, nor does the paper's cost model."""
+    import json
+
+    llama = EXAMPLES / "networks" / "llama3-8b-128k.yaml"
+    dgx = EXAMPLES / "clusters" / "dgx-h100.yaml"
+    common = ("-p", "16", "-b", "1", "--optimizer", "adam", "--zero", "1")
+    doc = json.loads(invoke(runner, "plan", llama, dgx, *common, "--format", "json").stdout)
+    base = {b["name"]: b for b in doc["baselines"]}["megatron-cp"]
+    assert base["applicable"] and base["fits"]
+    label = base["description"].removeprefix("context parallel, ")
+    pr, pc = (int(v) for v in label.split("x"))
+    assert pr > 1 and pr * pc == 16
+    out = invoke(runner, "cost", llama, dgx, *common, "--mode", "megatron-cp", "--grid",
+                 label, "--format", "yaml")
+    assert out.exit_code == 0, out.output
+    priced = tmp_path / "cp.yaml"
+    priced.write_text(out.stdout)
+    cost = json.loads(invoke(runner, "cost", llama, dgx, *common, "--mode", "megatron-cp",
+                             "--grid", label, "--format", "json").stdout)
+    assert all(lay["mode"] == "domain" and lay["grid"] == [pr, pc] for lay in cost["layers"]
+               if lay.get("grid"))
+    assert cost["iteration"]["time_s"] == base["time_s"]
+    # a training configuration asks for the same with mode: megatron-cp
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(f"kind: training\nnetwork: {llama}\ncluster: {dgx}\ngpus: 16\nbatch: 1\n"
+                   f"optimizer: adam\nzero: 1\nstrategy: {{grid: {label}, mode: megatron-cp}}\n"
+                   "max_slowdown: 1.0\n")
+    checked = invoke(runner, "check", cfg)
+    assert checked.exit_code == 0, checked.output
+    assert f"predicted iteration {base['time_s']:.4g} s is 1.000x the searched optimum" \
+        in checked.stdout
+    said = invoke(runner, "launch", priced, "--emit", "megatron")
+    assert said.exit_code == 0, said.output
+    assert f"--context-parallel-size {pr}" in said.stdout
+    assert "--tensor-model-parallel-size 1" in said.stdout
+    # no attention: no context parallelism to compare with; nor under gholami2018
+    for args in (("plan", EXAMPLES / "networks" / "alexnet.yaml", dgx, "-p", "8", "-b",
+                  "256"),
+                 ("plan", EXAMPLES / "networks" / "gpt2-small.yaml", dgx, "-p", "8", "-b",
+                  "8", "--cost-model", "gholami2018")):
+        names = [b["name"] for b in json.loads(
+            invoke(runner, *args, "--format", "json").stdout)["baselines"]]
+        assert "megatron-cp" not in names and "data" in names

@@ -305,7 +305,8 @@ def test_cost_and_check_take_the_megatron_mode(runner, tmp_path):
     assert by["wte"] == ("model", [4, 2]) and by["lm_head"] == ("column", [4, 2])
     assert by["h.0.attn.attn"] == ("model", [4, 2])
     r = invoke(runner, "cost", *gpt2, "--grid", "4x2", "--mode", "data")
-    assert r.exit_code == 2 and "--mode model, domain, megatron or megatron-sp" in r.stderr
+    assert r.exit_code == 2
+    assert "--mode model, domain, megatron, megatron-sp or megatron-cp" in r.stderr
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"kind: training\nnetwork: {gpt2[0]}\ncluster: {gpt2[1]}\ngpus: 8\n"
                    "batch: 8\nstrategy: {grid: 4x2, mode: megatron}\n")
