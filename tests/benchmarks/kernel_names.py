@@ -1,0 +1,108 @@
+"""Which cuBLAS kernel ran NeuSight's GEMMs, and what each reached (not a test module).
+
+    python tests/benchmarks/kernel_names.py [--upstream DIR] [--models-dir DIR]
+
+The copies in ``models/data/neusight`` drop NeuSight's ``matched_kernel`` column (the
+kernel its profiler matched to each call); the shared reference copies beside the
+repository keep it (``--upstream``, default ``../shared/data/measured/neusight``). Two
+questions about two of the README's misses, answered from it:
+
+1. **The P100's long reductions** (the leave-one-GPU-out P100): for each GPU and kernel of
+   the linear sweep (both splits, GEMMs of at least 10 GFLOP), the median achieved fraction
+   of the datasheet FP32 peak by reduction length ``K``. If the P100's slowdown at
+   ``K ≥ 16,384`` came with another kernel, a kernel choice would explain it; if the same
+   kernel slows down, it is the memory system's.
+2. **The T4's bmm spread**: for each GPU and kernel of the bmm sweep, its rows and the
+   shipped model's MAPE on them (held-out rows and all rows). If one kernel has the
+   error, a kernel choice would explain it.
+
+Rows are matched to the project's copies by position (the same files, columns dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from planner.cluster import lookup_device
+from planner.kernels.data import read_files
+from planner.kernels.evaluate import predict_table
+from planner.kernels.store import load_models
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS = ROOT / "models" / "data" / "neusight"
+K_EDGES = (8192, 16384, 32768)
+MIN_FLOP = 1e10
+
+
+def _k_bin(k: int) -> str:
+    lo = 0
+    for edge in K_EDGES:
+        if k < edge:
+            return f"{lo:,}-{edge - 1:,}"
+        lo = edge
+    return f">={lo:,}"
+
+
+def linear(upstream: Path) -> None:
+    rows = list(csv.DictReader((upstream / "neusight_linear_fp32.csv").open()))
+    fractions: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        dev = lookup_device(r["device"])
+        assert dev is not None, r["device"]
+        # torch.nn.Linear(N, K) on (B, M, N): the reduction is N
+        m, red, out = int(r["B"]) * int(r["M"]), int(r["N"]), int(r["K"])
+        flop = 2.0 * m * red * out
+        if flop < MIN_FLOP:
+            continue
+        achieved = flop / (float(r["latency_ms"]) * 1e-3) / dev.peak("fp32")
+        fractions[(dev.name, r["matched_kernel"], _k_bin(red))].append(achieved)
+    bins = [_k_bin(k) for k in (0, *K_EDGES)]
+    print(f"linear sweep, GEMMs >= {MIN_FLOP:.0e} FLOP: median fraction of the FP32 peak "
+          "(rows) by reduction K")
+    print(f"{'device':<16} {'kernel':<36} " + " ".join(f"{b:>18}" for b in bins))
+    for dev, kernel in sorted({(d, k) for d, k, _ in fractions}):
+        cells = []
+        for b in bins:
+            v = fractions.get((dev, kernel, b))
+            cells.append(f"{np.median(v):.2f} ({len(v):4d})" if v else "")
+        print(f"{dev:<16} {kernel:<36} " + " ".join(f"{c:>18}" for c in cells))
+
+
+def bmm(upstream: Path, models_dir: str | None) -> None:
+    names = [r["matched_kernel"]
+             for r in csv.DictReader((upstream / "neusight_bmm_fp32_test.csv").open())]
+    table = read_files([OURS / "neusight_bmm_fp32_test.csv"]).gemm
+    assert len(names) == len(table), "the copies differ in rows"
+    pred, _ = predict_table(load_models(models_dir).get("gemm"), table)
+    ape = np.abs(pred / np.asarray(table.seconds) - 1.0) * 100.0
+    held = np.asarray(table.holdout)
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, (dev, kernel) in enumerate(zip(table.device, names, strict=True)):
+        groups[(dev, kernel)].append(i)
+    print("\nbmm sweep: rows and MAPE of the model, by kernel")
+    print(f"{'device':<16} {'kernel':<36} {'rows':>6} {'held out':>9} {'MAPE held out':>14} "
+          f"{'MAPE all':>9}")
+    for (dev, kernel), idx in sorted(groups.items()):
+        i = np.asarray(idx)
+        h = i[held[i]]
+        print(f"{dev:<16} {kernel:<36} {len(i):6d} {len(h):9d} "
+              f"{ape[h].mean() if len(h) else float('nan'):13.1f}% {ape[i].mean():8.1f}%")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--upstream", type=Path,
+                    default=ROOT.parent / "shared" / "data" / "measured" / "neusight")
+    ap.add_argument("--models-dir", default=None)
+    args = ap.parse_args()
+    linear(args.upstream)
+    bmm(args.upstream, args.models_dir)
+
+
+if __name__ == "__main__":
+    main()
