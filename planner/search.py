@@ -99,15 +99,23 @@ class Weights:
     #: the largest collective buffer a layer with weights may hold (bytes; the memory
     #: search's bound on the peak's transient part, which is not additive)
     buffer_cap: float = INF
+    #: the share of the optimizer step a microbatch carries, within its compute: the parts
+    #: are one microbatch's and the step runs once a step, so under gradient
+    #: accumulation 1/M (counted whole in every microbatch, it weighed M times against
+    #: layouts that hold their weights whole)
+    step_share: float = 1.0
 
 
-# Columns of a part vector: compute, activation comm, gradient comm, memory bytes
-_C, _A, _G, _M = 0, 1, 2, 3
+# Columns of a part vector: compute, activation comm, gradient comm, memory bytes, the
+# optimizer step's compute
+_C, _A, _G, _M, _U = 0, 1, 2, 3, 4
+_PARTS = 5
 
 
 def _score(parts: np.ndarray, w: Weights) -> np.ndarray:
     score: np.ndarray = (parts[..., _C] * w.compute + parts[..., _A] * w.activation
-                         + parts[..., _G] * w.gradient + parts[..., _M] * w.memory)
+                         + parts[..., _G] * w.gradient + parts[..., _M] * w.memory
+                         + parts[..., _U] * (w.compute * w.step_share))
     return score
 
 
@@ -227,11 +235,11 @@ class Space:
             layer = self.layers[idx]
             key = (cost_signature(layer, ctx), tuple(lays))
             if key not in self._weighted:
-                self._weighted[key] = np.zeros((len(lays), 4))
+                self._weighted[key] = np.zeros((len(lays), _PARTS))
                 self._buffers[key] = np.zeros(len(lays))
                 todo.append((key, layer, lays))
         kernels: list[Kernel] = []
-        owners: list[tuple[tuple[Any, ...], int]] = []
+        owners: list[tuple[tuple[Any, ...], int, int]] = []  # (key, layout, column)
         for key, layer, lays in todo:
             arr = self._weighted[key]
             seen: dict[tuple[str, int, int], list[Kernel]] = {}
@@ -256,14 +264,14 @@ class Space:
                                        + prods["backward_weight"])
                 ks = seen[shape_key]
                 kernels.extend(ks)
-                owners.extend([(key, j)] * len(ks))
+                owners.extend([(key, j, _C)] * len(ks))
                 if params_local > 0:  # as the evaluation: a tied head updates nothing
                     kernels.append(self._optimizer_kernel(params_local, terms))
-                    owners.append((key, j))
+                    owners.append((key, j, _U))
         if kernels:
             secs = ctx.estimator.estimate(kernels, ctx.cluster.device, ctx.network.dtype).seconds
-            for (key, j), s in zip(owners, secs, strict=True):
-                self._weighted[key][j, _C] += float(s)
+            for (key, j, col), s in zip(owners, secs, strict=True):
+                self._weighted[key][j, col] += float(s)
 
     def _hideable(self, t: CommTerm) -> bool:
         """Whether a term is weighed with ``Weights.gradient``: a weight-gradient reduction
@@ -491,7 +499,7 @@ class Space:
             return hit
         ctx = self.ctx
         dist = self.dists[d]
-        parts = np.zeros(4)
+        parts = np.zeros(_PARTS)
         terms: list[CommTerm]
         if layer.type == "add":  # the add itself; the shortcut is priced by the caller
             terms, work, out = [], dist, dist
@@ -504,8 +512,10 @@ class Space:
         if layer.params:
             ks.append(self._optimizer_kernel(float(layer.params), terms))
         if ks:
-            parts[_C] = float(ctx.estimator.estimate(ks, ctx.cluster.device,
-                                                      ctx.network.dtype).seconds.sum())
+            secs = ctx.estimator.estimate(ks, ctx.cluster.device, ctx.network.dtype).seconds
+            n_work = len(secs) - (1 if layer.params else 0)  # the step is the last kernel
+            parts[_C] = float(secs[:n_work].sum())
+            parts[_U] = float(secs[n_work:].sum())
         batch, e = self.options.batch, ctx.elem_bytes
         kept = own_kept_bytes(layer, None, work, batch, e) * own_share
         if layer.saves_input and not (shared and work == dist):
@@ -527,7 +537,7 @@ class Space:
             n = len(self.dists)
             out_map = np.arange(n)
             own = np.zeros(n)
-            parts = np.zeros((n, 4))
+            parts = np.zeros((n, _PARTS))
             for d in range(n):
                 parts[d], out_map[d] = self.follower(layer, d)
             own = _score(parts, w)
@@ -541,7 +551,7 @@ class Space:
         if self._loss_parts is None:
             last = self.layers[-1]
             n = len(self.dists)
-            parts = np.zeros((n, 4))
+            parts = np.zeros((n, _PARTS))
             kernels: list[Kernel] = []
             owners: list[int] = []
             for d, dist in enumerate(self.dists if self.ctx.network.loss else ()):
@@ -1241,15 +1251,16 @@ def search(ctx: Context, options: Options, objective: str = "time",
     space = Space(ctx, options, pins, objective)
     space.prepare_transitions()
     # the program's parts are one microbatch's: its gradients are reduced once a step
-    # (every microbatch with ZeRO 2 and 3), its compute and activation traffic run once
-    # a microbatch
+    # (every microbatch with ZeRO 2 and 3), its optimizer step runs once a step, its
+    # compute and activation traffic run once a microbatch
     per = 1.0 if sharded_gradients(ctx, options) else 1.0 / options.microbatches
+    step = 1.0 / options.microbatches
     if objective == "comm":
         variants = [Weights(0.0, 1.0, per)]
     elif options.overlap == "none":
-        variants = [Weights(gradient=per)]
+        variants = [Weights(gradient=per, step_share=step)]
     else:
-        variants = [Weights(gradient=k * per) for k in (1.0, 0.0)]
+        variants = [Weights(gradient=k * per, step_share=step) for k in (1.0, 0.0)]
     cands: list[Candidate] = []
     seen: dict[tuple[tuple[int, Layout], ...], Candidate] = {}
 
@@ -1270,8 +1281,8 @@ def search(ctx: Context, options: Options, objective: str = "time",
     answers = [a for _, a in solved]
     # with gradients overlapped, no assignment takes less than its critical path: the
     # compute and activation traffic, the dynamic program's objective at κ = 0
-    # (one microbatch: with several, the program counts the optimizer step once a
-    # microbatch, and its value is no bound)
+    # (one microbatch: with several, the program's parts are one microbatch's with a
+    # share of the step, and its value is no bound on the step)
     lower = solved[1][0] if objective == "time" and len(solved) == 2 and \
         options.microbatches == 1 else None
     for a in answers:
@@ -1279,7 +1290,7 @@ def search(ctx: Context, options: Options, objective: str = "time",
     if len(answers) == 2 and answers[0] != answers[1]:
         # full hiding and no hiding disagree: try the weights in between
         for k in (0.5, 0.25):
-            consider("search", solve(space, Weights(gradient=k * per))[1])
+            consider("search", solve(space, Weights(gradient=k * per, step_share=step))[1])
     bases = baselines(space, objective, variants[0])
     fitting = [c for c in cands if c.evaluation.memory.fits]
     notes: list[str] = []
@@ -1532,7 +1543,7 @@ def improve(space: Space, start: Candidate, objective: str,
     tied = {i for g in space.ties for i in g}
     groups = [*space.ties, *((i,) for i, lays in space.candidates.items()
                              if i not in tied and len(lays) > 1)]
-    half = Weights(gradient=0.5)
+    half = Weights(gradient=0.5, step_share=1.0 / space.options.microbatches)
     order: dict[tuple[int, ...], list[int]] = {}  # positions in the (aligned) candidates
     for g in groups:
         own = np.sum([space.weighted_own(space.layers[i], half) for i in g], axis=0)
@@ -1593,7 +1604,8 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
     room for are left out (halving that bound while the answer still does not fit), and
     the hull is walked with them left out."""
     found: list[Candidate] = []
-    timed = Weights(base.compute, base.activation, base.gradient, 0.0)
+    timed = Weights(base.compute, base.activation, base.gradient, 0.0,
+                    step_share=base.step_share)
     memory = Weights(0.0, 0.0, 0.0, 1.0)
 
     def point(assignment: dict[int, Layout]) -> tuple[float, float]:
@@ -1623,7 +1635,7 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
             break  # the answer that fits is no larger: nothing in between
         lam = max((t_b - t_a) / (m_a - m_b), 0.0)
         mid = solve(space, Weights(base.compute, base.activation, base.gradient, lam,
-                                   buffer_cap=cap))[1]
+                                   buffer_cap=cap, step_share=base.step_share))[1]
         t_c, m_c = point(mid)
         if t_c + lam * m_c >= (t_a + lam * m_a) * (1 - 1e-12):
             break  # on the segment: the hull edge between A and B

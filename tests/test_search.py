@@ -445,3 +445,57 @@ def test_no_plan_counts_the_workspace_as_falling_with_the_batch():
     o = dataclasses.replace(opts, batch=48)
     with pytest.raises(NoFeasiblePlan):
         search(make_context(net, cl, o), o)
+
+
+class _OptimizerEstimator:
+    """An optimizer step takes ``step`` seconds, every other kernel ``other``."""
+
+    name = "optimizer"
+
+    def __init__(self, step: float, other: float) -> None:
+        self.step, self.other = step, other
+
+    def estimate(self, kernels, device, dtype):
+        import numpy as np
+
+        from planner.costs.compute import KernelTimes
+
+        secs = [self.step if getattr(k, "label", "") == "optimizer" else self.other
+                for k in kernels]
+        return KernelTimes(np.asarray(secs, dtype=float), ("test",) * len(kernels))
+
+
+@pytest.mark.parametrize("microbatches", [1, 4, 8])
+def test_a_microbatch_carries_its_share_of_the_optimizer_step(microbatches, monkeypatch):
+    """The program's parts are one microbatch's, and the optimizer step runs once a step:
+    the step is a part of its own, which the search weighs 1/M (until 2026-11-27 it was
+    compute, counted whole in every microbatch, which weighed against layouts that hold
+    their weights whole). By hand: a three-layer MLP whose optimizer steps take 1 ms and
+    other kernels 10 µs."""
+    net = load_network_text("kind: network\nname: m\ninput: [64]\nlayers:\n"
+                            "  - {type: linear, out_features: 64}\n  - {type: relu}\n"
+                            "  - {type: linear, out_features: 64}\n  - {type: relu}\n"
+                            "  - {type: linear, out_features: 64}\n")
+    est = _OptimizerEstimator(1e-3, 1e-5)
+    opts = Options(gpus=4, batch=8, overlap="none", microbatches=microbatches)
+    ctx = make_context(net, cluster(per_node=4), opts, est)
+    space = Space(ctx, opts, {})
+    space.prepare_transitions()
+    layouts = {i: make_layout(mode, pr, pc) for i, (mode, pr, pc) in
+               zip((0, 2, 4), (("data", 1, 4), ("model", 4, 1), ("model", 2, 2)),
+                   strict=True)}
+    whole = space.score(layouts, Weights(1.0, 0.0, 0.0, 0.0, step_share=1.0))
+    work = space.score(layouts, Weights(1.0, 0.0, 0.0, 0.0, step_share=0.0))
+    assert whole - work == pytest.approx(3e-3, rel=1e-12)  # three layers, a step each
+    # no compute weight, no step: the comm and memory objectives leave it out
+    assert space.score(layouts, Weights(0.0, 1.0, 1.0, 0.0, step_share=1.0)) == \
+        space.score(layouts, Weights(0.0, 1.0, 1.0, 0.0, step_share=0.0))
+    share = space.score(layouts, Weights(1.0, 0.0, 0.0, 0.0, step_share=1 / microbatches))
+    assert share == pytest.approx(work + 3e-3 / microbatches, rel=1e-12)
+    assert work == pytest.approx(round(work / 1e-5) * 1e-5, rel=1e-9) and work > 0
+    seen: list[Weights] = []
+    real = search_module.solve
+    monkeypatch.setattr(search_module, "solve",
+                        lambda sp, w, *a, **k: seen.append(w) or real(sp, w, *a, **k))
+    search(ctx, opts)
+    assert seen and all(w.step_share == 1 / microbatches for w in seen)
