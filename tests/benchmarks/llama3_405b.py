@@ -16,7 +16,8 @@ data-parallel replicas (ZeRO stage 1, Megatron-LM's distributed optimizer: one
 reduce-scatter a step) and with the gradients too (stage 2, as Meta describes its FSDP:
 each microbatch reduce-scatters its gradients). With ``--search`` it also runs ``planner
 plan`` (ZeRO stage 1) on the same stages and microbatches for each chunk count: the
-layouts the planner would pick itself (about 2-3 minutes each). With
+layouts the planner would pick itself (2 to 12 minutes each on the 2-core development
+machine, 2026-11-27: ``--recompute auto`` searches every count it tries). With
 ``--tp-comm-overlap`` every command overlaps the sequence-parallel collectives with
 their GEMMs (Megatron-LM's flag of that name), and with ``--overlap-param-gather`` the
 gathers of the updated parameters run under the next step's forward passes (that flag);
