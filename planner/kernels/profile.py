@@ -53,8 +53,19 @@ def sweep(quick: bool) -> list[Shape]:
         gemm = [(m, n, k) for m in sizes for n in sizes for k in (256, 1024, 4096)]
         gemm += [(m, n, k) for m in odd for n in odd[::2] for k in (512, 2048)]
         gemm += [(m, n, k) for m in (16, 32, 64) for n in (1024, 4096) for k in (1024, 4096)]
+        # transformer shapes: tokens × hidden × {hidden, MLP width, fused QKV} (Llama-like
+        # widths whole and split 2, 4 and 8 ways by tensor parallelism), both ways round
+        for m in (2048, 8192, 16384):
+            for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (6144, 4096),
+                         (1792, 4096), (4096, 1792), (3584, 4096), (4096, 3584)):
+                gemm.append((m, n, k))
         bmm = [(b, m, n, k) for b in (8, 32, 128, 512) for m in (64, 128, 512, 1024)
                for n in (64, 128, 512, 1024) for k in (64, 128)]
+        # attention: (batch · heads) products of scores Q·Kᵀ (s × s × d) and of A·V (s × d × s)
+        for b in (32, 128):
+            for s_ in (1024, 2048, 4096):
+                for d in (64, 128):
+                    bmm += [(b, s_, s_, d), (b, s_, d, s_)]
         conv = []
         for n, c, hw, k, r, stride in (
                 (32, 64, 56, 64, 3, 1), (32, 64, 56, 256, 1, 1), (32, 128, 28, 128, 3, 1),
