@@ -339,8 +339,11 @@ def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: 
             click.echo(f"profiled {done}/{total} shapes", err=True)
 
     check_output(output)  # before minutes of measuring
-    rows = list(profile_rows(device, dtype, quick, repeats, name, progress))
+    notes: list[str] = []
+    rows = list(profile_rows(device, dtype, quick, repeats, name, progress, notes))
     emit(to_csv(rows), output)
+    for line in notes:
+        click.echo(f"planner: note: {line}", err=True)
 
 
 @kernels.command("achieved")
