@@ -431,29 +431,35 @@ def test_training_configuration_and_launch(runner, tmp_path):
 
 def test_llama3_8b_at_128k_tokens(runner):
     """Llama 3 8B on sequences of 131,072 tokens, 4 of them on 64 H100s (ZeRO 1): the
-    plan splits every attention layer's tokens (16 ways), its keys and values around the
-    ring, and is faster than with them gathered, which is faster than Megatron-LM's
-    layouts with sequence parallelism."""
+    plan splits every attention layer's tokens 16 ways, and is faster than Megatron-LM's
+    layouts with sequence parallelism and than its context parallelism (ring attention,
+    keys and values passed around the ring), which is faster with the ring than with
+    them gathered. Since the kernel models were fitted on the H100's own measurements
+    (2026-11-27) the search sends attention's tokens to their heads (Ulysses, 3.161 s);
+    before, it chose the ring, megatron-cp's layout, to the bit."""
     import json
 
-    args = ("plan", EXAMPLES / "networks" / "llama3-8b-128k.yaml",
-            EXAMPLES / "clusters" / "dgx-h100.yaml", "-p", "64", "-b", "4", "--optimizer",
-            "adam", "--zero", "1", "--format", "json")
-    ring = json.loads(invoke(runner, *args).stdout)
-    gath = json.loads(invoke(runner, *args, "--cp-comm-type", "allgather").stdout)
+    net = EXAMPLES / "networks" / "llama3-8b-128k.yaml"
+    dgx = EXAMPLES / "clusters" / "dgx-h100.yaml"
+    common = ("-p", "64", "-b", "4", "--optimizer", "adam", "--zero", "1", "--format", "json")
+    ring = json.loads(invoke(runner, "plan", net, dgx, *common).stdout)
     attn = [lay for lay in ring["layers"] if lay["type"] == "attention"]
+    assert len(attn) == 32 and all(lay["mode"] in ("domain", "ulysses") for lay in attn)
+    assert all(lay["grid"] == [16, 4] for lay in ring["layers"] if lay.get("grid"))
+    base = {b["name"]: b for b in ring["baselines"]}
+    assert base["megatron-cp"]["description"] == "context parallel, 16x4"
+    assert ring["iteration"]["time_s"] <= base["megatron-cp"]["time_s"] \
+        < base["megatron-sp"]["time_s"]
+    # Megatron-LM's context parallelism itself, with the ring and with gathered keys
+    cp = ("cost", net, dgx, *common, "--mode", "megatron-cp", "--grid", "16x4")
+    by_ring = json.loads(invoke(runner, *cp).stdout)
+    by_gather = json.loads(invoke(runner, *cp, "--cp-comm-type", "allgather").stdout)
+    attn = [lay for lay in by_ring["layers"] if lay["type"] == "attention"]
     assert len(attn) == 32 and all(lay["mode"] == "domain" for lay in attn)
     assert all(t["algorithm"] == "p2p" for lay in attn for t in lay["comm"]["terms"]
                if t["note"].startswith(("keys", "key and value")))
-    base = {b["name"]: b for b in ring["baselines"]}
-    assert ring["iteration"]["time_s"] < gath["iteration"]["time_s"] \
-        < base["megatron-sp"]["time_s"]
-    # the searched plan is Megatron-LM's context parallelism, 16 x 4 for every layer:
-    # the megatron-cp baseline is the same assignment, so the same time to the bit
-    assert all(lay["mode"] == "domain" and lay["grid"] == [16, 4] for lay in ring["layers"]
-               if lay.get("grid"))
-    assert base["megatron-cp"]["description"] == "context parallel, 16x4"
-    assert base["megatron-cp"]["time_s"] == ring["iteration"]["time_s"]
+    assert by_ring["iteration"]["time_s"] == base["megatron-cp"]["time_s"]
+    assert by_ring["iteration"]["time_s"] < by_gather["iteration"]["time_s"]
 
 
 def test_megatron_cp_baseline(runner, tmp_path):
@@ -484,13 +490,15 @@ def test_megatron_cp_baseline(runner, tmp_path):
     assert cost["iteration"]["time_s"] == base["time_s"]
     # a training configuration asks for the same with mode: megatron-cp
     cfg = tmp_path / "train.yaml"
+    slowdown = base["time_s"] / doc["iteration"]["time_s"]
+    assert slowdown >= 1.0
     cfg.write_text(f"kind: training\nnetwork: {llama}\ncluster: {dgx}\ngpus: 16\nbatch: 1\n"
                    f"optimizer: adam\nzero: 1\nstrategy: {{grid: {label}, mode: megatron-cp}}\n"
-                   "max_slowdown: 1.0\n")
+                   f"max_slowdown: {slowdown * 1.001:.4f}\n")
     checked = invoke(runner, "check", cfg)
     assert checked.exit_code == 0, checked.output
-    assert f"predicted iteration {base['time_s']:.4g} s is 1.000x the searched optimum" \
-        in checked.stdout
+    assert f"predicted iteration {base['time_s']:.4g} s is {slowdown:.3f}x the searched " \
+        "optimum" in checked.stdout
     said = invoke(runner, "launch", priced, "--emit", "megatron")
     assert said.exit_code == 0, said.output
     assert f"--context-parallel-size {pr}" in said.stdout

@@ -397,11 +397,12 @@ def _answered_max(est, family: str, feature: str) -> int:
 
 
 def test_a_batch_beyond_the_data_is_scaled_from_the_largest_answered(est):
-    # conv data stop at N = 64; answered to 128. N = 3·128 is timed as 3 × t(N = 128),
-    # exactly, and N = 129 as 129/128 × t(128): no jump where scaling starts.
+    # conv data stop at N = 128 (the H100 sweep; DeepBench's at 64); answered to 256.
+    # N = 3·256 is timed as 3 × t(N = 256), exactly, and N = 257 as 257/256 × t(256): no
+    # jump where scaling starts.
     dev = lookup_device("H100-SXM")
     n_max = _answered_max(est, "conv", "log2_n")
-    assert n_max == 128
+    assert n_max == 256
 
     def conv(n):
         return Conv(n, 256, 14, 14, 256, 3, 3, 1, 1, 1, 1, phase="bwd_filter")
@@ -409,7 +410,7 @@ def test_a_batch_beyond_the_data_is_scaled_from_the_largest_answered(est):
     t = est.estimate([conv(n_max), conv(n_max + 1), conv(3 * n_max)], dev, "bfloat16")
     assert t.source == ("mlp:conv_bwd_filter-bf16",) + ("mlp:conv_bwd_filter-bf16 "
                                                         "(scaled)",) * 2
-    np.testing.assert_allclose(t.seconds[1:], t.seconds[0] * np.array([129 / 128, 3.0]),
+    np.testing.assert_allclose(t.seconds[1:], t.seconds[0] * np.array([257 / 256, 3.0]),
                                rtol=1e-12)
     # GEMM rows: trained to 65,536, answered to 131,072
     m_max = _answered_max(est, "gemm", "log2_m")
@@ -635,7 +636,7 @@ def _energy_by_hand(model, dtype: str = "float32") -> float:
     return min(out)
 
 
-@pytest.mark.parametrize("name", ["H100-SXM", "H100-PCIe", "H200", "L4"])
+@pytest.mark.parametrize("name", ["L4"])  # the H100 was measured on 2026-11-27
 def test_unseen_gpu_level_comes_from_its_datasheet(est, name):
     """A GPU with no measurements and no measured sibling die: the class median, capped by
     what its TDP pays for at the least energy per FLOP measured, floored at base/boost."""
@@ -654,14 +655,16 @@ def test_unseen_gpu_level_comes_from_its_datasheet(est, name):
 
 
 @pytest.mark.parametrize("name, sibling", [("A100-SXM-80GB", "A100-PCIe-40GB"),
-                                           ("P100-SXM2", "P100-PCIe")])
+                                           ("P100-SXM2", "P100-PCIe"),
+                                           ("H100-PCIe", "H100-SXM"), ("H200", "H100-SXM")])
 def test_unseen_board_of_a_measured_die_gets_its_sustained_flops(est, name, sibling):
     model = est.models.get("gemm").first
     dev, sib = lookup_device(name), lookup_device(sibling)
     assert dev.chip == sib.chip != ""
     e_0 = min(model.levels[f"{sibling}|float32"] * sib.peak("fp32") / dev.peak("fp32"), 1.0)
-    want = max(min(e_0, dev.tdp_w / (_energy_by_hand(model) * dev.peak("fp32"))),
-               min(dev.base_clock_hz / dev.clock_hz, e_0))
+    want = min(e_0, dev.tdp_w / (_energy_by_hand(model) * dev.peak("fp32")))
+    if dev.base_clock_hz:  # the H200's base clock is not in the catalog
+        want = max(want, min(dev.base_clock_hz / dev.clock_hz, e_0))
     pred = est.explain(Gemm(8192, 8192, 8192), dev, "float32")
     assert pred.gpu_seen is False
     assert pred.sustained_fraction == pytest.approx(want, rel=1e-12)
@@ -873,9 +876,9 @@ def test_predict_gives_the_band_of_its_kernel(runner):
     assert rec["interval_s"] == pytest.approx([rec["seconds"] * band["low"],
                                                rec["seconds"] * band["high"]], rel=1e-12)
     assert rec["interval_rows"] == band["n"]
-    # a bfloat16 GEMM is timed with the half-precision measurements, and gets the band
+    # a bfloat16 GEMM is timed with the bf16 measurements (the H100's), and gets the band
     # of their held-out rows, not the FP32 one
-    half = manifest["error_bands"]["ops"]["gemm-float16"]
+    half = manifest["error_bands"]["ops"]["gemm-bfloat16"]
     rec = json.loads(invoke(runner, "kernels", "predict", "--device", "H100", "--gemm",
                             "4096,4096,4096", "--dtype", "bfloat16", "--format",
                             "json").stdout)
@@ -884,6 +887,14 @@ def test_predict_gives_the_band_of_its_kernel(runner):
     assert rec["interval_s"] == pytest.approx([rec["seconds"] * band["low"],
                                                rec["seconds"] * band["high"]], rel=1e-12)
     assert (band["low"], band["high"]) not in [(b["low"], b["high"]) for b in gemm["bands"]]
+    # bf16 convolutions have too few held-out rows for bands of their own (the H100's
+    # 4 shapes a pass): they get FP16's, the same tensor-core rate
+    assert "conv_fwd-bfloat16" not in manifest["error_bands"]["ops"]
+    rec = json.loads(invoke(runner, "kernels", "predict", "--device", "A100-SXM-80GB", "--conv",
+                            "32,64,56,56,64,3,3,1,1", "--dtype", "bfloat16", "--format",
+                            "json").stdout)
+    assert rec["interval_rows"] in [b["n"] for b in
+                                    manifest["error_bands"]["ops"]["conv_fwd-float16"]["bands"]]
     # a convolution: its band is found by the spread of the five networks
     rec = json.loads(invoke(runner, "kernels", "predict", "--device", "V100-SXM2", "--conv",
                             "32,64,56,56,64,3,3,1,1", "--format", "json").stdout)
@@ -895,9 +906,12 @@ def test_predict_gives_the_band_of_its_kernel(runner):
     rec = json.loads(invoke(runner, "kernels", "predict", "--device", "V100-PCIe", "--gemm",
                             "4096,4096,4096", "--dtype", "float64", "--format", "json").stdout)
     assert rec["source"].startswith("roofline") and rec["interval_s"] is None
-    table = invoke(runner, "kernels", "predict", "--device", "H100", "--gemm",
+    table = invoke(runner, "kernels", "predict", "--device", "H200", "--gemm",
                    "4096,4096,4096").stdout
     assert "90% of held-out kernels like it" in table and "seen GPUs only" in table
+    table = invoke(runner, "kernels", "predict", "--device", "H100", "--gemm",
+                   "4096,4096,4096").stdout  # measured since 2026-11-27
+    assert "90% of held-out kernels like it" in table and "seen GPUs only" not in table
 
 
 # --- training ----------------------------------------------------------------------------
@@ -1065,7 +1079,7 @@ def test_ensemble_manifest_lists_members_and_format_1_still_loads(two_member_dir
     assert len(rec["members"]) == 2
     assert rec["ensemble"] == "t = exp(mean over members of log t_member)"
     assert doc["fit"]["options"]["families"]["gemm"] == {"hidden": [8], "members": 2,
-                                                         "monotone_weight": 10.0}
+                                                         "monotone_weight": 30.0}
     # a format-1 directory (one network, its fields at the family's top level) loads
     import zipfile
 
@@ -1141,7 +1155,7 @@ def test_fit_command_members_and_hidden(runner, tmp_path):
                for m in model.members)
     doc = yaml.safe_load((out / MANIFEST).read_text())
     assert doc["fit"]["options"]["families"] == {"gemm": {"hidden": [4, 4], "members": 3,
-                                                          "monotone_weight": 10.0}}
+                                                          "monotone_weight": 30.0}}
     assert doc["fit"]["reports"][0]["members"] == 3
     # the whole model directory, manifest included, is the same bytes on a second fit
     again = tmp_path / "again"
@@ -1178,7 +1192,7 @@ def test_manifest_accuracy_matches_a_fresh_eval(runner):
     files = [str(DATA / f) for f in (
         "neusight/neusight_linear_fp32.csv", "neusight/neusight_bmm_fp32_test.csv",
         "neusight/neusight_conv2d_fwd_fp32.csv", "deepbench/deepbench_gemm.csv",
-        "deepbench/deepbench_conv.csv")]
+        "deepbench/deepbench_conv.csv", "h100/h100_fp32.csv", "h100/h100_bf16.csv")]
     r = invoke(runner, "kernels", "eval", *files, "--split", "test", "--format", "json")
     assert r.exit_code == 0, r.stderr
     fresh = {(x["device"], x["op"]): x for x in json.loads(r.stdout)["results"]}
@@ -1187,19 +1201,28 @@ def test_manifest_accuracy_matches_a_fresh_eval(runner):
         assert fresh[key]["n"] == rec["n"]
         # both rounded to 0.01 percentage points
         assert fresh[key]["mape"] == pytest.approx(rec["mape"], abs=0.011), key
-        assert fresh[key]["in_band"] == pytest.approx(rec["in_band"], abs=0.011), key
+        if rec["in_band"] is None:
+            assert fresh[key]["in_band"] is None, key
+        else:
+            assert fresh[key]["in_band"] == pytest.approx(rec["in_band"], abs=0.011), key
     # The bands were cut from these rows (all in range) at the split conformal ranks
     # floor(0.05 (n + 1)) and ceil(0.95 (n + 1)) of a band's n sorted ratios, so the rows
     # inside are those between the two ranks, both included. Allowed: one row a band for
     # ties and the ratios' rounding to 4 decimals. Bands are kept per op and dtype, named
     # as eval labels its rows (gemm, gemm-float16).
+    # bf16 convolutions (the H100's: 4 held-out shapes a pass) have too few rows for a
+    # band (30), so they have none and are not judged
     inside: dict[str, float] = {}
     for x in fresh.values():
         assert x["out_of_range"] == 0
+        if x["in_band"] is None:
+            assert x["op"].endswith("-bfloat16") and x["op"].startswith("conv"), x
+            continue
         inside[x["op"]] = inside.get(x["op"], 0.0) + x["in_band"] / 100.0 * x["n"]
     ops = manifest["error_bands"]["ops"]
     passes = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
-    assert set(inside) == set(ops) == {"gemm", "gemm-float16", "bmm", *passes,
+    assert set(inside) == set(ops) == {"gemm", "gemm-float16", "gemm-bfloat16", "bmm",
+                                       "bmm-bfloat16", *passes,
                                        *(f"{p}-float16" for p in passes)}
     for op, rec in ops.items():
         want = sum(math.ceil(0.95 * (b["n"] + 1)) - math.floor(0.05 * (b["n"] + 1)) + 1
@@ -1261,14 +1284,18 @@ def test_predict_json(runner):
                "--dtype", "bf16", "--format", "json")
     assert r.exit_code == 0, r.stderr
     rec = json.loads(r.stdout)
+    assert rec["source"] == "mlp:gemm-bf16" and rec["gpu_seen"] is True  # measured
+    r = invoke(runner, "kernels", "predict", "--device", "H200", "--gemm", "4096,4096,4096",
+               "--dtype", "bf16", "--format", "json")
+    rec = json.loads(r.stdout)
     assert rec["source"] == "mlp:gemm-bf16" and rec["gpu_seen"] is False
     assert rec["seconds"] >= rec["bound_s"] > 0
     assert rec["scale"] == 1.0
 
 
 def test_predict_says_how_a_scaled_kernel_was_timed(runner):
-    # batch 512: four times the largest batch the convolution model answers for (128)
-    args = ("kernels", "predict", "--device", "H100", "--conv", "512,256,14,14,256,3,3,1,1",
+    # batch 1,024: four times the largest batch the convolution model answers for (256)
+    args = ("kernels", "predict", "--device", "H100", "--conv", "1024,256,14,14,256,3,3,1,1",
             "--phase", "bwd_filter", "--dtype", "bf16")
     rec = json.loads(invoke(runner, *args, "--format", "json").stdout)
     assert rec["source"] == "mlp:conv_bwd_filter-bf16 (scaled)"

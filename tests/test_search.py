@@ -292,9 +292,9 @@ def test_overlapped_plan_is_a_local_optimum_above_its_lower_bound(net_i, p, batc
 
 def test_local_search_finds_what_the_dynamic_program_misses(monkeypatch):
     # AlexNet on Cori KNL, 64 nodes, batch 512 (the review's case): the dynamic program's
-    # best weighting of the gradient term gives 15.75 ms on the timeline; moving conv3
-    # off the data-parallel bucket that waits for conv1 gives 14.26 ms
-    # (tests/benchmarks/local_search.py). The review found a 6.2% better plan by hand.
+    # best weighting of the gradient term gives 14.42 ms on the timeline, the local search
+    # 13.66 ms (5.3% better; with the kernel models fitted before the H100's rows 15.75 and
+    # 14.26 ms, 9.5%). The review found a 6.2% better plan by hand.
     q = load_question(str(NETWORKS / "alexnet.yaml"), str(CLUSTERS / "cori-knl.yaml"), 64,
                       512, "exact", "gradients", "25MiB", "adam", None, None, "mlp", None)
     net, ctx, opts = q.network, q.ctx, q.options
@@ -302,7 +302,7 @@ def test_local_search_finds_what_the_dynamic_program_misses(monkeypatch):
     plain = search(ctx, opts)
     monkeypatch.undo()
     local = search(ctx, opts)
-    assert local.best.evaluation.time_s < 0.92 * plain.best.evaluation.time_s
+    assert local.best.evaluation.time_s < 0.95 * plain.best.evaluation.time_s
     assert local.explored - plain.explored <= search_module.LOCAL_BUDGET // len(net.layers) + 1
     assert any("local search" in n for n in local.notes)
     assert local.lower_bound_s == plain.lower_bound_s

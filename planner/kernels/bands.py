@@ -123,6 +123,16 @@ def band_key(op: str, dtype: str) -> str:
     return op if dtype == "float32" else f"{op}-{dtype}"
 
 
+def bands_for(bands: Mapping[str, OpBands], op: str, dtype: str) -> OpBands | None:
+    """The bands that judge an op's kernels in one of the model's dtypes: its own, or for
+    bf16 without enough held-out rows of its own (the H100's 15 convolution shapes a
+    pass), FP16's: the same tensor-core rate (bf16 / fp16 time 0.99-1.01 on the H100)."""
+    own = bands.get(band_key(op, dtype))
+    if own is None and dtype == "bfloat16":
+        return bands.get(band_key(op, "float16"))
+    return own
+
+
 def band_variable(by: str, member_times: Sequence[FloatArray], bound: FloatArray) -> FloatArray:
     """The variable the bands are cut on, per kernel."""
     if by == "member_spread":
@@ -196,5 +206,5 @@ def parse_bands(section: Any, where: str) -> dict[str, OpBands]:
 
 
 __all__ = ["BOUND_CUTS", "CUTS", "INTERVAL", "MIN_ROWS", "SPREAD_CUTS", "Band", "OpBands",
-           "band_key", "band_variable", "bands_record", "conformal_ranks", "cut_bands",
+           "band_key", "band_variable", "bands_for", "bands_record", "conformal_ranks", "cut_bands",
            "parse_bands", "variable_for"]

@@ -34,11 +34,11 @@ Each kernel's ``source`` says which:
 * ``roofline (no <dtype> data)`` for a dtype with no measurements (``float64``);
 * ``roofline`` for elementwise, normalisation and pooling passes (memory-bound, no
   measurements of their own), plus the least launch floor ``t_0`` fitted to any
-  measured kernels (1.5 µs, a convolution pass's: the GEMM model's 6.8 µs reflects
-  DeepBench's timing of cuBLAS on older GPUs more than an elementwise launch).
+  measured kernels (1.7 µs in the shipped models, a convolution pass's).
 
-``bfloat16`` is timed with the ``float16`` measurements (tensor-core kernels with the same
-rate on every GPU that has both) at the device's bf16 peak.
+``bfloat16`` is timed with its own measurements where the model has them (the H100's),
+else with the ``float16`` ones (tensor-core kernels with the same rate on every GPU that
+has both: bf16 / fp16 time 0.99 on the H100) at the device's bf16 peak.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from ..costs.compute import KernelTimes, kernel_arrays, roofline_seconds
 from ..memo import IdentityMemo
 from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
 from ..ops import Conv, Gemm, Kernel
-from .bands import band_key, band_variable
+from .bands import band_variable, bands_for
 from .features import DeviceSpecs, conv_out, features
 from .model import SHAPE_FEATURES, Ensemble, KernelModel
 from .store import ModelSet, load_models
@@ -497,7 +497,7 @@ class LearnedEstimator:
             e, seenv = model.level(spec, [device.name], [mdt])
             bound, frac, seen, scale = float(b[0]), float(e[0]), bool(seenv[0]), float(f[0])
             ok = bool(answered[0]) and scale == 1.0  # a scaled kernel was out of range
-            bands = self.models.error_bands.get(band_key(kernel.op, mdt))
+            bands = bands_for(self.models.error_bands, kernel.op, mdt)
             if bands is not None and answered[0]:
                 timed = rows if scale == 1.0 else (
                     scale_rows if scale > 1.0 else pad_rows)(model, rows, [kernel.op], spec)[1]

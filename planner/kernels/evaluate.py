@@ -26,10 +26,12 @@ from .bands import (
     OpBands,
     band_key,
     band_variable,
+    bands_for,
     cut_bands,
     variable_for,
 )
 from .data import Dataset, Table
+from .estimator import model_dtype
 from .features import DeviceSpecs
 from .model import Ensemble
 
@@ -122,7 +124,10 @@ def evaluate(models: Mapping[str, Ensemble], data: Dataset,
         pred, ok, value = _predict(model, table)
         actual = np.asarray(table.seconds)
         err = ape(pred, actual)
-        inside = _inside(bands or {}, table.op, table.dtype, actual / pred, value, ok)
+        # a dtype without rows of its own is judged by the bands of the rows that time it
+        # (bf16 by FP16's), as `kernels predict` and the planner read them
+        band_dtypes = [model_dtype(d, model.dtypes) or d for d in table.dtype]
+        inside = _inside(bands or {}, table.op, band_dtypes, actual / pred, value, ok)
         keys = sorted(set(zip(table.device, table.op, table.dtype, strict=True)))
         dev_arr = np.asarray(table.device)
         op_arr = np.asarray(table.op)
@@ -143,10 +148,12 @@ def _inside(bands: Mapping[str, OpBands], ops: Sequence[str], dtypes: Sequence[s
     where it has none (no bands for its op and dtype, or out of range: timed by the
     roofline)."""
     out = np.full(len(ratio), np.nan)
-    keys = np.asarray([band_key(o, d) for o, d in zip(ops, dtypes, strict=True)])
-    for key, b in bands.items():
-        rows = np.flatnonzero((keys == key) & ok)
-        if len(rows):
+    pairs = list(zip(ops, dtypes, strict=True))
+    keys = np.asarray([band_key(o, d) for o, d in pairs])
+    for op, dt in sorted(set(pairs)):
+        b = bands_for(bands, op, dt)
+        rows = np.flatnonzero((keys == band_key(op, dt)) & ok)
+        if b is not None and len(rows):
             low, high = b.limits(value[rows])
             out[rows] = ((ratio[rows] >= low) & (ratio[rows] <= high)).astype(np.float64)
     return out
