@@ -81,7 +81,7 @@ def kernels() -> None:
                    "GEMM, 16,16 for convolutions).")
 @click.option("--monotone-weight", type=Finite(0.0, 1e6), default=None,
               help="Weight of the penalty on kernels predicted slower than the same "
-                   "kernel with one dimension doubled (0: none; default 30 for GEMM, 1 "
+                   "kernel with one dimension doubled (0: none; default 10 for GEMM, 1 "
                    "for convolutions).")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
               show_default=True, help="How to print the held-out accuracy.")
