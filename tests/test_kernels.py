@@ -1348,7 +1348,7 @@ def test_achieved_with_no_gemm_is_an_error(runner):
 
 
 def test_achieved_matches_the_catalog(runner):
-    r = invoke(runner, "kernels", "achieved", LINEAR, DB_GEMM, "--format", "json")
+    r = invoke(runner, "kernels", "achieved", LINEAR, DB_GEMM, H100[0], "--format", "json")
     assert r.exit_code == 0, r.stderr
     for rec in json.loads(r.stdout)["devices"]:
         dev = lookup_device(rec["device"])
