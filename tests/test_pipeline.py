@@ -655,8 +655,12 @@ def test_identical_chunks_are_searched_once(runner, tmp_path, monkeypatch, extra
             "--format", "json")
     reused = json.loads(invoke(runner, *args).output)
     chunks = [tuple(s["layers"]) for s in reused["pipeline"]["stage_plans"]]
-    assert ("blk.2.mlp.ln", "blk.3.attn.add") in chunks \
-        and ("blk.5.mlp.ln", "blk.6.attn.add") in chunks  # two of one question
+    # two of one question: stages that start half a block in (with --recompute auto and
+    # --zero auto), or whole blocks (ZB-H1 alone, since the H100's catalog compute is its
+    # measured 0.775: the balancing cuts where the times say)
+    assert {("blk.2.mlp.ln", "blk.3.attn.add"), ("blk.5.mlp.ln", "blk.6.attn.add")} \
+        <= set(chunks) or {("blk.2.attn.ln", "blk.2.mlp.add"),
+                           ("blk.5.attn.ln", "blk.5.mlp.add")} <= set(chunks), chunks
     whole = pl._pipeline
     monkeypatch.setattr(pl, "_pipeline", lambda *a, **kw: whole(*a, **{**kw, "reuse": False}))
     searched = json.loads(invoke(runner, *args).output)
