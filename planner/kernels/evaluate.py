@@ -31,7 +31,6 @@ from .bands import (
     variable_for,
 )
 from .data import Dataset, Table
-from .estimator import model_dtype
 from .features import DeviceSpecs
 from .model import Ensemble
 
@@ -124,10 +123,7 @@ def evaluate(models: Mapping[str, Ensemble], data: Dataset,
         pred, ok, value = _predict(model, table)
         actual = np.asarray(table.seconds)
         err = ape(pred, actual)
-        # a dtype without rows of its own is judged by the bands of the rows that time it
-        # (bf16 by FP16's), as `kernels predict` and the planner read them
-        band_dtypes = [model_dtype(d, model.dtypes) or d for d in table.dtype]
-        inside = _inside(bands or {}, table.op, band_dtypes, actual / pred, value, ok)
+        inside = _inside(bands or {}, table.op, table.dtype, actual / pred, value, ok)
         keys = sorted(set(zip(table.device, table.op, table.dtype, strict=True)))
         dev_arr = np.asarray(table.device)
         op_arr = np.asarray(table.op)
@@ -146,7 +142,8 @@ def _inside(bands: Mapping[str, OpBands], ops: Sequence[str], dtypes: Sequence[s
             ratio: FloatArray, value: FloatArray, ok: NDArray[np.bool_]) -> FloatArray:
     """1 where a row's measured / predicted time is within its band, 0 outside, NaN
     where it has none (no bands for its op and dtype, or out of range: timed by the
-    roofline)."""
+    roofline). bf16 rows without bands of their own are judged by FP16's
+    (:func:`.bands.bands_for`), as `kernels predict` and the planner read them."""
     out = np.full(len(ratio), np.nan)
     pairs = list(zip(ops, dtypes, strict=True))
     keys = np.asarray([band_key(o, d) for o, d in pairs])

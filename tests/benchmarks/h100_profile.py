@@ -14,7 +14,6 @@ it saw one). The figures of ``models/data/h100/README.md`` and of the README's
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 import numpy as np
@@ -22,27 +21,27 @@ import numpy as np
 from planner.cluster import lookup_device
 from planner.kernels.data import read_files
 from planner.kernels.evaluate import predict_table
+from planner.kernels.features import gemm_work
 from planner.kernels.store import load_models
 
 DATA = Path(__file__).resolve().parents[2] / "models" / "data" / "h100"
 OPS = ("gemm", "bmm", "conv_fwd", "conv_bwd_data", "conv_bwd_filter")
-KEY = ("op", "m", "n", "k", "batch", "conv_n", "conv_c", "conv_h", "conv_w", "conv_k",
-       "conv_r", "conv_s", "stride_h", "pad_h")
 
 
-def times(path: Path) -> dict[tuple[str, ...], float]:
-    """Shape → milliseconds."""
-    with path.open(newline="") as f:
-        return {tuple(r[c] for c in KEY): float(r["time_ms"]) for r in csv.DictReader(f)}
+def times(path: Path) -> dict[tuple[object, ...], float]:
+    """(op, shape) → milliseconds, as `planner kernels fit` reads the file."""
+    data = read_files([str(path)])
+    return {(op, shape): sec * 1e3 for tab in (data.gemm, data.conv)
+            for op, shape, sec in zip(tab.op, tab.shape, tab.seconds, strict=True)}
 
 
-def spread(a: dict[tuple[str, ...], float], b: dict[tuple[str, ...], float], op: str,
+def spread(a: dict[tuple[object, ...], float], b: dict[tuple[object, ...], float], op: str,
            ) -> str:
     d = np.array([abs(a[k] - b[k]) / b[k] for k in a if k[0] == op and k in b]) * 100
     return f"mean {d.mean():.2f}%, p90 {np.percentile(d, 90):.2f}%, max {d.max():.1f}%"
 
 
-def ratio(a: dict[tuple[str, ...], float], b: dict[tuple[str, ...], float], op: str,
+def ratio(a: dict[tuple[object, ...], float], b: dict[tuple[object, ...], float], op: str,
           min_ms: float = 0.0) -> str:
     r = np.array([a[k] / b[k] for k in a if k[0] == op and k in b and b[k] >= min_ms])
     if not len(r):
@@ -68,12 +67,11 @@ def main() -> None:
     for op in OPS:
         print(f"bf16 / fp16 {op:16s} {ratio(bf16, fp16, op)}")
     dev = lookup_device("H100-SXM")
-    for dt, key in (("fp32", "fp32"), ("bf16", "bf16")):
-        peak = dev.peak_flops[key]
-        run = times(DATA / f"h100_{dt}.csv")
-        frac = np.array([2 * int(k[1]) * int(k[2]) * int(k[3]) / (ms * 1e-3) / peak
-                         for k, ms in run.items()
-                         if k[0] == "gemm" and 2 * int(k[1]) * int(k[2]) * int(k[3]) >= 1e11])
+    for dt in ("fp32", "bf16"):
+        tab = read_files([str(DATA / f"h100_{dt}.csv")]).gemm
+        flops, _ = gemm_work(tab.shape_array(), np.full(len(tab), 4.0))
+        big = (np.asarray(tab.op) == "gemm") & (flops >= 1e11)
+        frac = flops[big] / np.asarray(tab.seconds)[big] / dev.peak(dt)
         print(f"{dt} GEMMs of ≥ 100 GFLOP: {len(frac)}, fraction of the catalog peak "
               f"median {np.median(frac):.3f}, 95th percentile {np.percentile(frac, 95):.3f}")
     models = load_models(args.models_dir)
