@@ -15,6 +15,12 @@ questions about two of the README's misses, answered from it:
 2. **The T4's bmm spread**: for each GPU and kernel of the bmm sweep, its rows and the
    shipped model's MAPE on them (held-out rows and all rows). If one kernel has the
    error, a kernel choice would explain it.
+3. **How far the bmm measurements agree with themselves**, from the project's copies
+   alone: a bmm of at least 1 ms fills the GPU, so the same matrices with ``f`` times the
+   batch (``f`` = 2, 4, 5, 8 or 10, where the sweep measured both) should take ``f``
+   times as long. The MAPE of that rule per GPU is a floor under what any model of
+   the shape can reach there: the rule uses the GPU's own measurement of the smaller
+   kernel.
 
 Rows are matched to the project's copies by position (the same files, columns dropped).
 """
@@ -37,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 OURS = ROOT / "models" / "data" / "neusight"
 K_EDGES = (8192, 16384, 32768)
 MIN_FLOP = 1e10
+MIN_MS = 1.0
+BATCH_FACTORS = (2, 4, 5, 8, 10)
 
 
 def _k_bin(k: int) -> str:
@@ -94,6 +102,22 @@ def bmm(upstream: Path, models_dir: str | None) -> None:
               f"{ape[h].mean() if len(h) else float('nan'):13.1f}% {ape[i].mean():8.1f}%")
 
 
+def batch_rule() -> None:
+    table = read_files([OURS / "neusight_bmm_fp32_test.csv"]).gemm
+    shapes, secs = table.shape_array(), np.asarray(table.seconds)
+    print(f"\nbmm sweep: t(f x batch) predicted as f x t(batch), kernels >= {MIN_MS} ms")
+    print(f"{'device':<16} {'pairs':>6} {'MAPE':>6} {'median':>7} {'p90':>6}")
+    for dev in sorted(set(table.device)):
+        times = {tuple(int(v) for v in shapes[i]): float(secs[i])
+                 for i, d in enumerate(table.device) if d == dev}
+        ape = [abs(f * t - times[(m, k, n, f * b)]) / times[(m, k, n, f * b)] * 100.0
+               for (m, k, n, b), t in times.items() if t >= MIN_MS * 1e-3
+               for f in BATCH_FACTORS if (m, k, n, f * b) in times]
+        if ape:
+            print(f"{dev:<16} {len(ape):6d} {np.mean(ape):5.1f}% {np.median(ape):6.1f}% "
+                  f"{np.percentile(ape, 90):5.1f}%")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--upstream", type=Path,
@@ -102,6 +126,7 @@ def main() -> None:
     args = ap.parse_args()
     linear(args.upstream)
     bmm(args.upstream, args.models_dir)
+    batch_rule()
 
 
 if __name__ == "__main__":
