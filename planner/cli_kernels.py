@@ -74,7 +74,7 @@ def kernels() -> None:
 @click.option("--only", type=click.Choice(("gemm", "conv")), default=None,
               help="Fit one family only (GEMM and bmm, or the convolution passes).")
 @click.option("--members", type=Whole(1, 64), default=None,
-              help="Networks per family, averaged (default: 1 for GEMM, 5 for "
+              help="Networks per family, averaged (default: 1 for GEMM, 10 for "
                    "convolutions; more cost fit time, not accuracy on plenty of shapes).")
 @click.option("--hidden", callback=_widths, default=None, metavar="W[,W...]",
               help="Hidden layer widths of each network, e.g. 32,32 (default: 32,32 for "
@@ -325,22 +325,47 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
               help="Timed calls per shape (default 50 on a GPU, 3 on a CPU).")
 @click.option("--name", default=None, help="Device name written to the CSV (default: what "
               "PyTorch reports); must be a catalog name or alias for fit/eval.")
+@click.option("--shapes", "shape_files", multiple=True, type=click.Path(dir_okay=False),
+              metavar="FILE", help="Time the kernels of this CSV instead of the built-in "
+              "sweep (repeatable): any layout `fit` reads (NeuSight, DeepBench, a profile), "
+              "its devices, dtypes and times ignored, or the profile layout's `op` and "
+              "shape columns alone.")
+@click.option("--only", type=click.Choice(("gemm", "conv")), default=None,
+              help="Time one family only (GEMM and bmm, or the convolution passes).")
+@click.option("--max-kernels", type=Whole(1, 10**7), default=None,
+              help="Time at most this many kernels (the first ones).")
 def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: int | None,
-                    name: str | None) -> None:
+                    name: str | None, shape_files: tuple[str, ...], only: str | None,
+                    max_kernels: int | None) -> None:
     """Measure GEMM, bmm and convolution times with PyTorch over a shape sweep.
 
     Needs PyTorch (`pip install 'planner[torch]'`). Then calibrate the models to your
-    hardware: `planner kernels fit FILE.csv ... -o mymodels`.
+    hardware: `planner kernels fit FILE.csv ... -o mymodels`. With `--shapes
+    models/data/deepbench/deepbench_conv.csv` it times DeepBench's convolutions (all
+    three passes), so your GPU can be compared with DeepBench's row for row.
     """
-    from .kernels.profile import profile_rows, to_csv
+    from .kernels.data import read_shapes
+    from .kernels.profile import profile_rows, shapes_of, sweep, to_csv
+
+    if quick and shape_files:
+        raise UsageError("planner: error: --quick and --shapes choose the shapes two ways; "
+                         "give one")
+    check_output(output)  # before minutes of measuring
+    if shape_files:
+        shapes = shapes_of(read_shapes(shape_files), only)
+        if not shapes:
+            raise UsageError(f"planner: error: no {only} kernels in "
+                             f"{', '.join(shape_files)}")
+    else:
+        shapes = sweep(quick, only)
+    shapes = shapes[:max_kernels] if max_kernels is not None else shapes
 
     def progress(done: int, total: int) -> None:
         if done == total or done % 25 == 0:
             click.echo(f"profiled {done}/{total} shapes", err=True)
 
-    check_output(output)  # before minutes of measuring
     notes: list[str] = []
-    rows = list(profile_rows(device, dtype, quick, repeats, name, progress, notes))
+    rows = list(profile_rows(device, dtype, quick, repeats, name, progress, notes, shapes))
     emit(to_csv(rows), output)
     for line in notes:
         click.echo(f"planner: note: {line}", err=True)

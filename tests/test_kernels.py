@@ -1378,6 +1378,87 @@ def test_profile_on_cpu_writes_what_fit_and_eval_read(runner, tmp_path):
     assert r.exit_code == 0, r.stderr
 
 
+SHAPES_ONLY = ("op,m,n,k,batch,conv_n,conv_c,conv_h,conv_w,conv_k,conv_r,conv_s,stride_h,"
+               "stride_w,pad_h,pad_w,dil_h,dil_w,groups\n") + """gemm,64,32,16,1,,,,,,,,,,,,,,
+bmm,16,16,8,4,,,,,,,,,,,,,,
+conv_fwd,,,,,2,8,12,10,8,3,1,2,1,1,0,1,1,2
+conv_bwd_data,,,,,2,8,12,10,8,3,1,2,1,1,0,1,1,2
+conv_bwd_filter,,,,,2,8,12,10,8,3,3,1,1,2,2,2,2,1
+gemm,64,32,16,1,,,,,,,,,,,,,,
+"""
+
+
+def test_profile_times_the_kernels_of_a_shapes_file(runner, tmp_path):
+    """`--shapes` times each distinct kernel of the file once, in its order, with the
+    file's strides, padding, dilation and groups (a shapes-only file needs no device,
+    dtype or time columns), and writes what `fit` and `eval` read."""
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text(SHAPES_ONLY)
+    out = tmp_path / "prof.csv"
+    r = invoke(runner, "kernels", "profile", "--device", "cpu", "--shapes", shapes,
+               "--repeats", "1", "--name", "cori-knl", "-o", out)
+    assert r.exit_code == 0, r.stderr
+    data = read_csv(out)
+    assert data.gemm.op == ["gemm", "bmm"]  # the repeated GEMM is timed once
+    assert data.gemm.shape == [(64, 32, 16, 1), (16, 16, 8, 4)]
+    assert data.conv.op == ["conv_fwd", "conv_bwd_data", "conv_bwd_filter"]
+    assert data.conv.shape == [(2, 8, 12, 10, 8, 3, 1, 2, 1, 1, 0, 1, 1, 2)] * 2 + \
+        [(2, 8, 12, 10, 8, 3, 3, 1, 1, 2, 2, 2, 2, 1)]
+    assert all(t > 0 for t in data.gemm.seconds + data.conv.seconds)
+    assert set(data.gemm.device + data.conv.device) == {"cori-knl"}
+    r = invoke(runner, "kernels", "profile", "--device", "cpu", "--shapes", shapes,
+               "--only", "conv", "--max-kernels", "1", "--repeats", "1", "--name",
+               "cori-knl", "-o", tmp_path / "one.csv")
+    assert r.exit_code == 0, r.stderr
+    one = read_csv(tmp_path / "one.csv")
+    assert (len(one.gemm), one.conv.op) == (0, ["conv_fwd"])
+
+
+def test_shapes_of_deepbench_conv_are_every_pass_of_every_shape():
+    """DeepBench's conv file has 90 distinct shapes over its eight GPUs (some rows lack
+    a backward time); read for its shapes, every shape gives all three passes."""
+    from planner.kernels.data import read_shapes
+    from planner.kernels.profile import shapes_of
+
+    kernels = shapes_of(read_shapes([DB_CONV]))
+    measured = read_csv(DB_CONV).conv
+    distinct = set(measured.shape)
+    assert len(distinct) == 90 and len(kernels) == 3 * 90
+    assert [k.op for k in kernels[:3]] == ["conv_fwd", "conv_bwd_data", "conv_bwd_filter"]
+    assert {k.dims for k in kernels} == distinct
+    assert shapes_of(read_shapes([DB_CONV]), "gemm") == []
+
+
+def test_profile_shapes_problems_exit_2(runner, tmp_path):
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text(SHAPES_ONLY)
+    out = tmp_path / "x.csv"
+    r = invoke(runner, "kernels", "profile", "--device", "cpu", "--shapes", shapes,
+               "--quick", "-o", out)
+    assert r.exit_code == 2 and "--quick and --shapes" in r.stderr
+    r = invoke(runner, "kernels", "profile", "--device", "cpu", "--shapes", DB_CONV,
+               "--only", "gemm", "-o", out)
+    assert r.exit_code == 2 and "no gemm kernels in" in r.stderr
+    bad = tmp_path / "bad.csv"
+    bad.write_text("op,m,n,k\ngemm,4,4,4\n")
+    r = invoke(runner, "kernels", "profile", "--device", "cpu", "--shapes", bad, "-o", out)
+    assert r.exit_code == 2 and "Traceback" not in r.stderr
+    assert f"{bad}:2:1: error: a gemm row needs the column batch" in r.stderr
+    assert not out.exists()
+
+
+def test_a_profile_file_without_a_rows_shape_columns_is_an_input_error(runner, tmp_path):
+    """A file with the profile layout's required columns but not the shape columns its
+    rows need was an internal error (KeyError) before."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("device,dtype,op,time_ms\nH100,float32,gemm,1.0\n"
+                   "H100,float32,conv_fwd,1.0\n")
+    r = invoke(runner, "kernels", "eval", bad)
+    assert r.exit_code == 2 and "internal error" not in r.stderr
+    assert f"{bad}:2:14: error: a gemm row needs the columns m, n, k, batch" in r.stderr
+    assert f"{bad}:3:14: error: a conv_fwd row needs the columns conv_n," in r.stderr
+
+
 def test_profile_without_torch_is_a_clear_error(runner, tmp_path, monkeypatch):
     import sys
 

@@ -93,6 +93,10 @@ PROFILE_COLUMNS = ("device", "dtype", "op", "m", "n", "k", "batch", "conv_n", "c
                    "pad_h", "pad_w", "dil_h", "dil_w", "groups", "time_ms", "repeats",
                    "harness")
 
+#: The profile layout's columns of a convolution shape (:data:`CONV_DIMS`, in order).
+PROFILE_CONV_DIMS = ("conv_n", "conv_c", "conv_h", "conv_w", "conv_k", "conv_r", "conv_s",
+                     "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w", "groups")
+
 _DEEPBENCH_GEMM = ("gpu", "precision", "M", "N", "K", "time_ms")
 _DEEPBENCH_CONV = ("gpu", "precision", "W", "H", "C", "N", "K", "filter_w_S", "filter_h_R",
                    "pad_w", "pad_h", "stride_w", "stride_h", "fwd_ms", "bwd_data_ms",
@@ -210,22 +214,30 @@ def shape_holdout(family: str, shape: tuple[int, ...]) -> bool:
     return zlib.crc32(key.encode("ascii")) % 100 < HOLDOUT_PERCENT
 
 
-def detect_layout(header: Sequence[str]) -> str | None:
-    """The layout whose required columns the header has (None if none matches)."""
+def detect_layout(header: Sequence[str], shapes_only: bool = False) -> str | None:
+    """The layout whose required columns the header has (None if none matches). Read for
+    its shapes only, a header with an ``op`` column is the profile layout without the
+    device, dtype and time columns."""
     cols = set(header)
     if set(PROFILE_COLUMNS) <= cols:
         return "profile"
     for name, required in LAYOUTS.items():
         if set(required) <= cols:
             return name
+    if shapes_only and "op" in cols:
+        return "profile"
     return None
 
 
 class _Reader:
     """One CSV file: typed access to a row's cells with file:line:column errors."""
 
-    def __init__(self, display: str, text: str, header: list[str], layout: str) -> None:
+    def __init__(self, display: str, text: str, header: list[str], layout: str,
+                 shapes_only: bool = False) -> None:
         self.display = display
+        #: read for the kernel shapes alone: devices, dtypes and times are not checked
+        #: (and their columns may be missing from the profile layout)
+        self.shapes_only = shapes_only
         self.lines = text.splitlines()
         self.index = {name: i for i, name in enumerate(header)}
         self.layout = layout
@@ -267,6 +279,8 @@ class _Reader:
         return int(value)
 
     def time_ms(self, name: str, optional: bool = False) -> float | None:
+        if self.shapes_only:  # every pass of a shape is wanted, measured or not
+            return float("nan")
         text = self.raw(name)
         if optional and text == "":
             return None
@@ -282,6 +296,8 @@ class _Reader:
         return value * 1e-3
 
     def device(self, name: str) -> str | None:
+        if self.shapes_only:
+            return self.raw(name) if name in self.index else ""
         text = self.raw(name)
         if text not in self._devices:
             self._devices[text] = lookup_device(text) if text else None
@@ -295,6 +311,8 @@ class _Reader:
         return dev.name
 
     def dtype(self, name: str) -> str | None:
+        if self.shapes_only:
+            return "float32"
         text = self.raw(name)
         if name == "precision":
             if text.lower() == "fp32":
@@ -334,13 +352,14 @@ def _open_csv(path: str | Path) -> tuple[str, str]:
     return display, decode(raw, display)
 
 
-def read_csv(path: str | Path) -> Dataset:
-    """Read one measurement CSV in any of the known layouts (see the module docstring)."""
+def read_csv(path: str | Path, shapes_only: bool = False) -> Dataset:
+    """Read one measurement CSV in any of the known layouts (see the module docstring);
+    ``shapes_only``: for its kernel shapes (:func:`read_shapes`)."""
     display, text = _open_csv(path)
-    return parse_csv(text, display)
+    return parse_csv(text, display, shapes_only)
 
 
-def parse_csv(text: str, display: str) -> Dataset:
+def parse_csv(text: str, display: str, shapes_only: bool = False) -> Dataset:
     """Parse CSV text (``display`` names it in messages)."""
     rows = csv.reader(io.StringIO(text))
     try:
@@ -359,13 +378,15 @@ def parse_csv(text: str, display: str) -> Dataset:
                 display, 1, col, f"column {name!r} appears twice in the header; keep one",
                 "$", first[:160])])
         seen.add(name)
-    layout = detect_layout(header)
+    layout = detect_layout(header, shapes_only)
     if layout is None:
         want = "; ".join(f"{name}: {', '.join(cols)}" for name, cols in LAYOUTS.items())
+        if shapes_only:
+            want += "; or for shapes alone: op and the profile layout's shape columns"
         raise InputError([Located(
             display, 1, 1, f"unrecognised CSV header {','.join(header)[:120]!r}; expected "
             f"the columns of one layout ({want})", "$", text.splitlines()[0][:160])])
-    reader = _Reader(display, text, header, layout)
+    reader = _Reader(display, text, header, layout, shapes_only)
     out = Dataset(files=[display])
     is_linear = "linear" in Path(display).name.lower()
     try:
@@ -396,8 +417,8 @@ def parse_csv(text: str, display: str) -> Dataset:
     out.gemm.set_positions(0)
     out.conv.set_positions(0)
     if not len(out):
-        raise InputError([Located(display, 1, 1, "no measurement rows after the header",
-                                  "$")])
+        what = "kernel shapes" if shapes_only else "measurement rows"
+        raise InputError([Located(display, 1, 1, f"no {what} after the header", "$")])
     return out
 
 
@@ -491,6 +512,13 @@ def _profile(r: _Reader, out: Dataset, is_linear: bool) -> None:
         r.error("harness", f"unknown harness {harness!r}; expected one of "
                            f"{', '.join(HARNESSES)}")
         return
+    need = GEMM_DIMS if op in GEMM_OPS else PROFILE_CONV_DIMS if op in CONV_OPS else ()
+    missing = [c for c in need if c not in r.index]
+    if missing:
+        r.error("op", f"a {op} row needs the column{'s' if len(missing) > 1 else ''} "
+                      f"{', '.join(missing)}, which the header lacks (the layout "
+                      f"`planner kernels profile` writes: {','.join(PROFILE_COLUMNS)})")
+        return
     if op in GEMM_OPS:
         dims = [r.integer(c) for c in GEMM_DIMS]
         if dev is None or dt is None or t is None or any(v is None for v in dims):
@@ -498,9 +526,7 @@ def _profile(r: _Reader, out: Dataset, is_linear: bool) -> None:
         shape = tuple(int(v) for v in dims)  # type: ignore[arg-type]
         out.gemm.add(op, shape, dev, dt, t, harness, "", shape_holdout("gemm", shape))
     elif op in CONV_OPS:
-        cols = ("conv_n", "conv_c", "conv_h", "conv_w", "conv_k", "conv_r", "conv_s",
-                "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w", "groups")
-        dims = [r.integer(c, lo=0 if c.startswith("pad") else 1) for c in cols]
+        dims = [r.integer(c, lo=0 if c.startswith("pad") else 1) for c in PROFILE_CONV_DIMS]
         if dev is None or dt is None or t is None or any(v is None for v in dims):
             return
         shape = tuple(int(v) for v in dims)  # type: ignore[arg-type]
@@ -521,8 +547,9 @@ _PARSERS = {
 }
 
 
-def read_files(paths: Iterable[str | Path]) -> Dataset:
-    """Read several CSV files into one dataset; all files' problems are reported at once."""
+def read_files(paths: Iterable[str | Path], shapes_only: bool = False) -> Dataset:
+    """Read several CSV files into one dataset; all files' problems are reported at once.
+    ``shapes_only``: see :func:`read_shapes`."""
     out = Dataset()
     problems: list[Located] = []
     given: set[Path] = set()
@@ -534,7 +561,7 @@ def read_files(paths: Iterable[str | Path]) -> Dataset:
             continue
         given.add(where)
         try:
-            ds = read_csv(p)
+            ds = read_csv(p, shapes_only)
         except InputError as exc:
             problems.extend(exc.problems)
             continue
@@ -546,6 +573,15 @@ def read_files(paths: Iterable[str | Path]) -> Dataset:
     return out
 
 
+def read_shapes(paths: Iterable[str | Path]) -> Dataset:
+    """The kernel shapes of files in any layout :func:`read_files` reads, for
+    ``planner kernels profile --shapes``: their devices, dtypes and times are neither
+    checked nor kept (``seconds`` is NaN), every convolution pass of a DeepBench row is
+    taken whether it was measured or not, and a file in the profile layout needs only
+    the ``op`` column and the shape columns of its rows."""
+    return read_files(paths, shapes_only=True)
+
+
 __all__ = ["CONV_DIMS", "CONV_OPS", "GEMM_DIMS", "GEMM_OPS", "HOLDOUT_PERCENT",
            "PROFILE_COLUMNS", "Dataset", "Table", "detect_layout", "parse_csv", "read_csv",
-           "read_files", "shape_holdout"]
+           "read_files", "read_shapes", "shape_holdout"]

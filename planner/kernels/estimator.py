@@ -34,7 +34,7 @@ Each kernel's ``source`` says which:
 * ``roofline (no <dtype> data)`` for a dtype with no measurements (``float64``);
 * ``roofline`` for elementwise, normalisation and pooling passes (memory-bound, no
   measurements of their own), plus the least launch floor ``t_0`` fitted to any
-  measured kernels (1.7 µs in the shipped models, a convolution pass's).
+  measured kernels (1.5 µs in the shipped models, a convolution pass's).
 
 ``bfloat16`` is timed with its own measurements where the model has them (the H100's),
 else with the ``float16`` ones (tensor-core kernels with the same rate on every GPU that

@@ -14,6 +14,9 @@ so that the first shapes are not timed at idle clocks. FP32 is measured
 with TF32 off (``torch.backends.*.allow_tf32 = False``), so it matches the catalog's
 non-tensor-core FP32 peak; cuDNN picks its algorithms (``cudnn.benchmark = True``).
 
+``planner kernels profile --shapes FILE`` times the kernels of a file instead of the
+sweep (:func:`shapes_of` of :func:`~.data.read_shapes`).
+
 Passes: ``conv_fwd`` is ``conv2d``; ``conv_bwd_data`` and ``conv_bwd_filter`` are the
 gradients with respect to the input and to the weight (``torch.nn.grad``), as cuDNN's
 dgrad and wgrad kernels.
@@ -32,21 +35,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
-from .data import PROFILE_COLUMNS
+from .data import CONV_OPS, GEMM_DIMS, GEMM_OPS, PROFILE_COLUMNS, PROFILE_CONV_DIMS, Dataset
 
 TORCH_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One shape to time: a GEMM/bmm ``(m, n, k, batch)`` or a convolution pass."""
+    """One shape to time: a GEMM/bmm or a convolution pass."""
 
     op: str
-    dims: tuple[int, ...]  #: gemm: m, n, k, batch; conv: n, c, h, w, k, r, s, stride, pad
+    #: gemm and bmm: :data:`~.data.GEMM_DIMS`; convolutions: :data:`~.data.CONV_DIMS`
+    dims: tuple[int, ...]
 
 
-def sweep(quick: bool) -> list[Shape]:
-    """The shapes to time (``quick``: a handful of small ones, seconds on a CPU)."""
+def shapes_of(data: Dataset, only: str | None = None) -> list[Shape]:
+    """The distinct (op, shape) kernels of ``data`` in first-seen order, GEMMs and bmm
+    first (``only``: one family, ``gemm`` or ``conv``)."""
+    out: dict[Shape, None] = {}
+    for table in (data.gemm, data.conv):
+        if only is None or table.family == only:
+            for op, dims in zip(table.op, table.shape, strict=True):
+                out.setdefault(Shape(op, tuple(int(v) for v in dims)), None)
+    return list(out)
+
+
+def sweep(quick: bool, only: str | None = None) -> list[Shape]:
+    """The shapes to time (``quick``: a handful of small ones, seconds on a CPU; ``only``:
+    one family, ``gemm`` (with bmm) or ``conv``)."""
     out: list[Shape] = []
     if quick:
         gemm = [(64, 64, 64), (128, 256, 64), (256, 128, 512), (96, 200, 72)]
@@ -80,11 +96,14 @@ def sweep(quick: bool) -> list[Shape]:
                 (8, 64, 112, 64, 3, 1), (128, 64, 28, 64, 3, 1), (32, 1024, 14, 256, 1, 1),
                 (16, 32, 128, 32, 5, 1), (64, 192, 28, 96, 1, 1), (32, 96, 28, 128, 3, 1)):
             conv.append((n, c, hw, hw, k, r, r, stride, r // 2))
-    out += [Shape("gemm", (m, n, k, 1)) for m, n, k in gemm]
-    out += [Shape("bmm", (m, n, k, b)) for b, m, n, k in bmm]
-    for dims in conv:
-        for phase in ("conv_fwd", "conv_bwd_data", "conv_bwd_filter"):
-            out.append(Shape(phase, dims))
+    if only in (None, "gemm"):
+        out += [Shape("gemm", (m, n, k, 1)) for m, n, k in gemm]
+        out += [Shape("bmm", (m, n, k, b)) for b, m, n, k in bmm]
+    if only in (None, "conv"):
+        for n, c, h, w, k, r, s, stride, pad in conv:
+            for phase in CONV_OPS:
+                out.append(Shape(phase, (n, c, h, w, k, r, s, stride, stride, pad, pad,
+                                         1, 1, 1)))
     return out
 
 
@@ -180,23 +199,25 @@ def _call(torch: Any, shape: Shape, dev: Any, dt: Any) -> Callable[[], Any]:
         w = torch.randn(b, k, n, device=dev, dtype=dt)
         c = torch.empty(b, m, n, device=dev, dtype=dt)
         return lambda: torch.bmm(a, w, out=c)
-    n, c, h, w_, k, r, s, stride, pad = shape.dims
+    n, c, h, w_, k, r, s, sh, sw, ph, pw, dh, dw, g = shape.dims
     x = torch.randn(n, c, h, w_, device=dev, dtype=dt)
-    wt = torch.randn(k, c, r, s, device=dev, dtype=dt)
+    wt = torch.randn(k, c // g, r, s, device=dev, dtype=dt)
+    kw = {"stride": (sh, sw), "padding": (ph, pw), "dilation": (dh, dw), "groups": g}
     if shape.op == "conv_fwd":
-        return lambda: f.conv2d(x, wt, stride=stride, padding=pad)
-    y = f.conv2d(x, wt, stride=stride, padding=pad)
-    gy = torch.randn_like(y)
+        return lambda: f.conv2d(x, wt, **kw)
+    gy = torch.randn_like(f.conv2d(x, wt, **kw))
     if shape.op == "conv_bwd_data":
-        return lambda: torch.nn.grad.conv2d_input(x.shape, wt, gy, stride=stride, padding=pad)
-    return lambda: torch.nn.grad.conv2d_weight(x, wt.shape, gy, stride=stride, padding=pad)
+        return lambda: torch.nn.grad.conv2d_input(x.shape, wt, gy, **kw)
+    return lambda: torch.nn.grad.conv2d_weight(x, wt.shape, gy, **kw)
 
 
 def profile_rows(device: str = "cuda", dtype: str = "float32", quick: bool = False,
                  repeats: int | None = None, name: str | None = None,
                  progress: Callable[[int, int], None] | None = None,
-                 notes: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Time every shape of :func:`sweep`; yields rows in the ``profile`` layout.
+                 notes: list[str] | None = None,
+                 shapes: list[Shape] | None = None) -> Iterator[dict[str, Any]]:
+    """Time every shape of ``shapes`` (default: :func:`sweep`); yields rows in the
+    ``profile`` layout.
 
     ``notes`` (if given) receives a line when some GPU shapes were timed with the plain
     loop because their CUDA graph capture failed."""
@@ -222,7 +243,8 @@ def profile_rows(device: str = "cuda", dtype: str = "float32", quick: bool = Fal
     reps = repeats if repeats is not None else (3 if device == "cpu" else 50)
     loops = [0]
     timer = _timer(torch, device, loops)
-    shapes = sweep(quick)
+    if shapes is None:
+        shapes = sweep(quick)
     with torch.no_grad():
         if device == "cuda":
             _spin_up(torch, dev, dt)
@@ -234,13 +256,10 @@ def profile_rows(device: str = "cuda", dtype: str = "float32", quick: bool = Fal
             row: dict[str, Any] = dict.fromkeys(PROFILE_COLUMNS, "")
             row.update(device=name, dtype=dtype, op=shape.op, time_ms=f"{ms:.6g}",
                        repeats=reps, harness="profile")
-            if shape.op in ("gemm", "bmm"):
-                row.update(zip(("m", "n", "k", "batch"), shape.dims, strict=True))
+            if shape.op in GEMM_OPS:
+                row.update(zip(GEMM_DIMS, shape.dims, strict=True))
             else:
-                n, c, h, w, k, r, s, stride, pad = shape.dims
-                row.update(conv_n=n, conv_c=c, conv_h=h, conv_w=w, conv_k=k, conv_r=r,
-                           conv_s=s, stride_h=stride, stride_w=stride, pad_h=pad, pad_w=pad,
-                           dil_h=1, dil_w=1, groups=1)
+                row.update(zip(PROFILE_CONV_DIMS, shape.dims, strict=True))
             if progress is not None:
                 progress(i + 1, len(shapes))
             yield row
@@ -259,4 +278,4 @@ def to_csv(rows: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-__all__ = ["Shape", "profile_rows", "sweep", "to_csv"]
+__all__ = ["Shape", "profile_rows", "shapes_of", "sweep", "to_csv"]

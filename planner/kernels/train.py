@@ -100,23 +100,23 @@ class FitOptions:
                        else mono)
 
 
-#: family → (hidden widths, ensemble members, monotonicity weight). GEMM: 26,000 rows
-#: of thousands of shapes on 13 GPUs; its held-out error barely moves with the random
-#: start (NeuSight test rows 7.1% and 6.8% mean over the five GPUs for seeds 0 and 1), so
-#: one 2×32 network. Conv:
-#: DeepBench gives about 66 training shapes a GPU for each pass, and one 2×32 network's
-#: held-out error on them swung from 18% to 51% (backward-filter, FP32, mean over GPUs)
-#: with the seed; five 2×16 networks averaged: 14.9% and 16.3% for seeds 0-4 and 5-9
-#: (README "Hardware models" has the commands). The monotonicity weights are the
-#: strongest that cost no held-out accuracy beyond the seed-to-seed noise: for GEMM, 10
-#: took V100 GEMMs slower than at twice the rows from 10% to none (with the H100's rows,
-#: whose graph-timed floor took the launch floor from 6.8 to 2.2 µs, 30 would keep the
-#: T4's 64³ GEMM from being 7% slower than with twice the columns, but it took the
+#: family → (hidden widths, ensemble members, monotonicity weight). GEMM: 26,000 rows of thousands
+#: of shapes on 13 GPUs; its held-out error barely moves with the random start (NeuSight test rows
+#: 7.1% and 6.8% mean over the five GPUs for seeds 0 and 1), so one 2×32 network. Conv: DeepBench
+#: gives about 66 training shapes a GPU for each pass, and one 2×32 network's held-out error on them
+#: swung from 18% to 51% (backward-filter, FP32, mean over GPUs) with the seed; 2×16 networks
+#: averaged cancel most of it. Five were enough before the H100's rows (ten gave the same); with
+#: them, five gave DeepBench backward-data / backward-filter 18.9 / 15.8% (seeds 0-4) and 18.2 /
+#: 15.6% (5-9), ten 17.8 / 14.9% (0-9) and 16.3 / 14.7% (10-19): ten (README "Why ten networks" has
+#: the commands). The monotonicity weights are the strongest that cost no held-out accuracy beyond
+#: the seed-to-seed noise: for GEMM, 10 took V100 GEMMs slower than at twice the rows from 10% to
+#: none (with the H100's rows, whose graph-timed floor took the launch floor from 6.8 to 2.2 µs, 30
+#: would keep the T4's 64³ GEMM from being 7% slower than with twice the columns, but it took the
 #: leave-one-GPU-out T4 and P100 to 20.1% and 20.6%, over issue 4's 20%: 10 is kept); for
 #: convolutions, 10 cost DeepBench backward-data 3.6 points of MAPE, 1 costs 0.6.
 FAMILY_DEFAULTS: dict[str, tuple[tuple[int, ...], int, float]] = {
     "gemm": ((32, 32), 1, 10.0),
-    "conv": ((16, 16), 5, 1.0),
+    "conv": ((16, 16), 10, 1.0),
 }
 
 
