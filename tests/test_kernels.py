@@ -1447,6 +1447,21 @@ def test_profile_shapes_problems_exit_2(runner, tmp_path):
     assert not out.exists()
 
 
+def test_groups_that_do_not_divide_the_channels_point_at_the_groups_cell(runner, tmp_path):
+    header = ",".join(("device", "dtype", "op", "m", "n", "k", "batch", "conv_n", "conv_c",
+                       "conv_h", "conv_w", "conv_k", "conv_r", "conv_s", "stride_h",
+                       "stride_w", "pad_h", "pad_w", "dil_h", "dil_w", "groups", "time_ms",
+                       "repeats", "harness"))
+    row = "H100,float32,conv_fwd,,,,,1,4,8,8,6,3,3,1,1,0,0,1,1,3,1.0,1,profile"
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"{header}\n{row}\n")
+    r = invoke(runner, "kernels", "eval", bad)
+    col = row.index(",3,1.0") + 2  # 1-based column of the groups cell
+    assert r.exit_code == 2
+    assert (f"{bad}:2:{col}: error: 4 input and 6 output channels are not both divisible "
+            "by 3 groups (at column 'groups')") in r.stderr
+
+
 def test_a_profile_file_without_a_rows_shape_columns_is_an_input_error(runner, tmp_path):
     """A file with the profile layout's required columns but not the shape columns its
     rows need was an internal error (KeyError) before."""

@@ -497,7 +497,8 @@ def _conv_fits(r: _Reader, shape: tuple[int, ...], col: str) -> bool:
         r.error(col, "the filter is larger than the padded input")
         return False
     if c % g or k % g:
-        r.error(col, "channels are not divisible by groups")
+        r.error("groups" if "groups" in r.index else col,
+                f"{c} input and {k} output channels are not both divisible by {g} groups")
         return False
     return True
 
