@@ -1391,9 +1391,12 @@ gemm,64,32,16,1,,,,,,,,,,,,,,
 def test_profile_times_the_kernels_of_a_shapes_file(runner, tmp_path):
     """`--shapes` times each distinct kernel of the file once, in its order, with the
     file's strides, padding, dilation and groups (a shapes-only file needs no device,
-    dtype or time columns), and writes what `fit` and `eval` read."""
+    dtype or time columns, and their cells may be empty), and writes what `fit` and
+    `eval` read."""
     shapes = tmp_path / "shapes.csv"
-    shapes.write_text(SHAPES_ONLY)
+    lines = SHAPES_ONLY.splitlines()
+    shapes.write_text("\n".join([lines[0] + ",device,dtype,time_ms,harness",
+                                 *(x + ",,,," for x in lines[1:])]) + "\n")
     out = tmp_path / "prof.csv"
     r = invoke(runner, "kernels", "profile", "--device", "cpu", "--shapes", shapes,
                "--repeats", "1", "--name", "cori-knl", "-o", out)
