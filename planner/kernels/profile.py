@@ -56,7 +56,7 @@ def shapes_of(data: Dataset, only: str | None = None) -> list[Shape]:
     for table in (data.gemm, data.conv):
         if only is None or table.family == only:
             for op, dims in zip(table.op, table.shape, strict=True):
-                out.setdefault(Shape(op, tuple(int(v) for v in dims)), None)
+                out.setdefault(Shape(op, dims), None)
     return list(out)
 
 
@@ -188,7 +188,7 @@ def _spin_up(torch: Any, dev: Any, dt: Any, seconds: float = 1.0) -> None:
 
 def _call(torch: Any, shape: Shape, dev: Any, dt: Any) -> Callable[[], Any]:
     f = torch.nn.functional
-    if shape.op in ("gemm", "bmm"):
+    if shape.op in GEMM_OPS:
         m, n, k, b = shape.dims
         if shape.op == "gemm":
             a = torch.randn(m, k, device=dev, dtype=dt)

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from planner.cluster import lookup_device
-from planner.kernels.data import read_files
+from planner.kernels.data import Table, read_files
 from planner.kernels.evaluate import predict_table
 from planner.kernels.store import load_models
 
@@ -81,10 +81,9 @@ def linear(upstream: Path) -> None:
         print(f"{dev:<16} {kernel:<36} " + " ".join(f"{c:>18}" for c in cells))
 
 
-def bmm(upstream: Path, models_dir: str | None) -> None:
+def bmm(upstream: Path, models_dir: str | None, table: Table) -> None:
     names = [r["matched_kernel"]
              for r in csv.DictReader((upstream / "neusight_bmm_fp32_test.csv").open())]
-    table = read_files([OURS / "neusight_bmm_fp32_test.csv"]).gemm
     assert len(names) == len(table), "the copies differ in rows"
     pred, _ = predict_table(load_models(models_dir).get("gemm"), table)
     ape = np.abs(pred / np.asarray(table.seconds) - 1.0) * 100.0
@@ -102,8 +101,7 @@ def bmm(upstream: Path, models_dir: str | None) -> None:
               f"{ape[h].mean() if len(h) else float('nan'):13.1f}% {ape[i].mean():8.1f}%")
 
 
-def batch_rule() -> None:
-    table = read_files([OURS / "neusight_bmm_fp32_test.csv"]).gemm
+def batch_rule(table: Table) -> None:
     shapes, secs = table.shape_array(), np.asarray(table.seconds)
     print(f"\nbmm sweep: t(f x batch) predicted as f x t(batch), kernels >= {MIN_MS} ms")
     print(f"{'device':<16} {'pairs':>6} {'MAPE':>6} {'median':>7} {'p90':>6}")
@@ -125,8 +123,9 @@ def main() -> None:
     ap.add_argument("--models-dir", default=None)
     args = ap.parse_args()
     linear(args.upstream)
-    bmm(args.upstream, args.models_dir)
-    batch_rule()
+    table = read_files([OURS / "neusight_bmm_fp32_test.csv"]).gemm
+    bmm(args.upstream, args.models_dir, table)
+    batch_rule(table)
 
 
 if __name__ == "__main__":
