@@ -24,7 +24,7 @@ from planner.kernels.features import DeviceSpecs
 from planner.kernels.model import RANGE_TOLERANCE_LOG2
 from planner.kernels.pipeline import fit_tables
 from planner.kernels.store import MANIFEST, ModelSet, find_models_dir, load_dir, sha256_file
-from planner.kernels.train import FitOptions, _Pairs, fit_family
+from planner.kernels.train import FitOptions, _Pairs, _Problem, fit_family, hat_basis
 from planner.ops import Conv, Elementwise, Gemm
 
 from .conftest import CLUSTERS, NETWORKS, ROOT, invoke
@@ -201,6 +201,29 @@ def test_neusight_run_nuisances_belong_to_neusight_runs(runner, tmp_path):
                               "--split", "test").stdout)
         seen.append({(x["device"], x["op"]): x["mape"] for x in r["results"]})
     assert seen[0] == pytest.approx(seen[1], rel=1e-9)
+
+
+def test_neusight_conv_sweep_drift_is_the_hosts_time_per_call():
+    """README *Hardware models*: along NeuSight's conv sweep the time each call adds
+    outside the kernel grows, while the kernels' own time barely moves. The shipped
+    model's curves say so for every network and GPU (fitted: kernel-time drift within
+    ±0.045 in log, the overhead 3.9-7.9x larger at the sweep's end than at its start,
+    rising knot by knot), and ``kernels eval`` applies both."""
+    conv = load_models().get("conv")
+    assert conv is not None
+    for member in conv.members:
+        for dev in ("P100-PCIe", "P4", "T4", "V100-PCIe"):
+            kernel = member.drift["neusight-conv"][dev]
+            over = member.overhead_drift["neusight-conv"][dev]
+            assert max(abs(v) for v in kernel) < 0.05
+            assert list(over) == sorted(over)
+            assert math.exp(over[-1] - over[0]) > 3.5
+            ends = member.drift_factor("neusight-conv", dev, np.array([0.0, 1.0]),
+                                       overhead=True)
+            assert ends[1] / ends[0] == pytest.approx(math.exp(over[-1] - over[0]), rel=1e-12)
+    assert conv.first.drift_factor("", "T4", np.array([0.5]), overhead=True)[0] == 1.0
+    gemm = load_models().get("gemm")
+    assert gemm is not None and gemm.first.overhead_drift == {}  # the linear sweep: none
 
 
 def test_neusight_split_must_be_train_or_test(tmp_path):
@@ -614,8 +637,9 @@ def test_bigger_gemm_is_never_much_faster(est):
 def test_a_bigger_batch_of_convolutions_is_rarely_faster(est):
     # ResNet-like layers (32-512 channels, 7-56 pixels, 1x1 and 3x3, batch 1-64) against
     # twice the batch. DeepBench's measured batch pairs: 0.3-1.3% over 5% faster at twice
-    # the batch (cuDNN switches algorithm). Shipped models: 0.9-2.9% per GPU and pass
-    # (4 GPUs, 3 passes); before the monotonicity penalty 2.1-7.2%.
+    # the batch (cuDNN switches algorithm). Shipped models: 0.0-0.1% per GPU and pass
+    # (4 GPUs, 3 passes); before the harness overhead's drift along NeuSight's conv
+    # sweep was fitted (2026-11-28) 0.1-3.1%, before the monotonicity penalty 2.1-7.2%.
     for device in ("T4", "V100-SXM2", "A100-PCIe-40GB", "H100-SXM"):
         dev = lookup_device(device)
         for phase in ("fwd", "bwd_data", "bwd_filter"):
@@ -626,7 +650,7 @@ def test_a_bigger_batch_of_convolutions_is_rarely_faster(est):
                         phase=phase) for b in base]
             ratio = est.estimate(big, dev, "float32").seconds / \
                 est.estimate(base, dev, "float32").seconds
-            assert np.mean(ratio < 1 / 1.05) <= 0.04, (device, phase)
+            assert np.mean(ratio < 1 / 1.05) <= 0.01, (device, phase)
 
 
 def _energy_by_hand(model, dtype: str = "float32") -> float:
@@ -754,8 +778,11 @@ def test_the_readmes_breakdown_by_reduction_length_agrees_with_eval(runner):
 def test_the_readmes_convolution_residuals_agree_with_eval(runner):
     """tests/benchmarks/conv_residuals.py (the README's account of the NeuSight forward
     misses): per GPU its all-rows MAPE is `kernels eval`'s and the calls under and over
-    1 ms add up to it; the same shape's errors correlate across GPUs (measured 0.81-0.89)
-    while its 20 nearest training shapes explain little (measured -0.1 to -1.0 points)."""
+    1 ms add up to it; the four GPUs ran the shapes in one order (positions correlate
+    1.000), and with the harness overhead's drift fitted the same shape's errors no longer
+    move together across GPUs (measured 0.11-0.39; 0.81-0.90 before), its 20 nearest
+    training shapes explain little (measured 0.5-1.1 points) and no tenth of the sweep is
+    off on average by more than 8% (short calls) or 2% (long ones)."""
     out = _run_benchmark("conv_residuals.py").splitlines()
     r = invoke(runner, "kernels", "eval", DATA / "neusight" / "neusight_conv2d_fwd_fp32.csv",
                "--split", "test", "--format", "json")
@@ -773,10 +800,18 @@ def test_the_readmes_convolution_residuals_agree_with_eval(runner):
                      "(< 1 ms on both)")
     values = [float(v) for line in out[corr + 1:corr + 5]
               for v in line.split()[1::2]]
-    assert sorted(values)[-4:] == [1.0] * 4 and min(values) > 0.7
-    knn = [line.split() for line in out[corr + 6:corr + 10]]
+    assert sorted(values)[-4:] == [1.0] * 4 and max(sorted(values)[:-4]) < 0.5
+    pos = out.index("correlation of the same shape's position in the two sweeps")
+    assert all(float(v) > 0.999 for line in out[pos + 1:pos + 5] for v in line.split()[1:])
+    knn_head = out.index("held-out MAPE corrected by the 20 nearest training shapes")
+    knn = [line.split() for line in out[knn_head + 1:knn_head + 5]]
     assert all(0.0 <= float(a.rstrip("%")) - float(b.rstrip("%")) < 1.5
                for _, a, _, b in knn)
+    tenths = out.index("mean error (%, measured / predicted - 1) by tenth of the sweep, "
+                       "all rows")
+    for line in out[tenths + 1:tenths + 9]:
+        worst = max(abs(float(v)) for v in line.split()[-10:])
+        assert worst <= (8.0 if "< 1 ms" in line else 2.0), line
 
 
 def test_the_scaling_check_reads_the_shipped_data():
@@ -982,6 +1017,42 @@ def test_monotonicity_penalty_gradient_matches_finite_differences():
         up = pairs.penalty((x + e)[:2 * n], (x + e)[2 * n:])[0]
         down = pairs.penalty((x - e)[:2 * n], (x - e)[2 * n:])[0]
         assert grad[i] == pytest.approx((up - down) / (2 * h), rel=1e-5, abs=1e-9)
+
+
+def test_fit_objective_gradient_matches_finite_differences():
+    """The whole objective's gradient (network, harness overheads, sweep factor, levels,
+    both drifts of a sweep: kernel time and per-call overhead, launch floor) against
+    central differences, on rows where each term matters: compute- and memory-bound
+    kernels, a sweep with an overhead comparable to its kernels' times."""
+    rng = np.random.default_rng(11)
+    n = 60
+    x = rng.normal(0.0, 1.0, (n, 3))
+    t_flop = rng.uniform(1e-5, 3e-4, n)
+    t_byte = t_flop * rng.choice([0.3, 3.0], n)  # both sides of the ridge
+    y = np.maximum(t_flop, t_byte) * rng.uniform(1.3, 2.5, n) + 4e-5
+    idx = np.arange(n)
+    oh_idx = np.where(idx < 40, 0, -1)  # a harness that adds time to 40 rows
+    fac_idx = np.where((idx >= 20) & (idx < 30), 0, -1)
+    lvl_idx = idx % 2
+    drift_idx = np.where(idx < 30, 0, -1)  # one sweep of 30 rows
+    basis = hat_basis(np.where(idx < 30, idx / 29.0, 0.0))
+    basis[:30] -= basis[:30].mean(axis=0)
+    basis[30:] = 0.0
+    prob = _Problem(x, t_flop, t_byte, y, rng.uniform(0.5, 1.5, n),
+                    FitOptions(hidden=(4,), drift_l2=1e-3), oh_idx, 1, fac_idx, 1, lvl_idx,
+                    2, drift_idx, 1, basis, od_idx=drift_idx.copy(), n_od=1)
+    p0 = prob.init(0, y / np.maximum(t_flop, t_byte))
+    p = p0 + rng.normal(0.0, 0.2, p0.size)  # drifts away from zero, overheads off 50 µs
+    _, grad = prob(p)
+    h = 1e-6
+    for i in range(p.size):
+        e = np.zeros_like(p)
+        e[i] = h
+        numeric = (prob(p + e)[0] - prob(p - e)[0]) / (2 * h)
+        assert grad[i] == pytest.approx(numeric, rel=1e-5, abs=1e-9), i
+    theta, phi = prob.unpack(p)[4:6]
+    assert theta.shape == phi.shape == (1, 6)
+    assert np.all(np.abs(grad[-7:-1]) > 1e-6)  # the overhead drift's curve is fitted
 
 
 def test_the_penalty_makes_a_fit_monotone_in_the_rows():

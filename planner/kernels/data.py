@@ -74,8 +74,8 @@ MAX_CSV_BYTES = 64 * 2**20
 MAX_KERNEL_MS = 1e6
 
 #: sha256 of NeuSight's own measurement runs as copied into ``models/data/neusight``.
-#: Their rows carry the nuisances of those runs (the drift along the conv sweep, the
-#: slower linear train sweep; see the README's *Hardware models*), which are facts about
+#: Their rows carry the nuisances of those runs (the per-call overhead growing along the
+#: conv sweep, the slower linear train sweep; see the README's *Hardware models*), facts about
 #: when and how those files were measured. A file in NeuSight's layout that is not one of
 #: them (a user's own run, or a shuffled or truncated copy) is read without them.
 NEUSIGHT_RUNS = {

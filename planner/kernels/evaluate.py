@@ -87,11 +87,12 @@ def _predict(model: Ensemble, table: Table,
     logs = []
     for member, kernel in zip(model.members, times, strict=True):
         secs = np.where(ok, kernel, bound)
+        over = np.array([member.overhead(h, d)
+                         for h, d in zip(table.harness, table.device, strict=True)])
         for sw, d in drifting:
             rows = (sweeps == sw) & (devs == d)
             secs[rows] = secs[rows] * member.drift_factor(sw, d, pos[rows])
-        over = np.array([member.overhead(h, d)
-                         for h, d in zip(table.harness, table.device, strict=True)])
+            over[rows] = over[rows] * member.drift_factor(sw, d, pos[rows], overhead=True)
         logs.append(np.log(secs + over))
     out: FloatArray = np.exp(np.mean(logs, axis=0))
     return out, ok, band_variable(variable_for(model), times, bound)

@@ -109,6 +109,9 @@ class KernelModel:
     #: (a measurement condition, like the harness overhead: applied to compare with that
     #: sweep's rows, never to predict)
     drift: Mapping[str, Mapping[str, Sequence[float]]] = field(default_factory=dict)
+    #: sweep → device → log drift of the harness overhead (the host's time per call) at
+    #: the same positions (also a measurement condition, never used to predict)
+    overhead_drift: Mapping[str, Mapping[str, Sequence[float]]] = field(default_factory=dict)
     #: level class (:func:`level_class`) → level an unseen GPU gets (median of the class)
     unseen_levels: Mapping[str, float] = field(default_factory=dict)
     #: level class → the least energy per FLOP (J) any GPU of the class the model has seen
@@ -254,9 +257,12 @@ class KernelModel:
         out: FloatArray = np.maximum(t, np.maximum(t_flop, t_byte))
         return out
 
-    def drift_factor(self, sweep: str, device: str, position: FloatArray) -> FloatArray:
-        """Time factor of rows of a sweep at ``position`` (1 where no drift was fitted)."""
-        theta = self.drift.get(sweep, {}).get(device) if sweep else None
+    def drift_factor(self, sweep: str, device: str, position: FloatArray,
+                     overhead: bool = False) -> FloatArray:
+        """Kernel-time factor of rows of a sweep at ``position`` (with ``overhead``: the
+        factor of the harness overhead); 1 where no drift was fitted."""
+        curves = self.overhead_drift if overhead else self.drift
+        theta = curves.get(sweep, {}).get(device) if sweep else None
         if not theta:
             return np.ones_like(position)
         knots = np.linspace(0.0, 1.0, len(theta))

@@ -174,6 +174,8 @@ def _member_record(model: KernelModel) -> dict[str, Any]:
         "sweep_factor": {c: dict(v) for c, v in model.collection_factor.items()},
         "sweep_drift": {s: {d: [float(x) for x in v] for d, v in per.items()}
                         for s, per in model.drift.items()},
+        "sweep_overhead_drift": {s: {d: [float(x) for x in v] for d, v in per.items()}
+                                 for s, per in model.overhead_drift.items()},
         "launch_floor_s": model.floor_s,
     }
 
@@ -317,6 +319,8 @@ def _member(family: str, feats: tuple[str, ...], mlp: Mlp, lo: FloatArray, hi: F
                    for c, v in (mrec.get("sweep_factor") or {}).items()}
         drift = {str(sw): {str(d): [float(x) for x in v] for d, v in per.items()}
                  for sw, per in (mrec.get("sweep_drift") or {}).items()}
+        overhead_drift = {str(sw): {str(d): [float(x) for x in v] for d, v in per.items()}
+                          for sw, per in (mrec.get("sweep_overhead_drift") or {}).items()}
     except (AttributeError, TypeError, ValueError):
         raise ModelDataError(f"{where}: malformed levels, overheads or sweep factors") \
             from None
@@ -331,7 +335,7 @@ def _member(family: str, feats: tuple[str, ...], mlp: Mlp, lo: FloatArray, hi: F
         ops=tuple(str(o) for o in rec.get("ops") or ()),
         overhead_s=overhead, collection_factor=factors, levels=levels, level_specs=specs,
         unseen_levels=unseen, unseen_energy=energy, chips=chips, drift=drift,
-        floor_s=_floor(mrec.get("launch_floor_s", 0.0), where))
+        overhead_drift=overhead_drift, floor_s=_floor(mrec.get("launch_floor_s", 0.0), where))
 
 
 def _floor(value: Any, where: str) -> float:

@@ -24,6 +24,14 @@ per-GPU and per-harness parameters, the weighted mean squared error of log time:
   its device's data is dropped (NeuSight's P4 train sweep: 2.9×, drifting along the file).
 * ``t_0``: a launch floor shared by every GPU (a kernel takes a few microseconds however
   small), so ``t̂_i = c + t_0 + φ · ...``; mostly set by DeepBench's smallest kernels.
+* Drifts along a long sweep (:data:`DRIFT_MIN_ROWS` rows or more on a device, in file
+  order): the kernel-time term is multiplied by ``exp(δ[s, d](p_i))`` and, for the sweeps
+  of :data:`OVERHEAD_DRIFT_SWEEPS`, the overhead ``c`` by ``exp(ψ[s, d](p_i))``, each a
+  piecewise-linear curve over the row's position ``p_i`` ∈ [0, 1] with
+  :data:`DRIFT_KNOTS` knots, centred to zero mean over the sweep (so the levels keep the
+  sweep's average). Along NeuSight's conv sweep the per-call overhead grows about 4-8×
+  while the kernel time barely moves; fitting only ``δ`` read that as a slowdown of every
+  call. Like ``c`` and ``φ`` they describe a measurement, never a prediction.
 * ``w_i``: every (device, harness, op, sweep) group gets total weight ∝ ``n_g^0.5`` so
   that a GPU with thousands of rows does not drown one with a hundred.
 * A monotonicity penalty ``μ · mean_j max(0, log u(a_j) − log u(b_j))²`` over pairs of
@@ -63,6 +71,12 @@ GROUP_POWER = 0.5
 E_INIT = 0.8
 DRIFT_KNOTS = 6
 DRIFT_MIN_ROWS = 3000
+#: sweeps whose harness overhead (the host's time per call, outside the kernel) also
+#: drifts along the file, as a second curve: NeuSight's conv sweep, whose short calls
+#: grow slower along it and long ones less (README *Hardware models*); its linear train
+#: sweep shows no such growth (fitted with one, its curves wander by ±0.5 in log and the
+#: held-out NeuSight GEMMs do not improve: 6.8% mean over the five GPUs, 6.9% with it)
+OVERHEAD_DRIFT_SWEEPS = frozenset({"neusight-conv"})
 
 
 @dataclass(frozen=True)
@@ -282,7 +296,8 @@ class _Problem:
                  w: FloatArray, opts: FitOptions, oh_idx: IntArray, n_oh: int,
                  fac_idx: IntArray, n_fac: int, lvl_idx: IntArray, n_lvl: int,
                  drift_idx: IntArray, n_drift: int, basis: FloatArray,
-                 pairs: _Pairs | None = None) -> None:
+                 pairs: _Pairs | None = None, od_idx: IntArray | None = None,
+                 n_od: int = 0) -> None:
         self.x = x if pairs is None else np.concatenate([x, pairs.xa, pairs.xb])
         self.n_rows = len(x)
         self.pairs = pairs
@@ -297,6 +312,10 @@ class _Problem:
         self.lvl_idx, self.n_lvl = lvl_idx, n_lvl
         # drift: centred hat basis per row (zero mean within each sweep)
         self.drift_idx, self.n_drift = drift_idx, n_drift
+        # overhead drift: the same basis, its own curves (rows of a sweep of
+        # OVERHEAD_DRIFT_SWEEPS; -1 elsewhere)
+        self.od_idx = od_idx if od_idx is not None else np.full(len(x), -1, dtype=np.int64)
+        self.n_od = n_od
         self.basis = basis
         self.drift_l2 = opts.drift_l2
         self.shapes: list[tuple[int, ...]] = []
@@ -305,9 +324,9 @@ class _Problem:
         self.n_net = sum(int(np.prod(s)) for s in self.shapes)
 
     def unpack(self, p: FloatArray) -> tuple[list[FloatArray], FloatArray, FloatArray,
-                                             FloatArray, FloatArray, float]:
-        """Network arrays, log overheads, log sweep factors, efficiency logits, drift,
-        log launch floor."""
+                                             FloatArray, FloatArray, FloatArray, float]:
+        """Network arrays, log overheads, log sweep factors, efficiency logits, kernel
+        drift, overhead drift, log launch floor."""
         arrays: list[FloatArray] = []
         pos = 0
         for s in self.shapes:
@@ -321,10 +340,12 @@ class _Problem:
         eta = p[pos:pos + self.n_lvl]
         pos += self.n_lvl
         theta = p[pos:pos + self.n_drift * DRIFT_KNOTS].reshape(self.n_drift, DRIFT_KNOTS)
-        return arrays, log_c, log_f, eta, theta, p[-1]
+        pos += self.n_drift * DRIFT_KNOTS
+        phi = p[pos:pos + self.n_od * DRIFT_KNOTS].reshape(self.n_od, DRIFT_KNOTS)
+        return arrays, log_c, log_f, eta, theta, phi, p[-1]
 
     def __call__(self, p: FloatArray) -> tuple[float, FloatArray]:
-        arrays, log_c, log_f, eta, theta, log_floor = self.unpack(p)
+        arrays, log_c, log_f, eta, theta, phi, log_floor = self.unpack(p)
         floor = float(np.exp(log_floor))
         ws, bs = arrays[0::2], arrays[1::2]
         acts = [self.x]
@@ -345,11 +366,16 @@ class _Problem:
             lf = lf + np.where(has_d, np.sum(self.basis * theta[np.maximum(self.drift_idx, 0)],
                                              axis=1), 0.0)
         u = np.exp(log_bound + lf + sl)  # kernel time above the launch floor
-        c = np.where(self.oh_idx >= 0, np.exp(_gather(log_c, self.oh_idx, 0.0)), 0.0)
+        lc = _gather(log_c, self.oh_idx, 0.0)
+        if self.n_od:
+            has_o = self.od_idx >= 0
+            lc = lc + np.where(has_o, np.sum(self.basis * phi[np.maximum(self.od_idx, 0)],
+                                             axis=1), 0.0)
+        c = np.where(self.oh_idx >= 0, np.exp(lc), 0.0)
         t = c + floor + u
         r = np.log(t) - self.log_y
         loss = float(np.sum(self.w * r * r)) + self.l2 * float(sum(np.sum(w * w) for w in ws)) \
-            + self.drift_l2 * float(np.sum(theta * theta))
+            + self.drift_l2 * float(np.sum(theta * theta) + np.sum(phi * phi))
         g_logt = 2.0 * self.w * r
         g_logu = g_logt * u / t
         g_logc = g_logt * c / t
@@ -379,10 +405,18 @@ class _Problem:
                                             weights=(g_logu * self.basis[:, j])[has_d],
                                             minlength=self.n_drift)
             g_theta += 2.0 * self.drift_l2 * theta
+        g_phi = np.zeros((self.n_od, DRIFT_KNOTS))
+        if self.n_od:
+            has_o = self.od_idx >= 0
+            for j in range(DRIFT_KNOTS):
+                g_phi[:, j] = np.bincount(self.od_idx[has_o],
+                                          weights=(g_logc * self.basis[:, j])[has_o],
+                                          minlength=self.n_od)
+            g_phi += 2.0 * self.drift_l2 * phi
         grad = np.concatenate([g.ravel() for g in grads] + [
             _scatter(self.oh_idx, g_logc, self.n_oh),
             _scatter(self.fac_idx, g_logu, self.n_fac),
-            g_eta_all, g_theta.ravel(), np.array([g_floor])])
+            g_eta_all, g_theta.ravel(), g_phi.ravel(), np.array([g_floor])])
         return loss, grad
 
     def init(self, seed: int, slowdown: FloatArray) -> FloatArray:
@@ -398,6 +432,7 @@ class _Problem:
         parts.append(np.zeros(self.n_fac))
         parts.append(np.full(self.n_lvl, np.log(E_INIT / (1.0 - E_INIT))))
         parts.append(np.zeros(self.n_drift * DRIFT_KNOTS))
+        parts.append(np.zeros(self.n_od * DRIFT_KNOTS))
         parts.append(np.array([np.log(2e-6)]))
         return np.concatenate(parts)
 
@@ -511,6 +546,10 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
     drift_idx, drift_keys = _index([(sw, d) if sw and sweep_rows[(sw, d)] >= DRIFT_MIN_ROWS
                                     else None
                                     for sw, d in zip(table.sweep, table.device, strict=True)])
+    od_slot = [g for g, (sw, _) in enumerate(drift_keys) if sw in OVERHEAD_DRIFT_SWEEPS]
+    od_of = np.array([od_slot.index(g) if g in od_slot else -1
+                      for g in range(len(drift_keys))] + [-1], dtype=np.int64)
+    od_idx = od_of[drift_idx]  # drift_idx -1 picks the trailing -1
     basis = hat_basis(np.asarray(table.position, dtype=np.float64))
     for g in range(len(drift_keys)):  # centre: a drift moves time within a sweep, not its mean
         rows = drift_idx == g
@@ -521,12 +560,12 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
     pairs = _mono_pairs(table, spec, lvl_idx, mean, std, opts)
     prob = _Problem(xn, t_flop, t_byte, y, w, opts, oh_idx, len(oh_keys), fac_idx,
                     len(fac_keys), lvl_idx, len(lvl_keys3), drift_idx, len(drift_keys), basis,
-                    pairs)
+                    pairs, od_idx, len(od_slot))
     p0 = prob.init(opts.seed, y / bound / E_INIT)
     res = minimize(prob, p0, jac=True, method="L-BFGS-B",
                    options={"maxiter": opts.max_iter, "maxfun": opts.max_iter * 2,
                             "ftol": 1e-12, "gtol": 1e-8})
-    arrays, log_c, log_f, eta, theta, log_floor = prob.unpack(res.x)
+    arrays, log_c, log_f, eta, theta, phi, log_floor = prob.unpack(res.x)
     mlp = Mlp(tuple(arrays[0::2]), tuple(arrays[1::2]), mean, std)
     overhead: dict[str, dict[str, float]] = {}
     for (h, d), v in sorted(zip(oh_keys, np.exp(log_c), strict=True)):
@@ -537,11 +576,16 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
     for (c, d), v in sorted(zip(fac_keys, np.exp(log_f), strict=True)):
         factors.setdefault(c, {})[d] = float(v)
     drift: dict[str, dict[str, list[float]]] = {}
+    overhead_drift: dict[str, dict[str, list[float]]] = {}
     for g, (sw, d) in enumerate(drift_keys):
-        rows = drift_idx == g
-        # store the curve itself: θ minus the sweep mean of the basis·θ
-        offset = float(np.mean(hat_basis(np.asarray(table.position)[rows]) @ theta[g]))
-        drift.setdefault(sw, {})[d] = [float(v - offset) for v in theta[g]]
+        raw = hat_basis(np.asarray(table.position)[drift_idx == g])
+        curves = [(drift, theta[g])]
+        if od_of[g] >= 0:
+            curves.append((overhead_drift, phi[od_of[g]]))
+        for out, th in curves:
+            # store the curve itself: θ minus the sweep mean of the basis·θ
+            offset = float(np.mean(raw @ th))
+            out.setdefault(sw, {})[d] = [float(v - offset) for v in th]
     # one level per (GPU, dtype, harness): each source measured its own machine
     per_source = {f"{d}|{t}|{h}": float(1.0 / (1.0 + np.exp(-v)))
                   for (d, t, h), v in sorted(zip(lvl_keys3, eta, strict=True))}
@@ -564,7 +608,7 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
         unseen_energy=unseen_energy(levels, level_specs),
         chips={d: dev.chip for d in sorted({k.split("|", 1)[0] for k in level_specs})
                if (dev := lookup_device(d)) is not None and dev.chip},
-        drift=drift,
+        drift=drift, overhead_drift=overhead_drift,
         floor_s=float(np.exp(log_floor)))
     report = FitReport(table.family, len(table), int(res.nit), float(res.fun),
                        time.perf_counter() - start, sorted(set(table.device)), dropped)

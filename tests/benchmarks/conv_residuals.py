@@ -7,12 +7,18 @@ For the held-out (``test``) rows of NeuSight's 3x3 forward sweep, per GPU:
 
 1. the MAPE of calls measured under and over 1 ms;
 2. the correlation, between two GPUs, of the log error log(predicted / measured) of the
-   same shape, over the shapes under 1 ms on both (all rows: each GPU's sweep ran the
-   shapes in its own random order, so a shared error is the shape's, not the time's);
+   same shape, over the shapes under 1 ms on both (all rows), and the correlation of the
+   same shape's position in the two sweeps: the four GPUs ran the shapes in one and the
+   same random order, so an error shared by the GPUs can be the moment's as well as the
+   shape's;
 3. the held-out MAPE after correcting each held-out row by the mean log error of its
    ``--neighbours`` nearest *training* shapes on the same GPU (Euclidean in log2 of
    batch, input channels, image size and output channels). If the shared error were a
-   smooth function of the shape, its neighbours would predict it and this would fall.
+   smooth function of the shape, its neighbours would predict it and this would fall;
+4. the mean log error (%, measured over predicted) of all rows by tenth of the sweep,
+   for calls predicted under and over 1 ms: what a drift of the kernel time alone
+   leaves (short calls measured ever slower than predicted, long ones ever faster) and
+   the harness overhead's own drift takes away.
 
 The README's paragraph on the convolution misses quotes these figures.
 """
@@ -50,8 +56,9 @@ def main() -> None:
         tab = select(data, split).conv
         pred, _ = predict_table(model, tab)
         meas = np.asarray(tab.seconds)
-        parts[split] = (tab.shape_array(), meas, np.array(tab.device), np.log(pred / meas))
-    shape, meas, dev, err = parts["test"]
+        parts[split] = (tab.shape_array(), meas, np.array(tab.device), np.log(pred / meas),
+                        np.asarray(tab.position), pred)
+    shape, meas, dev, err = parts["test"][:4]
     devices = sorted(set(dev.tolist()))
     print("held-out MAPE by measured time")
     for d in devices:
@@ -62,11 +69,13 @@ def main() -> None:
               f">= 1 ms {_mape(err[long_]):5.1f}% (n = {int(long_.sum())})")
 
     print("correlation of the log error of the same shape on two GPUs (< 1 ms on both)")
-    by_shape: dict[str, dict[tuple[int, ...], tuple[float, float]]] = {d: {} for d in devices}
+    by_shape: dict[str, dict[tuple[int, ...], tuple[float, float, float]]] = {
+        d: {} for d in devices}
     for split in ("train", "test"):
-        s, m, dv, e = parts[split]
+        s, m, dv, e, pos, _ = parts[split]
         for i in range(len(m)):
-            by_shape[str(dv[i])][tuple(int(v) for v in s[i])] = (float(e[i]), float(m[i]))
+            by_shape[str(dv[i])][tuple(int(v) for v in s[i])] = (float(e[i]), float(m[i]),
+                                                                 float(pos[i]))
     for a in devices:
         cells = []
         for b in devices:
@@ -75,9 +84,17 @@ def main() -> None:
             x = np.asarray(pairs)
             cells.append(f"{np.corrcoef(x.T)[0, 1]:5.2f} ({len(x)})")
         print(f"  {a:10s} " + "  ".join(cells))
+    print("correlation of the same shape's position in the two sweeps")
+    for a in devices:
+        cells = []
+        for b in devices:
+            x = np.asarray([(va[2], by_shape[b][k][2]) for k, va in by_shape[a].items()
+                            if k in by_shape[b]])
+            cells.append(f"{np.corrcoef(x.T)[0, 1]:6.3f}")
+        print(f"  {a:10s} " + "  ".join(cells))
 
     print(f"held-out MAPE corrected by the {args.neighbours} nearest training shapes")
-    tr_shape, _, tr_dev, tr_err = parts["train"]
+    tr_shape, _, tr_dev, tr_err = parts["train"][:4]
     cols = [0, 1, 2, 4]  # batch, input channels, image height (= width), output channels
     for d in devices:
         a, b = tr_dev == d, dev == d
@@ -87,6 +104,18 @@ def main() -> None:
         near = np.argsort(dist, axis=1, kind="stable")[:, :args.neighbours]
         corrected = err[b] - tr_err[a][near].mean(axis=1)
         print(f"  {d:10s} {_mape(err[b]):5.1f}% -> {_mape(corrected):5.1f}%")
+
+    print("mean error (%, measured / predicted - 1) by tenth of the sweep, all rows")
+    cat = [np.concatenate([parts[sp][i] for sp in ("train", "test")]) for i in range(6)]
+    _, _, a_dev, a_err, a_pos, a_pred = cat
+    tenth = np.minimum((a_pos * 10).astype(int), 9)
+    for d in devices:
+        for name, sel in (("predicted < 1 ms", a_pred < SHORT_S),
+                          ("predicted >= 1 ms", a_pred >= SHORT_S)):
+            mine = (a_dev == d) & sel
+            mean = [float(np.mean(-a_err[mine & (tenth == j)])) if np.any(mine & (tenth == j))
+                    else float("nan") for j in range(10)]
+            print(f"  {d:10s} {name:18s}" + "".join(f"{np.expm1(v) * 100:+5.0f}" for v in mean))
 
 
 if __name__ == "__main__":
