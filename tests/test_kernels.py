@@ -161,6 +161,19 @@ def test_zero_normalisation_spread_is_refused(model_copy):
         load_dir(model_copy)
 
 
+@pytest.mark.parametrize("bad", [5, {"neusight-conv": [0.1, 0.2]},
+                                 {"neusight-conv": {"T4": ["fast"]}}])
+def test_malformed_overhead_drift_is_refused(model_copy, bad):
+    """A member's ``sweep_overhead_drift`` that is not sweep -> device -> numbers names the
+    member in the manifest (it was read without a check before it existed)."""
+    doc = yaml.safe_load((model_copy / MANIFEST).read_text())
+    doc["models"]["conv"]["members"][3]["sweep_overhead_drift"] = bad
+    (model_copy / MANIFEST).write_text(yaml.safe_dump(doc))
+    with pytest.raises(ModelDataError, match=r"models\.conv\.members\[3\]: malformed levels, "
+                                             r"overheads, sweep factors or drifts"):
+        load_dir(model_copy)
+
+
 def test_fit_of_one_family_never_drops_the_other(runner, model_copy):
     """--only gemm into a model set with a conv model would write a manifest without it:
     refused before fitting, and the set is untouched."""

@@ -322,7 +322,7 @@ def _member(family: str, feats: tuple[str, ...], mlp: Mlp, lo: FloatArray, hi: F
         overhead_drift = {str(sw): {str(d): [float(x) for x in v] for d, v in per.items()}
                           for sw, per in (mrec.get("sweep_overhead_drift") or {}).items()}
     except (AttributeError, TypeError, ValueError):
-        raise ModelDataError(f"{where}: malformed levels, overheads or sweep factors") \
+        raise ModelDataError(f"{where}: malformed levels, overheads, sweep factors or drifts") \
             from None
     if any(not 0.0 < v <= 1.0 for v in (*levels.values(), *unseen.values())):
         raise ModelDataError(f"{where}: sustained fractions must lie in (0, 1]")
