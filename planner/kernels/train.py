@@ -187,6 +187,24 @@ def drift_of(theta: FloatArray, u: FloatArray) -> FloatArray:
     return out
 
 
+def _curve(idx: IntArray, theta: FloatArray, basis: FloatArray) -> FloatArray:
+    """Each row's value of its sweep's curve (``basis`` · the curve's knots; 0 for rows
+    of no sweep, ``idx`` -1)."""
+    out: FloatArray = np.where(idx >= 0, np.sum(basis * theta[np.maximum(idx, 0)], axis=1),
+                               0.0)
+    return out
+
+
+def _curve_grad(idx: IntArray, g_log: FloatArray, basis: FloatArray, n: int) -> FloatArray:
+    """Gradient of the loss with respect to the knots of ``n`` curves given that with
+    respect to the log term each multiplies (``rows``), as :func:`_curve` spreads them."""
+    out = np.zeros((n, basis.shape[1]))
+    has = idx >= 0
+    for j in range(basis.shape[1]):
+        out[:, j] = np.bincount(idx[has], weights=(g_log * basis[:, j])[has], minlength=n)
+    return out
+
+
 def _gather(values: FloatArray, idx: IntArray, default: float) -> FloatArray:
     if values.size == 0:
         return np.full(idx.shape, default)
@@ -362,15 +380,11 @@ class _Problem:
                                                         eta[self.lvl_idx])
         lf = _gather(log_f, self.fac_idx, 0.0)
         if self.n_drift:
-            has_d = self.drift_idx >= 0
-            lf = lf + np.where(has_d, np.sum(self.basis * theta[np.maximum(self.drift_idx, 0)],
-                                             axis=1), 0.0)
+            lf = lf + _curve(self.drift_idx, theta, self.basis)
         u = np.exp(log_bound + lf + sl)  # kernel time above the launch floor
         lc = _gather(log_c, self.oh_idx, 0.0)
         if self.n_od:
-            has_o = self.od_idx >= 0
-            lc = lc + np.where(has_o, np.sum(self.basis * phi[np.maximum(self.od_idx, 0)],
-                                             axis=1), 0.0)
+            lc = lc + _curve(self.od_idx, phi, self.basis)
         c = np.where(self.oh_idx >= 0, np.exp(lc), 0.0)
         t = c + floor + u
         r = np.log(t) - self.log_y
@@ -397,22 +411,10 @@ class _Problem:
             grads[2 * i + 1] = delta.sum(axis=0)
             if i > 0:
                 delta = (delta @ ws[i].T) * (1.0 - acts[i] ** 2)
-        g_theta = np.zeros((self.n_drift, DRIFT_KNOTS))
-        if self.n_drift:
-            has_d = self.drift_idx >= 0
-            for j in range(DRIFT_KNOTS):
-                g_theta[:, j] = np.bincount(self.drift_idx[has_d],
-                                            weights=(g_logu * self.basis[:, j])[has_d],
-                                            minlength=self.n_drift)
-            g_theta += 2.0 * self.drift_l2 * theta
-        g_phi = np.zeros((self.n_od, DRIFT_KNOTS))
-        if self.n_od:
-            has_o = self.od_idx >= 0
-            for j in range(DRIFT_KNOTS):
-                g_phi[:, j] = np.bincount(self.od_idx[has_o],
-                                          weights=(g_logc * self.basis[:, j])[has_o],
-                                          minlength=self.n_od)
-            g_phi += 2.0 * self.drift_l2 * phi
+        g_theta = _curve_grad(self.drift_idx, g_logu, self.basis, self.n_drift) \
+            + 2.0 * self.drift_l2 * theta
+        g_phi = _curve_grad(self.od_idx, g_logc, self.basis, self.n_od) \
+            + 2.0 * self.drift_l2 * phi
         grad = np.concatenate([g.ravel() for g in grads] + [
             _scatter(self.oh_idx, g_logc, self.n_oh),
             _scatter(self.fac_idx, g_logu, self.n_fac),
