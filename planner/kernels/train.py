@@ -549,8 +549,8 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
                                     else None
                                     for sw, d in zip(table.sweep, table.device, strict=True)])
     od_slot = [g for g, (sw, _) in enumerate(drift_keys) if sw in OVERHEAD_DRIFT_SWEEPS]
-    od_of = np.array([od_slot.index(g) if g in od_slot else -1
-                      for g in range(len(drift_keys))] + [-1], dtype=np.int64)
+    od_of = np.full(len(drift_keys) + 1, -1, dtype=np.int64)  # drift group → its curve
+    od_of[od_slot] = np.arange(len(od_slot))
     od_idx = od_of[drift_idx]  # drift_idx -1 picks the trailing -1
     basis = hat_basis(np.asarray(table.position, dtype=np.float64))
     for g in range(len(drift_keys)):  # centre: a drift moves time within a sweep, not its mean

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,6 +39,18 @@ from planner.kernels.store import load_models
 ROOT = Path(__file__).resolve().parents[2]
 CONV = ROOT / "models" / "data" / "neusight" / "neusight_conv2d_fwd_fp32.csv"
 SHORT_S = 1e-3
+
+
+class _Rows(NamedTuple):
+    """One split's rows: shapes, measured seconds, devices, log(predicted / measured),
+    positions in the sweep and predicted seconds."""
+
+    shape: np.ndarray
+    meas: np.ndarray
+    dev: np.ndarray
+    err: np.ndarray
+    pos: np.ndarray
+    pred: np.ndarray
 
 
 def _mape(log_err: np.ndarray) -> float:
@@ -56,9 +69,10 @@ def main() -> None:
         tab = select(data, split).conv
         pred, _ = predict_table(model, tab)
         meas = np.asarray(tab.seconds)
-        parts[split] = (tab.shape_array(), meas, np.array(tab.device), np.log(pred / meas),
-                        np.asarray(tab.position), pred)
-    shape, meas, dev, err = parts["test"][:4]
+        parts[split] = _Rows(tab.shape_array(), meas, np.array(tab.device),
+                             np.log(pred / meas), np.asarray(tab.position), pred)
+    shape, meas, dev, err = parts["test"].shape, parts["test"].meas, parts["test"].dev, \
+        parts["test"].err
     devices = sorted(set(dev.tolist()))
     print("held-out MAPE by measured time")
     for d in devices:
@@ -72,10 +86,10 @@ def main() -> None:
     by_shape: dict[str, dict[tuple[int, ...], tuple[float, float, float]]] = {
         d: {} for d in devices}
     for split in ("train", "test"):
-        s, m, dv, e, pos, _ = parts[split]
-        for i in range(len(m)):
-            by_shape[str(dv[i])][tuple(int(v) for v in s[i])] = (float(e[i]), float(m[i]),
-                                                                 float(pos[i]))
+        rows = parts[split]
+        for i in range(len(rows.meas)):
+            by_shape[str(rows.dev[i])][tuple(int(v) for v in rows.shape[i])] = (
+                float(rows.err[i]), float(rows.meas[i]), float(rows.pos[i]))
     for a in devices:
         cells = []
         for b in devices:
@@ -94,7 +108,7 @@ def main() -> None:
         print(f"  {a:10s} " + "  ".join(cells))
 
     print(f"held-out MAPE corrected by the {args.neighbours} nearest training shapes")
-    tr_shape, _, tr_dev, tr_err = parts["train"][:4]
+    tr_shape, tr_dev, tr_err = parts["train"].shape, parts["train"].dev, parts["train"].err
     cols = [0, 1, 2, 4]  # batch, input channels, image height (= width), output channels
     for d in devices:
         a, b = tr_dev == d, dev == d
@@ -106,8 +120,9 @@ def main() -> None:
         print(f"  {d:10s} {_mape(err[b]):5.1f}% -> {_mape(corrected):5.1f}%")
 
     print("mean error (%, measured / predicted - 1) by tenth of the sweep, all rows")
-    cat = [np.concatenate([parts[sp][i] for sp in ("train", "test")]) for i in range(6)]
-    _, _, a_dev, a_err, a_pos, a_pred = cat
+    every = _Rows(*(np.concatenate(col) for col in zip(parts["train"], parts["test"],
+                                                         strict=True)))
+    a_dev, a_err, a_pos, a_pred = every.dev, every.err, every.pos, every.pred
     tenth = np.minimum((a_pos * 10).astype(int), 9)
     for d in devices:
         for name, sel in (("predicted < 1 ms", a_pred < SHORT_S),
