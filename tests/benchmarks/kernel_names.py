@@ -21,6 +21,13 @@ questions about two of the README's misses, answered from it:
    times as long. The MAPE of that rule per GPU is a floor under what any model of
    the shape can reach there: the rule uses the GPU's own measurement of the smaller
    kernel.
+4. **What ran just before**: NeuSight ran the bmm sweep in file order (on the T4 a
+   call's error correlates with the previous call's time and not with the one before it:
+   last column). Per GPU, for
+   calls of 0.3-10 ms, the share measured 25% or more faster than the model predicts, and
+   the median measured / predicted, by the time of the call before it; then the held-out
+   MAPE once each call is divided by the mean ratio of its previous-call bin (fitted on
+   the training rows): how much of a GPU's error the previous call can explain.
 
 Rows are matched to the project's copies by position (the same files, columns dropped).
 """
@@ -45,6 +52,8 @@ K_EDGES = (8192, 16384, 32768)
 MIN_FLOP = 1e10
 MIN_MS = 1.0
 BATCH_FACTORS = (2, 4, 5, 8, 10)
+PREV_EDGES_MS = (0.3, 1.0, 3.0, 10.0)
+FAST = 0.75  #: measured / predicted at or under this: the fast mode
 
 
 def _k_bin(k: int) -> str:
@@ -116,6 +125,43 @@ def batch_rule(table: Table) -> None:
                   f"{np.percentile(ape, 90):5.1f}%")
 
 
+def previous_call(models_dir: str | None, table: Table) -> None:
+    pred, _ = predict_table(load_models(models_dir).get("gemm"), table)
+    secs = np.asarray(table.seconds)
+    held = np.asarray(table.holdout)
+    labels = [f"<{PREV_EDGES_MS[0]:g}"] + [f">={e:g}" for e in PREV_EDGES_MS]
+    print("\nbmm sweep, calls of 0.3-10 ms: fast share (measured/predicted <= "
+          f"{FAST}) and median measured/predicted, by the previous call's time (ms)")
+    print(f"{'device':<16} " + " ".join(f"{lab:>17}" for lab in labels)
+          + f" {'held-out MAPE':>14} {'corrected':>10} {'corr lag 1/2/3':>18}")
+    for dev in sorted(set(table.device)):
+        i = np.asarray([j for j, d in enumerate(table.device) if d == dev])
+        if len(i) < 500:
+            continue
+        ratio = secs[i] / pred[i]
+        prev = np.r_[secs[i][0], secs[i][:-1]] * 1e3
+        b = np.digitize(prev, PREV_EDGES_MS)
+        mid = (secs[i] >= 0.3e-3) & (secs[i] < 10e-3)
+        cells = []
+        for k in range(len(labels)):
+            m = mid & (b == k)
+            cells.append(f"{(ratio[m] <= FAST).mean():4.2f} {np.median(ratio[m]):4.2f} "
+                         f"({m.sum():4d})" if m.any() else "")
+        h = held[i]
+        fix = np.ones(len(i))
+        for k in range(len(labels)):
+            m = b == k
+            if (m & ~h).any():
+                fix[m] = np.exp(np.mean(np.log(ratio[m & ~h])))
+        before = np.mean(np.abs(1.0 / ratio[h] - 1.0)) * 100.0
+        after = np.mean(np.abs(fix[h] / ratio[h] - 1.0)) * 100.0
+        # the error's correlation with the log time of the call 1, 2, 3 calls before
+        err = np.log(ratio)
+        lags = [np.corrcoef(err[lag:], np.log(secs[i][:-lag]))[0, 1] for lag in (1, 2, 3)]
+        print(f"{dev:<16} " + " ".join(f"{c:>17}" for c in cells)
+              + f" {before:13.1f}% {after:9.1f}% " + " / ".join(f"{v:+.2f}" for v in lags))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--upstream", type=Path,
@@ -126,6 +172,7 @@ def main() -> None:
     table = read_files([OURS / "neusight_bmm_fp32_test.csv"]).gemm
     bmm(args.upstream, args.models_dir, table)
     batch_rule(table)
+    previous_call(args.models_dir, table)
 
 
 if __name__ == "__main__":
