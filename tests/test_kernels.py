@@ -239,6 +239,31 @@ def test_neusight_conv_sweep_drift_is_the_hosts_time_per_call():
     assert gemm is not None and gemm.first.overhead_drift == {}  # the linear sweep: none
 
 
+def test_unseen_gpu_gets_the_median_sweep_drift():
+    """A GPU the model never measured is compared with a sweep's rows through the
+    knot-wise median of the curves of the GPUs that ran it (here by hand: the median of
+    the four NeuSight GPUs' knots is the mean of the middle two); a GPU with levels but
+    no curve of that sweep keeps none (the P4 of NeuSight's dropped linear train sweep)."""
+    conv = load_models().get("conv")
+    gemm = load_models().get("gemm")
+    assert conv is not None and gemm is not None
+    member = conv.first
+    pos = np.linspace(0.0, 1.0, 11)
+    for overhead in (False, True):
+        curves = (member.overhead_drift if overhead else member.drift)["neusight-conv"]
+        assert len(curves) == 4
+        knots = []
+        for j in range(len(curves["T4"])):
+            vals = sorted(c[j] for c in curves.values())
+            knots.append((vals[1] + vals[2]) / 2.0)
+        want = np.exp(np.interp(pos, np.linspace(0.0, 1.0, len(knots)), knots))
+        got = member.drift_factor("neusight-conv", "A100-PCIe-40GB", pos, overhead=overhead)
+        assert got == pytest.approx(want, rel=1e-12)
+        assert not np.allclose(got, 1.0)
+    assert "P4" not in gemm.first.drift["neusight-linear-train"]
+    assert np.all(gemm.first.drift_factor("neusight-linear-train", "P4", pos) == 1.0)
+
+
 def test_neusight_split_must_be_train_or_test(tmp_path):
     bad = tmp_path / "linear.csv"
     bad.write_text("split,device,B,M,N,K,latency_ms\ntrain,T4,1,64,64,64,0.05\n"
