@@ -61,10 +61,29 @@ def kernels() -> None:
     """
 
 
+SHIPPED_HELP = ("Also read the measurements the shipped models were fitted on (NeuSight, "
+                "DeepBench and the H100 profile; they ship with planner), before DATA.")
+
+
+def _with_shipped(data: tuple[str, ...], shipped: bool,
+                  ) -> tuple[list[tuple[str, Path]], tuple[str, ...]]:
+    """The shipped training files (when asked for) and the user's files not among them."""
+    from .kernels.store import shipped_training_data
+
+    if not data and not shipped:
+        raise UsageError("planner: error: give measurement CSV files (DATA...), "
+                         "--shipped-data, or both")
+    files = shipped_training_data() if shipped else []
+    rest = tuple(d for d in data if not any(
+        os.path.exists(d) and os.path.samefile(d, path) for _, path in files))
+    return files, rest
+
+
 @kernels.command("fit")
-@click.argument("data", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("data", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to write manifest.yaml and the weights into.")
+@click.option("--shipped-data", "shipped", is_flag=True, help=SHIPPED_HELP)
 @click.option("--leave-out", multiple=True, metavar="DEVICE",
               help="Fit without any row of this GPU (repeatable): leave-one-GPU-out.")
 @click.option("--max-iter", type=Whole(1, 100_000), default=None,
@@ -85,27 +104,34 @@ def kernels() -> None:
                    "for convolutions).")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
               show_default=True, help="How to print the held-out accuracy.")
-def kernels_fit(data: tuple[str, ...], out_dir: str, leave_out: tuple[str, ...],
-                max_iter: int | None, seed: int, only: str | None, members: int | None,
-                hidden: tuple[int, ...] | None, monotone_weight: float | None,
-                fmt: str) -> None:
+def kernels_fit(data: tuple[str, ...], out_dir: str, shipped: bool,
+                leave_out: tuple[str, ...], max_iter: int | None, seed: int, only: str | None,
+                members: int | None, hidden: tuple[int, ...] | None,
+                monotone_weight: float | None, fmt: str) -> None:
     """Fit the kernel-time models on measurement CSVs and write them to a directory.
 
     Rows of each file's held-out split (30% of shapes by CRC-32; NeuSight's own 'train'
     rows are never held out) are not used for fitting: their accuracy is printed and
     recorded in the manifest. Deterministic: the same files give the same weights.
+    To calibrate to your GPU: `planner kernels profile -o mine.csv`, then
+    `planner kernels fit --shipped-data mine.csv -o mymodels`.
     """
     from .kernels.pipeline import fit_models
+    from .kernels.store import shipped_dir
     from .kernels.train import FitOptions
 
-    _check_model_dir(out_dir, data)
+    files, data = _with_shipped(data, shipped)
+    if files and Path(out_dir).is_dir() and os.path.samefile(out_dir, shipped_dir()):
+        raise UsageError(f"planner: error: refusing to write into {out_dir}: it holds the "
+                         "shipped models that --shipped-data reads; choose another folder")
+    _check_model_dir(out_dir, (*data, *(str(p) for _, p in files)))
     if only is not None:
         _keep_other_families(out_dir, only)
     opts = FitOptions(seed=seed, members=members, hidden=hidden, mono_weight=monotone_weight)
     if max_iter is not None:
         opts = replace(opts, max_iter=max_iter)
     outcome = fit_models(data, out_dir, leave_out, opts,
-                         (only,) if only else ("gemm", "conv"))
+                         (only,) if only else ("gemm", "conv"), files)
     for rep in outcome.reports:
         nets = f"{rep.members} networks, " if rep.members > 1 else ""
         click.echo(f"fitted {rep.family}: {rep.rows} rows, {nets}{rep.iterations} iterations, "
@@ -163,7 +189,8 @@ def _keep_other_families(out_dir: str, only: str) -> None:
 
 
 @kernels.command("eval")
-@click.argument("data", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("data", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--shipped-data", "shipped", is_flag=True, help=SHIPPED_HELP)
 @models_dir_option
 @click.option("--split", type=click.Choice(("all", "train", "test")), default="all",
               show_default=True, help="test: the held-out rows; train: the others.")
@@ -175,7 +202,7 @@ def _keep_other_families(out_dir: str, only: str) -> None:
               show_default=True, help="table for a person; json for programs.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True),
               default=None, help="Write to this file instead of stdout.")
-def kernels_eval(data: tuple[str, ...], models_dir: str | None, split: str,
+def kernels_eval(data: tuple[str, ...], shipped: bool, models_dir: str | None, split: str,
                  devices: tuple[str, ...], exclude: tuple[str, ...], fmt: str,
                  output: str | None) -> None:
     """Accuracy of the models on measurement CSVs, per device and op.
@@ -189,6 +216,8 @@ def kernels_eval(data: tuple[str, ...], models_dir: str | None, split: str,
     from .kernels.pipeline import evaluate_files
     from .kernels.store import load_models
 
+    files, data = _with_shipped(data, shipped)
+    data = (*(str(p) for _, p in files), *data)
     models = load_models(models_dir)
     # the models read are inputs too: -o must not replace their manifest or weights
     protect = (*data, *(str(p) for p in sorted(Path(models.directory).iterdir())

@@ -23,7 +23,14 @@ from planner.kernels.estimator import conv_rows, scale_rows
 from planner.kernels.features import DeviceSpecs
 from planner.kernels.model import RANGE_TOLERANCE_LOG2
 from planner.kernels.pipeline import fit_tables
-from planner.kernels.store import MANIFEST, ModelSet, find_models_dir, load_dir, sha256_file
+from planner.kernels.store import (
+    MANIFEST,
+    ModelSet,
+    find_models_dir,
+    load_dir,
+    sha256_file,
+    shipped_training_data,
+)
 from planner.kernels.train import FitOptions, _Pairs, _Problem, fit_family, hat_basis
 from planner.ops import Conv, Elementwise, Gemm
 
@@ -1277,6 +1284,61 @@ def test_fit_output_folder_is_checked_before_fitting(runner, tmp_path):
     assert r.exit_code == 2 and "it is one of the training files" in r.stderr
     assert same.read_bytes() == data.read_bytes()
     assert not (tmp_path / "m").exists() and not (tmp_path / "gemm.npz").exists()
+
+
+SHIPPED_FILES = ("neusight/neusight_linear_fp32.csv", "neusight/neusight_bmm_fp32_test.csv",
+                 "neusight/neusight_conv2d_fwd_fp32.csv", "deepbench/deepbench_gemm.csv",
+                 "deepbench/deepbench_conv.csv", "h100/h100_fp32.csv", "h100/h100_bf16.csv")
+
+
+def test_shipped_data_is_the_seven_training_files(runner):
+    """`--shipped-data` reads what the shipped manifest says the models were fitted on (the
+    README's seven files, in its order), so `kernels eval --shipped-data` is the README's
+    command (1) to the byte; a shipped file also named on the command line is read once."""
+    assert [p for _, p in shipped_training_data()] == [DATA / f for f in SHIPPED_FILES]
+    assert [n for n, _ in shipped_training_data()] == [f"models/data/{f}"
+                                                       for f in SHIPPED_FILES]
+    explicit = invoke(runner, "kernels", "eval", *(DATA / f for f in SHIPPED_FILES),
+                      "--split", "test", "--format", "json")
+    for extra in ((), (DATA / SHIPPED_FILES[5],)):
+        r = invoke(runner, "kernels", "eval", "--shipped-data", *extra, "--split", "test",
+                   "--format", "json")
+        assert r.exit_code == 0 and r.stdout == explicit.stdout
+
+
+def test_shipped_data_is_checked_against_the_manifest(runner, tmp_path):
+    """A shipped file that is missing or changed, or a manifest entry outside models/, is
+    an error naming the file (exit 2), before anything is read or fitted; fit and eval
+    need files or the flag; fit does not write over the models the flag reads."""
+    copy = tmp_path / "models"
+    copy.mkdir()
+    shutil.copy(MODELS / MANIFEST, copy / MANIFEST)
+    for f in SHIPPED_FILES:
+        (copy / "data" / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(DATA / f, copy / "data" / f)
+    assert [p for _, p in shipped_training_data(copy)] == [copy / "data" / f
+                                                           for f in SHIPPED_FILES]
+    changed = copy / "data" / SHIPPED_FILES[3]
+    changed.write_text(changed.read_text().replace("\n", "\r\n"))
+    with pytest.raises(ModelDataError, match=r"deepbench_gemm\.csv: error: does not match "
+                                             r"the sha256"):
+        shipped_training_data(copy)
+    changed.unlink()
+    with pytest.raises(ModelDataError, match=r"deepbench_gemm\.csv: error: a file the "
+                                             r"shipped models were fitted on is missing"):
+        shipped_training_data(copy)
+    doc = yaml.safe_load((copy / MANIFEST).read_text())
+    doc["training_data"][0]["file"] = "models/../../etc/passwd"
+    (copy / MANIFEST).write_text(yaml.safe_dump(doc))
+    with pytest.raises(ModelDataError, match=r"training_data\[0\]: expected"):
+        shipped_training_data(copy)
+    for cmd in (("fit", "-o", tmp_path / "out"), ("eval",)):
+        r = invoke(runner, "kernels", *cmd)
+        assert r.exit_code == 2 and "--shipped-data, or both" in r.stderr
+    before = sha256_file(MODELS / MANIFEST)
+    r = invoke(runner, "kernels", "fit", "--shipped-data", "-o", MODELS, "--max-iter", "1")
+    assert r.exit_code == 2 and "holds the shipped models" in r.stderr
+    assert sha256_file(MODELS / MANIFEST) == before
 
 
 def test_fit_command_members_and_hidden(runner, tmp_path):

@@ -86,8 +86,10 @@ def canonical_devices(names: Iterable[str]) -> list[str]:
     return out
 
 
-def _provenance(paths: Sequence[str | Path], data: Dataset) -> list[dict[str, Any]]:
-    out = []
+def _provenance(paths: Sequence[str | Path],
+                shipped: Sequence[tuple[str, Path]] = ()) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"file": name, "sha256": sha256_file(path), "shipped": True}
+                                 for name, path in shipped]
     for p in paths:
         path = Path(p)
         shown = str(p)
@@ -99,10 +101,15 @@ def _provenance(paths: Sequence[str | Path], data: Dataset) -> list[dict[str, An
 
 def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
                leave_out: Sequence[str] = (), options: FitOptions | None = None,
-               families: Sequence[str] = ("gemm", "conv")) -> FitOutcome:
-    """Fit on the rows that are not held out; measure on the held-out rows; write."""
+               families: Sequence[str] = ("gemm", "conv"),
+               shipped: Sequence[tuple[str, Path]] = ()) -> FitOutcome:
+    """Fit on the rows that are not held out; measure on the held-out rows; write.
+
+    ``shipped``: the shipped models' training files (:func:`.store.shipped_training_data`),
+    read before ``paths``; the manifest records them by their shipped names and the
+    commands it records say ``--shipped-data``."""
     start = time.perf_counter()
-    data = read_files(paths)
+    data = read_files([*(path for _, path in shipped), *paths])
     left = canonical_devices(leave_out)
     measured = {d for t in data.tables() for d in t.device}
     absent = [d for d in left if d not in measured]
@@ -125,8 +132,9 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     seconds = time.perf_counter() - start
     outcome = FitOutcome(models, reports, accuracy, seconds=seconds)
     if out_dir is not None:
+        files = " ".join([*(["--shipped-data"] if shipped else []), *(str(p) for p in paths)])
         extra = Extra(
-            data=_provenance(paths, data),
+            data=_provenance(paths, shipped),
             fit={"options": {"families": {f: _family_options(opts, f) for f in sorted(models)},
                              "l2": opts.l2,
                              "max_iter": opts.max_iter, "seed": opts.seed,
@@ -145,11 +153,11 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
                             f"{np.__version__}"},
             accuracy={"what": "absolute percentage error on the held-out rows (split test) "
                               "of the training files",
-                      "command": "planner kernels eval " + " ".join(str(p) for p in paths)
+                      "command": "planner kernels eval " + files
                                  + " --split test" + "".join(f" --exclude {d}" for d in left),
                       "results": [r.record() for r in accuracy]},
-            error_bands=bands_record(bands, "planner kernels fit " + " ".join(
-                str(p) for p in paths) + "".join(f" --leave-out {d}" for d in left)))
+            error_bands=bands_record(bands, "planner kernels fit " + files
+                                     + "".join(f" --leave-out {d}" for d in left)))
         outcome.files = save_models(out_dir, models, extra)
     return outcome
 

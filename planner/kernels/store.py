@@ -107,6 +107,60 @@ def _checkout_dir() -> Path | None:
     return path if (path / MANIFEST).is_file() else None
 
 
+def shipped_dir() -> Path:
+    """The directory of the models shipped with planner (installed, else a checkout's),
+    whatever ``--models-dir`` or ``$PLANNER_MODELS`` say."""
+    for found in (_packaged_dir(), _checkout_dir()):
+        if found is not None:
+            return found
+    raise ModelDataError("planner: error: no shipped kernel models found (looked in "
+                         "planner/_models and the checkout's models/); reinstall planner")
+
+
+def shipped_training_data(directory: str | Path | None = None) -> list[tuple[str, Path]]:
+    """The measurement files the shipped models were fitted on, in the manifest's order:
+    (the name the manifest records, e.g. ``models/data/h100/h100_fp32.csv``, the file).
+
+    The manifest lists them under ``training_data`` as ``models/<path>`` with their
+    sha256; the wheel carries them as ``planner/_models/<path>`` beside the models (a
+    checkout as ``models/<path>``). Each is checked against its checksum: a missing or
+    changed file is an error naming it (a fit on other data than the manifest says would
+    mislabel the result). ``directory``: another model directory laid out the same way
+    (tests).
+    """
+    root = Path(directory) if directory is not None else shipped_dir()
+    manifest_path = root / MANIFEST
+    try:
+        doc = yaml.safe_load(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ModelDataError(f"{manifest_path}: error: cannot read the shipped manifest "
+                             f"({exc}); reinstall planner") from None
+    records = doc.get("training_data") if isinstance(doc, dict) else None
+    if not isinstance(records, list) or not records:
+        raise ModelDataError(f"{manifest_path}: error: training_data: expected the list of "
+                             "files the models were fitted on; reinstall planner")
+    out: list[tuple[str, Path]] = []
+    for i, rec in enumerate(records):
+        where = f"{manifest_path}: error: training_data[{i}]"
+        name = rec.get("file") if isinstance(rec, dict) else None
+        digest = rec.get("sha256") if isinstance(rec, dict) else None
+        parts = Path(str(name)).parts if isinstance(name, str) else ()
+        if len(parts) < 2 or parts[0] != "models" or ".." in parts \
+                or not isinstance(digest, str):
+            raise ModelDataError(f"{where}: expected {{file: models/<path>, sha256}}, got "
+                                 f"{rec!r}")
+        path = root.joinpath(*parts[1:])
+        if not path.is_file():
+            raise ModelDataError(f"{path}: error: a file the shipped models were fitted on "
+                                 "is missing; reinstall planner")
+        if sha256_file(path) != digest:
+            raise ModelDataError(f"{path}: error: does not match the sha256 the shipped "
+                                 f"manifest records for {name}; it was changed after the "
+                                 "models were fitted on it (restore it or reinstall planner)")
+        out.append((str(name), path))
+    return out
+
+
 def find_models_dir(explicit: str | os.PathLike[str] | None = None,
                     env: Mapping[str, str] | None = None) -> Path:
     """The model directory by the lookup order of the module docstring."""
@@ -402,4 +456,5 @@ def load_dir(directory: str | Path) -> ModelSet:
 
 
 __all__ = ["ENV", "MANIFEST", "Extra", "ModelSet", "find_models_dir", "load_dir",
-           "load_models", "save_models", "sha256_file"]
+           "load_models", "save_models", "sha256_file", "shipped_dir",
+           "shipped_training_data"]
