@@ -79,6 +79,12 @@ def _with_shipped(data: tuple[str, ...], shipped: bool,
     return files, rest
 
 
+def _all_files(data: tuple[str, ...], shipped: bool) -> tuple[str, ...]:
+    """The files a reading command reads: the shipped ones (when asked for), then DATA."""
+    files, rest = _with_shipped(data, shipped)
+    return (*(str(p) for _, p in files), *rest)
+
+
 @kernels.command("fit")
 @click.argument("data", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
@@ -216,8 +222,7 @@ def kernels_eval(data: tuple[str, ...], shipped: bool, models_dir: str | None, s
     from .kernels.pipeline import evaluate_files
     from .kernels.store import load_models
 
-    files, data = _with_shipped(data, shipped)
-    data = (*(str(p) for _, p in files), *data)
+    data = _all_files(data, shipped)
     models = load_models(models_dir)
     # the models read are inputs too: -o must not replace their manifest or weights
     protect = (*data, *(str(p) for p in sorted(Path(models.directory).iterdir())
@@ -401,12 +406,14 @@ def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: 
 
 
 @kernels.command("achieved")
-@click.argument("data", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("data", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--shipped-data", "shipped", is_flag=True, help=SHIPPED_HELP)
 @click.option("--min-gflop", type=Finite(0, None), default=1.0, show_default=True,
               help="Only GEMMs of at least this many GFLOP.")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
               show_default=True)
-def kernels_achieved(data: tuple[str, ...], min_gflop: float, fmt: str) -> None:
+def kernels_achieved(data: tuple[str, ...], shipped: bool, min_gflop: float,
+                     fmt: str) -> None:
     """Per device, the 95th percentile of achieved FP32 GEMM FLOP/s over the catalog peak.
 
     Pools every file and split; bmm rows are not counted. This is the figure the device
@@ -414,6 +421,7 @@ def kernels_achieved(data: tuple[str, ...], min_gflop: float, fmt: str) -> None:
     """
     from .kernels.pipeline import achieved_fractions
 
+    data = _all_files(data, shipped)
     recs = [a.record() for a in achieved_fractions(data, min_gflop * 1e9)]
     if not recs:
         raise UsageError(f"planner: error: no FP32 GEMM (bmm rows are not counted) of at "

@@ -1304,6 +1304,10 @@ def test_shipped_data_is_the_seven_training_files(runner):
         r = invoke(runner, "kernels", "eval", "--shipped-data", *extra, "--split", "test",
                    "--format", "json")
         assert r.exit_code == 0 and r.stdout == explicit.stdout
+    r = invoke(runner, "kernels", "achieved", "--shipped-data", "--format", "json")
+    assert r.exit_code == 0 and r.stdout == invoke(
+        runner, "kernels", "achieved", *(DATA / f for f in SHIPPED_FILES), "--format",
+        "json").stdout
 
 
 def test_shipped_data_is_checked_against_the_manifest(runner, tmp_path):
@@ -1332,7 +1336,7 @@ def test_shipped_data_is_checked_against_the_manifest(runner, tmp_path):
     (copy / MANIFEST).write_text(yaml.safe_dump(doc))
     with pytest.raises(ModelDataError, match=r"training_data\[0\]: expected"):
         shipped_training_data(copy)
-    for cmd in (("fit", "-o", tmp_path / "out"), ("eval",)):
+    for cmd in (("fit", "-o", tmp_path / "out"), ("eval",), ("achieved",)):
         r = invoke(runner, "kernels", *cmd)
         assert r.exit_code == 2 and "--shipped-data, or both" in r.stderr
     before = sha256_file(MODELS / MANIFEST)

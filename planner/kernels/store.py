@@ -113,8 +113,9 @@ def shipped_dir() -> Path:
     for found in (_packaged_dir(), _checkout_dir()):
         if found is not None:
             return found
-    raise ModelDataError("planner: error: no shipped kernel models found (looked in "
-                         "planner/_models and the checkout's models/); reinstall planner")
+    raise ModelDataError("planner: error: no kernel models found (looked in planner/_models "
+                         "and the checkout's models/); reinstall planner or pass "
+                         "--models-dir")
 
 
 def shipped_training_data(directory: str | Path | None = None) -> list[tuple[str, Path]]:
@@ -174,12 +175,7 @@ def find_models_dir(explicit: str | os.PathLike[str] | None = None,
                                  f"by {how}); fit one with `planner kernels fit DATA... -o "
                                  f"{path}`")
         return path
-    for found in (_packaged_dir(), _checkout_dir()):
-        if found is not None:
-            return found
-    raise ModelDataError("planner: error: no kernel models found (looked in planner/_models "
-                         "and the checkout's models/); reinstall planner or pass "
-                         "--models-dir")
+    return shipped_dir()
 
 
 def _arr(value: Any, where: str, n: int | None = None) -> FloatArray:
