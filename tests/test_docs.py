@@ -110,3 +110,20 @@ def test_readme_training_configuration_is_valid(runner, tmp_path):
     assert result.exit_code == 0, result.stdout + result.stderr
     assert result.stdout.count(": ok: [") == 4  # plan, memory, efficiency, speed
     assert ": ok: [efficiency]" in result.stdout
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_contents_links_reach_headings():
+    """Every in-page link (`](#anchor)`) names a heading of the README, and the contents
+    line names every top-level section."""
+    text = _current()
+    headings = re.findall(r"^#{2,4} (.+)$", text, re.M)
+    anchors = {_slug(h) for h in headings}
+    links = re.findall(r"\]\(#([^)]+)\)", text)
+    assert links and not sorted(set(links) - anchors)
+    top = {_slug(h) for h in re.findall(r"^## (.+)$", text, re.M)}
+    assert top <= set(links)
