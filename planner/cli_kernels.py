@@ -137,7 +137,8 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, shipped: bool,
     if max_iter is not None:
         opts = replace(opts, max_iter=max_iter)
     outcome = fit_models(data, out_dir, leave_out, opts,
-                         (only,) if only else ("gemm", "conv"), files)
+                         (only,) if only else ("gemm", "conv"), files,
+                         lambda line: click.echo(line, err=True))
     for rep in outcome.reports:
         nets = f"{rep.members} networks, " if rep.members > 1 else ""
         click.echo(f"fitted {rep.family}: {rep.rows} rows, {nets}{rep.iterations} iterations, "

@@ -1354,6 +1354,11 @@ def test_fit_command_members_and_hidden(runner, tmp_path):
                "--hidden", "4,4", "--format", "json")
     assert r.exit_code == 0, r.stderr
     assert "3 networks" in r.stderr
+    # each network is reported as it finishes, before the family's summary line
+    told = [line for line in r.stderr.splitlines() if line.startswith("gemm: network ")]
+    assert [t.split(" fitted")[0] for t in told] == [f"gemm: network {k} of 3"
+                                                     for k in (1, 2, 3)]
+    assert r.stderr.index(told[-1]) < r.stderr.index("fitted gemm:")
     model = load_dir(out).get("gemm")
     assert len(model.members) == 3
     assert all(m.mlp.weights[0].shape[1] == 4 and len(m.mlp.weights) == 3

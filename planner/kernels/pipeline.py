@@ -14,7 +14,7 @@ import contextlib
 import os
 import platform
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,8 @@ def _provenance(paths: Sequence[str | Path],
 def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
                leave_out: Sequence[str] = (), options: FitOptions | None = None,
                families: Sequence[str] = ("gemm", "conv"),
-               shipped: Sequence[tuple[str, Path]] = ()) -> FitOutcome:
+               shipped: Sequence[tuple[str, Path]] = (),
+               progress: Callable[[str], None] | None = None) -> FitOutcome:
     """Fit on the rows that are not held out; measure on the held-out rows; write.
 
     ``shipped``: the shipped models' training files (:func:`.store.shipped_training_data`),
@@ -122,7 +123,7 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     models: dict[str, Ensemble] = {}
     reports: list[FitReport] = []
     tables = [t for t in (train.gemm, train.conv) if t.family in families and len(t)]
-    for model, report in fit_tables(tables, opts):
+    for model, report in fit_tables(tables, opts, progress):
         models[model.family] = model
         reports.append(report)
     if not models:
@@ -168,15 +169,18 @@ def _family_options(opts: FitOptions, family: str) -> dict[str, Any]:
             "monotone_weight": resolved.mono_weight}
 
 
-def fit_tables(tables: list[Table], opts: FitOptions) -> list[tuple[Ensemble, FitReport]]:
+def fit_tables(tables: list[Table], opts: FitOptions,
+               progress: Callable[[str], None] | None = None,
+               ) -> list[tuple[Ensemble, FitReport]]:
     """Fit each table's ensemble, every member in a worker process with one BLAS thread
     (OpenBLAS's threads only slow these small matrix products down: 6× on two cores),
     members and families in parallel. Each fit is deterministic (member ``j`` starts
-    from seed ``seed + j``), so the weights do not depend on the worker count."""
+    from seed ``seed + j``), so the weights do not depend on the worker count.
+    ``progress`` is told of each network as it finishes (in the order they finish)."""
     if not tables:
         return []
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     jobs: list[tuple[int, FitOptions]] = []
     for i, table in enumerate(tables):
@@ -194,6 +198,16 @@ def fit_tables(tables: list[Table], opts: FitOptions) -> list[tuple[Ensemble, Fi
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             futures = {j: pool.submit(fit_family, tables[jobs[j][0]], jobs[j][1])
                        for j in order}
+            if progress is not None:
+                which = {f: j for j, f in futures.items()}
+                count: dict[int, int] = {}
+                for fut in as_completed(futures.values()):
+                    i = jobs[which[fut]][0]
+                    count[i] = count.get(i, 0) + 1
+                    total = sum(1 for t, _ in jobs if t == i)
+                    _, rep = fut.result()
+                    progress(f"{tables[i].family}: network {count[i]} of {total} fitted "
+                             f"({rep.iterations} iterations, {rep.seconds:.0f} s)")
             done = [futures[j].result() for j in range(len(jobs))]
     finally:
         for k, v in saved.items():
