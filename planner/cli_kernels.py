@@ -19,6 +19,23 @@ models_dir_option = click.option(
     help="Model directory (default: $PLANNER_MODELS, else the models shipped with planner).")
 
 
+def _register_clusters(ctx: click.Context, param: click.Parameter,
+                       value: tuple[str, ...]) -> tuple[str, ...]:
+    """Load each cluster file and make its device known by name to this command."""
+    from .cluster import register_devices
+    from .inputs import load_cluster
+
+    register_devices(load_cluster(path).device for path in value)
+    return value
+
+
+cluster_option = click.option(
+    "--cluster", "clusters", multiple=True, type=click.Path(dir_okay=False),
+    callback=_register_clusters, expose_value=False, is_eager=True, metavar="CLUSTER.yaml",
+    help="A cluster file whose device the measurements may name (repeatable): a GPU the "
+         "catalog lacks, defined by its specs there, as `plan` will read it.")
+
+
 def _results_table(results: list[dict[str, Any]], title: str) -> Any:
     from rich.table import Table
 
@@ -90,6 +107,7 @@ def _all_files(data: tuple[str, ...], shipped: bool) -> tuple[str, ...]:
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to write manifest.yaml and the weights into.")
 @click.option("--shipped-data", "shipped", is_flag=True, help=SHIPPED_HELP)
+@cluster_option
 @click.option("--leave-out", multiple=True, metavar="DEVICE",
               help="Fit without any row of this GPU (repeatable): leave-one-GPU-out.")
 @click.option("--max-iter", type=Whole(1, 100_000), default=None,
@@ -198,6 +216,7 @@ def _keep_other_families(out_dir: str, only: str) -> None:
 @kernels.command("eval")
 @click.argument("data", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--shipped-data", "shipped", is_flag=True, help=SHIPPED_HELP)
+@cluster_option
 @models_dir_option
 @click.option("--split", type=click.Choice(("all", "train", "test")), default="all",
               show_default=True, help="test: the held-out rows; train: the others.")
@@ -256,7 +275,7 @@ def _ints(text: str, n_min: int, n_max: int, what: str) -> list[int]:
 
 @kernels.command("predict")
 @click.option("--device", "device_name", required=True, help="A catalog GPU (see `planner "
-              "devices`).")
+              "devices`), or the device of a --cluster file.")
 @click.option("--dtype", default="float32", show_default=True,
               type=click.Choice(("float32", "float16", "bfloat16", "float64", "fp32", "fp16",
                                  "bf16", "fp64")))
@@ -266,6 +285,7 @@ def _ints(text: str, n_min: int, n_max: int, what: str) -> list[int]:
               help="A convolution: batch N, C×H×W input, K filters R×S.")
 @click.option("--phase", type=click.Choice(("fwd", "bwd_data", "bwd_filter")),
               default=None, help="The convolution pass (default: fwd; --conv only).")
+@cluster_option
 @models_dir_option
 @click.option("--format", "fmt", type=click.Choice(("table", "json", "yaml")),
               default="table", show_default=True)
@@ -359,7 +379,8 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
 @click.option("--repeats", type=Whole(1, 100_000), default=None,
               help="Timed calls per shape (default 50 on a GPU, 3 on a CPU).")
 @click.option("--name", default=None, help="Device name written to the CSV (default: what "
-              "PyTorch reports); must be a catalog name or alias for fit/eval.")
+              "PyTorch reports); fit and eval read a catalog name or alias, or the "
+              "device name of a cluster file they are given with --cluster.")
 @click.option("--shapes", "shape_files", multiple=True, type=click.Path(dir_okay=False),
               metavar="FILE", help="Time the kernels of this CSV instead of the built-in "
               "sweep (repeatable): any layout `fit` reads (NeuSight, DeepBench, a profile), "
@@ -409,6 +430,7 @@ def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: 
 @kernels.command("achieved")
 @click.argument("data", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--shipped-data", "shipped", is_flag=True, help=SHIPPED_HELP)
+@cluster_option
 @click.option("--min-gflop", type=Finite(0, None), default=1.0, show_default=True,
               help="Only GEMMs of at least this many GFLOP.")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",

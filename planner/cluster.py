@@ -25,7 +25,7 @@ import difflib
 import functools
 import importlib.resources
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -211,8 +211,31 @@ def _alias_index() -> dict[str, str]:
     return index
 
 
+#: devices a command was given beyond the catalog (cluster files' devices, by normalised
+#: name): ``kernels fit/eval/predict --cluster`` registers them so that measurements of a
+#: GPU the catalog lacks can be read, fitted and judged under the cluster file's specs
+_EXTRA: dict[str, Device] = {}
+
+
+def register_devices(devices: Iterable[Device]) -> None:
+    """Make ``devices`` known to :func:`lookup_device` by name (before the catalog) for
+    the rest of the process; worker processes register them again (see
+    :func:`~planner.kernels.pipeline.fit_tables`)."""
+    for dev in devices:
+        _EXTRA[_norm(dev.name)] = dev
+
+
+def registered_devices() -> list[Device]:
+    """The devices :func:`register_devices` added, in the order they were added."""
+    return list(_EXTRA.values())
+
+
 def lookup_device(name: str) -> Device | None:
-    """A catalog device by name or alias (case, spaces, dashes and parentheses ignored)."""
+    """A device by name or alias (case, spaces, dashes and parentheses ignored): a
+    registered one (:func:`register_devices`) by its name, else the catalog's."""
+    extra = _EXTRA.get(_norm(name))
+    if extra is not None:
+        return extra
     canonical = _alias_index().get(_norm(name))
     return catalog()[canonical] if canonical else None
 
@@ -454,4 +477,5 @@ def device_record(dev: Device) -> dict[str, Any]:
     }
 
 
-__all__ = ["Cluster", "Device", "Link", "catalog", "cluster_from_data", "lookup_device"]
+__all__ = ["Cluster", "Device", "Link", "catalog", "cluster_from_data", "lookup_device",
+           "register_devices", "registered_devices"]

@@ -1345,6 +1345,46 @@ def test_shipped_data_is_checked_against_the_manifest(runner, tmp_path):
     assert sha256_file(MODELS / MANIFEST) == before
 
 
+def test_a_gpu_the_catalog_lacks_is_fitted_and_timed_from_a_cluster_file(runner, tmp_path,
+                                                                          monkeypatch):
+    """Measurements naming a GPU the catalog lacks are refused (exit 2, pointing to
+    --cluster); with the cluster file that defines it (here an H100's specs under another
+    name), fit reads them (in its worker processes too), eval judges them, and predict
+    times the GPU as a seen one, as `plan` with that cluster file will."""
+    import planner.cluster as cluster_mod
+
+    monkeypatch.setattr(cluster_mod, "_EXTRA", {})  # the registry lasts the process
+    lines = (DATA / "h100" / "h100_fp32.csv").read_text().splitlines()
+    rows = [line.replace("NVIDIA H100 80GB HBM3", "X-GPU", 1) for line in lines[1:]
+            if ",gemm," in line]
+    data = tmp_path / "x.csv"
+    data.write_text("\n".join([lines[0], *rows]) + "\n")
+    clus = tmp_path / "x-cluster.yaml"
+    clus.write_text("kind: cluster\ndevices_per_node: 8\ndevice:\n  base: H100-SXM\n"
+                    "  name: X-GPU\nnetwork:\n  intra_node: {latency: 2 us, bandwidth: "
+                    "450 GB/s}\n  inter_node: {latency: 5 us, bandwidth: 400 Gbit/s}\n")
+    r = invoke(runner, "kernels", "eval", data)
+    assert r.exit_code == 2 and "unknown device 'X-GPU'" in r.stderr
+    assert "given with --cluster" in r.stderr
+    out = tmp_path / "m"
+    r = invoke(runner, "kernels", "fit", data, "--cluster", clus, "--only", "gemm",
+               "--members", "1", "--max-iter", "30", "-o", out, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert "X-GPU|float32" in load_dir(out).get("gemm").first.levels
+    r = invoke(runner, "kernels", "eval", data, "--cluster", clus, "--models-dir", out,
+               "--split", "test", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert {x["device"] for x in json.loads(r.stdout)["results"]} == {"X-GPU"}
+    r = invoke(runner, "kernels", "predict", "--device", "X-GPU", "--cluster", clus,
+               "--models-dir", out, "--gemm", "1024,1024,1024", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["gpu_seen"] is True
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: cluster\ndevice: {base: H100-SXM, name: Y}\n")
+    r = invoke(runner, "kernels", "eval", data, "--cluster", bad)
+    assert r.exit_code == 2 and r.stderr.startswith(f"{bad}:"), r.stderr
+
+
 def test_fit_command_members_and_hidden(runner, tmp_path):
     data = tmp_path / "db.csv"
     lines = DB_GEMM.read_text().splitlines()

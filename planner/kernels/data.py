@@ -306,7 +306,8 @@ class _Reader:
             hint = suggest_device(text) if text else None
             extra = f"; did you mean '{hint}'?" if hint else ""
             self.error(name, f"unknown device {text!r}{extra} (`planner devices` lists the "
-                             "catalog and its aliases)")
+                             "catalog and its aliases; a GPU it lacks can be defined in a "
+                             "cluster file and given with --cluster)")
             return None
         return dev.name
 

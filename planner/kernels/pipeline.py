@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cluster import lookup_device
+from ..cluster import lookup_device, register_devices, registered_devices
 from ..errors import UsageError
 from ..threads import BLAS_THREAD_VARS
 from .bands import bands_record
@@ -195,7 +195,10 @@ def fit_tables(tables: list[Table], opts: FitOptions,
     try:
         ctx = multiprocessing.get_context("spawn")
         workers = max(1, min(len(jobs), os.cpu_count() or 1))
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        # the devices a cluster file gave (a GPU the catalog lacks), known in each worker
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                 initializer=register_devices,
+                                 initargs=(registered_devices(),)) as pool:
             futures = {j: pool.submit(fit_family, tables[jobs[j][0]], jobs[j][1])
                        for j in order}
             if progress is not None:
