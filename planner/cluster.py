@@ -219,15 +219,22 @@ _EXTRA: dict[str, Device] = {}
 
 def register_devices(devices: Iterable[Device]) -> None:
     """Make ``devices`` known to :func:`lookup_device` by name (before the catalog) for
-    the rest of the process; worker processes register them again (see
-    :func:`~planner.kernels.pipeline.fit_tables`)."""
+    the rest of the process; one named like a catalog device (``base:`` it with other
+    specs) replaces it under its aliases too, as a profile names it. Worker processes
+    register them again (see :func:`~planner.kernels.pipeline.fit_tables`)."""
     for dev in devices:
-        _EXTRA[_norm(dev.name)] = dev
+        same = catalog().get(dev.name)
+        for name in (dev.name, *(same.aliases if same is not None else ())):
+            _EXTRA[_norm(name)] = dev
 
 
 def registered_devices() -> list[Device]:
-    """The devices :func:`register_devices` added, in the order they were added."""
-    return list(_EXTRA.values())
+    """The devices :func:`register_devices` added, each once, in the order added."""
+    out: list[Device] = []
+    for dev in _EXTRA.values():
+        if not any(dev is d for d in out):
+            out.append(dev)
+    return out
 
 
 def lookup_device(name: str) -> Device | None:

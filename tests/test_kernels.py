@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from planner.cluster import lookup_device
+from planner.cluster import lookup_device, registered_devices
 from planner.costs.compute import kernel_arrays, roofline_seconds
 from planner.errors import InputError, ModelDataError
 from planner.kernels import LearnedEstimator, load_models
@@ -1379,6 +1379,16 @@ def test_a_gpu_the_catalog_lacks_is_fitted_and_timed_from_a_cluster_file(runner,
                "--models-dir", out, "--gemm", "1024,1024,1024", "--format", "json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["gpu_seen"] is True
+    # a catalog GPU given other specs keeps its name, and replaces the catalog's under
+    # its aliases too (a profile writes "NVIDIA H100 80GB HBM3")
+    capped = tmp_path / "capped.yaml"
+    capped.write_text(clus.read_text().replace("  name: X-GPU\n", "  tdp: 500 W\n"))
+    r = invoke(runner, "kernels", "predict", "--device", "NVIDIA H100 80GB HBM3",
+               "--cluster", capped, "--gemm", "64,64,64")
+    assert r.exit_code == 0, r.stderr
+    assert lookup_device("NVIDIA H100 80GB HBM3").tdp_w == 500.0
+    assert lookup_device("H100-SXM").tdp_w == 500.0
+    assert [d.name for d in registered_devices()] == ["X-GPU", "H100-SXM"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: cluster\ndevice: {base: H100-SXM, name: Y}\n")
     r = invoke(runner, "kernels", "eval", data, "--cluster", bad)
