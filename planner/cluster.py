@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import Issue, ModelDataError
-from .fields import Fields, Invalid, choice, integer, number, quantity, string
+from .fields import Fields, Invalid, choice, integer, number, quantity, show, string
 from .loading import child_path, parse_text
 from .units import Kind, format_si
 
@@ -224,7 +224,7 @@ def register_devices(devices: Iterable[Device]) -> None:
     register them again (see :func:`~planner.kernels.pipeline.fit_tables`)."""
     for dev in devices:
         same = catalog().get(dev.name)
-        for name in (dev.name, *(same.aliases if same is not None else ())):
+        for name in (dev.name, *dev.aliases, *(same.aliases if same is not None else ())):
             _EXTRA[_norm(name)] = dev
 
 
@@ -264,6 +264,12 @@ def _device_name(value: object) -> Device:
         raise Invalid(f"unknown device '{value}'{extra} (`planner devices` lists the "
                       "catalog; or give the specs inline)")
     return dev
+
+
+def _names(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"expected a list of names, got {show(value)}")
+    return tuple(string(v) for v in value)
 
 
 def device_from_data(data: object, path: str, issues: list[Issue], *,
@@ -338,6 +344,8 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
     if catalog_entry:
         aliases = tuple(str(a) for a in (f.raw("aliases") or []))
         sources = tuple(str(s) for s in (f.raw("sources") or []))
+    elif f.has("aliases"):  # other names a measurement file may give it ("NVIDIA B200")
+        aliases = f.opt("aliases", _names, ())
     f.finish()
     if len(issues) > n_before or name is None:
         return None

@@ -1389,6 +1389,21 @@ def test_a_gpu_the_catalog_lacks_is_fitted_and_timed_from_a_cluster_file(runner,
     assert lookup_device("NVIDIA H100 80GB HBM3").tdp_w == 500.0
     assert lookup_device("H100-SXM").tdp_w == 500.0
     assert [d.name for d in registered_devices()] == ["X-GPU", "H100-SXM"]
+    # the name a profile writes (what PyTorch reports) may be given as an alias
+    named = tmp_path / "named.csv"
+    named.write_text(data.read_text().replace("X-GPU,", "NVIDIA X-GPU 80GB,"))
+    aliased = tmp_path / "aliased.yaml"
+    aliased.write_text(clus.read_text().replace(
+        "  name: X-GPU\n", "  name: X-GPU\n  aliases: [NVIDIA X-GPU 80GB]\n"))
+    r = invoke(runner, "kernels", "eval", named, "--cluster", aliased, "--models-dir", out,
+               "--split", "test", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert {x["device"] for x in json.loads(r.stdout)["results"]} == {"X-GPU"}
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(aliased.read_text().replace("[NVIDIA X-GPU 80GB]", "NVIDIA X-GPU"))
+    r = invoke(runner, "kernels", "eval", named, "--cluster", wrong)
+    assert r.exit_code == 2 and r.stderr.startswith(f"{wrong}:6:12: error: expected a list "
+                                                    "of names"), r.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: cluster\ndevice: {base: H100-SXM, name: Y}\n")
     r = invoke(runner, "kernels", "eval", data, "--cluster", bad)
