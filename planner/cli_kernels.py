@@ -420,9 +420,17 @@ def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: 
         if done == total or done % 25 == 0:
             click.echo(f"profiled {done}/{total} shapes", err=True)
 
+    from .cluster import lookup_device
+
     notes: list[str] = []
     rows = list(profile_rows(device, dtype, quick, repeats, name, progress, notes, shapes))
     emit(to_csv(rows), output)
+    for unknown in sorted({str(r["device"]) for r in rows} - {""}):
+        if lookup_device(unknown) is None:
+            notes.append(f"'{unknown}' is not in the device catalog: define it in a cluster "
+                         f"file (a `device:` mapping of its specs, with `aliases: "
+                         f"[{unknown}]`) and give that file to `kernels fit` and `eval` "
+                         "with --cluster")
     for line in notes:
         click.echo(f"planner: note: {line}", err=True)
 

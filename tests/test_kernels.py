@@ -1644,8 +1644,16 @@ def test_profile_on_cpu_writes_what_fit_and_eval_read(runner, tmp_path):
     assert set(data.gemm.op) == {"gemm", "bmm"}
     assert set(data.conv.op) == {"conv_fwd", "conv_bwd_data", "conv_bwd_filter"}
     assert all(s > 0 for s in data.gemm.seconds + data.conv.seconds)
+    assert "not in the device catalog" not in r.stderr
     r = invoke(runner, "kernels", "eval", out, "--format", "json")
     assert r.exit_code == 0, r.stderr
+    # a device the catalog lacks: the profile is written, and says what fit will need
+    r = invoke(runner, "kernels", "profile", "--device", "cpu", "--quick", "--repeats", "1",
+               "--max-kernels", "2", "--name", "Mystery GPU", "-o", tmp_path / "m.csv")
+    assert r.exit_code == 0, r.stderr
+    assert ("planner: note: 'Mystery GPU' is not in the device catalog: define it in a "
+            "cluster file (a `device:` mapping of its specs, with `aliases: [Mystery GPU]`) "
+            "and give that file to `kernels fit` and `eval` with --cluster") in r.stderr
 
 
 SHAPES_ONLY = ("op,m,n,k,batch,conv_n,conv_c,conv_h,conv_w,conv_k,conv_r,conv_s,stride_h,"
