@@ -78,8 +78,10 @@ def kernels() -> None:
     """
 
 
-SHIPPED_HELP = ("Also read the measurements the shipped models were fitted on (NeuSight, "
-                "DeepBench and the H100 profile; they ship with planner), before DATA.")
+shipped_option = click.option(
+    "--shipped-data", "shipped", is_flag=True,
+    help="Also read the measurements the shipped models were fitted on (NeuSight, DeepBench "
+         "and the H100 profile; they ship with planner), before DATA.")
 
 
 def _with_shipped(data: tuple[str, ...], shipped: bool,
@@ -106,7 +108,7 @@ def _all_files(data: tuple[str, ...], shipped: bool) -> tuple[str, ...]:
 @click.argument("data", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to write manifest.yaml and the weights into.")
-@click.option("--shipped-data", "shipped", is_flag=True, help=SHIPPED_HELP)
+@shipped_option
 @cluster_option
 @click.option("--leave-out", multiple=True, metavar="DEVICE",
               help="Fit without any row of this GPU (repeatable): leave-one-GPU-out.")
@@ -215,7 +217,7 @@ def _keep_other_families(out_dir: str, only: str) -> None:
 
 @kernels.command("eval")
 @click.argument("data", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--shipped-data", "shipped", is_flag=True, help=SHIPPED_HELP)
+@shipped_option
 @cluster_option
 @models_dir_option
 @click.option("--split", type=click.Choice(("all", "train", "test")), default="all",
@@ -425,7 +427,7 @@ def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: 
     notes: list[str] = []
     rows = list(profile_rows(device, dtype, quick, repeats, name, progress, notes, shapes))
     emit(to_csv(rows), output)
-    for unknown in sorted({str(r["device"]) for r in rows} - {""}):
+    for unknown in sorted({r["device"] for r in rows}):  # the one name the rows carry
         if lookup_device(unknown) is None:
             notes.append(f"'{unknown}' is not in the device catalog: define it in a cluster "
                          f"file (a `device:` mapping of its specs, with `aliases: "
@@ -437,7 +439,7 @@ def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: 
 
 @kernels.command("achieved")
 @click.argument("data", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--shipped-data", "shipped", is_flag=True, help=SHIPPED_HELP)
+@shipped_option
 @cluster_option
 @click.option("--min-gflop", type=Finite(0, None), default=1.0, show_default=True,
               help="Only GEMMs of at least this many GFLOP.")
