@@ -814,20 +814,35 @@ def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
     trans = space.entry_costs(layer, w)  # (D, J)
     k, n = cost.shape
     # only the distributions some state holds (a norm gathers split features, so after
-    # it they are out of reach): the same minima, the first of the cheapest as before
-    live = np.flatnonzero(np.isfinite(cost).any(axis=0))
+    # it they are out of reach), and only the states that hold one (inside a block the
+    # entry's distributions the network can reach): the same minima, the first of the
+    # cheapest as before; a state no path reaches stays infinite and is never followed
+    fin = np.isfinite(cost)
+    live = np.flatnonzero(fin.any(axis=0))
+    rows = np.flatnonzero(fin.any(axis=1))
+    part = 0 < len(rows) < k
+    held = cost[rows] if part else cost
     if 0 < len(live) < n:
-        total = cost[:, live, None] + trans[None, live, :]  # (K, D', J)
+        total = held[:, live, None] + trans[None, live, :]  # (K', D', J)
         pick = np.argmin(total, axis=1)
         prev = live[pick]
     else:
-        total = cost[:, :, None] + trans[None, :, :]  # (K, D, J)
-        prev = np.argmin(total, axis=1)  # (K, J)
-    best = total.min(axis=1) + own[None, :]
-    new = np.full((k, n), INF)
-    bp_cur = np.zeros((k, n), dtype=np.int64)
-    bp_lay = np.full((k, n), -1, dtype=np.int64)
-    _scatter_min(best, prev, space.out_groups(layer), new, bp_cur, bp_lay)
+        total = held[:, :, None] + trans[None, :, :]  # (K', D, J)
+        pick = prev = np.argmin(total, axis=1)  # (K', J)
+    # the minimum read at its argmin (one pass over ``total``, not two)
+    best = np.take_along_axis(total, pick[:, None, :], axis=1)[:, 0, :] + own[None, :]
+    kk = len(held)
+    new_h = np.full((kk, n), INF)
+    cur_h = np.zeros((kk, n), dtype=np.int64)
+    lay_h = np.full((kk, n), -1, dtype=np.int64)
+    _scatter_min(best, prev, space.out_groups(layer), new_h, cur_h, lay_h)
+    if part:
+        new = np.full((k, n), INF)
+        bp_cur = np.zeros((k, n), dtype=np.int64)
+        bp_lay = np.full((k, n), -1, dtype=np.int64)
+        new[rows], bp_cur[rows], bp_lay[rows] = new_h, cur_h, lay_h
+    else:
+        new, bp_cur, bp_lay = new_h, cur_h, lay_h
     steps.append(_Step("weighted", layer.index, None, bp_cur, bp_lay))
     return new
 
