@@ -86,7 +86,9 @@ def _estimator_for(cfg: Any, name: str, make: Any) -> Any:
               help="The training program each rank runs (it reads the plan: see "
                    "examples/launch/).")
 @click.option("--master-port", type=Whole(1, 65535), default=29500,
-              show_default=True, help="Rendezvous port.")
+              show_default=True,
+              help="Rendezvous port. Given, the scripts use it; left out, they use "
+                   "MASTER_PORT where they run if it is set, else 29500.")
 @output_option
 def launch(plan_file: str, kind: str, script: str, master_port: int,
            output: str | None) -> None:
@@ -123,7 +125,9 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
 
         text = megatron_args(doc, plan_file)
     else:
-        text = render(kind, spec, plan_file, script, master_port)
+        given = click.get_current_context().get_parameter_source("master_port")
+        text = render(kind, spec, plan_file, script, master_port,
+                      fixed_port=given is click.core.ParameterSource.COMMANDLINE)
     # neither the plan nor the training program is overwritten by -o
     emit(text, output, (plan_file, script))
 

@@ -2,7 +2,8 @@
 
 Ranks follow the plan's placement: rank ``k`` runs on node ``k // g``, local device
 ``k mod g`` (``g`` devices per node). torchrun numbers ranks the same way
-(``node_rank · nproc_per_node + local_rank``), and so does Slurm with block distribution
+(the running total of the nodes' process counts before ``node_rank``, plus
+``local_rank``), and so does Slurm with block distribution
 (``SLURM_PROCID``), so the row and column groups the plan lists are the groups the job
 builds.
 """
@@ -47,7 +48,7 @@ class LaunchSpec:
     #: ZeRO 1-2's gathers under the next step's forward (``--overlap-param-gather``)
     overlap_param_gather: bool = False
     #: how each context-parallel attention layer moves its keys and values, in layer
-    #: order (p2p or allgather: Megatron-LM's ``--cp-comm-type``)
+    #: order (p2p or allgather; Megatron-LM's ``--cp-comm-type`` p2p or all_gather)
     cp_comm_types: tuple[str, ...] = ()
 
     @property
@@ -291,8 +292,11 @@ def _grid_lines(spec: LaunchSpec) -> list[str]:
     return out
 
 
-def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) -> str:
-    """The launch text for one emitter."""
+def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
+         fixed_port: bool = False) -> str:
+    """The launch text for one emitter. The rendezvous port is ``port`` unless
+    ``MASTER_PORT`` is set where the script runs; with ``fixed_port`` (the user named
+    it), ``port`` always."""
     q = shlex.quote
     head = [
         f"# planner launch: {spec.nodes} node(s) x {spec.procs} processes "
@@ -324,7 +328,9 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
                     + ("keys and values around a ring of sends overlapped with attention"
                        if set(cp) == {"p2p"} else "keys and values all-gathered"
                        if set(cp) == {"allgather"} else "one method a layer, in order")
-                    + f" (Megatron-LM: --cp-comm-type {value})")
+                    + " (Megatron-LM: --cp-comm-type "
+                    + (value if len(set(cp)) == 1 else " ".join(cp)).replace(
+                        "allgather", "all_gather") + ")")
     if kind == "env":
         lines = [
             f"PLANNER_PLAN={q(plan_path)}",
@@ -354,26 +360,33 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
             lines.append(f"PLANNER_CP_COMM_TYPE={value}")
         return "\n".join(head + lines) + "\n"
     if kind == "torchrun":
-        if spec.uneven:
-            raise UsageError("planner: error: torchrun starts the same number of processes "
-                             "on every node; this plan's device count is not a multiple of "
-                             "the devices per node (use --emit slurm or env)")
+        port_value = str(port) if fixed_port else f"${{MASTER_PORT:-{port}}}"
         if spec.nodes == 1:  # one node: torchrun's own rendezvous on a free port
             note = ["# Run on the node; paths are as given, relative to where this runs."]
             start = [f"exec torchrun --standalone --nnodes=1 --nproc-per-node={spec.procs} \\"]
+            procs: list[str] = []
         else:
             note = [
                 f"# Run on every node with NODE_RANK set (0..{spec.nodes - 1}) and "
                 "MASTER_ADDR set to node 0's address; paths are as given, relative to where "
                 "this runs."]
+            nproc = '"$NPROC"' if spec.uneven else str(spec.procs)
             start = [
-                f"exec torchrun --nnodes={spec.nodes} --nproc-per-node={spec.procs} "
+                f"exec torchrun --nnodes={spec.nodes} --nproc-per-node={nproc} "
                 '--node-rank="$NODE_RANK" \\',
-                f'  --master-addr="$MASTER_ADDR" --master-port="${{MASTER_PORT:-{port}}}" \\']
+                f'  --master-addr="$MASTER_ADDR" --master-port="{port_value}" \\']
+            # torchrun numbers ranks by the running total of the nodes' process counts
+            # in node-rank order (its elastic agent's rank assignment), so the last node
+            # may run fewer; the identical-workers shortcut, which assumes equal counts,
+            # must be off
+            procs = [] if not spec.uneven else [
+                f'if [ "$NODE_RANK" -eq {spec.nodes - 1} ]; then NPROC={spec.last_node_procs}; '
+                f"else NPROC={spec.procs}; fi",
+                "unset TORCH_ELASTIC_WORKER_IDENTICAL"]
         checks = [] if spec.nodes == 1 else [
             f': "${{NODE_RANK:?set NODE_RANK to the index of this node, 0..{spec.nodes - 1}}}"',
             ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"']
-        body = ["#!/usr/bin/env bash", *head, *note, "set -euo pipefail", *checks,
+        body = ["#!/usr/bin/env bash", *head, *note, "set -euo pipefail", *checks, *procs,
                 f"export PLANNER_PLAN={q(plan_path)}", *start,
                 f"  {q(script)} --plan {q(plan_path)}"]
         return "\n".join(body) + "\n"
@@ -396,9 +409,13 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int) ->
               if spec.uneven else []),
             "set -euo pipefail",
             'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+            f'export MASTER_PORT={port}' if fixed_port else
             f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"',
             f"export PLANNER_PLAN={q(plan_path)}",
-            "srun --kill-on-bad-exit=1 bash -c "
+            # --wait=0: a site's WaitTime would end the job that long after the first
+            # task exits, and an uneven plan's surplus tasks exit at once
+            ("srun --kill-on-bad-exit=1 --wait=0 bash -c " if spec.uneven else
+             "srun --kill-on-bad-exit=1 bash -c ")
             + q(f'{guard}RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID '
                 f'WORLD_SIZE={spec.world} exec python {q(script)} --plan {q(plan_path)}'),
         ]

@@ -12,10 +12,10 @@ layout, so that nothing is launched that the plan did not price.
 
 Mapping (each from the plan document alone):
 
-* every linear, attention and token-table layer ``column``/``row``/``model`` over ``P_r
-  = T`` → ``--tensor-model-parallel-size T``, all ``-sp`` → ``--sequence-parallel``;
+* every linear layer ``column``/``row``, attention and token-table layer ``model`` over
+  ``P_r = T`` → ``--tensor-model-parallel-size T``, all ``-sp`` → ``--sequence-parallel``;
   all ``domain`` over ``P_r = C`` → ``--context-parallel-size C`` with
-  ``--cp-comm-type`` from the attention layers' terms (``p2p`` or ``allgather``, one a
+  ``--cp-comm-type`` from the attention layers' terms (``p2p`` or ``all_gather``, one a
   layer where they differ), attention ``ulysses`` → ``a2a``; all ``data`` → neither;
 * mixtures of experts split like the rest (their experts' hidden features over ``T``,
   Megatron-LM's expert tensor parallelism), or ``expert`` over ``P_r = E`` with every
@@ -29,12 +29,15 @@ Mapping (each from the plan document alone):
   ``--micro-batch-size B/(M·D) --global-batch-size B``;
 * ZeRO 1 → ``--use-distributed-optimizer``; ``overlap: gradients`` →
   ``--overlap-grad-reduce``; ``overlap_param_gather`` → ``--overlap-param-gather``;
-  ``tp_comm_overlap`` → ``--tp-comm-overlap``;
+  ``tp_comm_overlap`` → ``--tp-comm-overlap`` (with sequence parallelism, the only
+  collectives it overlaps);
 * recomputing every residual block → ``--recompute-granularity full
   --recompute-method uniform --recompute-num-layers 1``; the first ``2k`` of a chunk →
   ``--recompute-method block --recompute-num-layers k``;
-* bf16 / fp16 → ``--bf16`` / ``--fp16``, fp32 gradients for them →
-  ``--accumulate-allreduce-grads-in-fp32``; Adam → ``--optimizer adam``, momentum →
+* bf16 / fp16 → ``--bf16`` / ``--fp16`` (over fp32 master weights), bf16 gradients →
+  ``--grad-reduce-in-bf16`` (Megatron-LM's default for bf16 is fp32), fp32 gradients for
+  either → ``--accumulate-allreduce-grads-in-fp32``; fp64, fp32 weights with half
+  gradients, or no master weights are refused; Adam → ``--optimizer adam``, momentum →
   ``--optimizer sgd`` (Megatron-LM's momentum 0.9), SGD → ``--sgd-momentum 0`` besides.
 """
 
@@ -130,6 +133,11 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
                                      "groups are consecutive ranks", data)
         if pr == 1 or mode == "data":
             kinds["data"].append(lay)
+        elif mode in _TENSOR and lay.get("type") == "linear" and mode.startswith("model"):
+            raise _refuse(plan_path, f"layer '{lay.get('name')}' is {mode} {pr}x"
+                                     f"{lay['grid'][1]}: its output split by features and "
+                                     "all-gathered after it, where Megatron-LM's linear "
+                                     "layers are column / row pairs (--mode megatron)", data)
         elif mode in _TENSOR:
             kinds["tensor"].append(lay)
         elif mode in _CONTEXT:
@@ -184,11 +192,15 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
     for lay in kinds["context"]:
         if lay.get("type") != "attention":
             continue
-        cp.append("a2a" if lay["mode"] == "ulysses" else cp_method(lay))
+        # Megatron-core and Transformer Engine spell the gathered method all_gather
+        # (Megatron-LM's --help says allgather, which Transformer Engine rejects)
+        method = cp_method(lay)
+        cp.append("a2a" if lay["mode"] == "ulysses" else
+                  "all_gather" if method == "allgather" else method)
     if kinds["context"] and "a2a" in cp and len(set(cp)) > 1:
         raise _refuse(plan_path, "some attention layers are DeepSpeed-Ulysses and some "
                                  "context-parallel; Megatron-LM runs one or the other "
-                                 "(--cp-comm-type a2a, or p2p / allgather)", data)
+                                 "(--cp-comm-type a2a, or p2p / all_gather)", data)
     return t, c, e, sp == {True}, cp
 
 
@@ -229,6 +241,36 @@ def _chunks(data: dict[str, Any], stages: int, virtual: int, plan_path: str
                                      "whole layers (make the plan with --stage-boundaries "
                                      "layers)", data)
     return counts
+
+
+def _precision(prob: dict[str, Any], plan_path: str, data: dict[str, Any]) -> list[str]:
+    """The dtype arguments: Megatron-LM trains fp32, or bf16 / fp16 weights over fp32
+    master weights. For bf16 it reduces and accumulates the gradients in fp32 unless
+    told ``--grad-reduce-in-bf16``; for fp16 in fp16 unless told
+    ``--accumulate-allreduce-grads-in-fp32``. Any other mix is refused."""
+    dtype = prob.get("dtype", "float32")
+    grad = prob.get("grad_dtype", dtype)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise _refuse(plan_path, f"its weights are {dtype}; Megatron-LM trains in fp32, "
+                                 "bf16 or fp16", data)
+    if dtype == "float32":
+        if grad != "float32":
+            raise _refuse(plan_path, f"its gradients are {grad} under fp32 weights; "
+                                     "Megatron-LM keeps fp32 weights' gradients in fp32 "
+                                     "(--grad-precision fp32)", data)
+        return []
+    if prob.get("master_weights") is False:
+        raise _refuse(plan_path, f"it keeps no fp32 master weights for its {dtype} "
+                                 "weights; Megatron-LM's mixed-precision optimizer always "
+                                 "does (drop --no-master-weights)", data)
+    if grad not in ("float32", dtype):
+        raise _refuse(plan_path, f"its gradients are {grad} under {dtype} weights; "
+                                 f"Megatron-LM reduces them in fp32 or {dtype}", data)
+    if dtype == "bfloat16":
+        return ["--bf16"] + (["--grad-reduce-in-bf16"] if grad == dtype else
+                             ["--accumulate-allreduce-grads-in-fp32"])
+    return ["--fp16"] + (["--accumulate-allreduce-grads-in-fp32"] if grad == "float32"
+                         else [])
 
 
 def megatron_args(doc: Document, plan_path: str) -> str:
@@ -292,13 +334,13 @@ def megatron_args(doc: Document, plan_path: str) -> str:
         args.append("--overlap-grad-reduce")
     if prob.get("overlap_param_gather"):
         args.append("--overlap-param-gather")
-    if prob.get("tp_comm_overlap"):
+    if prob.get("tp_comm_overlap") and sp:
+        # Megatron-LM overlaps only sequence parallelism's collectives (and refuses the
+        # flag without it); the plan's overlap prices those alone, so without
+        # sequence-parallel layers it changed nothing
         args.append("--tp-comm-overlap")
     args += _recompute(data, prob, plan_path)
-    dtype = prob.get("dtype", "float32")
-    args += {"bfloat16": ["--bf16"], "float16": ["--fp16"]}.get(dtype, [])
-    if dtype != "float32" and prob.get("grad_dtype") == "float32":
-        args.append("--accumulate-allreduce-grads-in-fp32")
+    args += _precision(prob, plan_path, data)
     opt = prob.get("optimizer", "adam")
     args += ["--optimizer adam"] if opt == "adam" else \
         ["--optimizer sgd"] + (["--sgd-momentum 0"] if opt == "sgd" else [])

@@ -333,7 +333,8 @@ def test_slurm_uneven_plan_keeps_ranks_on_their_nodes(runner, tmp_path):
     """12 ranks on 8-GPU nodes: Slurm's block distribution would balance 12 tasks as
     6 + 6, putting ranks 6-7 on the second node and splitting the plan's 4x3 row group
     [4..7] across nodes. The script asks for 8 + 8 tasks and the 4 surplus ranks exit;
-    run with stand-ins, ranks 0-11 start with WORLD_SIZE 12, rank k on node k // 8."""
+    run with stand-ins, ranks 0-11 start with WORLD_SIZE 12, rank k on node k // 8 (and
+    srun does not end the job when the surplus tasks exit: --wait=0)."""
     plan = tmp_path / "p.yaml"
     r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
                EXAMPLES / "clusters/dgx-h100.yaml", "-p", "12", "-b", "384", "-o", plan)
@@ -341,6 +342,9 @@ def test_slurm_uneven_plan_keeps_ranks_on_their_nodes(runner, tmp_path):
     out = invoke(runner, "launch", plan, "--emit", "slurm")
     assert out.exit_code == 0, out.stderr
     assert "#SBATCH --ntasks=16\n#SBATCH --ntasks-per-node=8\n" in out.stdout
+    # srun ends the job a site's WaitTime after the first task exits; the surplus
+    # tasks exit at once, so the script waits for every task
+    assert "srun --kill-on-bad-exit=1 --wait=0 bash -c" in out.stdout
     script = tmp_path / "job.sh"
     script.write_text(out.stdout)
     env = {**_fake_slurm(tmp_path, 2, 8), "SLURM_NTASKS": "16"}
@@ -453,11 +457,55 @@ def test_launch_one_partly_used_node(runner, tmp_path, gpus):
     out = invoke(runner, "launch", plan, "--emit", "slurm").stdout
     assert f"#SBATCH --ntasks={gpus}\n#SBATCH --ntasks-per-node={gpus}\n" \
            f"#SBATCH --gpus-per-node={gpus}\n" in out
-    # on several nodes an uneven last node is still refused by torchrun
+
+
+def test_torchrun_uneven_plan_runs_fewer_processes_on_the_last_node(runner, tmp_path):
+    """12 ranks on 8-GPU nodes under torchrun: node 0 starts 8 processes and node 1
+    starts 4. torchrun's elastic agent numbers a node's workers from the running total
+    of the process counts of the nodes before it (``_assign_worker_ranks``: "cumulative
+    sum of the local_world_size for all workers in front of it"), so ranks 8-11 land on
+    node 1 as the plan places them; its identical-workers shortcut, which assumes equal
+    counts, is unset. Run with a torchrun stand-in on each node."""
+    plan = tmp_path / "p.yaml"
     r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
-               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "12", "-b", "64", "-o", plan)
-    r = invoke(runner, "launch", plan, "--emit", "torchrun")
-    assert r.exit_code == 2 and "same number of processes on every node" in r.stderr
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "12", "-b", "384", "-o", plan)
+    assert r.exit_code == 0, r.stderr
+    out = invoke(runner, "launch", plan, "--emit", "torchrun")
+    assert out.exit_code == 0, out.stderr
+    assert "# the last node runs 4 processes" in out.stdout
+    script = tmp_path / "run.sh"
+    script.write_text(out.stdout)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "torchrun"
+    fake.write_text('#!/bin/bash\necho "identical=${TORCH_ELASTIC_WORKER_IDENTICAL:-unset} '
+                    '$*"\n')
+    fake.chmod(0o755)
+    seen = []
+    for node in (0, 1):
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+               "NODE_RANK": str(node), "MASTER_ADDR": "node0",
+               "TORCH_ELASTIC_WORKER_IDENTICAL": "1"}
+        env.pop("MASTER_PORT", None)
+        ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+        assert ran.returncode == 0, ran.stderr
+        seen.append(ran.stdout.strip())
+    assert seen == [f"identical=unset --nnodes=2 --nproc-per-node={n} --node-rank={node} "
+                    f"--master-addr=node0 --master-port=29500 train.py --plan {plan}"
+                    for node, n in ((0, 8), (1, 4))]
+
+
+def test_an_explicit_master_port_is_kept(runner, tmp_path, monkeypatch):
+    """Left out, --master-port is a default that MASTER_PORT where the script runs
+    overrides; given, it is written as it is (torchrun, Slurm)."""
+    monkeypatch.chdir(ROOT)
+    plan = "examples/ci/plans/resnet50-dgx-64.yaml"
+    out = invoke(runner, "launch", plan).stdout
+    assert '--master-port="${MASTER_PORT:-29500}"' in out
+    out = invoke(runner, "launch", plan, "--master-port", "12345").stdout
+    assert '--master-port="12345"' in out and "MASTER_PORT:-" not in out
+    out = invoke(runner, "launch", plan, "--emit", "slurm", "--master-port", "12345").stdout
+    assert "export MASTER_PORT=12345\n" in out
 
 
 def test_launch_scripts_cannot_be_injected_through_names(runner, tmp_path):

@@ -44,7 +44,8 @@ def _refused(runner, plan, words):
 def test_tensor_parallel_plan(runner, tmp_path):
     """Llama 3 8B on 64 H100s, Megatron's layouts with sequence parallelism over 4 × 16,
     ZeRO 1, both overlaps: tensor 4 (every layer, all sequence-parallel), data 16 = 64 /
-    4, one microbatch of 16 / 16 = 1 sequence, bf16 and Adam; 32 attention layers."""
+    4, one microbatch of 16 / 16 = 1 sequence, bf16 with bf16 gradients (which Megatron-LM
+    reduces in fp32 unless told --grad-reduce-in-bf16) and Adam; 32 attention layers."""
     plan = _plan(runner, tmp_path, "cost", LLAMA, DGX, "-p", "64", "-b", "16", "--optimizer",
                  "adam", "--grid", "4x16", "--mode", "megatron-sp", "--zero", "1",
                  "--overlap-param-gather", "--tp-comm-overlap")
@@ -54,19 +55,20 @@ def test_tensor_parallel_plan(runner, tmp_path):
                     "--micro-batch-size 1", "--global-batch-size 16",
                     "--use-distributed-optimizer", "--overlap-grad-reduce",
                     "--overlap-param-gather", "--tp-comm-overlap", "--bf16",
-                    "--optimizer adam"]
+                    "--grad-reduce-in-bf16", "--optimizer adam"]
     assert "64 ranks: tensor 4 x context 1 x pipeline 1 x data 16" in text
     assert "--num-layers 32" in text
 
 
 @pytest.mark.parametrize("cp, attention, want", [
-    ("p2p", "domain", "p2p"), ("allgather", "domain", "allgather"),
+    ("p2p", "domain", "p2p"), ("allgather", "domain", "all_gather"),
     ("p2p", "ulysses", "a2a"),
 ])
 def test_context_parallel_plan(runner, tmp_path, cp, attention, want):
     """Every layer split by tokens 8 ways with the batch over 8 (64 H100s, batch 16):
     context 8, data 8, a microbatch of 2; the attention's method from its terms (the
-    ring's ``p2p``, ``allgather``), DeepSpeed-Ulysses attention as ``a2a``. Without
+    ring's ``p2p``; gathered, ``all_gather``, as Megatron-core and Transformer Engine
+    spell it), DeepSpeed-Ulysses attention as ``a2a``. Without
     gradient overlap, no --overlap-grad-reduce; fp32 gradients for bf16 weights, and
     SGD with momentum."""
     plan = _plan(runner, tmp_path, "cost", LLAMA, DGX, "-p", "64", "-b", "16",
@@ -141,12 +143,45 @@ def test_uneven_first_and_last_stages(runner, tmp_path):
     _refused(runner, bad, "its stages hold [2, 3, 5, 2] transformer layers")
 
 
+def test_precision_and_overlap_as_megatron_runs_them(runner, tmp_path):
+    """Megatron-LM reduces a bf16 model's gradients in fp32 unless told
+    --grad-reduce-in-bf16, and an fp16 model's in fp16 unless told
+    --accumulate-allreduce-grads-in-fp32 (its arguments.py); fp32 runs need no dtype
+    flag. --tp-comm-overlap overlaps sequence parallelism's collectives only, and
+    Megatron-LM refuses it without --sequence-parallel: a plan without sequence-parallel
+    layers priced no overlap, so the flag is left out."""
+    common = ("cost", GPT2, DGX, "-p", "16", "-b", "64", "--grid", "2x8")
+    cases = [
+        (("--mode", "megatron", "--precision", "bf16"), ["--bf16", "--grad-reduce-in-bf16"]),
+        (("--mode", "megatron", "--precision", "bf16", "--grad-precision", "fp32"),
+         ["--bf16", "--accumulate-allreduce-grads-in-fp32"]),
+        (("--mode", "megatron", "--precision", "fp16"), ["--fp16"]),
+        (("--mode", "megatron", "--precision", "fp16", "--grad-precision", "fp32"),
+         ["--fp16", "--accumulate-allreduce-grads-in-fp32"]),
+        (("--mode", "megatron", "--precision", "fp32"), []),
+    ]
+    for i, (extra, want) in enumerate(cases):
+        args, _ = _args(runner, _plan(runner, tmp_path, *common, *extra, name=f"p{i}.yaml"))
+        flags = [a for a in args if a.startswith(("--bf16", "--fp16", "--grad-reduce",
+                                                  "--accumulate"))]
+        assert flags == want, (extra, args)
+    plain = _plan(runner, tmp_path, *common, "--mode", "megatron", "--tp-comm-overlap",
+                  name="tp.yaml")
+    args, _ = _args(runner, plain)
+    assert "--sequence-parallel" not in args and "--tp-comm-overlap" not in args
+    sp = _plan(runner, tmp_path, *common, "--mode", "megatron-sp", "--tp-comm-overlap",
+               name="sp.yaml")
+    args, _ = _args(runner, sp)
+    assert "--sequence-parallel" in args and "--tp-comm-overlap" in args
+
+
 def test_what_megatron_cannot_run(runner, tmp_path):
     """Refused, each with its reason: a searched plan that splits some layers by tokens
     and others by features (and the baseline to price instead); stages that start inside
     a transformer layer; ZeRO 2; a convolution; a grid placed by columns; tensor
     parallelism with and without sequence parallelism; an odd number of recomputed
-    blocks; ZB-H1."""
+    blocks; ZB-H1; linear layers in the integrated ``model`` layout; fp64, fp32 weights
+    with bf16 gradients, and half weights without fp32 master weights."""
     searched = _plan(runner, tmp_path, "plan", LLAMA, DGX, "-p", "64", "-b", "16",
                      "--optimizer", "adam", name="searched.yaml")
     doc = json.loads(invoke(runner, "plan", LLAMA, DGX, "-p", "64", "-b", "16",
@@ -178,6 +213,16 @@ def test_what_megatron_cannot_run(runner, tmp_path):
           "--recompute", "3"), "recomputes 3 residual blocks"),
         (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x1", "--mode", "megatron",
           "--pipeline", "2", "--microbatches", "4", "--schedule", "zb-h1"), "ZB-H1"),
+        # the integrated algorithm's output-split linear layers (forward all-gather) are
+        # not Megatron-LM's column / row pairs, though their group sizes agree
+        (("cost", GPT2, DGX, "-p", "16", "-b", "64", "--grid", "2x8", "--mode", "model"),
+         "its output split by features and all-gathered after it"),
+        (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron",
+          "--precision", "fp64"), "its weights are float64"),
+        (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron",
+          "--grad-precision", "bf16"), "its gradients are bfloat16 under fp32 weights"),
+        (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron",
+          "--precision", "bf16", "--no-master-weights"), "keeps no fp32 master weights"),
     ]
     for i, (args, words) in enumerate(cases):
         _refused(runner, _plan(runner, tmp_path, *args, name=f"case{i}.yaml"), words)
