@@ -75,10 +75,12 @@ class LaunchSpec:
         return self.nodes > 1 and self.last_node_procs != self.per_node
 
 
-def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
+def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> LaunchSpec:
     """Read the placement of a plan document (from ``planner plan`` or ``planner cost``);
     a missing, malformed or inconsistent placement is an :class:`InputError` naming
-    every problem at its line."""
+    every problem at its line. With ``check_layers`` the layers' layouts are checked
+    against the placement too (``planner check`` first reads them with the network,
+    whose errors say more)."""
     data = doc.data
     if not isinstance(data, dict) or not isinstance(data.get("placement"), dict):
         raise doc.error([Issue("$", "not a plan with a placement (make one with `planner "
@@ -174,6 +176,7 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
     name = network.get("name") if isinstance(network, dict) else None
     grids = pl.get("grids", [])
     shaped: list[dict[str, Any]] = []
+    owner: dict[str, tuple[int, dict[str, Any]]] = {}  # layer name -> its placement grid
     if not isinstance(grids, list):
         issues.append(Issue("$.placement.grids", f"expected a list of grids, got "
                                                  f"{type(grids).__name__}"))
@@ -207,9 +210,28 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
         chunk = _grid_index(g, "chunk", virtual, "model chunk", where, issues)
         if chunk is None:
             continue
+        first = g.get("first_rank", stage * size)
+        if first != stage * size:
+            issues.append(Issue(f"{where}.first_rank", f"stage {stage} starts at rank "
+                                                       f"{stage * size} ({size} ranks a "
+                                                       f"stage), not {show(first)}: the plan "
+                                                       "was edited; make it again"))
+            continue
         shaped.append({"grid": [grid[0], grid[1]], "placement": placement,
                        **({"stage": stage} if stages > 1 else {}),
                        **({"chunk": chunk} if virtual > 1 else {})})
+        listed = g.get("layers", [])
+        for member in listed if isinstance(listed, list) else []:
+            if isinstance(member, str):
+                owner.setdefault(member, (i, shaped[-1]))
+    if not issues:
+        missing = sorted(set(range(stages)) - {s.get("stage", 0) for s in shaped})
+        if missing:
+            issues.append(Issue("$.placement.grids", f"no grid for pipeline stage "
+                                                     f"{missing[0]} of {stages}: the plan was "
+                                                     "edited; make it again"))
+        if check_layers:
+            _check_layers(data.get("layers"), owner, size, stages, virtual, issues)
     kind = pl.get("device_kind", "gpu")
     if kind not in ("gpu", "cpu"):
         issues.append(Issue("$.placement.device_kind", f"expected gpu or cpu, got "
@@ -223,6 +245,70 @@ def launch_spec(doc: Document, plan_path: str) -> LaunchSpec:
                       str(dtype), str(grad_dtype or dtype), stages, microbatches, virtual,
                       schedule, flags["tp_comm_overlap"], flags["overlap_param_gather"],
                       _cp_comm_types(data.get("layers")))
+
+
+def _check_layers(layers: object, owner: dict[str, tuple[int, dict[str, Any]]], size: int,
+                  stages: int, virtual: int, issues: list[Issue]) -> None:
+    """Each layer's layout against the placement: a known mode, a grid of the stage's
+    ``size`` devices in a stage (and chunk) of the pipeline, and for the layers a
+    placement grid lists, that grid, placement, stage and chunk (what the launched
+    ranks build their groups from). An edited plan would launch one thing and price
+    another."""
+    from .layout import MODES
+
+    found: list[Issue] = []
+    _layer_issues(layers, owner, size, stages, virtual, MODES, found)
+    issues += found[:SHOWN_LAYER_ISSUES]
+    if len(found) > SHOWN_LAYER_ISSUES:
+        rest = len(found) - SHOWN_LAYER_ISSUES
+        issues.append(Issue(found[SHOWN_LAYER_ISSUES].path,
+                            f"and {rest} more layer{'s' if rest > 1 else ''} like these, "
+                            "from this one on"))
+
+
+#: the layers :func:`_check_layers` reports one by one (an edit to every layer's grid
+#: would otherwise print one error a layer)
+SHOWN_LAYER_ISSUES = 5
+
+
+def _layer_issues(layers: object, owner: dict[str, tuple[int, dict[str, Any]]], size: int,
+                  stages: int, virtual: int, modes: tuple[str, ...],
+                  issues: list[Issue]) -> None:
+    for i, lay in enumerate(layers if isinstance(layers, list) else []):
+        if not isinstance(lay, dict) or "grid" not in lay:
+            continue
+        where, name = f"$.layers[{i}]", lay.get("name")
+        grid, mode = lay["grid"], lay.get("mode")
+        if not (isinstance(grid, list) and len(grid) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in grid)):
+            issues.append(Issue(f"{where}.grid", f"expected the grid as [P_r, P_c], two "
+                                                 f"whole numbers >= 1, got {show(grid)}"))
+            continue
+        if mode not in modes:
+            issues.append(Issue(f"{where}.mode", f"expected one of {', '.join(modes)}, got "
+                                                 f"{show(mode)}"))
+            continue
+        if grid[0] * grid[1] != size:
+            issues.append(Issue(f"{where}.grid", f"layer {show(name)}: grid {grid[0]}x"
+                                                 f"{grid[1]} has {grid[0] * grid[1]} "
+                                                 f"devices, a stage {size}: the plan was "
+                                                 "edited; make it again"))
+            continue
+        mine = {"grid": grid, "placement": lay.get("placement"),
+                **({"stage": lay.get("stage", 0)} if stages > 1 else {}),
+                **({"chunk": lay.get("chunk", 0)} if virtual > 1 else {})}
+        if not isinstance(name, str) or name not in owner:
+            continue
+        at, theirs = owner[name]
+        if mine != theirs:
+            def says(d: dict[str, Any]) -> str:
+                return (f"{d['grid'][0]}x{d['grid'][1]} {d['placement']}"
+                        + (f", stage {d['stage']}" if "stage" in d else "")
+                        + (f", chunk {d['chunk']}" if "chunk" in d else ""))
+            issues.append(Issue(f"{where}.grid", f"layer {show(name)} is {says(mine)} here "
+                                                 f"but {says(theirs)} in "
+                                                 f"$.placement.grids[{at}]: the plan was "
+                                                 "edited; make it again"))
 
 
 def _cp_comm_types(layers: object) -> tuple[str, ...]:

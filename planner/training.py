@@ -507,7 +507,9 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
                                     "-o FILE --format yaml`)")])
     from .launch import launch_spec
 
-    launch_spec(doc, str(path))  # a plan CI passes must be one launch can start
+    # a plan CI passes must be one launch can start (its layers against the placement
+    # once they are read with the network, below)
+    launch_spec(doc, str(path), check_layers=False)
     shape = [Issue(f"$.{key}", f"expected {what} (the plan was edited; make it again)")
              for key, ok, what in (("inputs", isinstance(data["inputs"], dict), "a mapping"),
                                    ("layers", isinstance(data["layers"], list), "a list"))
@@ -648,6 +650,7 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
                     f"{assignment[owner].label()} (a plan made before ties kept one layout; "
                     "re-run `planner plan` and commit the new plan)", "$.strategy.plan"))
                 return None
+    launch_spec(doc, str(path))  # and its layers say what its placement says
     findings.append(Finding("plan", True, "the plan matches its network, cluster and question",
                             "$.strategy.plan"))
     if cfg.launcher == "megatron":

@@ -443,6 +443,58 @@ def test_launch_points_at_a_bad_placement(runner, tmp_path, old, new, said):
     assert said in result.stderr.splitlines()[0]
 
 
+def test_launch_checks_the_layers_against_the_placement(runner, tmp_path):
+    """The ranks build their groups from the placement, Megatron-LM's arguments from the
+    layers: an edit to one and not the other launched one layout and priced another.
+    A layer's grid that its placement grid does not say, a grid of another device
+    count (five shown, then how many more), an unknown mode, a stage's first rank and
+    a stage without a grid are input errors at their line (exit 2), from `launch` and
+    `validate` alike."""
+    plan = tmp_path / "p.yaml"
+    r = invoke(runner, "cost", EXAMPLES / "networks/gpt2-small.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "16", "-b", "64", "--grid", "2x8",
+               "--mode", "megatron", "-o", plan)
+    assert r.exit_code == 0, r.stderr
+    text = plan.read_text()
+    layers = text.index("\nlayers:\n")
+
+    def refused(new_text, *said):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(new_text)
+        for cmd in (("launch", bad), ("validate", bad)):
+            out = invoke(runner, *cmd)
+            assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+            for words in said:
+                assert words in out.stderr, out.stderr
+        return out.stderr
+
+    # one layer (the first weighted one after the placement) edited
+    at = text.index("  grid: [2, 8]\n", layers)
+    line = text[:at].count("\n") + 1
+    said = refused(text[:at] + "  grid: [4, 4]\n" + text[at + 15:],
+                   "layer 'wte' is 4x4 rows here but 2x8 rows in $.placement.grids[0]")
+    assert said.startswith(f"{tmp_path / 'bad.yaml'}:{line}:"), said
+    said = refused(text[:layers] + text[layers:].replace("  grid: [2, 8]\n",
+                                                         "  grid: [3, 3]\n"),
+                   "grid 3x3 has 9 devices, a stage 16",
+                   "and 120 more layers like these, from this one on")
+    assert said.count("error:") == 6
+    at = text.index("  mode: column\n", layers)
+    refused(text[:at] + "  mode: colum\n" + text[at + 15:], "got 'colum'")
+    assert invoke(runner, "launch", plan).exit_code == 0
+    piped = tmp_path / "piped.yaml"
+    r = invoke(runner, "cost", EXAMPLES / "networks/gpt2-small.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "16", "-b", "64", "--grid", "2x4",
+               "--mode", "megatron", "--pipeline", "2", "--microbatches", "4", "-o", piped)
+    assert r.exit_code == 0, r.stderr
+    text = piped.read_text()
+    refused(text.replace("first_rank: 8\n", "first_rank: 3\n"),
+            "stage 1 starts at rank 8 (8 ranks a stage), not 3")
+    refused(text.replace("- stage: 1\n", "- stage: 0\n").replace("first_rank: 8\n",
+                                                                  "first_rank: 0\n"),
+            "no grid for pipeline stage 1")
+
+
 @pytest.mark.parametrize("gpus", [1, 4])
 def test_launch_one_partly_used_node(runner, tmp_path, gpus):
     """4 ranks of an 8-GPU node: torchrun starts 4 processes on 1 node; Slurm asks for
