@@ -213,15 +213,21 @@ def one_stdin(paths: tuple[str, ...]) -> None:
                          "holds one file: name the others, or pipe them in with <(command)")
 
 
-def emit(text: str, output: str | None, protect: tuple[str, ...] = ()) -> None:
-    """Write the product: to stdout, or atomically to ``output`` (``-`` is stdout)."""
+def emit(text: str, output: str | None, protect: tuple[str, ...] = (),
+         executable: bool = False) -> None:
+    """Write the product: to stdout, or atomically to ``output`` (``-`` is stdout; a new
+    file made ``executable`` when it is a script)."""
     if output is None or output == "-":
         click.echo(text, nl=False)
         return
     from .output import write_atomic
 
-    write_atomic(output, text, protect)
+    write_atomic(output, text, protect, executable)
     click.echo(f"wrote {output}", err=True)
+
+
+#: the narrowest console tables are drawn in (``COLUMNS=1`` made one character a line)
+MIN_WIDTH = 60
 
 
 def console(stderr: bool = False) -> Any:
@@ -236,6 +242,10 @@ def console(stderr: bool = False) -> Any:
         width = 120  # piped or captured: do not squeeze tables into 80 columns
     elif not given and columns:  # $COLUMNS that is not a width ("abc"): the terminal's
         width = os.get_terminal_size(stream.fileno()).columns
+    if given:
+        width = int(columns)
+    if width is not None and width < MIN_WIDTH:
+        width = MIN_WIDTH  # narrower, a table prints a character a line
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 

@@ -128,8 +128,24 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
         given = click.get_current_context().get_parameter_source("master_port")
         text = render(kind, spec, plan_file, script, master_port,
                       fixed_port=given is click.core.ParameterSource.COMMANDLINE)
-    # neither the plan nor the training program is overwritten by -o
-    emit(text, output, (plan_file, script))
+    # neither the plan, the training program nor the files the plan was made from is
+    # overwritten by -o; a script is written executable
+    emit(text, output, (plan_file, script, *_recorded_inputs(doc.data, plan_file)),
+         executable=kind in ("torchrun", "slurm"))
+
+
+def _recorded_inputs(data: Any, plan_file: str) -> tuple[str, ...]:
+    """The network and cluster files a plan records (``inputs.*.file``), as written
+    and relative to the plan's folder: either may be where they are."""
+    from pathlib import Path
+
+    inputs = data.get("inputs") if isinstance(data, dict) else None
+    out: list[str] = []
+    for entry in inputs.values() if isinstance(inputs, dict) else []:
+        name = entry.get("file") if isinstance(entry, dict) else None
+        if isinstance(name, str) and name and name != "-":
+            out += [name, str(Path(plan_file).parent / name)]
+    return tuple(out)
 
 
 def register(group: click.Group) -> None:

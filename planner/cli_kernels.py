@@ -130,10 +130,13 @@ def _all_files(data: tuple[str, ...], shipped: bool) -> tuple[str, ...]:
                    "for convolutions).")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
               show_default=True, help="How to print the held-out accuracy.")
+@click.option("--replace-shipped", is_flag=True,
+              help="Allow -o to name the models planner ships with (a checkout's models/), "
+                   "which time every plan: how the project rebuilds them.")
 def kernels_fit(data: tuple[str, ...], out_dir: str, shipped: bool,
                 leave_out: tuple[str, ...], max_iter: int | None, seed: int, only: str | None,
                 members: int | None, hidden: tuple[int, ...] | None,
-                monotone_weight: float | None, fmt: str) -> None:
+                monotone_weight: float | None, fmt: str, replace_shipped: bool) -> None:
     """Fit the kernel-time models on measurement CSVs and write them to a directory.
 
     Rows of each file's held-out split (30% of shapes by CRC-32; NeuSight's own 'train'
@@ -147,9 +150,15 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, shipped: bool,
     from .kernels.train import FitOptions
 
     files, data = _with_shipped(data, shipped)
-    if files and Path(out_dir).is_dir() and os.path.samefile(out_dir, shipped_dir()):
+    into_shipped = Path(out_dir).is_dir() and os.path.samefile(out_dir, shipped_dir())
+    if into_shipped and files:
         raise UsageError(f"planner: error: refusing to write into {out_dir}: it holds the "
                          "shipped models that --shipped-data reads; choose another folder")
+    if into_shipped and not replace_shipped:
+        raise UsageError(f"planner: error: refusing to write into {out_dir}: it holds the "
+                         "models planner ships with, which time every plan; choose another "
+                         "folder (and give it to plan as --models-dir or $PLANNER_MODELS), "
+                         "or pass --replace-shipped to rebuild them")
     _check_model_dir(out_dir, (*data, *(str(p) for _, p in files)))
     if only is not None:
         _keep_other_families(out_dir, only)

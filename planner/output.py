@@ -232,6 +232,11 @@ def output_target(path: str | os.PathLike[str],
                              "command's inputs; choose another output file")
     if target.is_dir():
         raise UsageError(f"planner: error: cannot write {shown}: it is a directory")
+    if target.is_file() and (not os.access(target, os.W_OK)
+                             or not os.stat(target).st_mode & 0o222):
+        # the rename would replace a file its owner protected (root included)
+        raise UsageError(f"planner: error: refusing to replace {shown}: it is read-only; "
+                         "make it writable or choose another output file")
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         what = f"{folder} is a file, not a folder" if folder.exists() else \
@@ -251,14 +256,17 @@ def is_stream(path: Path) -> bool:
 
 
 def write_atomic(path: str | os.PathLike[str], text: str | bytes,
-                 protect: tuple[str | os.PathLike[str], ...] = ()) -> None:
+                 protect: tuple[str | os.PathLike[str], ...] = (),
+                 executable: bool = False) -> None:
     """Write ``text`` (or bytes) to ``path`` atomically: a temporary file in the same
     folder, flushed to disk, then a rename. An existing file is replaced only when the new
     one is complete; on any error (or an interrupt) the old file is untouched and no
     temporary file is left. A device or pipe (``/dev/null``, ``/dev/stdout``) is written
     into directly. Refuses to overwrite one of ``protect`` (the command's own
-    inputs); an operating-system error (no permission, disk full) is a
-    :class:`UsageError` naming the file."""
+    inputs) or a read-only file. A new file is ``rw-rw-rw-`` less the umask (with
+    ``executable``, a script, ``rwxrwxrwx``); an existing one keeps its mode. An
+    operating-system error (no permission, disk full) is a :class:`UsageError` naming
+    the file."""
     target = output_target(path, protect)
     data = text.encode("utf-8") if isinstance(text, str) else text
     if is_stream(target):
@@ -287,7 +295,7 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes,
             with contextlib.suppress(OSError):
                 umask = os.umask(0)
                 os.umask(umask)
-                os.chmod(tmp, 0o666 & ~umask)
+                os.chmod(tmp, (0o777 if executable else 0o666) & ~umask)
         os.replace(tmp, target)
     except BaseException as exc:
         with contextlib.suppress(OSError):

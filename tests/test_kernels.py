@@ -1342,6 +1342,13 @@ def test_shipped_data_is_checked_against_the_manifest(runner, tmp_path):
     before = sha256_file(MODELS / MANIFEST)
     r = invoke(runner, "kernels", "fit", "--shipped-data", "-o", MODELS, "--max-iter", "1")
     assert r.exit_code == 2 and "holds the shipped models" in r.stderr
+    # nor without the flag (a user's file into the models every plan is timed by),
+    # unless --replace-shipped says so (not run here: it would replace them)
+    small = tmp_path / "small.csv"
+    lines = (MODELS / "data" / "h100" / "h100_fp32.csv").read_text().splitlines()
+    small.write_text("\n".join(lines[:40]) + "\n")
+    r = invoke(runner, "kernels", "fit", small, "-o", MODELS, "--max-iter", "1")
+    assert r.exit_code == 2 and "pass --replace-shipped to rebuild them" in r.stderr
     assert sha256_file(MODELS / MANIFEST) == before
 
 

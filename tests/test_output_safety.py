@@ -374,3 +374,51 @@ def test_yaml_writer_keeps_aliases_and_odd_types_to_pyyaml():
     data = {"a": shared, "b": shared, "c": {1, 2}.__class__.__name__}
     assert to_yaml(data) == _to_yaml_pyyaml(data)
     assert "&id001" in to_yaml(data)
+
+
+def test_a_read_only_file_is_not_replaced(runner, tmp_path):
+    """The rename would replace a file its owner made read-only (even for root, who may
+    write anything): refused, exit 2, the file and its mode kept."""
+    out = _old_file(tmp_path)
+    out.chmod(0o444)
+    result = invoke(runner, *PLAN, "-o", out)
+    assert result.exit_code == 2
+    assert result.stderr == (f"planner: error: refusing to replace {out}: it is read-only; "
+                             "make it writable or choose another output file\n")
+    assert out.read_bytes() == OLD and stat.S_IMODE(out.stat().st_mode) == 0o444
+
+
+def test_launch_scripts_are_executable_and_the_plans_inputs_kept(runner, tmp_path,
+                                                                 monkeypatch):
+    """`launch -o run.sh` writes a script bash can run as ./run.sh (rwx less the umask;
+    the env lines stay rw-); the network and cluster files a plan records are inputs too,
+    so -o cannot replace them."""
+    monkeypatch.chdir(tmp_path)
+    net = tmp_path / "net.yaml"
+    net.write_bytes(NET.read_bytes())
+    assert invoke(runner, "plan", "net.yaml", CL, "-p", "8", "-b", "256", "-o",
+                  "p.yaml").exit_code == 0
+    umask = os.umask(0o022)
+    try:
+        assert invoke(runner, "launch", "p.yaml", "-o", "run.sh").exit_code == 0
+        assert invoke(runner, "launch", "p.yaml", "--emit", "env", "-o",
+                      "env.txt").exit_code == 0
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "run.sh").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "env.txt").stat().st_mode) == 0o644
+    before = net.read_bytes()
+    result = invoke(runner, "launch", "p.yaml", "-o", "net.yaml")
+    assert result.exit_code == 2 and "it is one of this command's inputs" in result.stderr
+    assert net.read_bytes() == before
+
+
+def test_a_narrow_terminal_still_gets_a_table(monkeypatch):
+    """COLUMNS=1 drew a table one character a line; the console is at least 60 wide,
+    and a width above that is kept."""
+    from planner.cli import MIN_WIDTH, console
+
+    monkeypatch.setenv("COLUMNS", "1")
+    assert console().width == MIN_WIDTH == 60
+    monkeypatch.setenv("COLUMNS", "97")
+    assert console().width == 97
