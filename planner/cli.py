@@ -97,7 +97,7 @@ class PlannerGroup(click.Group):
             return result
         except PlannerError as exc:
             if _debug(ctx):
-                raise
+                _traceback_exit(exc.exit_code)
             raise Reported(str(exc), exc.exit_code) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
@@ -107,28 +107,39 @@ class PlannerGroup(click.Group):
             _quiet_broken_pipe()
         except OSError as exc:  # the environment, not planner: a full disk, a closed stream
             if _debug(ctx):
-                raise
+                _traceback_exit(EXIT_INPUT)
             where = exc.filename if exc.filename is not None else "standard output"
             _discard_stdout()
             raise Reported(f"planner: error: cannot write to {where}: "
                            f"{exc.strerror or exc}", EXIT_INPUT) from None
         except RecursionError:
             if _debug(ctx):
-                raise
+                _traceback_exit(EXIT_INPUT)
             raise Reported("planner: error: the input is nested too deeply to process",
                            EXIT_INPUT) from None
         except MemoryError:
             if _debug(ctx):
-                raise
+                _traceback_exit(EXIT_INPUT)
             raise Reported("planner: error: out of memory; the input is too large",
                            EXIT_INPUT) from None
         except Exception as exc:
             if _debug(ctx):
-                raise
+                _traceback_exit(EXIT_INTERNAL)
             raise Reported(
                 f"planner: internal error: {type(exc).__name__}: {exc}\n"
                 "This is a bug in planner. Run again with --debug for the traceback and "
                 "report it.", EXIT_INTERNAL) from None
+
+
+def _traceback_exit(code: int) -> NoReturn:
+    """--debug: the traceback of the exception being handled, then the exit code the
+    error has without --debug (Python's own exit on an exception is 1, which planner
+    means as "the answer is no")."""
+    import traceback
+
+    traceback.print_exc()
+    sys.stderr.flush()
+    raise click.exceptions.Exit(code)
 
 
 def _debug(ctx: click.Context) -> bool:

@@ -226,6 +226,32 @@ def test_a_closed_pipe_and_ctrl_c_are_not_a_no(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.yaml"]
 
 
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(runner, tmp_path, monkeypatch):
+    """--debug (or PLANNER_DEBUG=1) prints the traceback; the exit code stays the
+    error's (2 for bad input, 3 for a bug), where re-raising made Python exit 1, which
+    planner means as "the answer is no"."""
+    bad = tmp_path / "tab.yaml"
+    bad.write_text("kind: network\n\tname: x\n")
+    for args in (("--debug", "show", bad), ("--debug", "show", tmp_path / "none.yaml")):
+        result = invoke(runner, *args)
+        assert result.exit_code == 2, result.output
+        assert "Traceback (most recent call last)" in result.stderr
+    import planner.inputs
+
+    def broken(*_args, **_kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(planner.inputs, "load_network", broken)
+    net = NETWORKS / "alexnet.yaml"
+    result = invoke(runner, "show", net)
+    assert result.exit_code == 3 and "planner: internal error: ZeroDivisionError" in \
+        result.stderr and "Traceback" not in result.stderr
+    monkeypatch.setenv("PLANNER_DEBUG", "1")
+    result = invoke(runner, "show", net)
+    assert result.exit_code == 3 and "ZeroDivisionError: a bug" in result.stderr
+    assert "Traceback (most recent call last)" in result.stderr
+
+
 def test_piped_tables_have_no_trailing_spaces(runner, tmp_path):
     """rich pads every line of a table to the console's width; a piped table (as a CI
     log or `diff` sees it) is the text a file written with -o gets, without the padding."""
