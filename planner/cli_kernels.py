@@ -489,10 +489,45 @@ def comm() -> None:
     """Collective-communication calibration."""
 
 
+
+def _once(files: tuple[str, ...], notes: list[str]) -> tuple[str, ...]:
+    """The files, each read once: the same file named twice (by any path) would count
+    its rows twice in the fit."""
+    kept: list[str] = []
+    for f in files:
+        twin = next((k for k in kept if f != "-" and k != "-" and Path(f).exists()
+                     and Path(k).exists() and os.path.samefile(f, k)), None)
+        if twin is not None:
+            notes.append(f"{f} is {twin}, read once")
+        else:
+            kept.append(f)
+    return tuple(kept)
+
+
+def _warn_other_machine(fit: Any, data: dict[str, Any], cluster_path: str) -> None:
+    """A warning when the measurements ran more ranks in one node than the cluster file
+    has devices a node (or several nodes with another count a node): its tiers would be
+    another machine's."""
+    per_node = data.get("devices_per_node")
+    if not isinstance(per_node, int) or isinstance(per_node, bool):
+        return
+    one = [e.ranks for e in fit.errors if e.nodes == 1]
+    many = {e.ranks // e.nodes for e in fit.errors if e.nodes > 1 and e.ranks % e.nodes == 0}
+    if one and max(one) > per_node:
+        click.echo(f"planner: warning: the measurements ran {max(one)} ranks in one node; "
+                   f"{cluster_path} has {per_node} device{'s' if per_node > 1 else ''} a "
+                   "node: its intra-node tier is fitted to another machine", err=True)
+    elif many and many != {per_node}:
+        click.echo(f"planner: warning: the measurements ran "
+                   f"{'/'.join(str(n) for n in sorted(many))} ranks a node across nodes; "
+                   f"{cluster_path} has {per_node} devices a node: its tiers are fitted to "
+                   "another machine", err=True)
+
 @comm.command("fit")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
-              help="Write this cluster file with its network tiers replaced by the fit.")
+              help="Write this cluster file (to -o or standard output; the file itself is "
+                   "not changed) with its network tiers replaced by the fit.")
 @click.option("--system", default=None, help="Which system of the files to write (a "
               "substring of its name) when they hold several.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True),
@@ -528,7 +563,11 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
                          "json is the fit report: give one of them")
     protect = (*files, *([cluster_path] if cluster_path else []))
     check_output(output, protect)
-    fits = fit_all(read_samples(files))
+    notes: list[str] = []
+    files = _once(files, notes)
+    fits = fit_all(read_samples(files, notes))
+    for note in notes:
+        click.echo(f"planner: note: {note}", err=True)
     for f in fits:
         where = f"{f.system!r} in {', '.join(f.files)}"
         if f.intra is None and f.inter is None:
@@ -555,6 +594,7 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
         fit = choose(fits, system)
         merged = merge_cluster(cluster_path, fit)
         validate_network(merged.data, cluster_path)
+        _warn_other_machine(fit, merged.data, cluster_path)
         for note in merged.notes:
             click.echo(f"planner: note: {note}", err=True)
         if not merged.in_place:

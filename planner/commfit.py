@@ -70,6 +70,8 @@ _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s.*?\son\s+(\S+)\s+device\s+\d+\s+\[[^\]]
 _PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
 _NTHREAD = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _TEST = re.compile(r"Collective test starting:\s*(\w+)")
+#: the other nccl-tests programs, by the name their output file is likely to carry
+_PERF_NAME = re.compile(r"(broadcast|alltoall|sendrecv|hypercube|scatter|gather|reduce)_perf")
 MIN_NVLS_GAIN = 0.5  # NVLS kept when it removes at least half the squared error
 #: a measured collective time outside these is not a measurement (a unit slip, a typo)
 MIN_TIME_S, MAX_TIME_S = 1e-9, 86400.0
@@ -196,8 +198,9 @@ def fmt_bytes(n: float) -> str:
 # Reading
 
 
-def _fail(file: str, line: int, message: str, src: str | None = None) -> InputError:
-    return InputError([Located(file, line, 1, message, "$", src)])
+def _fail(file: str, line: int, message: str, src: str | None = None,
+          column: int = 1) -> InputError:
+    return InputError([Located(file, line, column, message, "$", src)])
 
 
 def _op_from_name(name: str) -> Collective | None:
@@ -210,7 +213,8 @@ def _op_from_name(name: str) -> Collective | None:
     return None
 
 
-def parse_nccl_tests(text: str, display: str) -> list[Sample]:
+def parse_nccl_tests(text: str, display: str, notes: list[str] | None = None
+                     ) -> list[Sample]:
     """Rows of an nccl-tests output (see the module docstring). Several runs written to
     one file (``for n in 2 4 8; do mpirun ... all_reduce_perf ...; done >> log``) are
     read one by one: each ``# nThread`` line (or ``# Collective test starting`` line)
@@ -227,12 +231,12 @@ def parse_nccl_tests(text: str, display: str) -> list[Sample]:
             seen_rows = True
     out: list[Sample] = []
     for a, b in zip(starts, [*starts[1:], len(lines)], strict=True):
-        out.extend(_parse_run(lines, a, b, display, len(starts) > 1))
+        out.extend(_parse_run(lines, a, b, display, len(starts) > 1, notes))
     return out
 
 
 def _parse_run(lines: list[str], first: int, end: int, display: str,
-               several: bool) -> list[Sample]:
+               several: bool, notes: list[str] | None = None) -> list[Sample]:
     """One run of an nccl-tests output: ``lines[first:end]``."""
     where = f" (the run starting at line {first + 1})" if several else ""
     op: Collective | None = None
@@ -242,6 +246,7 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
     header: list[str] | None = None
     unit = 1e-6
     samples: list[tuple[int, int, int, float]] = []  # line, size, count, seconds
+    dropped: list[int] = []  # lines of rows with wrong results
     for i in range(first + 1, end + 1):
         raw = lines[i - 1]
         s = raw.strip()
@@ -250,6 +255,10 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
         m = _TEST.search(s)
         if m:
             op = _op_from_name(m.group(1))
+            if op is None:
+                raise _fail(display, i, f"{m.group(1)} is a collective planner does not "
+                                        f"model{where}; give all_reduce_perf, "
+                                        "all_gather_perf or reduce_scatter_perf output")
         m = _NTHREAD.search(s)
         if m and nthread is None:
             nthread, ngpus = int(m.group(1)), int(m.group(2))
@@ -276,23 +285,32 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
             raise _fail(display, i, f"expected {len(header)} columns as in the nccl-tests "
                         f"header, found {len(toks)}", raw)
         t_idx = header.index("time")
-        try:
-            size = int(toks[header.index("size")])
-            count = int(toks[header.index("count")])
-            secs = float(toks[t_idx]) * unit
-        except ValueError:
-            raise _fail(display, i, "expected numbers in the size, count and time columns",
-                        raw) from None
+        for name, k, kind in (("size", header.index("size"), int),
+                              ("count", header.index("count"), int), ("time", t_idx, float)):
+            try:
+                kind(toks[k])
+            except ValueError:
+                column = [m.start() for m in re.finditer(r"\S+", raw)][k] + 1
+                raise _fail(display, i, f"expected a number in the {name} column, got "
+                                        f"{toks[k]!r}", raw, column) from None
+        size = int(toks[header.index("size")])
+        count = int(toks[header.index("count")])
+        secs = float(toks[t_idx]) * unit
         if size > 0 and not (math.isfinite(secs) and MIN_TIME_S <= secs <= MAX_TIME_S):
             raise _fail(display, i, "expected a time between 1 ns and 1 day, got "
                         f"{toks[t_idx]}", raw)
-        wrong = next((j for j in range(t_idx, len(header))
-                      if header[j] in ("#wrong", "error")), None)
-        if wrong is not None and toks[wrong] not in ("0", "N/A", "0e+00") and \
-                not toks[wrong].startswith("0"):
-            continue  # the run reported wrong results: not a measurement to trust
+        # out-of-place and in-place results each have their count of wrong results
+        wrong = [j for j in range(t_idx, len(header)) if header[j] in ("#wrong", "error")]
+        if any(toks[j] not in ("0", "N/A", "0e+00") and not toks[j].startswith("0")
+               for j in wrong):
+            dropped.append(i)  # the run reported wrong results: not a measurement to trust
+            continue
         if size > 0:
             samples.append((i, size, count, secs))
+    if dropped and notes is not None:
+        notes.append(f"{display}:{dropped[0]}: {len(dropped)} row"
+                     f"{'s' if len(dropped) > 1 else ''} with wrong results (#wrong not 0) "
+                     "left out of the fit")
     if header is None:
         raise _fail(display, first + 1, "no nccl-tests result table (a '#  size  count  "
                                         f"type ... time  algbw  busbw' header) found{where}")
@@ -308,6 +326,11 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
     nodes = len(set(hosts)) if hosts else 1
     if op is None:
         op = _op_from_name(Path(display).name)
+        other = _PERF_NAME.search(Path(display).name.lower())
+        if op is None and other:
+            raise _fail(display, first + 1, f"{other.group(0)} is a collective planner does "
+                                            "not model; give all_reduce_perf, "
+                                            "all_gather_perf or reduce_scatter_perf output")
     if op is None:
         type_bytes = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1,
                       "uint8": 1, "int32": 4, "int": 4, "int64": 8, "uint64": 8}
@@ -326,6 +349,20 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
     system = devices[0] if devices and devices[0] else Path(display).stem
     return [Sample(system, op, float(size), ranks, nodes, secs, None, display, line)
             for line, size, _, secs in samples]
+
+
+def _field_column(raw: str, k: int) -> int:
+    """The 1-based column where field ``k`` of the CSV line ``raw`` starts (a comma inside
+    double quotes does not end a field)."""
+    field, quoted = 0, False
+    for i, ch in enumerate(raw):
+        if field == k:
+            return i + 1
+        if ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            field += 1
+    return len(raw) + 1 if field == k else 1
 
 
 def _csv_samples(text: str, display: str) -> list[Sample]:
@@ -371,7 +408,15 @@ def _csv_samples(text: str, display: str) -> list[Sample]:
         algo = "nvls" if note.startswith("nvls") else "ring" if note.startswith("ring") \
             else None
         op_txt = row[col["op"]].strip() if "op" in col else "all_reduce"
-        op = _op_from_name(op_txt) or "all_reduce"
+        found = _op_from_name(op_txt)
+        if found is None:
+            raw = text.splitlines()[line - 1] if line <= len(text.splitlines()) else ""
+            problems.append(Located(display, line, _field_column(raw, col["op"]),
+                                    f"op {op_txt!r} is a collective planner does not model; "
+                                    "expected all_reduce, all_gather or reduce_scatter",
+                                    "$"))
+            continue
+        op = found
         out.append(Sample(row[col[system_col]].strip(), op, nbytes, ranks, nodes, secs,
                           algo, display, line))
     if problems:
@@ -381,9 +426,11 @@ def _csv_samples(text: str, display: str) -> list[Sample]:
     return out
 
 
-def read_samples(paths: Sequence[str | Path]) -> list[Sample]:
+def read_samples(paths: Sequence[str | Path], notes: list[str] | None = None
+                 ) -> list[Sample]:
     """Every measured collective in the files (CSV or nccl-tests text, told apart by
-    content); all files' problems are reported together."""
+    content); all files' problems are reported together, and what was left out (rows
+    with wrong results) goes to ``notes``."""
     out: list[Sample] = []
     problems: list[Located] = []
     for p in paths:
@@ -401,12 +448,13 @@ def read_samples(paths: Sequence[str | Path]) -> list[Sample]:
                                     f"{exc.strerror or exc}", "$"))
             continue
         try:
-            text = decode(raw, display)
+            text = decode(raw, display, "CSV" if display.lower().endswith(".csv") else
+                          "nccl-tests or CSV")
             first = next((ln for ln in text.splitlines() if ln.strip()), "")
             if "," in first and not first.lstrip().startswith("#"):
                 out.extend(_csv_samples(text, display))
             else:
-                out.extend(parse_nccl_tests(text, display))
+                out.extend(parse_nccl_tests(text, display, notes))
         except InputError as exc:
             problems.extend(exc.problems)
     if problems:

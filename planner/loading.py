@@ -277,12 +277,14 @@ def _read_error(exc: OSError) -> str:
     return f"cannot read the file: {exc.strerror or exc}{hint}"
 
 
-def decode(raw: bytes, name: str) -> str:
+def decode(raw: bytes, name: str, what: str | None = None) -> str:
     """Decode UTF-8 (with or without BOM) and reject control characters, with positions.
 
     A NUL byte near the start means a binary file (an image, an archive, a compiled
-    model): that is said first, not the first byte that is not UTF-8."""
-    what = "CSV" if str(name).lower().endswith(".csv") else "YAML"  # both are read here
+    model): that is said first, not the first byte that is not UTF-8. ``what`` names the
+    text expected (default: CSV or YAML by the file's extension)."""
+    if what is None:
+        what = "CSV" if str(name).lower().endswith(".csv") else "YAML"
     for bom, encoding in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
                           (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
         if raw.startswith(bom):

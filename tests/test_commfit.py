@@ -449,3 +449,74 @@ def test_comm_fit_says_why_it_cannot_fit(runner, tmp_path):
         assert r.exit_code == 2, extra
         assert "no bandwidth fits the intra tier of 'X'" in r.stderr, r.stderr
         assert not out.exists()
+
+
+def test_other_collectives_are_refused_and_wrong_rows_noted(runner, tmp_path):
+    """broadcast_perf (or alltoall_perf) output fitted as an all-reduce, from its byte
+    counts, and a CSV row of another op was read as all_reduce: both are input errors
+    now, at the line (and for the CSV, the column) that says so. A row nccl-tests
+    marked with wrong results is left out with a note; a bad number is located at its
+    column."""
+    text = FIXTURES[0].read_text()
+    renamed = tmp_path / "broadcast_perf_8xh100.txt"
+    renamed.write_text(text.replace("all_reduce_perf", "broadcast_perf"))
+    r = invoke(runner, "comm", "fit", renamed)
+    assert r.exit_code == 2 and "broadcast_perf is a collective planner does not model" \
+        in r.stderr, r.stderr
+    told = tmp_path / "x.txt"
+    told.write_text("# Collective test starting: alltoall_perf\n" + text)
+    r = invoke(runner, "comm", "fit", told)
+    assert r.exit_code == 2 and r.stderr.startswith(
+        f"{told}:1:1: error: alltoall_perf is a collective planner does not model"), r.stderr
+    lines = H200.read_text().splitlines()
+    lines[0] += ",op"
+    lines[1:] = [ln + ",all_reduce" for ln in lines[1:]]
+    lines[3] = lines[3][:-len("all_reduce")] + "broadcast"
+    csv_file = tmp_path / "h200.csv"
+    csv_file.write_text("\n".join(lines) + "\n")
+    r = invoke(runner, "comm", "fit", csv_file)
+    col = len(lines[3]) - len("broadcast") + 1
+    assert r.exit_code == 2 and r.stderr.startswith(
+        f"{csv_file}:4:{col}: error: op 'broadcast' is a collective planner does not model")
+    rows = FIXTURES[0].read_text().splitlines()
+    data = [i for i, ln in enumerate(rows) if ln.strip() and ln.split()[0].isdigit()]
+    wrong = rows[data[2]].split()
+    assert wrong[8] == "0" and wrong[-1] == "0"  # in-place #wrong, out-of-place #wrong
+    rows[data[2]] = rows[data[2]].rstrip()[:-1] + "3"
+    marked = tmp_path / "all_reduce_perf.txt"
+    marked.write_text("\n".join(rows) + "\n")
+    r = invoke(runner, "comm", "fit", marked)
+    assert r.exit_code == 0, r.stderr
+    assert (f"planner: note: {marked}:{data[2] + 1}: 1 row with wrong results (#wrong not "
+            "0) left out of the fit") in r.stderr
+    five = r"^(\s*\S+\s+\S+\s+\S+\s+\S+\s+\S+\s+)"  # size count type redop root
+    bad = rows.copy()
+    bad[data[0]] = re.sub(five + r"(\S+)", r"\1abc", rows[data[0]])
+    marked.write_text("\n".join(bad) + "\n")
+    r = invoke(runner, "comm", "fit", marked)
+    col = re.match(five, rows[data[0]]).end() + 1
+    assert r.exit_code == 2 and r.stderr.startswith(
+        f"{marked}:{data[0] + 1}:{col}: error: expected a number in the time column, got "
+        "'abc'"), r.stderr
+
+
+def test_comm_fit_warns_when_the_cluster_is_another_machine(runner, tmp_path):
+    """8 ranks measured in one node, fitted into a cluster file of 1-device nodes (Cori's
+    KNL): written, with a warning that its intra-node tier is another machine's; into a
+    DGX (8 a node), no warning."""
+    r = invoke(runner, "comm", "fit", FIXTURES[0], "--cluster", CLUSTERS / "cori-knl.yaml")
+    assert r.exit_code == 0
+    assert ("planner: warning: the measurements ran 8 ranks in one node; "
+            f"{CLUSTERS / 'cori-knl.yaml'} has 1 device a node") in r.stderr
+    r = invoke(runner, "comm", "fit", FIXTURES[0], "--cluster", CLUSTERS / "dgx-h100.yaml")
+    assert r.exit_code == 0 and "warning" not in r.stderr
+
+
+def test_a_file_named_twice_is_read_once(runner):
+    """The same nccl-tests file given twice (by another path) counted its rows twice;
+    it is read once, with a note, and fits as the file alone."""
+    again = FIXTURES[0].parent / ".." / FIXTURES[0].parent.name / FIXTURES[0].name
+    once = invoke(runner, "comm", "fit", FIXTURES[0])
+    twice = invoke(runner, "comm", "fit", FIXTURES[0], again)
+    assert twice.exit_code == 0 and twice.stdout.splitlines()[1:] == once.stdout.splitlines()[1:]
+    assert f"planner: note: {again} is {FIXTURES[0]}, read once" in twice.stderr
