@@ -123,6 +123,11 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
         if zero_shard not in ("all", "node"):
             issues.append(Issue("$.problem.zero_shard", f"expected all or node, got "
                                                         f"{zero_shard!r}"))
+    if isinstance(problem, dict) and "batch" in problem:
+        batch = problem["batch"]
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            issues.append(Issue("$.problem.batch", f"expected the step's samples, a whole "
+                                                   f"number >= 1, got {show(batch)}"))
     flags: dict[str, bool] = {}
     for key in ("tp_comm_overlap", "overlap_param_gather"):
         value = isinstance(problem, dict) and problem.get(key, False)
@@ -210,6 +215,18 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
         chunk = _grid_index(g, "chunk", virtual, "model chunk", where, issues)
         if chunk is None:
             continue
+        listed = g.get("layers", [])
+        if not (isinstance(listed, list) and listed and all(isinstance(n, str)
+                                                            for n in listed)):
+            issues.append(Issue(f"{where}.layers" if "layers" in g else where,
+                                "expected the names of the grid's layers, got "
+                                f"{'none' if listed == [] else show(listed)}: the plan was "
+                                "edited; make it again"))
+            continue
+        bad_group = _group_issue(g, grid, where)
+        if bad_group is not None:
+            issues.append(bad_group)
+            continue
         first = g.get("first_rank", stage * size)
         if first != stage * size:
             issues.append(Issue(f"{where}.first_rank", f"stage {stage} starts at rank "
@@ -220,10 +237,8 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
         shaped.append({"grid": [grid[0], grid[1]], "placement": placement,
                        **({"stage": stage} if stages > 1 else {}),
                        **({"chunk": chunk} if virtual > 1 else {})})
-        listed = g.get("layers", [])
-        for member in listed if isinstance(listed, list) else []:
-            if isinstance(member, str):
-                owner.setdefault(member, (i, shaped[-1]))
+        for member in listed:
+            owner.setdefault(member, (i, shaped[-1]))
     if not issues:
         missing = sorted(set(range(stages)) - {s.get("stage", 0) for s in shaped})
         if missing:
@@ -245,6 +260,25 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
                       str(dtype), str(grad_dtype or dtype), stages, microbatches, virtual,
                       schedule, flags["tp_comm_overlap"], flags["overlap_param_gather"],
                       _cp_comm_types(data.get("layers")))
+
+
+def _group_issue(g: dict[str, Any], grid: list[int], where: str) -> Issue | None:
+    """A placement grid's ``row_groups`` / ``col_groups`` against its grid: ``P_c``
+    row groups of ``P_r`` devices and ``P_r`` column groups of ``P_c`` (the launched
+    ranks build them from the grid, so an edit to one says another layout)."""
+    for key, size, count in (("row_groups", grid[0], grid[1]),
+                             ("col_groups", grid[1], grid[0])):
+        group = g.get(key)
+        if group is None:
+            continue
+        if not isinstance(group, dict):
+            return Issue(f"{where}.{key}", f"expected a mapping, got {show(group)}")
+        for field, want in (("size", size), ("count", count)):
+            if field in group and group[field] != want:
+                return Issue(f"{where}.{key}.{field}",
+                             f"grid {grid[0]}x{grid[1]} has {want} for {key}.{field}, not "
+                             f"{show(group[field])}: the plan was edited; make it again")
+    return None
 
 
 def _check_layers(layers: object, owner: dict[str, tuple[int, dict[str, Any]]], size: int,

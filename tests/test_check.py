@@ -481,6 +481,15 @@ def test_launch_checks_the_layers_against_the_placement(runner, tmp_path):
     assert said.count("error:") == 6
     at = text.index("  mode: column\n", layers)
     refused(text[:at] + "  mode: colum\n" + text[at + 15:], "got 'colum'")
+    refused(text.replace("  batch: 64\n", "  batch: 0\n", 1),
+            "expected the step's samples, a whole number >= 1, got 0")
+    group = "    row_groups:\n      count: 8\n      size: 2\n"
+    refused(text.replace(group, group.replace("size: 2", "size: 3"), 1),
+            "grid 2x8 has 2 for row_groups.size, not 3")
+    at = text.index("    layers:\n", text.index("\nplacement:\n"))
+    end = text.index("    row_groups:\n", at)
+    refused(text[:at] + "    layers: []\n" + text[end:],
+            "expected the names of the grid's layers, got none")
     assert invoke(runner, "launch", plan).exit_code == 0
     piped = tmp_path / "piped.yaml"
     r = invoke(runner, "cost", EXAMPLES / "networks/gpt2-small.yaml",
