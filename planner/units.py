@@ -139,6 +139,13 @@ def parse_bucket_size(value: object) -> float:
     would mean one bucket per collective, and read back as 0 or 1."""
     if isinstance(value, str) and value.strip() == "0":  # no unit needed for nothing
         return 0.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value == 0:
+            return 0.0
+        # a training file's `bucket_size: 25` would be 25 bytes where the CLI refuses
+        # `--bucket-size 25`; PyTorch's bucket_cap_mb counts MiB: say which
+        raise UnitError(f"expected a size with its unit, such as '{value:g} MiB', got "
+                        f"{value:g} (a unit is needed; 0 for one bucket per layer)")
     number = parse_quantity(value, "bytes", positive=False)
     if 0 < number < 0.5:
         raise UnitError(f"{value!r} is less than one byte; use 0 for one bucket per layer, "

@@ -76,7 +76,7 @@ def test_format():
 @pytest.mark.parametrize(("value", "expected"), [
     ("0", 0.0), (0, 0.0), ("0 B", 0.0), ("25 MiB", 26214400.0), ("1.5 B", 2.0),
     ("0.6 B", 1.0), ("0.1 MiB", 104858.0),  # 104,857.6 bytes, rounded to the nearest
-    (1000, 1000.0),
+    ("1000 B", 1000.0), (0.0, 0.0),
 ])
 def test_bucket_sizes_are_whole_bytes(value, expected):
     assert parse_bucket_size(value) == expected
@@ -84,7 +84,10 @@ def test_bucket_sizes_are_whole_bytes(value, expected):
 
 @pytest.mark.parametrize(("value", "said"), [
     ("0.4 B", "less than one byte; use 0 for one bucket per layer"),
-    (0.25, "less than one byte"),
+    # a bare number in a training file: bytes in the other unit fields, but the CLI
+    # refuses `--bucket-size 25` and PyTorch's bucket_cap_mb counts MiB
+    (25, r"expected a size with its unit, such as '25 MiB', got 25 \(a unit is needed"),
+    (0.25, "a unit is needed"),
     ("-1 B", "non-negative"),
     ("25 MB/s", "unknown unit"),
 ])
