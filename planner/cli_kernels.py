@@ -150,7 +150,8 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, shipped: bool,
     from .kernels.train import FitOptions
 
     files, data = _with_shipped(data, shipped)
-    into_shipped = Path(out_dir).is_dir() and os.path.samefile(out_dir, shipped_dir())
+    into_shipped = bool(out_dir) and Path(out_dir).is_dir() and \
+        os.path.samefile(out_dir, shipped_dir())
     if into_shipped and files:
         raise UsageError(f"planner: error: refusing to write into {out_dir}: it holds the "
                          "shipped models that --shipped-data reads; choose another folder")

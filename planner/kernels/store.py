@@ -35,7 +35,7 @@ import numpy as np
 import yaml
 from numpy.typing import NDArray
 
-from ..errors import ModelDataError
+from ..errors import Issue, ModelDataError, PlannerError
 from ..output import to_yaml, write_atomic
 from .bands import OpBands, parse_bands
 from .features import FEATURES
@@ -411,6 +411,26 @@ def load_models(explicit: str | os.PathLike[str] | None = None,
 _CACHE: dict[tuple[str, float], ModelSet] = {}
 
 
+def _located(manifest_path: Path, exc: ModelDataError) -> ModelDataError:
+    """A manifest problem named by its key path (``FILE: models.conv.file: ...``) as an
+    error at the key's line and column, as the user's own inputs get; other problems
+    (a weights file's) as they are."""
+    import re
+
+    from ..loading import load_file
+
+    m = re.match(re.escape(str(manifest_path)) + r": ((?:models|error_bands)[^:\s]*): (.*)\Z",
+                 str(exc), re.S)
+    if m is None:
+        return exc
+    dotted, message = m.groups()
+    try:
+        located = load_file(manifest_path).error([Issue("$." + dotted, message)])
+    except PlannerError:  # not readable as the user's YAML: say it as it was
+        return exc
+    return ModelDataError(located.render())
+
+
 def load_dir(directory: str | Path) -> ModelSet:
     """Load and check the models of one directory (cached by path and manifest mtime)."""
     path = Path(directory)
@@ -445,8 +465,11 @@ def load_dir(directory: str | Path) -> ModelSet:
     recs = doc.get("models")
     if not isinstance(recs, dict) or not recs:
         raise ModelDataError(f"{manifest_path}: error: no models listed")
-    models = {str(f): _load_model(path, str(f), r, int(version)) for f, r in recs.items()}
-    bands = parse_bands(doc.get("error_bands"), f"{manifest_path}: error_bands")
+    try:
+        models = {str(f): _load_model(path, str(f), r, int(version)) for f, r in recs.items()}
+        bands = parse_bands(doc.get("error_bands"), f"{manifest_path}: error_bands")
+    except ModelDataError as exc:
+        raise _located(manifest_path, exc) from None
     out = ModelSet(models, doc, str(path), bands)
     _CACHE[key] = out
     return out
