@@ -237,8 +237,8 @@ def emit(text: str, output: str | None, protect: tuple[str, ...] = (),
     click.echo(f"wrote {output}", err=True)
 
 
-#: the narrowest console tables are drawn in (``COLUMNS=1`` made one character a line)
-MIN_WIDTH = 60
+#: the narrowest console (``COLUMNS=1`` drew tables one character a line)
+MIN_WIDTH = 40
 
 
 def console(stderr: bool = False) -> Any:
@@ -386,7 +386,8 @@ def _describe(kind: str, obj: Any) -> str:
     from .units import count
 
     if kind == "network":
-        return f"'{obj.name}', {len(obj.layers)} layers, {obj.params:,} parameters"
+        return (f"'{obj.name}', {count(len(obj.layers), 'layer')}, {obj.params:,} "
+                f"parameter{'' if obj.params == 1 else 's'}")
     if kind == "cluster":
         nodes = f"{count(obj.nodes, 'node')} × " if obj.nodes else ""
         return f"'{obj.name}', {nodes}{obj.devices_per_node} {obj.device.name} per node"

@@ -36,6 +36,29 @@ cluster_option = click.option(
          "catalog lacks, defined by its specs there, as `plan` will read it.")
 
 
+def _kernel_label(kernel: Any) -> str:
+    """A kernel as a person reads it: ``GEMM 8 x 8 x 8 (M x N x K)``, ``bmm of 4 ...``,
+    ``convolution backward-data, batch 8, 64 -> 128 channels, 56 x 56, 3 x 3 filters,
+    stride 1, padding 1``."""
+    from .ops import Gemm
+
+    if isinstance(kernel, Gemm):
+        dims = f"{kernel.m:,} x {kernel.n:,} x {kernel.k:,} (M x N x K)"
+        return f"bmm of {kernel.batch:,} GEMMs {dims}" if kernel.batch > 1 else f"GEMM {dims}"
+    phase = {"fwd": "forward", "bwd_data": "backward-data",
+             "bwd_filter": "backward-filter"}.get(kernel.phase, kernel.phase)
+    return (f"convolution {phase}, batch {kernel.n:,}, {kernel.c:,} -> {kernel.k:,} "
+            f"channels, {kernel.h:,} x {kernel.w:,}, {kernel.r} x {kernel.s} filters, stride "
+            f"{kernel.stride_h}, padding {kernel.pad_h}")
+
+
+def _micro(seconds: float) -> str:
+    """A kernel time in µs, with three significant digits below 10 ns (a roofline bound
+    of an fp64 GEMM of 8³ is 0.51 ns, which two decimals of µs showed as 0.00)."""
+    us = seconds * 1e6
+    return f"{us:,.2f} µs" if us >= 0.01 else f"{us:.3g} µs"
+
+
 def _results_table(results: list[dict[str, Any]], title: str) -> Any:
     from rich.table import Table
 
@@ -350,14 +373,14 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
     def table() -> Any:
         from rich.table import Table
 
-        t = Table(show_header=False, title=f"{kernel} on {dev.name} ({dt})",
+        t = Table(show_header=False, title=f"{_kernel_label(kernel)} on {dev.name} ({dt})",
                   title_justify="left")
         t.add_column("what")
         t.add_column("value", justify="right")
-        t.add_row("predicted time", f"{pred.seconds * 1e6:,.2f} µs")
+        t.add_row("predicted time", _micro(pred.seconds))
         t.add_row("timed by", pred.source)
-        t.add_row("roofline bound (datasheet)", f"{pred.bound_s * 1e6:,.2f} µs")
-        t.add_row("achieved fraction of the bound", f"{pred.bound_s / pred.seconds:.3f}")
+        t.add_row("roofline bound (datasheet)", _micro(pred.bound_s))
+        t.add_row("achieved fraction of the bound", f"{pred.bound_s / pred.seconds:.3g}")
         if pred.sustained_fraction is not None:
             t.add_row("GPU's sustained fraction of peak",
                       f"{pred.sustained_fraction:.3f} ("

@@ -332,9 +332,9 @@ def layout_assignment(q: Question, grid: str | None, mode: str | None,
 
 
 def _matches(name: str, pattern: str) -> bool:
-    import fnmatch
+    from .network import name_matches
 
-    return fnmatch.fnmatchcase(name, pattern)
+    return name_matches(name, pattern)
 
 
 def nodes_used(q: Question) -> int:
@@ -1305,8 +1305,12 @@ MAX_SWEEP = 1024  #: combinations one sweep plans (each is a whole search)
 
 
 def _int_list(value: str, option: str, maximum: int) -> list[int]:
-    """Comma-separated integers in ``[1, maximum]`` (the bounds of ``plan``'s option)."""
+    """Comma-separated integers in ``[1, maximum]`` (the bounds of ``plan``'s option),
+    sorted, each once. An empty item (``8,,16``, ``64,``) is a typo, not nothing."""
     hint = f"'{option}'"
+    if any(not x.strip() for x in value.split(",")):
+        raise click.BadParameter(f"an empty item in {value!r}; give comma-separated "
+                                 "integers such as 8,32,128", param_hint=hint)
     try:
         parts = [x for x in value.split(",") if x.strip()]
         if not all(plain_whole(x) for x in parts):
@@ -1326,9 +1330,10 @@ def _int_list(value: str, option: str, maximum: int) -> list[int]:
 @click.command()
 @problem_options
 @click.option("--gpus", "-p", "gpus_list", required=True, metavar="P1,P2,...",
-              help="Device counts, e.g. 8,32,128,512.")
+              help="Device counts, e.g. 8,32,128,512 (planned in increasing order, each "
+                   "once).")
 @click.option("--batch", "-b", "batch_list", required=True, metavar="B1,B2,...",
-              help="Batch sizes, e.g. 512,2048.")
+              help="Batch sizes, e.g. 512,2048 (in increasing order, each once).")
 @objective_option
 @pin_option
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,

@@ -105,6 +105,13 @@ WEIGHTED_TYPES = ("conv2d", "linear", "attention", "embedding", "moe")
 MAX_LAYERS = 20_000
 
 
+def name_matches(name: str, pattern: str) -> bool:
+    """Whether a layer name matches a pin's pattern: the name itself, or a shell-style
+    glob. The name is tried first, so a layer called ``fc[1]`` is pinned as
+    ``fc[1]=...`` (as a glob, ``[1]`` is a character class: ``fc1``)."""
+    return name == pattern or fnmatch.fnmatchcase(name, pattern)
+
+
 # ---------------------------------------------------------------------------------------
 # Layer geometry
 
@@ -728,8 +735,9 @@ class Network:
         return None
 
     def match(self, pattern: str) -> list[Layer]:
-        """Layers whose name matches a shell-style glob (``conv*``, ``layer1.*``)."""
-        return [layer for layer in self.layers if fnmatch.fnmatchcase(layer.name, pattern)]
+        """Layers whose name matches a shell-style glob (``conv*``, ``layer1.*``), or is
+        the pattern itself (see :func:`name_matches`)."""
+        return [layer for layer in self.layers if name_matches(layer.name, pattern)]
 
     def storage_of(self, index: int) -> int:
         """The layer whose output tensor ``index``'s output shares storage with (a

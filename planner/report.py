@@ -62,7 +62,8 @@ def network_table(net: Network, data: dict[str, Any]) -> Any:
                   human_count(rec["flops_forward"]) if rec["flops_forward"] else "")
     tot = data["totals"]
     t.add_section()
-    t.add_row(Text("total", style="bold"), f"{tot['layers']} layers", "", "",
+    layers = f"{tot['layers']} layer{'' if tot['layers'] == 1 else 's'}"
+    t.add_row(Text("total", style="bold"), layers, "", "",
               Text(f"{tot['params']:,}", style="bold"), human_count(tot["flops_forward"]))
     note = Text(f"parameters: {tot['params']:,} ({format_bytes(tot['param_bytes'])} in "
                 f"{net.dtype}); forward per sample: {human_count(tot['macs_forward'])} MACs, "

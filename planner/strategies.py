@@ -27,7 +27,6 @@ node; the layouts that split a sequence's tokens in the ``sequence_placements`` 
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterator
 
 from .costs.layer import FEATURE_WISE
@@ -42,7 +41,7 @@ from .layout import (
     make_layout,
     pin_layout,
 )
-from .network import Layer, Network
+from .network import Layer, Network, name_matches
 
 
 def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False,
@@ -339,7 +338,7 @@ def unmatched_pin_message(pin: Pin, network: Network, earlier: list[Pin] | None 
     """Why a pin set no layer: it matches none, only layers without weights of their
     own, or only layers an earlier pin already sets (the first matching pin wins)."""
     matched = [layer for layer in network.layers
-               if fnmatch.fnmatchcase(layer.name, pin.pattern)]
+               if name_matches(layer.name, pin.pattern)]
     same = next((p for p in earlier or [] if p.pattern == pin.pattern), None)
     if same is not None:
         return (f"pin '{pin.text}' matches the same layers as the earlier pin "
@@ -347,8 +346,8 @@ def unmatched_pin_message(pin: Pin, network: Network, earlier: list[Pin] | None 
     taken = []
     for layer in matched:
         if layer.has_weights:
-            first = next((p for p in earlier or [] if fnmatch.fnmatchcase(layer.name,
-                                                                        p.pattern)), None)
+            first = next((p for p in earlier or []
+                          if name_matches(layer.name, p.pattern)), None)
             if first is not None:
                 taken.append(f"{layer.name} by '{first.text}'")
     if taken:
@@ -390,7 +389,7 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
         chosen: Layout | None = None
         source: str | int = "grid"
         for i, pin in enumerate(pins):
-            if fnmatch.fnmatchcase(layer.name, pin.pattern):
+            if name_matches(layer.name, pin.pattern):
                 chosen, source, used[i] = pin_layout(pin, gpus, placement), i, True
                 break
         owner = owner_of.get(layer.index)
@@ -410,8 +409,12 @@ def fixed_assignment(network: Network, gpus: int, batch: int, paper: bool,
             chosen = grid_layout(layer, gpus, pr, pc, mode, placement, pairs)
         reason = why_invalid(layer, chosen, batch, paper, microbatched)
         if reason is not None:
-            raise StrategyError(f"layer '{layer.name}' cannot use {chosen.label()}: {reason}",
-                                source)
+            # under --mode megatron* a layer's layout is the mode's choice for it: name
+            # the mode the user gave as well as the layout it stands for
+            given = f" (--mode {mode}'s layout for it)" if source == "grid" and mode \
+                and mode != chosen.mode else ""
+            raise StrategyError(f"layer '{layer.name}' cannot use {chosen.label()}{given}: "
+                                f"{reason}", source)
         out[layer.index] = chosen
     for i, pin in enumerate(pins):
         if not used[i]:

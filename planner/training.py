@@ -286,8 +286,17 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     param_gather = f.opt("overlap_param_gather", boolean, False)
     bucket = f.opt("bucket_size", bucket_size, float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
-    zero = f.opt("zero", integer(0, 3), 0)
-    zero_shard = f.opt("zero_shard", choice(ZERO_SHARDS), "all")
+    # `plan --zero auto` searches the setting; a launch runs one, which CI must check
+    searched = [k for k in ("zero", "zero_shard") if f.data.get(k) == "auto"]
+    for key in searched:
+        f.seen.add(key)
+        f.error(key, f"'{key}: auto' is for `planner plan`, which searches the setting; a "
+                     "training configuration names the one its launch runs "
+                     + ("(0-3: `planner plan --zero auto` says which)" if key == "zero" else
+                        "(all or node: `planner plan --zero-shard auto` says which)"))
+    zero = 0 if "zero" in searched else f.opt("zero", integer(0, 3), 0)
+    zero_shard = "all" if "zero_shard" in searched else \
+        f.opt("zero_shard", choice(ZERO_SHARDS), "all")
     if zero_shard != "all" and not zero:
         f.error("zero_shard", "sharding within nodes needs ZeRO: set 'zero' to 1, 2 or 3, "
                               "or drop 'zero_shard'")

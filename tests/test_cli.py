@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -11,6 +12,8 @@ import yaml
 from planner import __version__
 
 from .conftest import CLUSTERS, NETWORKS, invoke
+
+ROOT_EXAMPLES = NETWORKS.parent
 
 
 def test_version(runner):
@@ -351,3 +354,43 @@ def test_inputs_from_standard_input_and_pipes(tmp_path):
     proc = _process(["validate", fifo], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and b"is a pipe that nothing writes to" in err, err
+
+
+def test_small_messages_say_what_the_user_wrote(runner, tmp_path):
+    """From an audit of bad inputs: --mode megatron-cp's refusal names the mode (it said
+    only 'domain'); predict titles its kernel as a person reads it and shows sub-ns
+    bounds (an fp64 8³ GEMM's bound, 0.51 ns, printed as 0.00 µs); one layer is '1
+    layer'; an empty item in a sweep list is an error; a training file's `zero: auto` is
+    refused with what to write; a pin that is a layer's whole name matches it even when
+    the name holds glob characters (`fc[1]`)."""
+    mlp = ROOT_EXAMPLES / "launch" / "mlp4.yaml"
+    dgx = CLUSTERS / "dgx-h100.yaml"
+    r = invoke(runner, "cost", mlp, dgx, "-p", "8", "-b", "64", "--grid", "2x4", "--mode",
+               "megatron-cp")
+    assert r.exit_code == 2 and "cannot use domain 2x4 (--mode megatron-cp's layout for it)" \
+        in r.stderr, r.stderr
+    r = invoke(runner, "kernels", "predict", "--device", "H100", "--gemm", "8,8,8", "--dtype",
+               "fp64")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.startswith("GEMM 8 x 8 x 8 (M x N x K) on H100-SXM (float64)")
+    as_json = invoke(runner, "kernels", "predict", "--device", "H100", "--gemm", "8,8,8",
+                     "--dtype", "fp64", "--format", "json")
+    bound = json.loads(as_json.stdout)["bound_s"]
+    assert 0 < bound < 1e-8  # under 10 ns: two decimals of µs showed 0.00
+    shown = re.search(r"roofline bound \(datasheet\)\s*│\s*([0-9.]+) µs", r.stdout)
+    assert shown and shown[1] == f"{bound * 1e6:.3g}", r.stdout
+    one = tmp_path / "one.yaml"
+    one.write_text("kind: network\nname: one\ninput: [4]\nlayers:\n"
+                   "  - {type: linear, out_features: 1, bias: false, name: 'fc[1]'}\n")
+    r = invoke(runner, "validate", one)
+    assert r.stdout == f"{one}: ok (network 'one', 1 layer, 4 parameters)\n"
+    r = invoke(runner, "cost", one, dgx, "-p", "8", "-b", "64", "--pin", "fc[1]=data")
+    assert r.exit_code == 0, r.stderr
+    r = invoke(runner, "sweep", mlp, dgx, "-p", "8,,16", "-b", "64")
+    assert r.exit_code == 2 and "an empty item in '8,,16'" in r.stderr
+    cfg = tmp_path / "za.yaml"
+    cfg.write_text(f"kind: training\nnetwork: {mlp}\ncluster: {dgx}\ngpus: 8\nbatch: 64\n"
+                   "zero: auto\nstrategy: {grid: 1x8, mode: model}\n")
+    r = invoke(runner, "validate", cfg)
+    assert r.exit_code == 2 and r.stderr.startswith(
+        f"{cfg}:6:7: error: 'zero: auto' is for `planner plan`, which searches the setting")

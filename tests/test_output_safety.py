@@ -414,11 +414,11 @@ def test_launch_scripts_are_executable_and_the_plans_inputs_kept(runner, tmp_pat
 
 
 def test_a_narrow_terminal_still_gets_a_table(monkeypatch):
-    """COLUMNS=1 drew a table one character a line; the console is at least 60 wide,
+    """COLUMNS=1 drew a table one character a line; the console is at least 40 wide,
     and a width above that is kept."""
     from planner.cli import MIN_WIDTH, console
 
     monkeypatch.setenv("COLUMNS", "1")
-    assert console().width == MIN_WIDTH == 60
+    assert console().width == MIN_WIDTH == 40
     monkeypatch.setenv("COLUMNS", "97")
     assert console().width == 97
