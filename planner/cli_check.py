@@ -106,6 +106,10 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
     if not script.strip():
         raise click.BadParameter("the training program is empty; name the program each "
                                  "rank runs", param_hint="'--script'")
+    if script.startswith("-"):
+        raise click.BadParameter(f"{script!r} would be read by torchrun and srun as an "
+                                 f"option; name the program as ./{script}",
+                                 param_hint="'--script'")
     from pathlib import Path
 
     from .output import is_stream

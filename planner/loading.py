@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from .errors import MAX_ISSUES, InputError, Issue, Located
+from .errors import MAX_ISSUES, InputError, Issue, Located, UsageError
 
 # Bounds that keep any input file within about a second and 150 MB (the hostile-input
 # tests hold the planner to 2 s and 200 MB): a 20,000-layer network written out layer by
@@ -237,6 +237,9 @@ def read_text(path: str | os.PathLike[str], display: str | None = None) -> tuple
         return name, decode(_STREAMS[key], name)
     p = Path(path)
     name = display if display is not None else str(path)
+    if not str(path):  # Path("") is the current folder: "is a directory" misleads
+        raise UsageError("planner: error: a file name is empty ('' was given); give the "
+                         "file's path")
     if key in _STREAMS:
         return name, decode(_STREAMS[key], name)
     try:

@@ -154,8 +154,15 @@ def parse_bucket_size(value: object) -> float:
 
 
 def _closest_unit(unit: str, kind: Kind) -> str | None:
+    """The unit meant: one spelled the same but for case first ('gbps' is 'Gbps', not
+    'bps'; where the case means bits or bytes, the bits one, as 'gbps' reads), else the
+    closest spelling."""
     import difflib
 
+    same = [u for u in _UNITS[kind] if u.lower() == unit.lower()]
+    if same:
+        bits = [u for u in same if "b" in u and "B" not in u]
+        return (bits or same)[0]
     match = difflib.get_close_matches(unit, list(_UNITS[kind]), n=1, cutoff=0.6)
     return match[0] if match else None
 

@@ -394,3 +394,21 @@ def test_small_messages_say_what_the_user_wrote(runner, tmp_path):
     r = invoke(runner, "validate", cfg)
     assert r.exit_code == 2 and r.stderr.startswith(
         f"{cfg}:6:7: error: 'zero: auto' is for `planner plan`, which searches the setting")
+
+
+def test_more_small_messages(runner, tmp_path):
+    """An empty file name said 'is a directory' (Path('') is the current folder); 'gbps'
+    was taken for 'bps' (the unit spelled the same but for case comes first); a --script
+    starting with '-' would be read by torchrun as an option."""
+    r = invoke(runner, "show", "")
+    assert r.exit_code == 2 and r.stderr == ("planner: error: a file name is empty ('' was "
+                                             "given); give the file's path\n")
+    cl = tmp_path / "c.yaml"
+    cl.write_text("kind: cluster\nname: c\ndevices_per_node: 8\ndevice: H100-SXM\nnetwork:\n"
+                  "  intra_node: {latency: 3 us, bandwidth: 351.3 gbps}\n"
+                  "  inter_node: {latency: 9 us, bandwidth: 400 Gbit/s}\n")
+    r = invoke(runner, "validate", cl)
+    assert r.exit_code == 2 and "did you mean 'Gbps'?" in r.stderr, r.stderr
+    plan = ROOT_EXAMPLES / "ci" / "plans" / "resnet50-dgx-64.yaml"
+    r = invoke(runner, "launch", plan, "--script", "-x")
+    assert r.exit_code == 2 and "name the program as ./-x" in r.stderr

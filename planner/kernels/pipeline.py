@@ -238,8 +238,8 @@ def evaluate_files(paths: Sequence[str | Path], models: ModelSet,
     data = select(read_files(paths), split, canonical_devices(devices),
                   canonical_devices(exclude))
     if not len(data):
-        raise UsageError("planner: error: no rows left to evaluate (check --split and "
-                         "--device)")
+        raise UsageError("planner: error: no rows left to evaluate (check --split, "
+                         "--device and --exclude)")
     return evaluate(dict(models.models), data, models.error_bands)
 
 
