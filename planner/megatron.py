@@ -72,16 +72,26 @@ def _refuse(plan_path: str, why: str, data: dict[str, Any]) -> NotMegatron:
         if isinstance(bases, list) else {}
     it = data.get("iteration")
     it = it if isinstance(it, dict) else {}
-    hint = "; price Megatron-LM's own layouts with `planner cost ... --mode megatron-sp " \
-           "--grid TxD` (or `--mode megatron`, or `--mode megatron-cp --grid CxD` for " \
-           "context parallelism) and emit that plan"
+    prob = data.get("problem")
+    pipe = prob.get("pipeline") if isinstance(prob, dict) else None
+    stages = pipe.get("stages") if isinstance(pipe, dict) else None
+    staged = isinstance(stages, int) and not isinstance(stages, bool) and stages > 1
+    # a pipelined plan's Megatron-LM baselines are priced on all devices without stages
+    again = (f" --pipeline {stages} --microbatches {prob.get('microbatches', 1)} "
+             "--stage-boundaries layers" if staged and isinstance(prob, dict) else "")
+    grid = "a stage's TxD" if staged else "TxD"
+    hint = f"; price Megatron-LM's own layouts with `planner cost ...{again} --mode " \
+           f"megatron-sp --grid {grid.split()[-1]}` (or `--mode megatron`, or `--mode " \
+           "megatron-cp --grid CxD` for context parallelism" \
+           + (f"; the grid is {grid}" if staged else "") + ") and emit that plan"
     fitting = [b for b in (base.get(name) for name in _BASELINES)
                if b and isinstance(b.get("time_s"), float) and b.get("fits") is True]
     if fitting and isinstance(it.get("time_s"), float):
         b = min(fitting, key=lambda b: b["time_s"])
-        hint += (f" (this plan's fastest Megatron-LM baseline, {b.get('name')}, "
-                 f"{b.get('description', '')}: {b['time_s']:.4g} s a step against its "
-                 f"{it['time_s']:.4g} s)")
+        hint += (" (this plan's fastest Megatron-LM baseline"
+                 + (", on all its devices without stages" if staged else "")
+                 + f", {b.get('name')}, {b.get('description', '')}: {b['time_s']:.4g} s a "
+                 f"step against its {it['time_s']:.4g} s)")
     return NotMegatron(f"planner: error: {printable(plan_path)}: Megatron-LM cannot run "
                        f"this plan as planned: {why}{hint}")
 

@@ -1713,8 +1713,8 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
             f"workspace is {format_bytes(mem.peak - per_batch)}")
         tips.append(f"more devices ({more}{alone})")
     else:
-        tips.append(f"more devices ({more}): parameters, gradients and "
-                    f"optimizer state take {format_bytes(params)}")
+        tips.append(f"more devices ({more}; parameters, gradients and optimizer state "
+                    f"take {format_bytes(params)})")
         if opts.zero and opts.zero_shard == "node" and space.ctx.gpus > space.ctx.per_node:
             tips.append("--zero-shard all (shards over all the data-parallel replicas, not "
                         "those in one node)")

@@ -284,3 +284,14 @@ def test_a_training_configuration_may_ask_for_megatron(runner, tmp_path):
         "its 38 tensor-parallel layers are sequence-parallel" in no.stdout, no.stdout
     grid = check("{grid: 4x2, mode: megatron-sp}")
     assert grid.exit_code == 2 and "t.yaml:6" in grid.stderr and "plan file" in grid.stderr
+
+
+def test_a_pipelined_plans_hint_prices_stages(runner, tmp_path):
+    """A refused pipelined plan's hint names the command with its stages (a stage's
+    grid, whole-layer boundaries) and says its baselines were priced without them."""
+    plan = _plan(runner, tmp_path, "plan", GPT2, DGX, "-p", "16", "-b", "64", "--pipeline",
+                 "2", "--microbatches", "8", "--stage-boundaries", "layers")
+    said = _refused(runner, plan, "--pipeline 2 --microbatches 8 --stage-boundaries layers "
+                                  "--mode megatron-sp --grid TxD")
+    assert "the grid is a stage's TxD" in said
+    assert "fastest Megatron-LM baseline, on all its devices without stages" in said
