@@ -359,7 +359,7 @@ def test_no_feasible_plan_reports_shortfall():
     assert exc.value.shortfall is not None
     assert exc.value.shortfall.needed_bytes > exc.value.shortfall.capacity_bytes
     # 111.8 GiB needed on 15 GiB: 7.45x, so 8x the 2 devices if memory fell in proportion
-    assert "more devices (about --gpus 16, if memory per device falls in proportion)" \
+    assert "more devices (about --gpus 16, if memory per device falls in proportion; parameters" \
         in str(exc.value)
 
 
