@@ -215,10 +215,10 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
         chunk = _grid_index(g, "chunk", virtual, "model chunk", where, issues)
         if chunk is None:
             continue
-        listed = g.get("layers", [])
-        if not (isinstance(listed, list) and listed and all(isinstance(n, str)
-                                                            for n in listed)):
-            issues.append(Issue(f"{where}.layers" if "layers" in g else where,
+        listed = g.get("layers", [])  # absent: no layer is checked against this grid
+        if "layers" in g and not (isinstance(listed, list) and listed and all(
+                isinstance(n, str) for n in listed)):
+            issues.append(Issue(f"{where}.layers",
                                 "expected the names of the grid's layers, got "
                                 f"{'none' if listed == [] else show(listed)}: the plan was "
                                 "edited; make it again"))
