@@ -130,7 +130,8 @@ class Layout:
 
     def all_group(self, per_node_devices: int) -> Group:
         """All ``P`` devices (as the other groups, the worst-placed: 12 devices on 8-GPU
-        nodes are 8 + 4, priced as two nodes of 6, not one node and a half of 8)."""
+        nodes are 8 + 4, priced by the thinner node's 4, whose NICs carry the most
+        across nodes: ``Group(12, 4, 2)``)."""
         return node_group(((1, self.p),), self.p, per_node_devices)
 
     def output_dist(self) -> Dist:

@@ -78,6 +78,25 @@ def test_eq8_and_its_limits(alexnet, knl, pr_exp, layer_i):
         assert got == pytest.approx(3 * (ALPHA * 9 + beta * b * 511 / 512 * d_i), rel=1e-9)
 
 
+def test_eq8_reduces_a_tied_weight_once(knl):
+    """GPT-2's output head shares the token table (a tie): under gholami2018's Eq. 8 the
+    one table is reduced once, by the embedding, over P_c (|W| = 50,257 x 768 words, /P_r),
+    as the exact accounting and the paper's pure-data layout do; the head reduced it a
+    second time (found by an audit of the paper mode)."""
+    gpt2 = load_network(NETWORKS / "gpt2-small.yaml")
+    ctx, _ = _ctx(gpt2, knl, 8, 8, "gholami2018")
+    layout = make_layout("model", 2, 4)
+    wte, head = gpt2.by_name("wte"), gpt2.by_name("lm_head")
+    assert wte is not None and head is not None
+    beta = 4 / BW
+    grads = [t for t in weighted_terms(wte, layout, ctx) if t.phase == "weight_grad"]
+    assert len(grads) == 1 and grads[0].bytes == 50257 * 768 * 4 / 2
+    # Eq. 8's gradient term: 2(α⌈log P_c⌉ + β (P_c−1)/P_c |W|/P_r)
+    assert grads[0].seconds == pytest.approx(
+        2 * (ALPHA * clog2(4) + beta * 3 / 4 * 50257 * 768 / 2), rel=1e-9)
+    assert not [t for t in weighted_terms(head, layout, ctx) if t.phase == "weight_grad"]
+
+
 def test_eq9_domain_conv3(alexnet, knl):
     """Eq. 9 for conv3 (3×3, 13×13×256 → 13×13×384) on 16×32: halos scaled by B/P_c,
     ΔW all-reduced over all P."""

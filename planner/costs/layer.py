@@ -536,7 +536,7 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
             _add(terms, term(ctx, "forward", "all_gather", row, d_i))
             _add(terms, term(ctx, "backward_data", "all_reduce", row, d_i))
             _add(terms, term(ctx, "weight_grad", "all_reduce", col,
-                             layer.weight_elems / layout.pr * ctx.grad_bytes))
+                             _paper_weights(layer, ctx) / layout.pr * ctx.grad_bytes))
             return terms
         # attention sums its heads' projections; an embedding whose table an output
         # head shares is split by vocabulary rows, as the head splits it (Megatron's
@@ -562,9 +562,17 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
         terms += halo_terms(layer, layout, ctx, b)
     elif layer.attention is not None:
         terms += context_terms(layer, layout, ctx, b)
-    wg = layer.weight_elems if ctx.paper else own
+    wg = _paper_weights(layer, ctx) if ctx.paper else own
     terms += gradient_terms(ctx, allg, wg)
     return terms
+
+
+def _paper_weights(layer: Layer, ctx: Context) -> float:
+    """The paper's ``|W_i|`` of a layer: its weight matrix (biases left out, as Eq. 4
+    and 8 write it), none for a layer that shares another's (a tied output head: the
+    one weight is reduced once, by its embedding, as the exact accounting does)."""
+    shared = any(layer.index in tied for tied in ctx.network.ties.values())
+    return 0.0 if shared else float(layer.weight_elems)
 
 
 def _sequence_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[CommTerm]:
