@@ -240,3 +240,23 @@ def test_hierarchical_all_to_all_by_hand():
     assert t == pytest.approx(7 * 2e-6 + 7 / 8 * n / 100e9 + 3 * 5e-6 + 3 / 4 * n / 10e9,
                               rel=1e-12)
     assert t >= 3 / 4 * n / 10e9
+
+
+def test_nccl_tree_latency_is_the_widest_nodes_chain():
+    """12 ranks on 8-GPU nodes (8 + 4): the chain through the 8-rank node has 7 hops,
+    so the tree's latency is 2(7·α_intra + ⌈log2 2⌉·α_inter); its bandwidth is still the
+    thinner node's, whose 4 NICs carry 2n (β = max(1/(4·B_inter), 1/B_intra)). Found by
+    an audit: the chain was the thinnest node's 3 hops. Even groups are unchanged."""
+    from planner.costs.comm import nccl_tree_time
+
+    cl = cluster(per_node=8, intra=(2e-6, 100e9), inter=(5e-6, 10e9))
+    n = 1e6
+    beta = max(1 / (4 * 10e9), 1 / cl.intra.bandwidth_for(4))
+    want = 2 * (7 * 2e-6 + 1 * 5e-6) + 2 * n * beta
+    assert nccl_tree_time(n, Group(12, 4, 2), cl) == pytest.approx(want, rel=1e-12)
+    # 8 + 8 + 4: the widest holds 8 (a node's devices), not 20 − 2·4 = 12
+    want3 = 2 * (7 * 2e-6 + clog2(3) * 5e-6) + 2 * n * beta
+    assert nccl_tree_time(n, Group(20, 4, 3), cl) == pytest.approx(want3, rel=1e-12)
+    even = 2 * (7 * 2e-6 + 1 * 5e-6) + 2 * n * max(1 / (8 * 10e9),
+                                                    1 / cl.intra.bandwidth_for(8))
+    assert nccl_tree_time(n, Group(16, 8), cl) == pytest.approx(even, rel=1e-12)

@@ -282,11 +282,16 @@ def hybrid_reduce_time(nbytes: Bytes, group: Group, cluster: Cluster, alg: str
 
 
 def nccl_tree_time(nbytes: Bytes, group: Group, cluster: Cluster) -> Bytes:
-    """NCCL's all-reduce tree: a chain through the ``q`` ranks of each node and a double
-    binary tree across the ``m`` nodes, pipelined, one channel per NIC of the group's
-    ranks in a node (see the module notes)."""
+    """NCCL's all-reduce tree: a chain through the ranks of each node (its latency the
+    widest node's) and a double binary tree across the ``m`` nodes, pipelined, one
+    channel per NIC of the group's ``q`` ranks in its thinnest node (see the module
+    notes)."""
     q, m = group.per_node, group.nodes
-    latency = 2 * (max(q - 1, 0) * cluster.intra.latency_s
+    # the chain is as long as the widest node's: in an uneven group (8 + 4) the others
+    # hold the thinnest node's q at least, so the widest at most what is left of the
+    # group, and a node at most its devices
+    widest = min(group.size - (m - 1) * q, cluster.devices_per_node) if m > 1 else q
+    latency = 2 * (max(widest - 1, 0) * cluster.intra.latency_s
                    + clog2(m) * cluster.inter.latency_s)
     if m <= 1:
         return latency + 2 * nbytes / cluster.intra.bandwidth_for(q)
