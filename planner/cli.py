@@ -248,15 +248,14 @@ def console(stderr: bool = False) -> Any:
     stream = sys.stderr if stderr else sys.stdout
     width = None
     columns = os.environ.get("COLUMNS", "")
-    given = columns.isascii() and columns.isdigit() and int(columns) > 0
-    if not given and (stream is None or not stream.isatty()):
-        width = 120  # piped or captured: do not squeeze tables into 80 columns
-    elif not given and columns:  # $COLUMNS that is not a width ("abc"): the terminal's
-        width = os.get_terminal_size(stream.fileno()).columns
-    if given:
+    if columns.isascii() and columns.isdigit() and int(columns) > 0:
         width = int(columns)
-    if width is not None and width < MIN_WIDTH:
-        width = MIN_WIDTH  # narrower, a table prints a character a line
+    elif stream is None or not stream.isatty():
+        width = 120  # piped or captured: do not squeeze tables into 80 columns
+    elif columns:  # $COLUMNS that is not a width ("abc"): the terminal's
+        width = os.get_terminal_size(stream.fileno()).columns
+    if width is not None:
+        width = max(width, MIN_WIDTH)  # narrower, a table prints a character a line
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 

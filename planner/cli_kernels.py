@@ -513,7 +513,6 @@ def comm() -> None:
     """Collective-communication calibration."""
 
 
-
 def _once(files: tuple[str, ...], notes: list[str]) -> tuple[str, ...]:
     """The files, each read once: the same file named twice (by any path) would count
     its rows twice in the fit."""
@@ -546,6 +545,7 @@ def _warn_other_machine(fit: Any, data: dict[str, Any], cluster_path: str) -> No
                    f"{'/'.join(str(n) for n in sorted(many))} ranks a node across nodes; "
                    f"{cluster_path} has {per_node} devices a node: its tiers are fitted to "
                    "another machine", err=True)
+
 
 @comm.command("fit")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))

@@ -72,6 +72,8 @@ _NTHREAD = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _TEST = re.compile(r"Collective test starting:\s*(\w+)")
 #: the other nccl-tests programs, by the name their output file is likely to carry
 _PERF_NAME = re.compile(r"(broadcast|alltoall|sendrecv|hypercube|scatter|gather|reduce)_perf")
+_NOT_MODELLED = "is a collective planner does not model"
+_MODELLED = "give all_reduce_perf, all_gather_perf or reduce_scatter_perf output"
 MIN_NVLS_GAIN = 0.5  # NVLS kept when it removes at least half the squared error
 #: a measured collective time outside these is not a measurement (a unit slip, a typo)
 MIN_TIME_S, MAX_TIME_S = 1e-9, 86400.0
@@ -256,9 +258,8 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
         if m:
             op = _op_from_name(m.group(1))
             if op is None:
-                raise _fail(display, i, f"{m.group(1)} is a collective planner does not "
-                                        f"model{where}; give all_reduce_perf, "
-                                        "all_gather_perf or reduce_scatter_perf output")
+                raise _fail(display, i, f"{m.group(1)} {_NOT_MODELLED}{where}; "
+                                        f"{_MODELLED}")
         m = _NTHREAD.search(s)
         if m and nthread is None:
             nthread, ngpus = int(m.group(1)), int(m.group(2))
@@ -285,17 +286,16 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
             raise _fail(display, i, f"expected {len(header)} columns as in the nccl-tests "
                         f"header, found {len(toks)}", raw)
         t_idx = header.index("time")
+        values: list[float] = []
         for name, k, kind in (("size", header.index("size"), int),
                               ("count", header.index("count"), int), ("time", t_idx, float)):
             try:
-                kind(toks[k])
+                values.append(kind(toks[k]))
             except ValueError:
-                column = [m.start() for m in re.finditer(r"\S+", raw)][k] + 1
+                column = [tok.start() for tok in re.finditer(r"\S+", raw)][k] + 1
                 raise _fail(display, i, f"expected a number in the {name} column, got "
                                         f"{toks[k]!r}", raw, column) from None
-        size = int(toks[header.index("size")])
-        count = int(toks[header.index("count")])
-        secs = float(toks[t_idx]) * unit
+        size, count, secs = int(values[0]), int(values[1]), values[2] * unit
         if size > 0 and not (math.isfinite(secs) and MIN_TIME_S <= secs <= MAX_TIME_S):
             raise _fail(display, i, "expected a time between 1 ns and 1 day, got "
                         f"{toks[t_idx]}", raw)
@@ -328,9 +328,7 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
         op = _op_from_name(Path(display).name)
         other = _PERF_NAME.search(Path(display).name.lower())
         if op is None and other:
-            raise _fail(display, first + 1, f"{other.group(0)} is a collective planner does "
-                                            "not model; give all_reduce_perf, "
-                                            "all_gather_perf or reduce_scatter_perf output")
+            raise _fail(display, first + 1, f"{other.group(0)} {_NOT_MODELLED}; {_MODELLED}")
     if op is None:
         type_bytes = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1,
                       "uint8": 1, "int32": 4, "int": 4, "int64": 8, "uint64": 8}
@@ -378,6 +376,7 @@ def _csv_samples(text: str, display: str) -> list[Sample]:
                                 "gpu, bytes, n_gpus, n_nodes and mean_time_ms (DeepBench) or "
                                 "time_us_derived (the 8×H200 sweep)", text.splitlines()[0])
     scale = 1e-3 if time_col.endswith("_ms") else 1e-6
+    lines = text.splitlines()  # to place an error's column
     out: list[Sample] = []
     problems: list[Located] = []
     for row in reader:
@@ -410,11 +409,10 @@ def _csv_samples(text: str, display: str) -> list[Sample]:
         op_txt = row[col["op"]].strip() if "op" in col else "all_reduce"
         found = _op_from_name(op_txt)
         if found is None:
-            raw = text.splitlines()[line - 1] if line <= len(text.splitlines()) else ""
+            raw = lines[line - 1] if line <= len(lines) else ""
             problems.append(Located(display, line, _field_column(raw, col["op"]),
-                                    f"op {op_txt!r} is a collective planner does not model; "
-                                    "expected all_reduce, all_gather or reduce_scatter",
-                                    "$"))
+                                    f"op {op_txt!r} {_NOT_MODELLED}; expected all_reduce, "
+                                    "all_gather or reduce_scatter", "$"))
             continue
         op = found
         out.append(Sample(row[col[system_col]].strip(), op, nbytes, ranks, nodes, secs,

@@ -288,10 +288,8 @@ def _check_layers(layers: object, owner: dict[str, tuple[int, dict[str, Any]]], 
     placement grid lists, that grid, placement, stage and chunk (what the launched
     ranks build their groups from). An edited plan would launch one thing and price
     another."""
-    from .layout import MODES
-
     found: list[Issue] = []
-    _layer_issues(layers, owner, size, stages, virtual, MODES, found)
+    _layer_issues(layers, owner, size, stages, virtual, found)
     issues += found[:SHOWN_LAYER_ISSUES]
     if len(found) > SHOWN_LAYER_ISSUES:
         rest = len(found) - SHOWN_LAYER_ISSUES
@@ -306,8 +304,9 @@ SHOWN_LAYER_ISSUES = 5
 
 
 def _layer_issues(layers: object, owner: dict[str, tuple[int, dict[str, Any]]], size: int,
-                  stages: int, virtual: int, modes: tuple[str, ...],
-                  issues: list[Issue]) -> None:
+                  stages: int, virtual: int, issues: list[Issue]) -> None:
+    from .layout import MODES
+
     for i, lay in enumerate(layers if isinstance(layers, list) else []):
         if not isinstance(lay, dict) or "grid" not in lay:
             continue
@@ -318,8 +317,8 @@ def _layer_issues(layers: object, owner: dict[str, tuple[int, dict[str, Any]]], 
             issues.append(Issue(f"{where}.grid", f"expected the grid as [P_r, P_c], two "
                                                  f"whole numbers >= 1, got {show(grid)}"))
             continue
-        if mode not in modes:
-            issues.append(Issue(f"{where}.mode", f"expected one of {', '.join(modes)}, got "
+        if mode not in MODES:
+            issues.append(Issue(f"{where}.mode", f"expected one of {', '.join(MODES)}, got "
                                                  f"{show(mode)}"))
             continue
         if grid[0] * grid[1] != size:

@@ -79,11 +79,10 @@ def _refuse(plan_path: str, why: str, data: dict[str, Any]) -> NotMegatron:
     # a pipelined plan's Megatron-LM baselines are priced on all devices without stages
     again = (f" --pipeline {stages} --microbatches {prob.get('microbatches', 1)} "
              "--stage-boundaries layers" if staged and isinstance(prob, dict) else "")
-    grid = "a stage's TxD" if staged else "TxD"
     hint = f"; price Megatron-LM's own layouts with `planner cost ...{again} --mode " \
-           f"megatron-sp --grid {grid.split()[-1]}` (or `--mode megatron`, or `--mode " \
-           "megatron-cp --grid CxD` for context parallelism" \
-           + (f"; the grid is {grid}" if staged else "") + ") and emit that plan"
+           "megatron-sp --grid TxD` (or `--mode megatron`, or `--mode megatron-cp --grid " \
+           "CxD` for context parallelism" + ("; the grid is a stage's TxD" if staged else "") \
+           + ") and emit that plan"
     fitting = [b for b in (base.get(name) for name in _BASELINES)
                if b and isinstance(b.get("time_s"), float) and b.get("fits") is True]
     if fitting and isinstance(it.get("time_s"), float):

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from .cluster import Device
 from .network import Network, layer_summary
-from .units import format_bytes, format_si
+from .units import count, format_bytes, format_si
 
 
 def human_count(n: float) -> str:
@@ -62,8 +62,7 @@ def network_table(net: Network, data: dict[str, Any]) -> Any:
                   human_count(rec["flops_forward"]) if rec["flops_forward"] else "")
     tot = data["totals"]
     t.add_section()
-    layers = f"{tot['layers']} layer{'' if tot['layers'] == 1 else 's'}"
-    t.add_row(Text("total", style="bold"), layers, "", "",
+    t.add_row(Text("total", style="bold"), count(tot["layers"], "layer"), "", "",
               Text(f"{tot['params']:,}", style="bold"), human_count(tot["flops_forward"]))
     note = Text(f"parameters: {tot['params']:,} ({format_bytes(tot['param_bytes'])} in "
                 f"{net.dtype}); forward per sample: {human_count(tot['macs_forward'])} MACs, "
