@@ -142,6 +142,17 @@ class ModelDataError(PlannerError):
     exit_code = EXIT_INPUT
 
 
+class ManifestValueError(ModelDataError):
+    """A wrong value in a model manifest, named by its key path from the document's root
+    (``models.conv.file``). The loader reports it at that key's line and column, as the
+    user's own inputs get; without a file to point into, it reads ``KEY: MESSAGE``."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
 @dataclass
 class Shortfall:
     """How far the best layout misses the memory capacity, and what would help."""

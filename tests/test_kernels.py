@@ -160,6 +160,19 @@ def test_feature_mismatch_is_refused(model_copy):
         load_dir(model_copy)
 
 
+def test_manifest_problem_without_positions_names_its_key(model_copy):
+    """A manifest PyYAML reads but the located loader does not (a duplicate key) still
+    names the key of a bad value: FILE: KEY: MESSAGE, exit 2 (not a position it lacks)."""
+    path = model_copy / MANIFEST
+    doc = yaml.safe_load(path.read_text())
+    doc["models"]["gemm"]["file"] = "../gemm.npz"
+    path.write_text(yaml.safe_dump(doc) + f"kind: {doc['kind']}\n")  # the key twice
+    with pytest.raises(ModelDataError) as err:
+        load_dir(model_copy)
+    assert str(err.value) == (f"{path}: models.gemm.file: expected a file name in the model "
+                              "directory")
+
+
 def test_zero_normalisation_spread_is_refused(model_copy):
     """A spread of 0 divides by zero at every prediction (nan times, silently)."""
     doc = yaml.safe_load((model_copy / MANIFEST).read_text())
@@ -1339,7 +1352,9 @@ def test_shipped_data_is_checked_against_the_manifest(runner, tmp_path):
     doc = yaml.safe_load((copy / MANIFEST).read_text())
     doc["training_data"][0]["file"] = "models/../../etc/passwd"
     (copy / MANIFEST).write_text(yaml.safe_dump(doc))
-    with pytest.raises(ModelDataError, match=r"training_data\[0\]: expected"):
+    with pytest.raises(ModelDataError, match=r"manifest\.yaml:\d+:\d+: error: expected "
+                                             r"\{file: models/<path>, sha256\}.*\(at "
+                                             r"\$\.training_data\[0\]\)"):
         shipped_training_data(copy)
     for cmd in (("fit", "-o", tmp_path / "out"), ("eval",), ("achieved",)):
         r = invoke(runner, "kernels", *cmd)

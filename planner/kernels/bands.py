@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..errors import ModelDataError
+from ..errors import ManifestValueError
 from .model import Ensemble
 
 FloatArray = NDArray[np.float64]
@@ -100,20 +100,20 @@ class OpBands:
     def from_record(rec: Any, where: str) -> OpBands:
         """Parse and check a manifest record (ModelDataError naming ``where``)."""
         if not isinstance(rec, dict) or rec.get("by") not in CUTS:
-            raise ModelDataError(f"{where}: expected a mapping with 'by' one of {list(CUTS)}")
+            raise ManifestValueError(where, f"expected a mapping with 'by' one of {list(CUTS)}")
         edges, bands = rec.get("edges"), rec.get("bands")
         try:
             e = tuple(float(x) for x in edges)  # type: ignore[union-attr]
             b = tuple(Band(int(x["n"]), float(x["low"]), float(x["high"]))
                       for x in bands)  # type: ignore[union-attr]
         except (TypeError, KeyError, ValueError):
-            raise ModelDataError(f"{where}: expected 'edges' (numbers) and 'bands' "
-                                 "(mappings with n, low and high)") from None
+            raise ManifestValueError(where, "expected 'edges' (numbers) and 'bands' "
+                                            "(mappings with n, low and high)") from None
         if len(b) != len(e) + 1 or any(x >= y for x, y in itertools.pairwise(e)):
-            raise ModelDataError(f"{where}: expected ascending edges and one band more "
-                                 f"than edges (got {len(e)} edges, {len(b)} bands)")
+            raise ManifestValueError(where, "expected ascending edges and one band more "
+                                            f"than edges (got {len(e)} edges, {len(b)} bands)")
         if any(not 0.0 < x.low <= x.high or x.n < 1 for x in b):
-            raise ModelDataError(f"{where}: a band needs 0 < low <= high and n >= 1")
+            raise ManifestValueError(where, "a band needs 0 < low <= high and n >= 1")
         return OpBands(str(rec["by"]), e, b)
 
 
@@ -201,7 +201,7 @@ def parse_bands(section: Any, where: str) -> dict[str, OpBands]:
         return {}
     ops = section.get("ops") if isinstance(section, dict) else None
     if not isinstance(ops, dict):
-        raise ModelDataError(f"{where}: expected a mapping with 'ops'")
+        raise ManifestValueError(where, "expected a mapping with 'ops'")
     return {str(op): OpBands.from_record(rec, f"{where}.ops.{op}") for op, rec in ops.items()}
 
 

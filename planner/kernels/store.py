@@ -35,7 +35,7 @@ import numpy as np
 import yaml
 from numpy.typing import NDArray
 
-from ..errors import Issue, ModelDataError, PlannerError
+from ..errors import Issue, ManifestValueError, ModelDataError, PlannerError
 from ..output import to_yaml, write_atomic
 from .bands import OpBands, parse_bands
 from .features import FEATURES
@@ -145,14 +145,14 @@ def shipped_training_data(directory: str | Path | None = None) -> list[tuple[str
                              "files the models were fitted on; reinstall planner")
     out: list[tuple[str, Path]] = []
     for i, rec in enumerate(records):
-        where = f"{manifest_path}: error: training_data[{i}]"
+        where = f"training_data[{i}]"
         name = rec.get("file") if isinstance(rec, dict) else None
         digest = rec.get("sha256") if isinstance(rec, dict) else None
         parts = Path(str(name)).parts if isinstance(name, str) else ()
         if len(parts) < 2 or parts[0] != "models" or ".." in parts \
                 or not isinstance(digest, str):
-            raise ModelDataError(f"{where}: expected {{file: models/<path>, sha256}}, got "
-                                 f"{rec!r}")
+            raise _located(manifest_path, ManifestValueError(
+                where, f"expected {{file: models/<path>, sha256}}, got {rec!r}"))
         path = root.joinpath(*parts[1:])
         if not path.is_file():
             raise ModelDataError(f"{path}: error: a file the shipped models were fitted on "
@@ -185,10 +185,10 @@ def _arr(value: Any, where: str, n: int | None = None) -> FloatArray:
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ModelDataError(f"{where}: expected a list of numbers") from None
+        raise ManifestValueError(where, "expected a list of numbers") from None
     if arr.ndim != 1 or (n is not None and arr.shape[0] != n) or not np.all(np.isfinite(arr)):
-        raise ModelDataError(f"{where}: expected {n if n is not None else 'a list of'} "
-                             "finite numbers")
+        raise ManifestValueError(where, f"expected {n if n is not None else 'a list of'} "
+                                        "finite numbers")
     return arr
 
 
@@ -283,20 +283,21 @@ def save_models(directory: str | Path, models: Mapping[str, Ensemble],
 
 
 def _load_model(directory: Path, family: str, rec: Any, version: int) -> Ensemble:
-    where = f"{directory / MANIFEST}: models.{family}"
+    where = f"models.{family}"
     if not isinstance(rec, dict):
-        raise ModelDataError(f"{where}: expected a mapping")
+        raise ManifestValueError(where, "expected a mapping")
     want = FEATURES.get(family)
     if want is None:
-        raise ModelDataError(f"{where}: unknown kernel family {family!r}")
+        raise ManifestValueError(where, f"unknown kernel family {family!r}")
     feats = rec.get("features")
     if feats != list(want):
-        raise ModelDataError(f"{where}.features: the model was fitted on features {feats!r}, "
-                             f"but this version of planner computes {list(want)!r}; refit it "
-                             "with `planner kernels fit`")
+        raise ManifestValueError(f"{where}.features",
+                                 f"the model was fitted on features {feats!r}, but this "
+                                 f"version of planner computes {list(want)!r}; refit it "
+                                 "with `planner kernels fit`")
     file = rec.get("file")
     if not isinstance(file, str) or "/" in file or "\\" in file:
-        raise ModelDataError(f"{where}.file: expected a file name in the model directory")
+        raise ManifestValueError(f"{where}.file", "expected a file name in the model directory")
     path = directory / file
     try:
         raw = path.read_bytes()
@@ -318,7 +319,7 @@ def _load_model(directory: Path, family: str, rec: Any, version: int) -> Ensembl
         member_recs = rec.get("members")
         if not isinstance(member_recs, list) or not member_recs or \
                 not all(isinstance(m, dict) for m in member_recs):
-            raise ModelDataError(f"{where}.members: expected a list of mappings")
+            raise ManifestValueError(f"{where}.members", "expected a list of mappings")
         prefixes = [f"m{j}_" for j in range(len(member_recs))]
     n = len(want)
     norm = rec.get("normalisation") or {}
@@ -326,8 +327,9 @@ def _load_model(directory: Path, family: str, rec: Any, version: int) -> Ensembl
     mean = _arr(norm.get("mean"), f"{where}.normalisation.mean", n)
     std = _arr(norm.get("std"), f"{where}.normalisation.std", n)
     if np.any(std <= 0):
-        raise ModelDataError(f"{where}.normalisation.std: expected positive numbers (a "
-                             "feature's spread; the fit writes 1 for a constant feature)")
+        raise ManifestValueError(f"{where}.normalisation.std",
+                                 "expected positive numbers (a feature's spread; the fit "
+                                 "writes 1 for a constant feature)")
     lo = _arr(rng.get("min"), f"{where}.training_range.min", n)
     hi = _arr(rng.get("max"), f"{where}.training_range.max", n)
     try:
@@ -335,7 +337,7 @@ def _load_model(directory: Path, family: str, rec: Any, version: int) -> Ensembl
         specs = {str(k): [float(x) for x in v] for k, v in
                  (rec.get("level_specs") or {}).items()}
     except (AttributeError, TypeError, ValueError):
-        raise ModelDataError(f"{where}: malformed chips or level_specs") from None
+        raise ManifestValueError(where, "malformed chips or level_specs") from None
     members = []
     for j, (prefix, mrec) in enumerate(zip(prefixes, member_recs, strict=True)):
         mwhere = where if version == 1 else f"{where}.members[{j}]"
@@ -375,13 +377,13 @@ def _member(family: str, feats: tuple[str, ...], mlp: Mlp, lo: FloatArray, hi: F
         overhead_drift = {str(sw): {str(d): [float(x) for x in v] for d, v in per.items()}
                           for sw, per in (mrec.get("sweep_overhead_drift") or {}).items()}
     except (AttributeError, TypeError, ValueError):
-        raise ModelDataError(f"{where}: malformed levels, overheads, sweep factors or drifts") \
+        raise ManifestValueError(where, "malformed levels, overheads, sweep factors or drifts") \
             from None
     if any(not 0.0 < v <= 1.0 for v in (*levels.values(), *unseen.values())):
-        raise ModelDataError(f"{where}: sustained fractions must lie in (0, 1]")
+        raise ManifestValueError(where, "sustained fractions must lie in (0, 1]")
     if any(not (0.0 < v < 1e-6) for v in energy.values()):
-        raise ModelDataError(f"{where}: unseen_energy_j_per_flop values must lie in "
-                             "(0, 1e-6) J/FLOP")
+        raise ManifestValueError(where, "unseen_energy_j_per_flop values must lie in "
+                                        "(0, 1e-6) J/FLOP")
     return KernelModel(
         family=family, features=feats, mlp=mlp, lo=lo, hi=hi,
         dtypes=tuple(str(d) for d in rec.get("dtypes") or ()),
@@ -395,9 +397,9 @@ def _floor(value: Any, where: str) -> float:
     try:
         out = float(value)
     except (TypeError, ValueError):
-        raise ModelDataError(f"{where}.launch_floor_s: expected seconds") from None
+        raise ManifestValueError(f"{where}.launch_floor_s", "expected seconds") from None
     if not 0.0 <= out < 1e-3:
-        raise ModelDataError(f"{where}.launch_floor_s: expected 0 to 1 ms, got {out}")
+        raise ManifestValueError(f"{where}.launch_floor_s", f"expected 0 to 1 ms, got {out}")
     return out
 
 
@@ -411,23 +413,15 @@ def load_models(explicit: str | os.PathLike[str] | None = None,
 _CACHE: dict[tuple[str, float], ModelSet] = {}
 
 
-def _located(manifest_path: Path, exc: ModelDataError) -> ModelDataError:
-    """A manifest problem named by its key path (``FILE: models.conv.file: ...``) as an
-    error at the key's line and column, as the user's own inputs get; other problems
-    (a weights file's) as they are."""
-    import re
-
+def _located(manifest_path: Path, exc: ManifestValueError) -> ModelDataError:
+    """A manifest problem as an error at its key's line and column, as the user's own
+    inputs get (``FILE: KEY: MESSAGE`` when the file cannot be read for positions)."""
     from ..loading import load_file
 
-    m = re.match(re.escape(str(manifest_path)) + r": ((?:models|error_bands)[^:\s]*): (.*)\Z",
-                 str(exc), re.S)
-    if m is None:
-        return exc
-    dotted, message = m.groups()
     try:
-        located = load_file(manifest_path).error([Issue("$." + dotted, message)])
-    except PlannerError:  # not readable as the user's YAML: say it as it was
-        return exc
+        located = load_file(manifest_path).error([Issue(f"$.{exc.key}", exc.message)])
+    except PlannerError:  # not readable as the user's YAML: say it without a position
+        return ModelDataError(f"{manifest_path}: {exc}")
     return ModelDataError(located.render())
 
 
@@ -467,8 +461,8 @@ def load_dir(directory: str | Path) -> ModelSet:
         raise ModelDataError(f"{manifest_path}: error: no models listed")
     try:
         models = {str(f): _load_model(path, str(f), r, int(version)) for f, r in recs.items()}
-        bands = parse_bands(doc.get("error_bands"), f"{manifest_path}: error_bands")
-    except ModelDataError as exc:
+        bands = parse_bands(doc.get("error_bands"), "error_bands")
+    except ManifestValueError as exc:
         raise _located(manifest_path, exc) from None
     out = ModelSet(models, doc, str(path), bands)
     _CACHE[key] = out
