@@ -3,6 +3,7 @@ output is what the planner prints."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -33,6 +34,23 @@ def test_every_command_is_documented():
         assert f"planner {name}" in README, name
         for sub in getattr(cmd, "commands", {}):
             assert sub in README, f"{name} {sub}"
+
+
+def test_every_option_is_documented():
+    """Each long option of every command appears in the README at least once (an audit
+    found eleven that did not, `kernels predict --conv` among them)."""
+    import click
+
+    def leaves(cmd: click.Command, path: str):
+        yield path, cmd  # a group's own options too (--version, --debug)
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from leaves(sub, f"{path} {name}".strip())
+
+    missing = [(path, p.opts) for path, cmd in leaves(cli, "") for p in cmd.params
+               if isinstance(p, click.Option)
+               and not any(o in README for o in (*p.opts, *p.secondary_opts)
+                           if o.startswith("--"))]
+    assert not missing, missing
 
 
 def test_ci_runs_the_readme_test_command():
@@ -91,6 +109,62 @@ def test_shell_samples_are_real(update_golden):
         assert shown == real, prompt
     if text != _current():
         (ROOT / "README.md").write_text(text, encoding="utf-8")
+
+
+def test_quickstart_prose_names_the_layouts_shown():
+    """The paragraph under the Quickstart's output explains layouts that the output shows
+    (it once explained `column 16x4` and `row 16x4` after the plan had become 4x16)."""
+    shown = _block("quickstart:output")
+    prose = _current().split("<!-- quickstart:output -->", 1)[1].split("```", 2)[2]
+    prose = prose.split("\n## ", 1)[0]
+    named = re.findall(r"`((?:data|model|domain|row|column)[a-z-]* \d+x\d+)`", prose)
+    assert len(named) >= 4, named
+    for layout in named:
+        assert layout in shown, layout
+
+
+def test_llama3_8b_prose_figures_are_current(runner):
+    """The Llama 3 8B plan at batch 16, quoted in *Network* and again under Megatron-LM
+    launch, is what the planner prints today: its time and memory and those of the
+    Megatron baselines (they went stale once: 245.4 ms quoted for 253.6 ms)."""
+    from planner.units import format_bytes, format_time
+
+    r = invoke(runner, "plan", ROOT / "examples/networks/llama3-8b.yaml",
+               ROOT / "examples/clusters/dgx-h100.yaml", "-p", "64", "-b", "16",
+               "--optimizer", "adam", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    base = {b["name"]: b for b in doc["baselines"]}
+    t, meg, sp = (format_time(x["time_s"]) for x in (doc["iteration"], base["megatron"],
+                                                      base["megatron-sp"]))
+    gib = [format_bytes(x) for x in (doc["memory"]["peak_bytes"],
+                                     base["megatron"]["peak_bytes"],
+                                     base["megatron-sp"]["peak_bytes"])]
+    text = " ".join(_current().split())  # the prose wraps anywhere
+    assert (f"Megatron-style): {t} for 131,072 tokens, {gib[0]} a GPU, against {meg} and "
+            f"{gib[1]} for Megatron's layouts at 4 × 16 throughout (its baseline), and {sp} "
+            f"and {gib[2]} for them with sequence parallelism") in text
+    assert (f"(Ulysses attention over 4, its token table over 16; {t}) is refused, and the "
+            f"baseline it names, `megatron` at 4 × 16 ({meg};") in text
+
+
+def test_predict_bands_quoted_are_current(runner):
+    """The three 4096³ GEMM bands *Error bands* quotes are what `kernels predict` prints."""
+    text = " ".join(_current().split())
+    for device, dtype in (("H200", "float32"), ("H100-SXM", "float32"),
+                          ("H100-SXM", "bf16")):
+        r = invoke(runner, "kernels", "predict", "--device", device, "--gemm",
+                   "4096,4096,4096", "--dtype", dtype)
+        assert r.exit_code == 0, r.stderr
+        band = re.search(r"([\d,.]+–[\d,.]+ µs \(\d+ rows[^)]*\))", r.stdout)
+        assert band is not None and band.group(1) in text, (device, dtype, r.stdout)
+
+
+def test_shipped_model_size_is_current():
+    """The README's size of the shipped model files is `du -cb` of them today, to 0.1 kB."""
+    files = [*(ROOT / "models").glob("*.npz"), ROOT / "models" / "manifest.yaml"]
+    size = sum(f.stat().st_size for f in files) / 1000
+    assert f"| **{size:.1f} kB** | `du -cb models/*.npz models/manifest.yaml` |" in README
 
 
 def test_readme_training_configuration_is_valid(runner, tmp_path):

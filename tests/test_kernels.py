@@ -945,6 +945,23 @@ def test_unknown_device_is_an_input_error_with_position():
     assert str(info.value).startswith("x.csv:2:7: error: unknown device 'Tesla T5'")
 
 
+def test_unknown_device_is_reported_once_with_its_row_count():
+    """A file of a GPU the catalog lacks gets one error a device, at its first row, with
+    how many more rows name it (it was the same error on every row, up to 50)."""
+    rows = "".join(f"train,Tesla T5,1,8,16,{32 * (i + 1)},0.1\n" for i in range(60))
+    text = ("split,device,B,M,N,K,latency_ms\n" + rows + "train,Tesla T6,1,8,16,32,0.1\n"
+            "train,T4,1,8,16,32,-1\n")
+    with pytest.raises(InputError) as info:
+        parse_csv(text, "x.csv")
+    got = [(p.line, p.message) for p in info.value.problems]
+    assert [(line, m.split(" (`")[0]) for line, m in got] == [
+        (2, "unknown device 'Tesla T5'; did you mean 'T4'?"),
+        (62, "unknown device 'Tesla T6'; did you mean 'T4'?"),
+        (63, "expected a positive time in milliseconds up to 1,000,000 (one kernel), got '-1'")]
+    assert got[0][1].endswith("given with --cluster); 59 more rows name it")
+    assert got[1][1].endswith("given with --cluster)")  # one row: no count
+
+
 # --- error bands -------------------------------------------------------------------------
 
 

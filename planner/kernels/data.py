@@ -46,7 +46,7 @@ import hashlib
 import io
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +55,7 @@ from numpy.typing import NDArray
 from ..cluster import Device, lookup_device, suggest_device
 from ..errors import InputError, Located
 from ..loading import STDIN_CSV, decode
+from ..units import count
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -245,6 +246,9 @@ class _Reader:
         self.line = 0
         self.row: list[str] = []
         self._devices: dict[str, Device | None] = {}
+        #: an unknown device's first error (its index in ``problems``) and how many rows
+        #: name it: reported once, at its first row, with the count
+        self._unknown: dict[str, list[int]] = {}
 
     def _col(self, name: str) -> int:
         """1-based column of the cell (characters), for the message."""
@@ -302,7 +306,11 @@ class _Reader:
         if text not in self._devices:
             self._devices[text] = lookup_device(text) if text else None
         dev = self._devices[text]
+        if dev is None and text in self._unknown:  # said at its first row
+            self._unknown[text][1] += 1
+            return None
         if dev is None:
+            self._unknown[text] = [len(self.problems), 1]
             hint = suggest_device(text) if text else None
             extra = f"; did you mean '{hint}'?" if hint else ""
             self.error(name, f"unknown device {text!r}{extra} (`planner devices` lists the "
@@ -310,6 +318,16 @@ class _Reader:
                              "cluster file and given with --cluster)")
             return None
         return dev.name
+
+    def finish(self) -> list[Located]:
+        """The problems, each unknown device's first error saying how many more rows
+        name it (one message a device, not one a row)."""
+        out = list(self.problems)
+        for i, n in self._unknown.values():
+            if n > 1:
+                out[i] = replace(out[i], message=f"{out[i].message}; "
+                                                 f"{count(n - 1, 'more row')} name it")
+        return out
 
     def dtype(self, name: str) -> str | None:
         if self.shapes_only:
@@ -409,7 +427,7 @@ def parse_csv(text: str, display: str, shapes_only: bool = False) -> Dataset:
         reader.problems.append(Located(display, rows.line_num, 1, f"not valid CSV: {exc}",
                                        "$"))
     if reader.problems:
-        raise InputError(reader.problems)
+        raise InputError(reader.finish())
     if layout in ("neusight", "neusight-conv") and \
             hashlib.sha256(text.encode("utf-8")).hexdigest() not in NEUSIGHT_RUNS:
         for table in (out.gemm, out.conv):  # another run in NeuSight's layout
