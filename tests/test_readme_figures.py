@@ -1,0 +1,143 @@
+"""Figures the README's prose quotes are what the planner computes today.
+
+The README cites many results next to the command that gives them. They went stale as
+the cost model improved (an audit on 2026-11-28 found fifteen, 245.4 ms quoted for a
+plan that took 253.6 ms), because only the sample outputs were tested. Each case here
+runs one such command and reads its figures back out of the README's prose: a quoted
+figure must equal the computed one to the digits it shows (half a unit of its last
+digit). Parenthesised history ("before ..., it was ...") is not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from .conftest import CLUSTERS, NETWORKS, ROOT, invoke
+
+GIB = 2.0**30
+H100 = str(CLUSTERS / "dgx-h100.yaml")
+LLAMA8 = str(NETWORKS / "llama3-8b.yaml")
+GPT2 = str(NETWORKS / "gpt2-small.yaml")
+
+Doc = dict[str, Any]
+
+
+def _ms(key: str) -> Callable[[Doc], float]:
+    return lambda d: d["iteration"][key] * 1e3
+
+
+def _gib(d: Doc) -> float:
+    return float(d["memory"]["peak_bytes"]) / GIB
+
+
+def _activations_gib(d: Doc) -> float:
+    return float(d["memory"]["breakdown"]["activations"]) / GIB
+
+
+def _baseline(name: str, key: str, scale: float) -> Callable[[Doc], float]:
+    return lambda d: float(next(b for b in d["baselines"] if b["name"] == name)[key]) / scale
+
+
+LLAMA8_B16 = ["plan", LLAMA8, H100, "-p", "64", "-b", "16", "--optimizer", "adam"]
+
+#: (name, command, README pattern (whitespace as any run of it), figure -> how to read it
+#: from the command's JSON). A pattern's groups are the quoted figures.
+CASES: list[tuple[str, list[str], str, dict[str, Callable[[Doc], float]]]] = [
+    ("8B at batch 16 and its Megatron baselines (Network)", LLAMA8_B16,
+     r"Megatron-style\): (?P<t>[\d.]+) ms for 131,072 tokens, (?P<m>[\d.]+) GiB a GPU, "
+     r"against (?P<mt>[\d.]+) ms and (?P<mm>[\d.]+) GiB for Megatron's layouts at 4 × 16 "
+     r"throughout \(its baseline\), and (?P<st>[\d.]+) ms and (?P<sm>[\d.]+) GiB for them "
+     r"with sequence parallelism",
+     {"t": _ms("time_s"), "m": _gib, "mt": _baseline("megatron", "time_s", 1e-3),
+      "mm": _baseline("megatron", "peak_bytes", GIB),
+      "st": _baseline("megatron-sp", "time_s", 1e-3),
+      "sm": _baseline("megatron-sp", "peak_bytes", GIB)}),
+    ("8B at batch 16 refused by launch --emit megatron", LLAMA8_B16,
+     r"its token table over 16; (?P<t>[\d.]+) ms\) is refused, and the baseline it names, "
+     r"`megatron` at 4 × 16 \((?P<mt>[\d.]+) ms;",
+     {"t": _ms("time_s"), "mt": _baseline("megatron", "time_s", 1e-3)}),
+    ("8B, two stages, megatron-cp",
+     ["cost", LLAMA8, H100, "-p", "64", "-b", "64", "--optimizer", "adam", "--microbatches",
+      "8", "--pipeline", "2", "--grid", "4x8", "--mode", "megatron-cp"],
+     r"context parallelism 4 × data 8 in each stage \((?P<t>[\d.]+) ms, (?P<m>[\d.]+) GiB\)",
+     {"t": _ms("time_s"), "m": _gib}),
+    ("8B, two stages, searched",
+     ["plan", LLAMA8, H100, "-p", "64", "-b", "64", "--optimizer", "adam", "--microbatches",
+      "8", "--pipeline", "2"],
+     r"weighed by `1/M`, it finds (?P<t>[\d.]+) ms itself",
+     {"t": _ms("time_s")}),
+    ("8B, ZeRO 2 in microbatches",
+     ["plan", LLAMA8, H100, "-p", "64", "-b", "64", "--optimizer", "adam", "--microbatches",
+      "8", "--zero", "2"],
+     r"--zero 2`: (?P<t>[\d.]+) ms a step with (?P<c>[\d.]+) ms of communication, "
+     r"(?P<e>[\d.]+) ms of it exposed",
+     {"t": _ms("time_s"), "c": _ms("comm_s"), "e": _ms("exposed_comm_s")}),
+    ("8B, megatron-sp with and without --tp-comm-overlap",
+     ["cost", LLAMA8, H100, "-p", "64", "-b", "64", "--optimizer", "adam", "--grid", "4x16",
+      "--mode", "megatron-sp", "--tp-comm-overlap"],
+     r"without, \*\*(?P<t>[\d.]+) ms\*\* with, the (?P<a>[\d.]+) ms of activation traffic",
+     {"t": _ms("time_s"), "a": _ms("activation_comm_s")}),
+    ("70B, 16 microbatches, no stages",
+     ["plan", str(NETWORKS / "llama3-70b.yaml"), H100, "-p", "256", "-b", "128",
+      "--optimizer", "adam", "--microbatches", "16"],
+     r"so the layers split 32 ways, across nodes: (?P<t>[\d.]+) s\.",
+     {"t": lambda d: d["iteration"]["time_s"]}),
+    ("GPT-2, all blocks recomputed",
+     ["plan", GPT2, H100, "-p", "8", "-b", "64", "--optimizer", "adam", "--recompute",
+      "blocks"],
+     r"activations [\d.]+ → (?P<a>[\d.]+) GiB .*? iteration [\d.]+ → (?P<t>[\d.]+) ms "
+     r"\(the re-run (?P<r>[\d.]+) ms\)",
+     {"a": _activations_gib, "t": _ms("time_s"), "r": _ms("recompute_s")}),
+    ("GPT-2, nothing recomputed",
+     ["plan", GPT2, H100, "-p", "8", "-b", "64", "--optimizer", "adam"],
+     r"GPT-2 small at batch 64 on 8 H100s \(fp32, Adam\): activations (?P<a>[\d.]+) → .*? "
+     r"iteration (?P<t>[\d.]+) →",
+     {"a": _activations_gib, "t": _ms("time_s")}),
+    ("8B at 131,072 tokens",
+     ["plan", str(NETWORKS / "llama3-8b-128k.yaml"), H100, "-p", "64", "-b", "4",
+      "--optimizer", "adam", "--zero", "1"],
+     r"over 4, (?P<t>[\d.]+) s a step \(MFU (?P<mfu>[\d.]+)%\), against (?P<sp>[\d.]+) s "
+     r"for Megatron-LM's layouts with sequence parallelism",
+     {"t": lambda d: d["iteration"]["time_s"], "mfu": lambda d: d["iteration"]["mfu"] * 100,
+      "sp": _baseline("megatron-sp", "time_s", 1.0)}),
+    ("Mixtral 8x7B",
+     ["plan", str(NETWORKS / "mixtral-8x7b.yaml"), H100, "-p", "64", "-b", "64",
+      "--optimizer", "adam", "--zero", "1"],
+     r"cross nodes: (?P<t>[\d.]+) ms, (?P<m>[\d.]+) GiB\. With the expert groups",
+     {"t": _ms("time_s"), "m": _gib}),
+    ("DeepSeekMoE 16B",
+     ["plan", str(NETWORKS / "deepseek-moe-16b.yaml"), H100, "-p", "64", "-b", "64",
+      "--optimizer", "adam", "--zero", "1"],
+     r"`model 2x32`: (?P<t>[\d.]+) ms, (?P<m>[\d.]+) GiB, MFU (?P<mfu>[\d.]+)%;",
+     {"t": _ms("time_s"), "m": _gib, "mfu": lambda d: d["iteration"]["mfu"] * 100}),
+    ("GPT-2, ZeRO 3, a gather a layer",
+     ["cost", GPT2, H100, "-p", "16", "-b", "64", "--zero", "3", "--bucket-size", "0"],
+     r"92\.1 ms then, (?P<t>[\d.]+) ms now;",
+     {"t": _ms("time_s")}),
+]
+
+
+def _shown(text: str) -> Decimal:
+    """Half a unit of the last digit a quoted figure shows."""
+    return Decimal(1).scaleb(int(Decimal(text).as_tuple().exponent)) / 2
+
+
+@pytest.mark.parametrize("name, args, pattern, figures", CASES, ids=[c[0] for c in CASES])
+def test_quoted_figure_is_current(runner, name, args, pattern, figures):
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    found = re.search(pattern.replace(" ", r"\s+"), text)
+    assert found is not None, f"the README no longer says this ({name}): {pattern}"
+    r = invoke(runner, *args, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    for group, read in figures.items():
+        quoted = found.group(group)
+        value = read(doc)
+        assert abs(Decimal(quoted) - Decimal(repr(value))) <= _shown(quoted), (
+            f"{name}: the README quotes {quoted}, the planner gives {value:.6g}")
