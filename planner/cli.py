@@ -385,8 +385,8 @@ def _describe(kind: str, obj: Any) -> str:
     from .units import count
 
     if kind == "network":
-        return (f"'{obj.name}', {count(len(obj.layers), 'layer')}, {obj.params:,} "
-                f"parameter{'' if obj.params == 1 else 's'}")
+        return (f"'{obj.name}', {count(len(obj.layers), 'layer')}, "
+                f"{count(obj.params, 'parameter')}")
     if kind == "cluster":
         nodes = f"{count(obj.nodes, 'node')} × " if obj.nodes else ""
         return f"'{obj.name}', {nodes}{obj.devices_per_node} {obj.device.name} per node"

@@ -199,5 +199,6 @@ def format_time(seconds: float, digits: int = 4) -> str:
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` and the noun, plural unless ``n`` is 1: ``1 device``, ``8 devices``."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+    """``n`` and the noun, plural unless ``n`` is 1: ``1 device``, ``8 devices``,
+    ``16,384 devices`` (thousands separated, as the README and the tables write them)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

@@ -94,3 +94,12 @@ def test_bucket_sizes_are_whole_bytes(value, expected):
 def test_bucket_sizes_refused(value, said):
     with pytest.raises(UnitError, match=said):
         parse_bucket_size(value)
+
+
+def test_count_pluralises_and_separates_thousands():
+    from planner.units import count
+
+    assert [count(n, "device") for n in (0, 1, 2, 16384)] == [
+        "0 devices", "1 device", "2 devices", "16,384 devices"]
+    assert count(2, "more row") == "2 more rows"
+    assert count(3, "child", "children") == "3 children"
