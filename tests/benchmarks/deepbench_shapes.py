@@ -18,6 +18,11 @@ Ti: GP102). For FP32 and each pass:
    DeepBench lists twice for a GPU counts once (its last row), so the MAPE before the
    correction is within a few tenths of ``kernels eval``'s, not equal to it.
 
+3. **How far the held-out figures can be trusted**: about 29 held-out shapes a GPU and
+   pass, so a GPU's MAPE has a standard error (the spread of its rows' errors over the
+   root of their number), and the mean over the eight GPUs a 90% interval from 2,000
+   resamplings of the held-out shapes (all GPUs' rows of a shape drawn together; seed 0).
+
 The README's paragraph on the DeepBench misses quotes these figures.
 """
 
@@ -95,6 +100,27 @@ def main() -> None:
             cells.append(f"{_mape(np.array(before)):5.1f} -> {_mape(np.array(after)):5.1f}%"
                          if before else "")
         print(f"{dev:<16} " + " ".join(f"{c:>20}" for c in cells))
+
+
+    print("\nsampling error of the held-out MAPE: per-GPU standard error; mean of the GPUs "
+          "and its 90% bootstrap interval over shapes")
+    rng = np.random.default_rng(0)
+    for op in PASSES:
+        ape = {dev: {k: abs(1.0 / r - 1.0) * 100.0 for k, (_, r, h) in rows[(op, dev)].items()
+                     if h} for dev in devices}
+        se = [float(np.std(list(a.values()), ddof=1) / np.sqrt(len(a))) for a in ape.values()]
+        shapes = sorted(set().union(*ape.values()))
+        means = []
+        for _ in range(2000):
+            draw = np.bincount(rng.integers(0, len(shapes), len(shapes)), minlength=len(shapes))
+            weight = dict(zip(shapes, draw, strict=True))
+            per_gpu = [sum(weight[k] * e for k, e in a.items()) / max(sum(weight[k] for k in a), 1)
+                       for a in ape.values()]
+            means.append(float(np.mean(per_gpu)))
+        mean = float(np.mean([np.mean(list(a.values())) for a in ape.values()]))
+        lo, hi = np.percentile(means, [5, 95])
+        print(f"{op:<16} standard error {min(se):.1f}-{max(se):.1f} points; mean {mean:.1f}% "
+              f"(90%: {lo:.1f}-{hi:.1f}%)")
 
 
 if __name__ == "__main__":
