@@ -1703,7 +1703,7 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     if per_batch > params:
         if len(space.ctx.rebuilt) < len(net.blocks) and opts.cost_model == "exact":
             tips.append("recomputing residual blocks (--recompute auto: as few of the "
-                        f"{len(net.blocks)} as memory needs)")
+                        f"{len(net.blocks):,} as memory needs)")
         if smaller is not None:
             tips.append(f"a smaller batch (about --batch {smaller}, if activations fall in "
                         f"proportion: they and the workspace are {format_bytes(per_batch)} "

@@ -74,8 +74,8 @@ def scale_cases(tmp: Path) -> list[tuple[str, list[str], int]]:
          0),
         ("plan 10,000-layer MLP (97 widths), P=64, B=512", plan(tmp / "m10000.yaml", 64, 512),
          0),
-        ("plan 10,000-layer transformer, P=1,024, B=1,024 (nothing fits: exit 1 after the "
-         "memory search)", plan(tmp / "t10000.yaml", 1024, 1024), 1),
+        ("plan 10,000-layer transformer, P=1,024, B=4,096 (nothing fits: exit 1 after the "
+         "memory search)", plan(tmp / "t10000.yaml", 1024, 4096), 1),
         ("show 10,000-layer transformer", [*planner, "show", str(tmp / "t10000.yaml"),
                                            "--format", "yaml"], 0),
         ("plan resnet50, P=2^20, B=2^21", plan(net / "resnet50.yaml", 2**20, 2**21), 0),
