@@ -830,8 +830,9 @@ def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
         total = held[:, :, None] + trans[None, :, :]  # (K', D, J)
         pick = prev = np.argmin(total, axis=1)  # (K', J)
     # the minimum read at its argmin (one pass over ``total``, not two)
-    best = np.take_along_axis(total, pick[:, None, :], axis=1)[:, 0, :] + own[None, :]
     kk = len(held)
+    best = total[np.arange(kk)[:, None], pick, np.arange(total.shape[2])[None, :]] \
+        + own[None, :]
     new_h = np.full((kk, n), INF)
     cur_h = np.zeros((kk, n), dtype=np.int64)
     lay_h = np.full((kk, n), -1, dtype=np.int64)
@@ -894,8 +895,9 @@ def _scatter_min(values: np.ndarray, prev: np.ndarray | None, groups: _Groups,
     for target, srcs in groups.multi:  # every group of one size at once
         sub = values[:, srcs]  # (K, G, s)
         pick = np.argmin(sub, axis=2)  # (K, G): the first of the cheapest
-        won = np.take_along_axis(srcs[None, :, :], pick[:, :, None], axis=2)[:, :, 0]
-        new[:, target] = np.take_along_axis(sub, pick[:, :, None], axis=2)[:, :, 0]
+        cols = np.arange(len(target))[None, :]
+        won = srcs[cols, pick]  # (K, G), read at the argmin (plain indexing: cheaper
+        new[:, target] = sub[rows[:, None], cols, pick]  # than take_along_axis's set-up)
         bp_prev[:, target] = won if prev is None else prev[rows[:, None], won]
         if bp_src is not None:
             bp_src[:, target] = won
