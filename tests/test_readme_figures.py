@@ -32,6 +32,14 @@ def _ms(key: str) -> Callable[[Doc], float]:
     return lambda d: d["iteration"][key] * 1e3
 
 
+def _s(d: Doc) -> float:
+    return float(d["iteration"]["time_s"])
+
+
+def _mfu(d: Doc) -> float:
+    return float(d["iteration"]["mfu"]) * 100.0
+
+
 def _gib(d: Doc) -> float:
     return float(d["memory"]["peak_bytes"]) / GIB
 
@@ -45,6 +53,12 @@ def _baseline(name: str, key: str, scale: float) -> Callable[[Doc], float]:
 
 
 LLAMA8_B16 = ["plan", LLAMA8, H100, "-p", "64", "-b", "16", "--optimizer", "adam"]
+
+
+def _moe(network: str, *extra: str) -> list[str]:
+    """``plan`` of a mixture of experts on 64 H100s, batch 64, Adam with ZeRO 1."""
+    return ["plan", str(NETWORKS / network), H100, "-p", "64", "-b", "64", "--optimizer",
+            "adam", "--zero", "1", *extra]
 
 #: (name, command, README pattern (whitespace as any run of it), figure -> how to read it
 #: from the command's JSON). A pattern's groups are the quoted figures.
@@ -110,12 +124,12 @@ CASES: list[tuple[str, list[str], str, dict[str, Callable[[Doc], float]]]] = [
      ["plan", str(NETWORKS / "llama3-70b.yaml"), H100, "-p", "256", "-b", "128",
       "--optimizer", "adam", "--microbatches", "2"],
      r"`--microbatches 2` gives (?P<t>[\d.]+) s \((?P<m>[\d.]+) GiB\)",
-     {"t": lambda d: d["iteration"]["time_s"], "m": _gib}),
+     {"t": _s, "m": _gib}),
     ("70B, 16 microbatches, no stages",
      ["plan", str(NETWORKS / "llama3-70b.yaml"), H100, "-p", "256", "-b", "128",
       "--optimizer", "adam", "--microbatches", "16"],
      r"so the layers split 32 ways, across nodes: (?P<t>[\d.]+) s\.",
-     {"t": lambda d: d["iteration"]["time_s"]}),
+     {"t": _s}),
     ("GPT-2, all blocks recomputed",
      ["plan", GPT2, H100, "-p", "8", "-b", "64", "--optimizer", "adam", "--recompute",
       "blocks"],
@@ -132,28 +146,24 @@ CASES: list[tuple[str, list[str], str, dict[str, Callable[[Doc], float]]]] = [
       "--optimizer", "adam", "--zero", "1"],
      r"over 4, (?P<t>[\d.]+) s a step \(MFU (?P<mfu>[\d.]+)%\), against (?P<sp>[\d.]+) s "
      r"for Megatron-LM's layouts with sequence parallelism",
-     {"t": lambda d: d["iteration"]["time_s"], "mfu": lambda d: d["iteration"]["mfu"] * 100,
+     {"t": _s, "mfu": _mfu,
       "sp": _baseline("megatron-sp", "time_s", 1.0)}),
     ("Mixtral 8x7B",
-     ["plan", str(NETWORKS / "mixtral-8x7b.yaml"), H100, "-p", "64", "-b", "64",
-      "--optimizer", "adam", "--zero", "1"],
+     _moe("mixtral-8x7b.yaml"),
      r"cross nodes: (?P<t>[\d.]+) ms, (?P<m>[\d.]+) GiB\. With the expert groups",
      {"t": _ms("time_s"), "m": _gib}),
     ("Mixtral 8x7B, expert groups inside nodes",
-     ["plan", str(NETWORKS / "mixtral-8x7b.yaml"), H100, "-p", "64", "-b", "64",
-      "--optimizer", "adam", "--zero", "1", "--pin", "*.experts=expert:8x8:rows"],
+     _moe("mixtral-8x7b.yaml", "--pin", "*.experts=expert:8x8:rows"),
      r"'\*\.experts=expert:8x8:rows'`\) (?P<t>[\d.]+) ms\.",
      {"t": _ms("time_s")}),
     ("DeepSeekMoE 16B, expert parallelism over 8",
-     ["plan", str(NETWORKS / "deepseek-moe-16b.yaml"), H100, "-p", "64", "-b", "64",
-      "--optimizer", "adam", "--zero", "1", "--pin", "*.experts=expert:8x8"],
+     _moe("deepseek-moe-16b.yaml", "--pin", "*.experts=expert:8x8"),
      r"\(`--pin '\*\.experts=expert:8x8'`\) takes (?P<t>[\d.]+) ms and (?P<m>[\d.]+) GiB",
      {"t": _ms("time_s"), "m": _gib}),
     ("DeepSeekMoE 16B",
-     ["plan", str(NETWORKS / "deepseek-moe-16b.yaml"), H100, "-p", "64", "-b", "64",
-      "--optimizer", "adam", "--zero", "1"],
+     _moe("deepseek-moe-16b.yaml"),
      r"`model 2x32`: (?P<t>[\d.]+) ms, (?P<m>[\d.]+) GiB, MFU (?P<mfu>[\d.]+)%;",
-     {"t": _ms("time_s"), "m": _gib, "mfu": lambda d: d["iteration"]["mfu"] * 100}),
+     {"t": _ms("time_s"), "m": _gib, "mfu": _mfu}),
     ("GPT-2, ZeRO 3, a gather a layer",
      ["cost", GPT2, H100, "-p", "16", "-b", "64", "--zero", "3", "--bucket-size", "0"],
      r"92\.1 ms then, (?P<t>[\d.]+) ms now;",
