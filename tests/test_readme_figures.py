@@ -164,6 +164,17 @@ CASES: list[tuple[str, list[str], str, dict[str, Callable[[Doc], float]]]] = [
      _moe("deepseek-moe-16b.yaml"),
      r"`model 2x32`: (?P<t>[\d.]+) ms, (?P<m>[\d.]+) GiB, MFU (?P<mfu>[\d.]+)%;",
      {"t": _ms("time_s"), "m": _gib, "mfu": _mfu}),
+    *((f"Llama 3 405B, Meta's layout on {gpus:,} GPUs, 4 chunks",
+       ["cost", str(NETWORKS / "llama3-405b.yaml"), str(CLUSTERS / "h100-roce-16k.yaml"),
+        "-p", str(gpus), "-b", "2048", "--optimizer", "adam", "--pipeline", "16",
+        "--microbatches", str(micro), "--recompute", "auto", "--zero", "1",
+        "--virtual-stages", "4", "--grid", f"8x{gpus // 128}", "--mode", "megatron-sp"],
+       rf"\| {gpus:,} \| {meta} \| Meta's layout \| 1 \| 1 \| .*? \| \| \| \| 1 \| 4 \| "
+       r"(?P<t>[\d.]+) s \| \*\*(?P<f>[\d.]+)\*\* \| (?P<mfu>[\d.]+)% \| "
+       r"(?P<bubble>[\d.]+)% \| (?P<m>[\d.]+) GiB \|",
+       {"t": _s, "f": lambda d: float(d["iteration"]["tflops_per_device"]), "mfu": _mfu,
+        "bubble": lambda d: float(d["pipeline"]["bubble_fraction"]) * 100.0, "m": _gib})
+      for gpus, micro, meta in ((8192, 32, 430), (16384, 16, 400))),
     ("GPT-2, ZeRO 3, a gather a layer",
      ["cost", GPT2, H100, "-p", "16", "-b", "64", "--zero", "3", "--bucket-size", "0"],
      r"92\.1 ms then, (?P<t>[\d.]+) ms now;",

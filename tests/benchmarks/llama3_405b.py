@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from planner.units import count
+
 ROOT = Path(__file__).resolve().parents[2]
 NET = ROOT / "examples" / "networks" / "llama3-405b.yaml"
 CL = ROOT / "examples" / "clusters" / "h100-roce-16k.yaml"
@@ -79,7 +81,7 @@ def main(search: bool, flags: list[str]) -> None:
                       f"{it['mfu']:.1%} | {doc['pipeline']['bubble_fraction']:.1%} | "
                       f"{mem['peak_bytes'] / 2**30:.1f} GiB"
                       + ("" if mem["fits"] else " (does not fit)")
-                      + (f", recomputing up to {rec} blocks a chunk" if rec else "")
+                      + (f", recomputing up to {count(rec, 'block')} a chunk" if rec else "")
                       + f" | {secs:.0f} s |", flush=True)
 
 
