@@ -60,9 +60,27 @@ def _moe(network: str, *extra: str) -> list[str]:
     return ["plan", str(NETWORKS / network), H100, "-p", "64", "-b", "64", "--optimizer",
             "adam", "--zero", "1", *extra]
 
+Case = tuple[str, list[str], str, dict[str, Callable[[Doc], float]]]
+
+
+def _meta_405b(gpus: int, micro: int, meta: int) -> Case:
+    """Meta's Llama 3 405B layout at 4 chunks a stage, ZeRO 1: the bold row of its GPU
+    count in *Against a published run*."""
+    return (f"Llama 3 405B, Meta's layout on {gpus:,} GPUs, 4 chunks",
+            ["cost", str(NETWORKS / "llama3-405b.yaml"), str(CLUSTERS / "h100-roce-16k.yaml"),
+             "-p", str(gpus), "-b", "2048", "--optimizer", "adam", "--pipeline", "16",
+             "--microbatches", str(micro), "--recompute", "auto", "--zero", "1",
+             "--virtual-stages", "4", "--grid", f"8x{gpus // 128}", "--mode", "megatron-sp"],
+            rf"\| {gpus:,} \| {meta} \| Meta's layout \| 1 \| 1 \| .*? \| \| \| \| 1 \| 4 \| "
+            r"(?P<t>[\d.]+) s \| \*\*(?P<f>[\d.]+)\*\* \| (?P<mfu>[\d.]+)% \| "
+            r"(?P<bubble>[\d.]+)% \| (?P<m>[\d.]+) GiB \|",
+            {"t": _s, "f": lambda d: float(d["iteration"]["tflops_per_device"]), "mfu": _mfu,
+             "bubble": lambda d: float(d["pipeline"]["bubble_fraction"]) * 100.0, "m": _gib})
+
+
 #: (name, command, README pattern (whitespace as any run of it), figure -> how to read it
 #: from the command's JSON). A pattern's groups are the quoted figures.
-CASES: list[tuple[str, list[str], str, dict[str, Callable[[Doc], float]]]] = [
+CASES: list[Case] = [
     ("8B at batch 16 and its Megatron baselines (Network)", LLAMA8_B16,
      r"Megatron-style\): (?P<t>[\d.]+) ms for 131,072 tokens, (?P<m>[\d.]+) GiB a GPU, "
      r"against (?P<mt>[\d.]+) ms and (?P<mm>[\d.]+) GiB for Megatron's layouts at 4 × 16 "
@@ -164,17 +182,8 @@ CASES: list[tuple[str, list[str], str, dict[str, Callable[[Doc], float]]]] = [
      _moe("deepseek-moe-16b.yaml"),
      r"`model 2x32`: (?P<t>[\d.]+) ms, (?P<m>[\d.]+) GiB, MFU (?P<mfu>[\d.]+)%;",
      {"t": _ms("time_s"), "m": _gib, "mfu": _mfu}),
-    *((f"Llama 3 405B, Meta's layout on {gpus:,} GPUs, 4 chunks",
-       ["cost", str(NETWORKS / "llama3-405b.yaml"), str(CLUSTERS / "h100-roce-16k.yaml"),
-        "-p", str(gpus), "-b", "2048", "--optimizer", "adam", "--pipeline", "16",
-        "--microbatches", str(micro), "--recompute", "auto", "--zero", "1",
-        "--virtual-stages", "4", "--grid", f"8x{gpus // 128}", "--mode", "megatron-sp"],
-       rf"\| {gpus:,} \| {meta} \| Meta's layout \| 1 \| 1 \| .*? \| \| \| \| 1 \| 4 \| "
-       r"(?P<t>[\d.]+) s \| \*\*(?P<f>[\d.]+)\*\* \| (?P<mfu>[\d.]+)% \| "
-       r"(?P<bubble>[\d.]+)% \| (?P<m>[\d.]+) GiB \|",
-       {"t": _s, "f": lambda d: float(d["iteration"]["tflops_per_device"]), "mfu": _mfu,
-        "bubble": lambda d: float(d["pipeline"]["bubble_fraction"]) * 100.0, "m": _gib})
-      for gpus, micro, meta in ((8192, 32, 430), (16384, 16, 400))),
+    *(_meta_405b(gpus, micro, meta) for gpus, micro, meta in ((8192, 32, 430),
+                                                              (16384, 16, 400))),
     ("GPT-2, ZeRO 3, a gather a layer",
      ["cost", GPT2, H100, "-p", "16", "-b", "64", "--zero", "3", "--bucket-size", "0"],
      r"92\.1 ms then, (?P<t>[\d.]+) ms now;",
