@@ -159,6 +159,24 @@ CASES: list[Case] = [
      r"GPT-2 small at batch 64 on 8 H100s \(fp32, Adam\): activations (?P<a>[\d.]+) → .*? "
      r"iteration (?P<t>[\d.]+) →",
      {"a": _activations_gib, "t": _ms("time_s")}),
+    *(("8B at batch 16, context-parallel attention, " + how,
+       ["cost", LLAMA8, H100, "-p", "64", "-b", "16", "--optimizer", "adam", "--mode",
+        "megatron", "--grid", "4x16", "--pin", "embed_tokens=model:16x4", "--pin",
+        "*self_attn=domain:4x16", "--pin", "*gate_up_proj=column:4x16", "--pin",
+        "*down_proj=row-sp:4x16", "--cp-comm-type", how],
+       r"\[--cp-comm-type allgather\]`\) takes (?P<p2p>[\d.]+) ms with the ring and "
+       r"(?P<allgather>[\d.]+) ms gathering",
+       {how: _ms("time_s")})
+      for how in ("p2p", "allgather")),
+    *((f"GPT-2 at batch {batch}, --recompute auto",
+       ["plan", GPT2, H100, "-p", "8", "-b", str(batch), "--optimizer", "adam", "--recompute",
+        "auto"],
+       r"`--recompute auto` recomputes 9 of the 24 blocks, (?P<b384>[\d.]+) s against "
+       r"(?P<a384>[\d.]+) s recomputing all; at batch 512, 15 blocks, (?P<b512>[\d.]+) s "
+       r"against (?P<a512>[\d.]+) s",
+       {f"b{batch}": _s, f"a{batch}": lambda d: float(next(
+           r["time_s"] for r in d["recompute_auto"] if r["blocks"] == 24))})
+      for batch in (384, 512)),
     ("8B at 131,072 tokens",
      ["plan", str(NETWORKS / "llama3-8b-128k.yaml"), H100, "-p", "64", "-b", "4",
       "--optimizer", "adam", "--zero", "1"],
