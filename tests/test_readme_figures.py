@@ -21,6 +21,8 @@ import pytest
 from .conftest import CLUSTERS, NETWORKS, ROOT, invoke
 
 GIB = 2.0**30
+#: the README with its whitespace as single spaces (its prose wraps anywhere)
+README = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
 H100 = str(CLUSTERS / "dgx-h100.yaml")
 LLAMA8 = str(NETWORKS / "llama3-8b.yaml")
 GPT2 = str(NETWORKS / "gpt2-small.yaml")
@@ -216,8 +218,7 @@ def _shown(text: str) -> Decimal:
 
 @pytest.mark.parametrize("name, args, pattern, figures", CASES, ids=[c[0] for c in CASES])
 def test_quoted_figure_is_current(runner, name, args, pattern, figures):
-    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    found = re.search(pattern.replace(" ", r"\s+"), text)
+    found = re.search(pattern.replace(" ", r"\s+"), README)
     assert found is not None, f"the README no longer says this ({name}): {pattern}"
     r = invoke(runner, *args, "--format", "json")
     assert r.exit_code == 0, r.stderr

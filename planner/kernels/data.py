@@ -45,6 +45,7 @@ import csv
 import hashlib
 import io
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -246,9 +247,10 @@ class _Reader:
         self.line = 0
         self.row: list[str] = []
         self._devices: dict[str, Device | None] = {}
-        #: an unknown device's first error (its index in ``problems``) and how many rows
-        #: name it: reported once, at its first row, with the count
-        self._unknown: dict[str, list[int]] = {}
+        #: an unknown device's error (its index in ``problems``), reported once, at its
+        #: first row, with how many rows name it
+        self._unknown_at: dict[str, int] = {}
+        self._unknown_rows: Counter[str] = Counter()
 
     def _col(self, name: str) -> int:
         """1-based column of the cell (characters), for the message."""
@@ -306,11 +308,12 @@ class _Reader:
         if text not in self._devices:
             self._devices[text] = lookup_device(text) if text else None
         dev = self._devices[text]
-        if dev is None and text in self._unknown:  # said at its first row
-            self._unknown[text][1] += 1
+        if dev is None:
+            self._unknown_rows[text] += 1
+        if dev is None and text in self._unknown_at:  # said at its first row
             return None
         if dev is None:
-            self._unknown[text] = [len(self.problems), 1]
+            self._unknown_at[text] = len(self.problems)
             hint = suggest_device(text) if text else None
             extra = f"; did you mean '{hint}'?" if hint else ""
             self.error(name, f"unknown device {text!r}{extra} (`planner devices` lists the "
@@ -323,8 +326,8 @@ class _Reader:
         """The problems, each unknown device's first error saying how many more rows
         name it (one message a device, not one a row)."""
         out = list(self.problems)
-        for i, n in self._unknown.values():
-            if n > 1:
+        for text, i in self._unknown_at.items():
+            if (n := self._unknown_rows[text]) > 1:
                 out[i] = replace(out[i], message=f"{out[i].message}; "
                                                  f"{count(n - 1, 'more row')} name it")
         return out

@@ -33,11 +33,11 @@ from sklearn.ensemble import (
 from sklearn.model_selection import GroupKFold
 from sklearn.neighbors import KNeighborsRegressor
 
+from planner.cluster import lookup_device
 from planner.kernels.data import read_files
 from planner.kernels.evaluate import predict_table
 from planner.kernels.features import CONV_FEATURES, DeviceSpecs, features
 from planner.kernels.store import load_models, shipped_training_data
-from planner.kernels.train import _devices
 
 GRIDS: dict[str, list[dict[str, Any]]] = {
     "gradient boosting": [
@@ -60,7 +60,7 @@ MAKERS: dict[str, Callable[..., Any]] = {
 
 def main(passes: list[str]) -> None:
     table = read_files([path for _, path in shipped_training_data()]).conv
-    spec = DeviceSpecs.build(_devices(table), table.dtype)
+    spec = DeviceSpecs.build([lookup_device(n) for n in table.device], table.dtype)
     x, t_flop, t_byte = features("conv", table.shape_array(), table.op, spec)
     bound = np.maximum(t_flop, t_byte)
     seconds = np.asarray(table.seconds)
