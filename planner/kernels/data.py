@@ -182,6 +182,16 @@ class Table:
             getattr(out, name).extend(col[i] for i in keep)
         return out
 
+    def devices(self) -> list[Device]:
+        """Each row's catalog device (rows name known devices: :func:`parse_csv` checks)."""
+        out: list[Device] = []
+        for name in self.device:
+            dev = lookup_device(name)
+            if dev is None:  # a table built by hand, not read
+                raise ValueError(f"unknown device {name!r} in a kernel table")
+            out.append(dev)
+        return out
+
     def shape_array(self) -> IntArray:
         """``shape`` as an ``(rows, dims)`` integer array."""
         width = len(GEMM_DIMS) if self.family == "gemm" else len(CONV_DIMS)

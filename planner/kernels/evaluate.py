@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..cluster import Device, lookup_device
 from .bands import (
     CUTS,
     MIN_ROWS,
@@ -72,12 +71,7 @@ def predict_table(model: Ensemble, table: Table) -> tuple[FloatArray, NDArray[np
 def _predict(model: Ensemble, table: Table,
              ) -> tuple[FloatArray, NDArray[np.bool_], FloatArray]:
     """:func:`predict_table` and each row's error-band variable (:mod:`.bands`)."""
-    devices: list[Device] = []
-    for name in table.device:
-        dev = lookup_device(name)
-        assert dev is not None  # rows were validated when read
-        devices.append(dev)
-    spec = DeviceSpecs.build(devices, table.dtype)
+    spec = DeviceSpecs.build(table.devices(), table.dtype)
     times, bound, ok = model.member_times(table.shape_array(), table.op, spec, table.device,
                                           table.dtype, table.harness)
     pos = np.asarray(table.position, dtype=np.float64)

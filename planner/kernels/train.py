@@ -57,7 +57,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from ..cluster import Device, lookup_device
+from ..cluster import lookup_device
 from ..errors import UsageError
 from .data import Table
 from .features import FEATURES, DeviceSpecs, features, gpu_features
@@ -464,16 +464,6 @@ def _drop_throttled(bound: FloatArray, y: FloatArray, table: Table,
     return keep, dropped
 
 
-def _devices(table: Table) -> list[Device]:
-    out: list[Device] = []
-    for name in table.device:
-        dev = lookup_device(name)
-        if dev is None:
-            raise UsageError(f"planner: error: unknown device {name!r} in the training data")
-        out.append(dev)
-    return out
-
-
 def unseen_levels(levels: dict[str, float],
                   specs: dict[str, list[float]]) -> dict[str, float]:
     """Median sustained fraction per class (:func:`~.model.level_class`), for GPUs the
@@ -517,7 +507,7 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
     if len(table) < 10:
         raise UsageError(f"planner: error: too few {table.family} measurements to fit a "
                          f"model ({len(table)}; at least 10)")
-    spec = DeviceSpecs.build(_devices(table), table.dtype)
+    spec = DeviceSpecs.build(table.devices(), table.dtype)
     x, t_flop, t_byte = features(table.family, table.shape_array(), table.op, spec)
     y = np.asarray(table.seconds, dtype=np.float64)
     bound = np.maximum(t_flop, t_byte)
@@ -527,7 +517,7 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
     if not np.all(keep):
         x, t_flop, t_byte, y, bound = x[keep], t_flop[keep], t_byte[keep], y[keep], bound[keep]
         table = table.select(keep)
-        spec = DeviceSpecs.build(_devices(table), table.dtype)
+        spec = DeviceSpecs.build(table.devices(), table.dtype)
     mean = x.mean(axis=0)
     std = x.std(axis=0)
     std = np.where(std > 1e-9, std, 1.0)
