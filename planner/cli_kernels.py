@@ -642,7 +642,8 @@ def _print_comm(fits: list[Any]) -> None:
 
     from .cli import console, print_fitted
 
-    tiers = Table(title="fitted tiers (ring model; NVLS: in-switch all-reduce)",
+    tiers = Table(title="fitted tiers (ring model; NVLS: in-switch all-reduce, its "
+                        "algorithm bandwidth)",
                   title_justify="left")
     for col in ("system", "tier", "latency", "bandwidth", "rows", "from"):
         tiers.add_column(col, justify="right" if col in ("rows", "latency", "bandwidth")

@@ -115,7 +115,9 @@ class Link:
     latency_s: float
     bandwidth: float  #: bytes/s per device, one direction
     name: str = ""
-    nvls_bandwidth: float | None = None  #: bus bandwidth of NVLS all-reduce (bytes/s)
+    #: NVLS all-reduce's algorithm bandwidth (bytes / time, nccl-tests' algbw), which
+    #: NCCL's tuning model holds at every group size
+    nvls_algbw: float | None = None
     nvls_latency_s: float | None = None
     nvls_min_bytes: float | None = None
     bandwidth_by_group: tuple[tuple[int, float], ...] = ()
@@ -384,7 +386,15 @@ def _link(data: object, path: str, issues: list[Issue], what: str) -> Link | Non
     nvls_bw = nvls_lat = nvls_min = None
     if f.has("nvls") and f.raw("nvls") is not None:
         nf = Fields(f.raw("nvls"), f.at("nvls"), issues, "nvls")
-        nvls_bw = nf.req("bandwidth", _plausible("bandwidth"))
+        if nf.has("bandwidth"):  # a bus bandwidth, as nvls: took before 2026-11-28
+            nf.seen.add("bandwidth")
+            nf.error("bandwidth", "nvls takes 'algbw', the all-reduce's algorithm bandwidth "
+                                  "(its bytes over its time: nccl-tests' algbw column), "
+                                  "which NVLS keeps at every group size, not a bus "
+                                  "bandwidth: a bus bandwidth B measured on p ranks is "
+                                  "algbw B·p/(2(p−1)) (457.5 GB/s on 8 ranks: 261.4 GB/s)")
+        if not nf.has("bandwidth") or nf.has("algbw"):
+            nvls_bw = nf.req("algbw", _plausible("bandwidth"))
         nvls_lat = nf.opt_none("latency", _plausible("latency", positive=False))
         nvls_min = nf.opt("min_bytes", _plausible("size", positive=False), 0.0)
         nf.finish()

@@ -24,9 +24,11 @@ problem on the *relative* error, ``Σ ((t̂ − t)/t)²``, which is linear in ``
 (scipy ``nnls``).
 
 NVLS: on NVSwitch systems NCCL reduces inside the switch from about 2 MiB on (NVLink
-SHARP); the time then follows ``t = α_nvls + 2(p−1)/p · S / busbw_nvls`` with a bus
-bandwidth no ring reaches. Rows marked NVLS (the H200 CSV's note column) fit that model
-and its smallest message size becomes ``min_bytes``; without notes, a single-node
+SHARP); the time then follows ``t = α_nvls + S / algbw_nvls``, with an algorithm
+bandwidth that NCCL's tuning model holds at every group size (its bus bandwidth times
+5/6, where a ring's is times ``p/(2(p−1))``), above what a ring reaches on eight
+ranks. Rows marked NVLS (the H200 CSV's note column) fit that model and its smallest
+message size becomes ``min_bytes``; without notes, a single-node
 all-reduce sweep is split at the breakpoint that minimises the error of ring-below /
 NVLS-above, and NVLS is kept only when it clearly beats one ring line. The result is
 the ``nvls:`` sub-section of ``intra_node``, which :func:`planner.costs.comm.collective_time`
@@ -56,7 +58,6 @@ from .cluster import Cluster, Device, Link
 from .costs.comm import (
     Collective,
     Group,
-    bus_bandwidth_factor,
     collective_time,
     flat_time,
     nvls_time,
@@ -100,7 +101,7 @@ class TierFit:
 
     tier: str
     latency_s: float
-    bandwidth: float  #: bytes/s per device one way; for nvls the bus bandwidth
+    bandwidth: float  #: bytes/s per device one way; for nvls the algorithm bandwidth
     rows: int
     min_bytes: float | None = None
     by_group: tuple[tuple[int, float], ...] = ()  #: bandwidth per group size, if it varies
@@ -156,7 +157,7 @@ class SystemFit:
             if self.intra.by_group:
                 tier["bandwidth_by_group"] = {n: fmt_bw(bw) for n, bw in self.intra.by_group}
             if self.nvls is not None:
-                tier["nvls"] = {"bandwidth": fmt_bw(self.nvls.bandwidth),
+                tier["nvls"] = {"algbw": fmt_bw(self.nvls.bandwidth),
                                 "latency": fmt_time(self.nvls.latency_s),
                                 "min_bytes": fmt_bytes(self.nvls.min_bytes or 0.0)}
             out["intra_node"] = tier
@@ -548,12 +549,12 @@ def fit_ring_by_group(rows: Sequence[Sample], single: TierFit) -> TierFit:
 
 
 def fit_nvls(rows: Sequence[Sample]) -> TierFit | None:
-    """``α_nvls`` and bus bandwidth of ``t = α + 2(p−1)/p · S / busbw``."""
+    """``α_nvls`` and algorithm bandwidth of ``t = α + S / algbw``."""
     if len(rows) < 2:
         return None
     t = np.array([r.seconds for r in rows])
     a = np.ones_like(t)
-    b = np.array([bus_bandwidth_factor("all_reduce", r.ranks) * r.nbytes for r in rows])
+    b = np.array([float(r.nbytes) for r in rows])
     alpha, inv = _nnls_relative(a, b, t)
     if inv <= 0:
         return None
@@ -565,8 +566,7 @@ def _sse(fit: TierFit | None, rows: Sequence[Sample], nvls: bool) -> float:
         return 0.0 if not rows else float("inf")
     t = np.array([r.seconds for r in rows])
     if nvls:
-        pred = fit.latency_s + np.array([bus_bandwidth_factor("all_reduce", r.ranks)
-                                         * r.nbytes for r in rows]) / fit.bandwidth
+        pred = fit.latency_s + np.array([float(r.nbytes) for r in rows]) / fit.bandwidth
     else:
         a, b = _ring_parts(rows)
         pred = a * fit.latency_s + b / fit.bandwidth

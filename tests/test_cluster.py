@@ -119,3 +119,25 @@ collectives: {{algorithm: auto{extra}}}
     with pytest.raises(InputError) as exc:
         load_cluster_text(text.format(device="H100-SXM", extra=", library: gloo"))
     assert ":7:" in str(exc.value) and "nccl" in str(exc.value) and "mpi" in str(exc.value)
+
+
+def test_nvls_takes_an_algorithm_bandwidth():
+    """`nvls:` gives NVLS all-reduce's algbw; the bus bandwidth it took before is an error
+    at its line that says how to convert it, not a number read two ways."""
+    text = """kind: cluster
+nodes: 1
+devices_per_node: 8
+device: H100-SXM
+network:
+  intra_node:
+    latency: 2 us
+    bandwidth: 351 GB/s
+    nvls: {bandwidth: 457.5 GB/s, latency: 55 us, min_bytes: 2 MiB}
+"""
+    with pytest.raises(InputError) as exc:
+        load_cluster_text(text)
+    msg = str(exc.value)
+    assert "<cluster>:9:23: error: nvls takes 'algbw'" in msg
+    assert "B·p/(2(p−1))" in msg and "missing required key" not in msg
+    cl = load_cluster_text(text.replace("{bandwidth: 457.5", "{algbw: 261.4"))
+    assert cl.intra.nvls_algbw == pytest.approx(261.4e9, rel=1e-12)

@@ -112,7 +112,9 @@ def test_fit_recovers_the_fixture_parameters():
     assert fit.inter.bandwidth == pytest.approx(46e9, rel=0.03)
     # NVLS found by the breakpoint fit (no notes in nccl-tests output)
     assert fit.nvls is not None
-    assert fit.nvls.bandwidth == pytest.approx(480e9, rel=0.05)
+    # fitted as an algorithm bandwidth: the fixture's 480 GB/s bus bandwidth on 8 ranks
+    # is 480 · 8 / (2 · 7) = 274.3 GB/s (nccl-tests: busbw = algbw · 2(n−1)/n)
+    assert fit.nvls.bandwidth == pytest.approx(480e9 * 8 / 14, rel=0.03)
     assert 2**20 <= fit.nvls.min_bytes <= 4 * 2**20
     assert max(e.mape for e in fit.errors) < 2.0
 
@@ -173,7 +175,9 @@ def test_bandwidth_by_group_bad_key():
 def test_h200_nvls_is_modelled_from_the_note_column():
     (fit,) = fit_all(read_samples([H200]))
     assert fit.nvls is not None and fit.nvls.min_bytes == 2 * 2**20
-    assert fit.nvls.bandwidth > fit.intra.bandwidth  # in-switch reduction beats the ring
+    # in-switch reduction beats the ring on the sweep's 8 ranks: its algorithm bandwidth
+    # over the ring's, 351 GB/s · 8 / 14
+    assert fit.nvls.bandwidth > fit.intra.bandwidth * 8 / 14
     assert fit.errors[0].mape <= 12.0  # issue 4's threshold for the 8×H200 sweep
 
 
@@ -182,7 +186,7 @@ def test_comm_fit_writes_a_network_section(runner):
     assert r.exit_code == 0, r.stderr
     doc = yaml.safe_load(r.stdout)
     intra = doc["network"]["intra_node"]
-    assert set(intra["nvls"]) == {"bandwidth", "latency", "min_bytes"}
+    assert set(intra["nvls"]) == {"algbw", "latency", "min_bytes"}
     assert intra["nvls"]["min_bytes"] == "2 MiB"
     assert "planner's error with the fitted tiers" in r.stderr
     data = {"devices_per_node": 8, "nodes": 1, "device": "H200", **doc}
@@ -267,7 +271,7 @@ def test_comm_fit_cluster_edit_keeps_line_ends_indent_and_unseen_nvls(runner, tm
     src.write_bytes(b"kind: cluster\r\nname: four\r\nnodes: 2\r\ndevices_per_node: 8\r\n"
                     b"device: H100-SXM\r\nnetwork:\r\n    intra_node:\r\n"
                     b"        latency: 3 us\r\n        bandwidth: 300 GB/s   # c1\r\n"
-                    b"        nvls: {bandwidth: 400 GB/s, latency: 20 us, min_bytes: 1 MiB}"
+                    b"        nvls: {algbw: 230 GB/s, latency: 20 us, min_bytes: 1 MiB}"
                     b"\r\n    inter_node: {latency: 9 us, bandwidth: 50 GB/s}  # c2\r\n"
                     b"# end\r\n")
     out = tmp_path / "out.yaml"
@@ -278,7 +282,7 @@ def test_comm_fit_cluster_edit_keeps_line_ends_indent_and_unseen_nvls(runner, tm
     assert raw.count(b"\n") == raw.count(b"\r\n") > 10
     text = raw.decode().replace("\r\n", "\n")
     assert "    intra_node:\n        name: 'fitted: NVIDIA H100 80GB HBM3'\n" in text
-    assert "        nvls:\n            bandwidth: 400 GB/s\n" in text  # kept: not seen
+    assert "        nvls:\n            algbw: 230 GB/s\n" in text  # kept: not seen
     assert "# c1" not in text and "  # c2\n# end\n" in text
     assert yaml.safe_load(text)["network"]["inter_node"] == {"latency": "9 us",
                                                              "bandwidth": "50 GB/s"}
@@ -287,7 +291,7 @@ def test_comm_fit_cluster_edit_keeps_line_ends_indent_and_unseen_nvls(runner, tm
     assert r.exit_code == 0, r.stderr
     text = again.read_text()
     assert text.count("# Fitted by") == 1 and text.count("# from ") == 1
-    assert yaml.safe_load(text)["network"]["intra_node"]["nvls"]["bandwidth"] != "400 GB/s"
+    assert yaml.safe_load(text)["network"]["intra_node"]["nvls"]["algbw"] != "230 GB/s"
     sneaky = tmp_path / "x\ndescription: pwned\n#.txt"
     sneaky.write_bytes(gather.read_bytes())
     r = invoke(runner, "comm", "fit", sneaky, "--cluster", src)
@@ -401,7 +405,7 @@ def test_example_clusters_carry_the_fitted_tiers(example, data, system):
     assert intra.latency_s == pytest.approx(fit.intra.latency_s, rel=5e-4)
     assert intra.bandwidth == pytest.approx(fit.intra.bandwidth, rel=5e-4)
     if fit.nvls is not None:
-        assert intra.nvls_bandwidth == pytest.approx(fit.nvls.bandwidth, rel=5e-4)
+        assert intra.nvls_algbw == pytest.approx(fit.nvls.bandwidth, rel=5e-4)
         assert intra.nvls_latency_s == pytest.approx(fit.nvls.latency_s, rel=5e-4)
         assert intra.nvls_min_bytes == fit.nvls.min_bytes
 

@@ -178,14 +178,22 @@ def test_vectorised_matches_scalar():
 
 
 def test_nvls_from_threshold():
-    """In-switch reduction from min_bytes on: α_nvls + 2(p−1)/p·n / busbw_nvls."""
-    cl = cluster(intra=(3e-6, 100e9), nvls_bandwidth=400e9, nvls_latency_s=20e-6,
+    """In-switch reduction from min_bytes on: α_nvls + n / algbw_nvls, an algorithm
+    bandwidth the same at every group size (NCCL's tuning model: NVLS's bus bandwidth
+    times 5/6 for any p, a ring's times p/(2(p−1)))."""
+    cl = cluster(intra=(3e-6, 100e9), nvls_algbw=70e9, nvls_latency_s=20e-6,
                  nvls_min_bytes=2 * 2**20)
     _, alg_small = collective_time("all_reduce", 1 * 2**20, Group(8, 8), cl)
     assert alg_small != "nvls"
     big, alg = collective_time("all_reduce", 256 * 2**20, Group(8, 8), cl)
     assert alg == "nvls"
-    assert big == pytest.approx(20e-6 + 2 * 7 / 8 * 256 * 2**20 / 400e9, rel=1e-12)
+    assert big == pytest.approx(20e-6 + 256 * 2**20 / 70e9, rel=1e-12)
+    # on two ranks the ring moves 2·(1/2)·n = n at 100 GB/s (2.684 ms + 2α = 6 µs)
+    # and beats NVLS's 3.835 ms + 20 µs; on four, 2·3/4·n: 4.027 ms + 18 µs, NVLS wins
+    two, alg = collective_time("all_reduce", 256 * 2**20, Group(2, 2), cl)
+    assert alg == "ring" and two == pytest.approx(2 * 3e-6 + 256 * 2**20 / 100e9, rel=1e-12)
+    four, alg = collective_time("all_reduce", 256 * 2**20, Group(4, 4), cl)
+    assert alg == "nvls" and four == pytest.approx(big, rel=1e-12)
     # a named flat algorithm is that algorithm alone: ring 2(p-1)α + 2(p-1)/p·n·β
     ring, alg = collective_time("all_reduce", 256 * 2**20, Group(8, 8), cl, "ring")
     assert alg == "ring"

@@ -82,7 +82,10 @@ every rank ends with the sum of its ``1/q`` shard, which the node's ``q`` ranks 
 
 **NVLS.** On NVSwitch systems NCCL reduces inside the switch from a message size on
 (REFERENCES §3); a tier with ``nvls`` settings prices a one-node all-reduce of at least
-``nvls_min_bytes`` as ``α_nvls + 2(p−1)/p·n / busbw_nvls`` when that is faster.
+``nvls_min_bytes`` as ``α_nvls + n / algbw_nvls`` when that is faster: an algorithm
+bandwidth that does not depend on the group's size, as in NCCL's own tuning model (its
+``tuning.cc``: NVLS's bus bandwidth times 5/6 for every ``p``), so NVLS beats a ring on
+eight ranks of an H100 node and loses to it on two.
 """
 
 from __future__ import annotations
@@ -213,11 +216,18 @@ Arr = NDArray[np.float64]
 
 
 def nvls_time(link: Link, op: Collective, nbytes: Bytes, p: int) -> Bytes | None:
-    """NVLS all-reduce time per message (inf below its threshold), or None."""
-    if op != "all_reduce" or link.nvls_bandwidth is None or p <= 1:
+    """NVLS all-reduce time per message (inf below its threshold), or None.
+
+    ``α_nvls + n / algbw_nvls`` at any group size, as NCCL's tuning model prices NVLS
+    (its algorithm bandwidth is the channels' bus bandwidth times a constant 5/6, where a
+    ring's is times ``p / (2(p−1))``): the switch reduces, so each rank moves about the
+    same bytes whatever ``p`` (``(1 + 1/p)·n`` each way). A bus bandwidth held constant
+    instead (before 2026-11-28) priced NVLS on two ranks at 457 GB/s of algorithm
+    bandwidth, more than an H100's NVLink moves one way."""
+    if op != "all_reduce" or link.nvls_algbw is None or p <= 1:
         return None
     lat = link.nvls_latency_s if link.nvls_latency_s is not None else link.latency_s
-    t = lat + 2 * (p - 1) / p * nbytes / link.nvls_bandwidth
+    t = lat + nbytes / link.nvls_algbw
     if isinstance(nbytes, float):
         return math.inf if nbytes < (link.nvls_min_bytes or 0.0) else t
     return np.where(nbytes < (link.nvls_min_bytes or 0.0), np.inf, t)
