@@ -19,7 +19,7 @@ from .fields import show
 from .loading import Document
 from .network import DTYPE_BYTES
 from .schedules import INTERLEAVED, SCHEDULE, SCHEDULES
-from .units import MAX_GPUS
+from .units import MAX_BATCH, MAX_GPUS
 
 EMITTERS = ("torchrun", "slurm", "env", "megatron")  #: megatron: planner.megatron
 
@@ -107,6 +107,25 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
                                                  f"take {-(-world // per_node)} nodes, not "
                                                  f"{nodes}"))
     problem = data.get("problem")
+    if not isinstance(problem, dict):
+        issues.append(Issue("$.problem" if "problem" in data else "$",
+                            f"expected the plan's problem (a mapping: its batch, optimizer "
+                            f"and the rest), got {show(problem)}: make the plan again"))
+    else:
+        _problem_issues(problem, issues)
+    layers = data.get("layers")
+    if not isinstance(layers, list) or not layers:
+        issues.append(Issue("$.layers" if "layers" in data else "$",
+                            f"expected the plan's layers (a list of mappings), got "
+                            f"{'an empty list' if layers == [] else show(layers)}: make the "
+                            "plan again"))
+    else:
+        issues += [Issue(f"$.layers[{i}]", f"expected a layer (a mapping), got {show(lay)}")
+                   for i, lay in enumerate(layers) if not isinstance(lay, dict)]
+    memory = data.get("memory")
+    if isinstance(memory, dict) and not isinstance(memory.get("fits", False), bool):
+        issues.append(Issue("$.memory.fits", f"expected true or false, got "
+                                             f"{show(memory['fits'])}"))
     zero, zero_shard = 0, "all"
     dtype, grad_dtype = "float32", None
     if isinstance(problem, dict):
@@ -253,13 +272,42 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
                                                        f"{show(kind)}"))
     if issues:
         raise doc.error(issues)
-    memory = data.get("memory")
     fits = not (isinstance(memory, dict) and memory.get("fits") is False)
     return LaunchSpec(printable(name) if isinstance(name, str) and name else "plan",
                       nodes, per_node, world, shaped, int(zero), str(zero_shard), kind, fits,
                       str(dtype), str(grad_dtype or dtype), stages, microbatches, virtual,
                       schedule, flags["tp_comm_overlap"], flags["overlap_param_gather"],
                       _cp_comm_types(data.get("layers")))
+
+
+#: what a plan's ``problem`` records for these settings (the command line's choices)
+_PROBLEM_CHOICES = {"optimizer": ("sgd", "momentum", "adam"), "overlap": ("none", "gradients"),
+                    "cost_model": ("exact", "gholami2018")}
+
+
+def _problem_issues(problem: dict[str, Any], issues: list[Issue]) -> None:
+    """The settings of a plan's ``problem`` that launch, check and the Megatron-LM
+    arguments read, each of its kind (an edited value is an input error at its line, not
+    a stale plan or a different launch)."""
+    for key, options in _PROBLEM_CHOICES.items():
+        if key in problem and problem[key] not in options:
+            issues.append(Issue(f"$.problem.{key}", f"expected one of {', '.join(options)}, "
+                                                    f"got {show(problem[key])}"))
+    if "master_weights" in problem and not isinstance(problem["master_weights"], bool):
+        issues.append(Issue("$.problem.master_weights", f"expected true or false, got "
+                                                        f"{show(problem['master_weights'])}"))
+    size = problem.get("bucket_bytes", 0)
+    if isinstance(size, bool) or not isinstance(size, int | float) or not 0 <= size < 2**60:
+        issues.append(Issue("$.problem.bucket_bytes", f"expected a size in bytes, got "
+                                                      f"{show(size)}"))
+    batch, micro = problem.get("batch"), problem.get("microbatches", 1)
+    if isinstance(batch, int) and not isinstance(batch, bool) and batch > MAX_BATCH:
+        issues.append(Issue("$.problem.batch", f"expected at most 2^40 samples, got {batch}"))
+    elif isinstance(batch, int) and isinstance(micro, int) and batch >= 1 and micro >= 1 \
+            and not isinstance(micro, bool) and batch % micro:
+        issues.append(Issue("$.problem.microbatches", f"{micro} microbatches do not divide "
+                                                      f"the batch of {batch}: the plan was "
+                                                      "edited; make it again"))
 
 
 def _group_issue(g: dict[str, Any], grid: list[int], where: str) -> Issue | None:

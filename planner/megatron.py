@@ -158,6 +158,10 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
                                      f"{lay['grid'][1]}, which Megatron-LM has no split "
                                      "for", data)
 
+    pairing = _pairing(layers, kinds["tensor"])
+    if pairing is not None:
+        raise _refuse(plan_path, pairing, data)
+
     def one(group: list[dict[str, Any]], what: str) -> int:
         sizes = Counter(lay["grid"][0] for lay in group)
         if len(sizes) > 1:
@@ -211,6 +215,44 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
                                  "context-parallel; Megatron-LM runs one or the other "
                                  "(--cp-comm-type a2a, or p2p / all_gather)", data)
     return t, c, e, sp == {True}, cp
+
+
+def _pairing(layers: list[dict[str, Any]], tensor: list[dict[str, Any]]) -> str | None:
+    """Why the tensor-parallel layers are not Megatron-LM's, or None: its linear layers
+    are column / row pairs (a column's row partner the next layer with weights, the
+    feature-wise layers between them following it), the output head a column alone (the
+    last layer with weights: its logits stay split for the vocabulary-parallel loss);
+    attention, embeddings and experts split by ``model`` (the layouts
+    :func:`planner.strategies.megatron_modes` gives the ``megatron`` baselines)."""
+    split = {id(lay) for lay in tensor}
+    open_column: dict[str, Any] | None = None
+
+    def grid(lay: dict[str, Any]) -> str:
+        return f"{lay['mode']} {lay['grid'][0]}x{lay['grid'][1]}"
+
+    for lay in layers:
+        base = lay["mode"].removesuffix("-sp") if id(lay) in split else None
+        if open_column is not None:
+            if lay.get("type") == "linear" and base == "row":
+                open_column = None
+                continue
+            return (f"layer '{open_column['name']}' is {grid(open_column)} but the next "
+                    f"layer with weights, '{lay['name']}', is {grid(lay)}, not its row "
+                    "partner; Megatron-LM's linear layers are column / row pairs (only "
+                    "the output head, the last layer, is a column alone)")
+        if base is None:
+            continue
+        if lay.get("type") != "linear":
+            if base != "model":
+                return (f"layer '{lay['name']}' ({lay.get('type')}) is {grid(lay)}; "
+                        "Megatron-LM splits attention, embeddings and experts by heads, "
+                        "vocabulary or hidden features (model)")
+        elif base == "column":
+            open_column = lay
+        else:  # a row with no column before it
+            return (f"layer '{lay['name']}' is {grid(lay)} with no column layer before "
+                    "it; Megatron-LM's linear layers are column / row pairs")
+    return None
 
 
 def _chunks(data: dict[str, Any], stages: int, virtual: int, plan_path: str
@@ -350,7 +392,7 @@ def megatron_args(doc: Document, plan_path: str) -> str:
         args.append("--tp-comm-overlap")
     args += _recompute(data, prob, plan_path)
     args += _precision(prob, plan_path, data)
-    opt = prob.get("optimizer", "adam")
+    opt = prob.get("optimizer", "momentum")  # the planner's default (launch_spec read it)
     args += ["--optimizer adam"] if opt == "adam" else \
         ["--optimizer sgd"] + (["--sgd-momentum 0"] if opt == "sgd" else [])
     inputs = data.get("inputs")

@@ -594,13 +594,25 @@ def test_launch_scripts_cannot_be_injected_through_names(runner, tmp_path):
 
 @pytest.mark.parametrize(("old", "new", "said"), [
     ("\ninputs:\n", "\ninputs: 5\nold_inputs:\n", "expected a mapping (the plan was edited"),
-    ("\nlayers:\n", "\nlayers: 5\nold_layers:\n", "expected a list (the plan was edited"),
+    ("\nlayers:\n", "\nlayers: 5\nold_layers:\n", "expected the plan's layers (a list of "
+                                                    "mappings), got 5"),
+    ("\nlayers:\n", "\nlayers:\n- null\n", "expected a layer (a mapping), got null"),
     ("  - grid: [1, 64]\n", "  - grid: []\n", "expected the grid as [P_r, P_c]"),
+    # the problem's settings, each of its kind (check called them a stale plan, exit 1;
+    # validate and launch passed them: found by an audit)
+    ("  optimizer: momentum\n", "  optimizer: adamw\n",
+     "expected one of sgd, momentum, adam, got 'adamw'"),
+    ("  overlap: gradients\n", "  overlap: bogus\n", "expected one of none, gradients"),
+    ("  master_weights: false\n", "  master_weights: 'no'\n", "expected true or false"),
+    ("  batch: 2048\n", "  batch: 2048\n  microbatches: 3\n",
+     "3 microbatches do not divide the batch of 2048"),
+    ("\nproblem:\n", "\nproblem: []\nold_problem:\n", "expected the plan's problem"),
+    ("  fits: true\n", "  fits: 'false'\n", "expected true or false, got 'false'"),
 ])
 def test_malformed_plans_are_input_errors(runner, tmp_path, old, new, said):
-    """check (and, for the placement, validate and launch) on an edited plan: exit 2 at
-    the line, never an internal error (they were TypeError / AttributeError /
-    IndexError, exit 3)."""
+    """check, validate and launch on an edited plan: exit 2 at the line, never an
+    internal error (they were TypeError / AttributeError / IndexError, exit 3), and never
+    a pass or a stale plan (exit 1) for a value that is not of its kind."""
     text = (CI / "plans" / "resnet50-dgx-64.yaml").read_text()
     at = text.index(old)
     (tmp_path / "plans").mkdir()
@@ -611,7 +623,7 @@ def test_malformed_plans_are_input_errors(runner, tmp_path, old, new, said):
         "../networks/", f"{EXAMPLES}/networks/").replace("../clusters/",
                                                         f"{EXAMPLES}/clusters/"))
     commands = [["check", config]] + ([["validate", bad], ["launch", bad]]
-                                      if "grid" in said else [])
+                                      if "inputs" not in old else [])
     for args in commands:
         r = invoke(runner, *args)
         assert r.exit_code == 2, (args, r.stdout, r.stderr)

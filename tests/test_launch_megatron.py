@@ -217,6 +217,15 @@ def test_what_megatron_cannot_run(runner, tmp_path):
         # not Megatron-LM's column / row pairs, though their group sizes agree
         (("cost", GPT2, DGX, "-p", "16", "-b", "64", "--grid", "2x8", "--mode", "model"),
          "its output split by features and all-gathered after it"),
+        # linear layers that are not column / row pairs, whose group sizes agree
+        # (found by an audit: emitted as the real pairs' arguments before)
+        (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron",
+          "--pin", "*.c_proj=column:4x2:rows"),
+         "layer 'h.0.mlp.c_fc' is column 4x2 but the next layer with weights, "
+         "'h.0.mlp.c_proj', is column 4x2, not its row partner"),
+        (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron",
+          "--pin", "*.c_fc=row:4x2:rows"),
+         "layer 'h.0.mlp.c_fc' is row 4x2 with no column layer before it"),
         (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron",
           "--precision", "fp64"), "its weights are float64"),
         (("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron",
