@@ -1680,6 +1680,18 @@ def _batch_that_fits(batch: int, gpus: int, mem: MemoryReport) -> int | None:
     return max(1, min(fits, batch - 1))
 
 
+def _microbatches_that_fit(batch: int, microbatches: int, mem: MemoryReport) -> int | None:
+    """The fewest microbatches, a divisor of the batch, at which the activations and the
+    workspace, falling in proportion to a microbatch's samples, leave the rest of the peak
+    room (gradient accumulation keeps the step's batch); None where none can."""
+    room = mem.capacity - (mem.peak - mem.per_batch)
+    if room <= 0 or mem.per_batch <= 0:
+        return None
+    need = math.ceil(microbatches * mem.per_batch / room)
+    return next((m for m in range(max(need, microbatches + 1), batch + 1) if batch % m == 0),
+                None) if need <= batch else None
+
+
 def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoFeasiblePlan:
     everything = cands + [b.candidate for b in bases if b.candidate is not None]
     least = min(everything, key=lambda c: c.evaluation.memory.peak)
@@ -1693,9 +1705,13 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     factor = 2
     while factor < 2**40 and mem.peak > mem.capacity * factor:
         factor *= 2
+    most = space.ctx.cluster.max_devices()
     if opts.gpus * factor > MAX_GPUS:  # the most --gpus takes
         more = ("more than the 2^30 devices planner plans for, if memory per device "
                 "falls in proportion")
+    elif most is not None and opts.gpus * factor > most:  # more than the cluster holds
+        more = (f"a larger cluster: about {opts.gpus * factor:,} devices, if memory per "
+                f"device falls in proportion; this one holds {most:,}")
     else:
         more = f"--gpus {opts.gpus * factor}" if factor == 2 else \
             f"about --gpus {opts.gpus * factor}, if memory per device falls in proportion"
@@ -1706,6 +1722,11 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
         if len(space.ctx.rebuilt) < len(net.blocks) and opts.cost_model == "exact":
             tips.append("recomputing residual blocks (--recompute auto: as few of the "
                         f"{len(net.blocks):,} as memory needs)")
+        passes = _microbatches_that_fit(opts.batch, opts.microbatches, mem)
+        if passes is not None:
+            tips.append(f"more microbatches (about --microbatches {passes}: the same batch "
+                        f"of {opts.batch:,} in {passes} passes, if activations fall in "
+                        "proportion)")
         if smaller is not None:
             tips.append(f"a smaller batch (about --batch {smaller}, if activations fall in "
                         f"proportion: they and the workspace are {format_bytes(per_batch)} "

@@ -775,7 +775,7 @@ def _as_keys(advice: str) -> str:
 
     advice = advice.replace("(--recompute auto: as few of the", "(recompute: auto: as "
                             "few of the")
-    return re.sub(r"--(gpus|batch|zero-shard|zero|optimizer|grad-precision) ",
+    return re.sub(r"--(gpus|batch|microbatches|zero-shard|zero|optimizer|grad-precision) ",
                   lambda m: m.group(1).replace("-", "_") + ": ", advice)
 
 

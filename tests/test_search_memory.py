@@ -190,3 +190,29 @@ def test_memory_search_beats_every_weight_on_a_grid(name, p, batch, recompute, f
         ev = evaluate(ctx, opts, solve(space, Weights(memory=lam))[1], space.cache)
         if ev.memory.fits:
             assert result.best.evaluation.time_s <= ev.time_s * (1 + 1e-12), lam
+
+
+def test_microbatches_that_fit_by_hand():
+    """The no-plan advice's gradient accumulation: the fewest microbatches, a divisor of
+    the batch, at which the activations and workspace (per microbatch) fit beside the
+    rest. 81.33 GiB peak of which 64.81 falls with the batch, 78.65 available: the rest
+    is 16.52, room 62.13, so 64.81 / 62.13 = 1.04 -> 2 passes (Llama 3 8B, 8 GPUs,
+    batch 64, ZeRO 3, every block recomputed; found by an audit: the advice only ever
+    said a smaller batch)."""
+    from types import SimpleNamespace
+
+    from planner.search import _microbatches_that_fit
+
+    gib = 2.0**30
+    mem = SimpleNamespace(capacity=78.65 * gib, peak=81.33 * gib, per_batch=64.81 * gib)
+    assert _microbatches_that_fit(64, 1, mem) == 2
+    # from 2 already: ceil(2 · 64.81 / 62.13) = 3, and 64's next divisor is 4
+    assert _microbatches_that_fit(64, 2, mem) == 4
+    # a batch of 3 has no divisor of 2: 3 passes of one sample
+    assert _microbatches_that_fit(3, 1, mem) == 3
+    # nothing but the weights left: no number of passes fits
+    assert _microbatches_that_fit(64, 1, SimpleNamespace(
+        capacity=10 * gib, peak=30 * gib, per_batch=5 * gib)) is None
+    # 64.81 / 0.13 = 499 passes: more than the batch's 64 samples
+    assert _microbatches_that_fit(64, 1, SimpleNamespace(
+        capacity=78.65 * gib, peak=81.33 * gib + 62.0 * gib, per_batch=64.81 * gib)) is None
