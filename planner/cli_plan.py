@@ -1124,7 +1124,10 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
 
     compute = per_stage(lambda ev, st: ev.compute_s)
     comm = per_stage(lambda ev, st: ev.comm_s + m * st.send_s)
-    exposed = min(comm, max(0.0, res.time_s - compute))
+    # what the busiest stage waits for besides its compute, the schedule's bubble apart
+    # (the bubble is idle time, not communication: found by an audit, where 70B's
+    # exposed figure was all its communication because the bubble outgrew it)
+    exposed = min(comm, max(0.0, res.time_s - res.bubble_s - compute))
     iteration = {
         "time_s": res.time_s,
         "compute_s": compute,
