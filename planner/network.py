@@ -1344,8 +1344,12 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         wts = att.weights()
         proj_macs = seq * d * (q_out + 2 * kv_out) + seq * q_out * d
         attn_macs = 2 * h * seq * seq * hd
-        if p["causal"] and p["flash"]:
-            attn_macs //= 2  # a causal flash kernel skips the masked half
+        if p["causal"]:
+            # the model needs the scores of the keys up to each query: half the matrix,
+            # which a causal flash kernel computes and an unfused one computes whole and
+            # masks (its time counts that: layer_kernels); the model's FLOPs, and so
+            # MFU, do not depend on the kernel
+            attn_macs //= 2
         sm = 5 * h * seq * seq
         if p["rotary"]:
             sm += ROTARY_FLOPS * seq * (q_out + kv_out)

@@ -133,7 +133,8 @@ def utilisation(network: Network, device: Device, gpus: int, batch: int,
     dense peak in the network's dtype. Recomputed forwards and the optimizer are not
     counted: they are work the plan chose, not the network's. The forward FLOPs are
     ``planner show``'s: 2 a multiply-accumulate plus elementwise arithmetic, and a
-    causal flash attention's masked half skipped."""
+    causal attention's masked half not counted, whatever its kernel (an unfused kernel
+    computes it and masks it: time the plan pays, not FLOPs the model needs)."""
     flops = 3 * network.flops * batch
     rate = flops / time_s / gpus if time_s > 0 and gpus > 0 else 0.0
     return {"model_flops": flops, "tflops_per_device": rate / 1e12,

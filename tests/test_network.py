@@ -213,7 +213,11 @@ def test_attention_kernels(flash, causal):
               for k in ks[phase] if isinstance(k, Elementwise)]
     n = 2 * 12 * 1024 * 1024
     assert passes == ([] if flash else [("softmax", 4 * n), ("softmax", 6 * n)])
-    assert att.macs == 1024 * 768 * 4 * 768 + 2 * 12 * 1024 * sk * 64
+    # the model's MACs count a causal attention's needed half whatever the kernel (the
+    # unfused kernel's masked half is its time, above, not the model's work; MFU was
+    # 7% higher for GPT-2 unfused than fused before: found by an audit)
+    need = 512 if causal else 1024
+    assert att.macs == 1024 * 768 * 4 * 768 + 2 * 12 * 1024 * need * 64
 
 
 def test_unfused_attention_dropout_passes():
