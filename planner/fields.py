@@ -51,6 +51,9 @@ def type_name(value: object) -> str:
 def show(value: object) -> str:
     """A short rendering of a value for messages, spelled as in YAML where that differs
     from Python (``true``, ``null``)."""
+    if isinstance(value, list) and not any(isinstance(v, (dict, list)) for v in value):
+        text = "[" + ", ".join(show(v) for v in value) + "]"  # YAML's flow form
+        return text if len(text) <= 40 else type_name(value)
     if isinstance(value, (dict, list)):
         return type_name(value)
     if isinstance(value, bool) or value is None:

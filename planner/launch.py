@@ -19,7 +19,7 @@ from .fields import show
 from .loading import Document
 from .network import DTYPE_BYTES
 from .schedules import INTERLEAVED, SCHEDULE, SCHEDULES
-from .units import MAX_BATCH, MAX_GPUS
+from .units import MAX_BATCH, MAX_GPUS, count
 
 EMITTERS = ("torchrun", "slurm", "env", "megatron")  #: megatron: planner.megatron
 
@@ -103,9 +103,9 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
         raise doc.error(issues)
     world, per_node, nodes = values["devices"], values["devices_per_node"], values["nodes"]
     if nodes != -(-world // per_node):
-        issues.append(Issue("$.placement.nodes", f"{world} devices at {per_node} a node "
-                                                 f"take {-(-world // per_node)} nodes, not "
-                                                 f"{nodes}"))
+        issues.append(Issue("$.placement.nodes",
+                            f"{world} devices at {per_node} a node take "
+                            f"{count(-(-world // per_node), 'node')}, not {nodes}"))
     problem = data.get("problem")
     if not isinstance(problem, dict):
         issues.append(Issue("$.problem" if "problem" in data else "$",
@@ -138,10 +138,10 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
         zero = problem.get("zero", 0)
         zero_shard = problem.get("zero_shard", "all")
         if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
-            issues.append(Issue("$.problem.zero", f"expected a ZeRO stage 0-3, got {zero!r}"))
+            issues.append(Issue("$.problem.zero", f"expected a ZeRO stage 0-3, got {show(zero)}"))
         if zero_shard not in ("all", "node"):
             issues.append(Issue("$.problem.zero_shard", f"expected all or node, got "
-                                                        f"{zero_shard!r}"))
+                                                        f"{show(zero_shard)}"))
     if isinstance(problem, dict) and "batch" in problem:
         batch = problem["batch"]
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -159,7 +159,7 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
             got = problem.get(key)
             if got is not None and got != want:
                 issues.append(Issue(f"$.placement.{mine}", f"{want} here, but the problem "
-                                                           f"says {key}: {got!r}: the plan "
+                                                           f"says {key}: {show(got)}: the plan "
                                                            "was edited; make it again"))
     stages, microbatches, virtual, schedule = 1, 1, 1, SCHEDULE
     if isinstance(problem, dict):
@@ -171,23 +171,27 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
                                                           f"{show(microbatches)}"))
             microbatches = 1
         pipe = problem.get("pipeline")
-        if pipe is not None:
-            count = pipe.get("stages") if isinstance(pipe, dict) else None
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1 \
-                    or world % count:
-                issues.append(Issue("$.problem.pipeline", f"expected the stages as a "
+        if pipe is not None and not isinstance(pipe, dict):
+            issues.append(Issue("$.problem.pipeline", f"expected the pipeline as a mapping "
+                                                      f"(stages: S, ...), got {show(pipe)}"))
+        elif pipe is not None:
+            asked = pipe.get("stages")
+            if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1 \
+                    or world % asked:
+                issues.append(Issue("$.problem.pipeline.stages" if "stages" in pipe else
+                                    "$.problem.pipeline", f"expected the stages as a "
                                                           f"divisor of the {world} devices, "
-                                                          f"got {show(count)}"))
+                                                          f"got {show(asked)}"))
             else:
-                stages = count
-            chunks = pipe.get("virtual_stages", 1) if isinstance(pipe, dict) else 1
+                stages = asked
+            chunks = pipe.get("virtual_stages", 1)
             if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
                 issues.append(Issue("$.problem.pipeline.virtual_stages",
                                     f"expected the model chunks a stage, a whole number "
                                     f">= 1, got {show(chunks)}"))
             else:
                 virtual = chunks
-            order = pipe.get("schedule", SCHEDULE) if isinstance(pipe, dict) else SCHEDULE
+            order = pipe.get("schedule", SCHEDULE)
             if order not in (*SCHEDULES, INTERLEAVED):
                 issues.append(Issue("$.problem.pipeline.schedule",
                                     f"expected {', '.join(SCHEDULES)} or {INTERLEAVED}, "
@@ -215,7 +219,7 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
                 isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in grid)):
             issues.append(Issue(f"{where}.grid" if "grid" in g else where,
                                 f"expected the grid as [P_r, P_c], two whole numbers >= 1, "
-                                f"got {grid!r}"))
+                                f"got {show(grid)}"))
             continue
         if grid[0] * grid[1] != size:
             issues.append(Issue(f"{where}.grid", f"grid {grid[0]}x{grid[1]} has "
@@ -229,7 +233,7 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
             continue
         if placement not in ("rows", "cols"):
             issues.append(Issue(f"{where}.placement" if "placement" in g else where,
-                                f"expected placement rows or cols, got {placement!r}"))
+                                f"expected placement rows or cols, got {show(placement)}"))
             continue
         chunk = _grid_index(g, "chunk", virtual, "model chunk", where, issues)
         if chunk is None:
@@ -314,14 +318,14 @@ def _group_issue(g: dict[str, Any], grid: list[int], where: str) -> Issue | None
     """A placement grid's ``row_groups`` / ``col_groups`` against its grid: ``P_c``
     row groups of ``P_r`` devices and ``P_r`` column groups of ``P_c`` (the launched
     ranks build them from the grid, so an edit to one says another layout)."""
-    for key, size, count in (("row_groups", grid[0], grid[1]),
+    for key, size, many in (("row_groups", grid[0], grid[1]),
                              ("col_groups", grid[1], grid[0])):
         group = g.get(key)
         if group is None:
             continue
         if not isinstance(group, dict):
             return Issue(f"{where}.{key}", f"expected a mapping, got {show(group)}")
-        for field, want in (("size", size), ("count", count)):
+        for field, want in (("size", size), ("count", many)):
             if field in group and group[field] != want:
                 return Issue(f"{where}.{key}.{field}",
                              f"grid {grid[0]}x{grid[1]} has {want} for {key}.{field}, not "
@@ -383,7 +387,9 @@ def _layer_issues(layers: object, owner: dict[str, tuple[int, dict[str, Any]]], 
         at, theirs = owner[name]
         if mine != theirs:
             def says(d: dict[str, Any]) -> str:
-                return (f"{d['grid'][0]}x{d['grid'][1]} {d['placement']}"
+                how = d["placement"]
+                return (f"{d['grid'][0]}x{d['grid'][1]} "
+                        f"{how if isinstance(how, str) else show(how)}"
                         + (f", stage {d['stage']}" if "stage" in d else "")
                         + (f", chunk {d['chunk']}" if "chunk" in d else ""))
             issues.append(Issue(f"{where}.grid", f"layer {show(name)} is {says(mine)} here "
@@ -472,7 +478,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
         *_grid_lines(spec),
     ]
     if spec.uneven:
-        head.append(f"# the last node runs {spec.last_node_procs} processes")
+        head.append(f"# the last node runs {count(spec.last_node_procs, 'process', 'processes')}")
     if spec.zero:
         where = "within each node" if spec.zero_shard == "node" else "over all replicas"
         head.append(f"# ZeRO stage {spec.zero} {where}"

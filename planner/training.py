@@ -624,9 +624,14 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
             # its place in the network's order of chunks
             stage_of[layer.index] = k * cfg.pipeline + st
         if "follows" in rec:
+            if layer is not None and layer.has_weights:
+                raise doc.error([Issue(f"$.layers[{i}].follows",
+                                       f"layer '{layer.name}' has weights of its own: the "
+                                       "plan gives it a layout, not a neighbour's to "
+                                       "follow (the plan was edited; make it again)")])
             continue
         if layer is None or not layer.has_weights:
-            raise doc.error([Issue(f"$.layers[{i}].name", f"layer {rec.get('name')!r} is not a "
+            raise doc.error([Issue(f"$.layers[{i}].name", f"layer {show(rec.get('name'))} is not a "
                                                            "layer with weights of the network")])
         lay = _plan_layout(rec, f"$.layers[{i}]", layer, cfg, options.batch)
         if isinstance(lay, Issue):
@@ -718,11 +723,11 @@ def _plan_layout(rec: dict[str, Any], where: str, layer: Layer,
     mode, grid, placement = rec.get("mode"), rec.get("grid"), rec.get("placement", "rows")
     if mode not in MODES:
         return Issue(f"{where}.mode" if "mode" in rec else where,
-                     f"expected mode one of {', '.join(MODES)}, got {mode!r}")
+                     f"expected mode one of {', '.join(MODES)}, got {show(mode)}")
     if (not isinstance(grid, list) or len(grid) != 2 or
             any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in grid)):
         return Issue(f"{where}.grid" if "grid" in rec else where,
-                     f"expected grid: [P_r, P_c], two whole numbers >= 1, got {grid!r}")
+                     f"expected grid: [P_r, P_c], two whole numbers >= 1, got {show(grid)}")
     pr, pc = grid
     if pr * pc != gpus:
         return Issue(f"{where}.grid", f"grid {pr}x{pc} has {pr * pc} devices; the "
@@ -733,7 +738,7 @@ def _plan_layout(rec: dict[str, Any], where: str, layer: Layer,
         return Issue(f"{where}.grid", f"data parallelism is the grid [1, {gpus}]")
     if placement not in PLACEMENTS:
         return Issue(f"{where}.placement", f"expected placement one of "
-                                           f"{', '.join(PLACEMENTS)}, got {placement!r}")
+                                           f"{', '.join(PLACEMENTS)}, got {show(placement)}")
     lay = make_layout(str(mode), pr, pc, str(placement))
     why = why_invalid(layer, lay, batch, cfg.cost_model == "gholami2018",
                       cfg.microbatches > 1)

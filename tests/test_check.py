@@ -608,6 +608,8 @@ def test_launch_scripts_cannot_be_injected_through_names(runner, tmp_path):
      "3 microbatches do not divide the batch of 2048"),
     ("\nproblem:\n", "\nproblem: []\nold_problem:\n", "expected the plan's problem"),
     ("  fits: true\n", "  fits: 'false'\n", "expected true or false, got 'false'"),
+    ("  grid: [1, 64]\n", "  grid: [1, 64]\n  follows: nothing\n",
+     "has weights of its own: the plan gives it a layout, not a neighbour's"),
 ])
 def test_malformed_plans_are_input_errors(runner, tmp_path, old, new, said):
     """check, validate and launch on an edited plan: exit 2 at the line, never an
@@ -623,7 +625,8 @@ def test_malformed_plans_are_input_errors(runner, tmp_path, old, new, said):
         "../networks/", f"{EXAMPLES}/networks/").replace("../clusters/",
                                                         f"{EXAMPLES}/clusters/"))
     commands = [["check", config]] + ([["validate", bad], ["launch", bad]]
-                                      if "inputs" not in old else [])
+                                      if "inputs" not in old and "follows" not in new
+                                      else [])
     for args in commands:
         r = invoke(runner, *args)
         assert r.exit_code == 2, (args, r.stdout, r.stderr)

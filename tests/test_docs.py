@@ -52,6 +52,29 @@ def test_every_option_is_documented():
     assert not missing, missing
 
 
+def test_output_option_commands_are_the_ones_named():
+    """The README names the commands that take `-o FILE`: exactly those (it said "any
+    command's output", which `check`, `validate` and `kernels predict` do not take: found
+    by an audit)."""
+    import click
+
+    def leaves(cmd: click.Command, path: str):
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from leaves(sub, f"{path} {name}".strip())
+        if not getattr(cmd, "commands", None):
+            yield path, cmd
+
+    with_o = {path for path, cmd in leaves(cli, "")
+              if any("--output" in p.opts for p in cmd.params if isinstance(p, click.Option))}
+    m = re.search(r"`-o FILE` \(`--output FILE`\) writes the output of (.*?) to a file",
+                  README, re.S)
+    assert m is not None
+    named = set(re.findall(r"`([a-z ]+)`", m.group(1)))
+    # "`kernels fit`, `eval` and `profile`" names the kernels group once
+    named = {f"kernels {n}" if n in ("eval", "profile") else n for n in named}
+    assert named == with_o
+
+
 def test_ci_runs_the_readme_test_command():
     script = (ROOT / ".ci" / "run").read_text()
     assert "quickstart:test" in script

@@ -258,7 +258,7 @@ def test_launch_refuses_a_plan_it_cannot_name_and_a_dtype_not_a_name(runner, tmp
     text = plan.read_text()
     plan.write_text(text.replace("  grad_dtype: float32", "  grad_dtype: [a]"))
     bad = invoke(runner, "validate", str(plan))
-    assert bad.exit_code == 2 and "got a list (at $.problem.grad_dtype)" in bad.output
+    assert bad.exit_code == 2 and "got ['a'] (at $.problem.grad_dtype)" in bad.output
     assert "Traceback" not in bad.output
 
 
