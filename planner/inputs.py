@@ -8,6 +8,7 @@ from typing import Any
 
 from .cluster import Cluster, cluster_from_data
 from .errors import InputError, Issue, IssueList, TooManyIssues
+from .fields import show
 from .loading import Document, load_file, parse_text
 from .network import Network, network_from_data
 
@@ -36,15 +37,19 @@ def detect_kind(data: Any) -> str | None:
 
 def _kind_issue(doc: Document, expected: str | None) -> Issue:
     data = doc.data
-    want = expected or "network' or 'kind: cluster"
+    want = expected or "network', 'kind: cluster' or 'kind: training"
     if data is None:
         return Issue("$", f"the file is empty: expected a YAML mapping with 'kind: {want}'")
     if not isinstance(data, dict):
         return Issue("$", f"expected a YAML mapping at the top level (with 'kind: {want}')")
     kind = data.get("kind")
     if kind is not None and kind not in KINDS:
-        return Issue("$.kind", f"unknown kind {kind!r}; expected one of "
-                               f"{', '.join(KINDS)}")
+        import difflib
+
+        near = difflib.get_close_matches(str(kind).lower(), KINDS, n=1, cutoff=0.6)
+        return Issue("$.kind", f"unknown kind {show(kind)}; expected one of "
+                               f"{', '.join(KINDS)}"
+                               + (f"; did you mean '{near[0]}'?" if near else ""))
     return Issue("$", f"cannot tell what this file is; add 'kind: {want}' at the top")
 
 

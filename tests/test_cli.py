@@ -145,6 +145,20 @@ def test_show_cluster_file_is_wrong_kind(runner):
     assert "expected a network file, got 'kind: cluster'" in result.stderr
 
 
+def test_validate_says_what_kinds_there_are(runner, tmp_path):
+    """An empty file names every kind validate reads (it named two of three); a kind in
+    the wrong case gets a suggestion, as a misspelt key does (found by an audit)."""
+    empty, upper = tmp_path / "e.yaml", tmp_path / "k.yaml"
+    empty.write_text("")
+    upper.write_text("kind: Network\nlayers: []\n")
+    r = invoke(runner, "validate", empty)
+    assert r.exit_code == 2 and "with 'kind: network', 'kind: cluster' or 'kind: " \
+                                "training'" in r.stderr, r.stderr
+    r = invoke(runner, "validate", upper)
+    assert r.exit_code == 2 and f"{upper}:1:7: error: unknown kind 'Network'; expected one " \
+        "of network, cluster, training; did you mean 'network'?" in r.stderr, r.stderr
+
+
 def test_devices(runner, tmp_path):
     result = invoke(runner, "devices", "--format", "json")
     assert result.exit_code == 0
