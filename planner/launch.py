@@ -250,6 +250,10 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
         if bad_group is not None:
             issues.append(bad_group)
             continue
+        listed_ranks = _ranks_issue(g, grid, placement, stage * size, where)
+        if listed_ranks is not None:
+            issues.append(listed_ranks)
+            continue
         first = g.get("first_rank", stage * size)
         if first != stage * size:
             issues.append(Issue(f"{where}.first_rank", f"stage {stage} starts at rank "
@@ -262,6 +266,21 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
                        **({"chunk": chunk} if virtual > 1 else {})})
         for member in listed:
             owner.setdefault(member, (i, shaped[-1]))
+    records = layers if isinstance(layers, list) else []
+    names = [(i, lay.get("name")) for i, lay in enumerate(records) if isinstance(lay, dict)]
+    seen: set[object] = set()
+    for i, n in names:
+        if isinstance(n, str) and n in seen:
+            issues.append(Issue(f"$.layers[{i}].name", f"layer {show(n)} is listed twice: "
+                                                       "the plan was edited; make it again"))
+            break
+        seen.add(n)
+    stray = sorted(n for n in owner if n not in seen)
+    if names and stray:
+        at = owner[stray[0]][0]
+        issues.append(Issue(f"$.placement.grids[{at}].layers",
+                            f"lists {show(stray[0])}, which is not among the plan's layers: "
+                            "the plan was edited; make it again"))
     if not issues:
         missing = sorted(set(range(stages)) - {s.get("stage", 0) for s in shaped})
         if missing:
@@ -312,6 +331,29 @@ def _problem_issues(problem: dict[str, Any], issues: list[Issue]) -> None:
         issues.append(Issue("$.problem.microbatches", f"{micro} microbatches do not divide "
                                                       f"the batch of {batch}: the plan was "
                                                       "edited; make it again"))
+
+
+def _ranks_issue(g: dict[str, Any], grid: list[int], placement: str, first: int,
+                 where: str) -> Issue | None:
+    """``--expand-ranks``' lists against the grid's rule (launch starts the rule's groups,
+    so an edited list would be ignored without a word)."""
+    if not any(isinstance(g.get(k), dict) and "ranks" in g[k]
+               for k in ("row_groups", "col_groups")):
+        return None
+    from .plan import group_ranks
+
+    for key, want in zip(("row_groups", "col_groups"), group_ranks(grid[0], grid[1],
+                                                                     placement), strict=True):
+        group = g.get(key)
+        if isinstance(group, dict) and "ranks" in group and \
+                group["ranks"] != [[first + r for r in ranks] for ranks in want]:
+            return Issue(f"{where}.{key}.ranks",
+                         f"these are not the {key.replace('_', ' ')} of grid {grid[0]}x"
+                         f"{grid[1]} placed by {placement}"
+                         + (f" from rank {first}" if first else "")
+                         + ": the plan was edited; make it again (launch starts the "
+                           "groups of the grid's rule)")
+    return None
 
 
 def _group_issue(g: dict[str, Any], grid: list[int], where: str) -> Issue | None:

@@ -154,6 +154,30 @@ def test_cost_expands_ranks(runner):
     assert all("ranks" not in g["row_groups"] for g in plain["placement"]["grids"])
 
 
+def test_edited_rank_lists_are_input_errors(runner, tmp_path):
+    """launch starts the groups of a grid's rule, so an expanded rank list edited into
+    another (or a pipeline stage's lists moved off its first rank) is an input error at
+    the list, for validate and launch alike: before, it was accepted and ignored (found
+    by an audit)."""
+    plan = tmp_path / "p.json"
+    invoke(runner, "cost", NETWORKS / "gpt2-small.yaml", DGX, "-p", "8", "-b", "16", "--grid", "2x2", "--mode",
+           "megatron", "--pipeline", "2", "--microbatches", "2", "--expand-ranks", "-o", plan)
+    doc = json.loads(plan.read_text())
+    stage1 = next(i for i, g in enumerate(doc["placement"]["grids"]) if g.get("stage") == 1)
+    assert doc["placement"]["grids"][stage1]["row_groups"]["ranks"] == [[4, 5], [6, 7]]
+    assert invoke(runner, "validate", plan).exit_code == 0
+    for edit in ([[4, 5], [7, 6]], [[0, 1], [2, 3]]):
+        doc["placement"]["grids"][stage1]["row_groups"]["ranks"] = edit
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(doc))
+        for args in (["validate", bad], ["launch", bad]):
+            r = invoke(runner, *args)
+            assert r.exit_code == 2, r.output
+            assert f"$.placement.grids[{stage1}].row_groups.ranks" in r.stderr
+            assert "these are not the row groups of grid 2x2 placed by rows from rank 4" \
+                in r.stderr
+
+
 def test_pin_places_its_own_layers(runner):
     """A pin's placement applies to its layers, ahead of --placement (which places the
     pins without one): a plan whose layers differ in placement can be priced again."""
