@@ -287,6 +287,11 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
             issues.append(Issue("$.placement.grids", f"no grid for pipeline stage "
                                                      f"{missing[0]} of {stages}: the plan was "
                                                      "edited; make it again"))
+        chunks = sorted(set(range(virtual)) - {s.get("chunk", 0) for s in shaped})
+        if virtual > 1 and chunks and not missing:
+            issues.append(Issue("$.placement.grids", f"no grid for model chunk {chunks[0]} of "
+                                                     f"the {virtual} a stage: the plan was "
+                                                     "edited; make it again"))
         if check_layers:
             _check_layers(data.get("layers"), owner, size, stages, virtual, issues)
     kind = pl.get("device_kind", "gpu")

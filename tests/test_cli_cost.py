@@ -160,8 +160,9 @@ def test_edited_rank_lists_are_input_errors(runner, tmp_path):
     the list, for validate and launch alike: before, it was accepted and ignored (found
     by an audit)."""
     plan = tmp_path / "p.json"
-    invoke(runner, "cost", NETWORKS / "gpt2-small.yaml", DGX, "-p", "8", "-b", "16", "--grid", "2x2", "--mode",
-           "megatron", "--pipeline", "2", "--microbatches", "2", "--expand-ranks", "-o", plan)
+    invoke(runner, "cost", NETWORKS / "gpt2-small.yaml", DGX, "-p", "8", "-b", "16", "--grid",
+           "2x2", "--mode", "megatron", "--pipeline", "2", "--microbatches", "2",
+           "--expand-ranks", "-o", plan)
     doc = json.loads(plan.read_text())
     stage1 = next(i for i, g in enumerate(doc["placement"]["grids"]) if g.get("stage") == 1)
     assert doc["placement"]["grids"][stage1]["row_groups"]["ranks"] == [[4, 5], [6, 7]]
@@ -195,3 +196,19 @@ def test_pin_places_its_own_layers(runner):
                      "--pin", "*=data", "--placement", "cols")
     placed3 = {r["name"]: r["placement"] for r in doc3["layers"]}
     assert (placed3["fc6"], placed3["fc7"]) == ("rows", "cols")
+
+
+def test_chunks_without_grids_are_input_errors(runner, tmp_path):
+    """A pipeline edited to two model chunks a stage whose placement has grids for one:
+    the chunks launch would start have no groups (found by an audit: accepted)."""
+    plan = tmp_path / "p.yaml"
+    invoke(runner, "cost", NETWORKS / "gpt2-small.yaml", DGX, "-p", "8", "-b", "16",
+           "--grid", "2x2", "--mode", "megatron", "--pipeline", "2", "--microbatches", "2",
+           "-o", plan)
+    assert invoke(runner, "validate", plan).exit_code == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(plan.read_text().replace("    schedule: 1f1b\n",
+                                            "    virtual_stages: 2\n    schedule: 1f1b\n", 1))
+    for args in (["validate", bad], ["launch", bad]):
+        r = invoke(runner, *args)
+        assert r.exit_code == 2 and "no grid for model chunk 1 of the 2 a stage" in r.stderr
