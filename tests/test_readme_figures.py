@@ -94,8 +94,8 @@ CASES: list[Case] = [
       "sm": _baseline("megatron-sp", "peak_bytes", GIB)}),
     ("8B at batch 16 refused by launch --emit megatron", LLAMA8_B16,
      r"its token table over 16; (?P<t>[\d.]+) ms\) is refused, and the baseline it names, "
-     r"`megatron` at 4 × 16 \((?P<mt>[\d.]+) ms;",
-     {"t": _ms("time_s"), "mt": _baseline("megatron", "time_s", 1e-3)}),
+     r"`megatron-sp` at 4 × 16 \((?P<mt>[\d.]+) ms;",
+     {"t": _ms("time_s"), "mt": _baseline("megatron-sp", "time_s", 1e-3)}),
     ("8B, two stages, megatron-cp",
      ["cost", LLAMA8, H100, "-p", "64", "-b", "64", "--optimizer", "adam", "--microbatches",
       "8", "--pipeline", "2", "--grid", "4x8", "--mode", "megatron-cp"],
