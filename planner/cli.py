@@ -207,6 +207,17 @@ def fail(message: str) -> NoReturn:
     raise UsageError(f"planner: error: {message}")
 
 
+#: ``click.Context.meta`` key of the files an option read besides a command's arguments
+#: (the kernels commands' ``--cluster``): ``-o`` may not replace them either
+READ_META = "planner.read"
+
+
+def _read_too(protect: tuple[str, ...]) -> tuple[str, ...]:
+    """``protect`` and the files options of the running command read."""
+    ctx = click.get_current_context(silent=True)
+    return (*protect, *(ctx.meta.get(READ_META, ()) if ctx is not None else ()))
+
+
 def check_output(output: str | None, protect: tuple[str, ...] = ()) -> None:
     """Refuse a bad ``-o`` before doing the work (one of the inputs, a directory, a
     missing folder); :func:`emit` checks again when it writes."""
@@ -214,7 +225,7 @@ def check_output(output: str | None, protect: tuple[str, ...] = ()) -> None:
         return
     from .output import output_target
 
-    output_target(output, protect)
+    output_target(output, _read_too(protect))
 
 
 def one_stdin(paths: tuple[str, ...]) -> None:
@@ -233,7 +244,7 @@ def emit(text: str, output: str | None, protect: tuple[str, ...] = (),
         return
     from .output import write_atomic
 
-    write_atomic(output, text, protect, executable)
+    write_atomic(output, text, _read_too(protect), executable)
     click.echo(f"wrote {output}", err=True)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .cli import Finite, Whole, check_output, emit, render_data
+from .cli import READ_META, Finite, Whole, check_output, emit, render_data
 from .errors import UsageError, printable
 
 TABLE_JSON = ("table", "json")
@@ -26,6 +26,7 @@ def _register_clusters(ctx: click.Context, param: click.Parameter,
     from .inputs import load_cluster
 
     register_devices(load_cluster(path).device for path in value)
+    ctx.meta[READ_META] = (*ctx.meta.get(READ_META, ()), *value)  # not to be replaced by -o
     return value
 
 
@@ -441,7 +442,7 @@ def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: 
     if quick and shape_files:
         raise UsageError("planner: error: --quick and --shapes choose the shapes two ways; "
                          "give one")
-    check_output(output)  # before minutes of measuring
+    check_output(output, shape_files)  # before minutes of measuring
     if shape_files:
         shapes = shapes_of(read_shapes(shape_files), only)
         if not shapes:
@@ -459,7 +460,7 @@ def kernels_profile(output: str, device: str, dtype: str, quick: bool, repeats: 
 
     notes: list[str] = []
     rows = list(profile_rows(device, dtype, quick, repeats, name, progress, notes, shapes))
-    emit(to_csv(rows), output)
+    emit(to_csv(rows), output, shape_files)
     for unknown in sorted({r["device"] for r in rows}):  # the one name the rows carry
         if lookup_device(unknown) is None:
             notes.append(f"'{unknown}' is not in the device catalog: define it in a cluster "

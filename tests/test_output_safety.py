@@ -201,6 +201,30 @@ def test_kernel_model_files_are_inputs_too(runner, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.stderr
 
 
+def test_kernels_cluster_and_shape_files_are_inputs_too(runner, tmp_path):
+    """`kernels eval --cluster C -o C` replaced the cluster file with the accuracy table,
+    and `kernels profile --shapes S -o S` the shapes with the measurements (found by an
+    audit); each is refused before any work, and the file is as it was."""
+    cluster = tmp_path / "c.yaml"
+    cluster.write_bytes((CLUSTERS / "dgx-h100.yaml").read_bytes())
+    shapes = tmp_path / "s.csv"
+    shapes.write_text("m,n,k,batch,time_ms,device,dtype,op\n256,256,256,1,0.01,H100-SXM,"
+                      "float32,gemm\n")
+    before = cluster.read_bytes(), shapes.read_bytes()
+    data = Path(__file__).resolve().parents[1] / "models/data/neusight/neusight_bmm_fp32.csv"
+    for args in (["kernels", "eval", data, "--cluster", cluster, "-o", cluster],
+                 ["kernels", "predict", "--device", "H100-SXM", "--gemm", "64,64,64",
+                  "--cluster", cluster],
+                 ["kernels", "profile", "--device", "cpu", "--shapes", shapes, "-o", shapes]):
+        r = invoke(runner, *args)
+        if "-o" in args:
+            assert r.exit_code == 2 and "it is one of this command's inputs" in r.stderr, \
+                (args, r.output)
+        else:
+            assert r.exit_code == 0, r.output
+    assert (cluster.read_bytes(), shapes.read_bytes()) == before
+
+
 def _other_names(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Ways to name ``path`` without its plain spelling."""
     link = tmp_path / "link.yaml"
