@@ -76,6 +76,15 @@ _PERF_NAME = re.compile(r"(broadcast|alltoall|sendrecv|hypercube|scatter|gather|
 _NOT_MODELLED = "is a collective planner does not model"
 _MODELLED = "give all_reduce_perf, all_gather_perf or reduce_scatter_perf output"
 MIN_NVLS_GAIN = 0.5  # NVLS kept when it removes at least half the squared error
+#: ... and when its algorithm bandwidth beats the ring's below it on those ranks by this
+#: much: a ring sweep's noise can halve a small squared error, and a line fitted to its
+#: top sizes is then the ring again (an A100's 300 GB/s ring read as NVLS at 170 GB/s)
+MIN_NVLS_SPEEDUP = 1.1
+#: ... and only where one ring line misses the sweep by more than this (root mean square
+#: relative error): measurement noise (a few percent) is not a second algorithm
+MIN_RING_MISS = 0.02
+#: the GPU architectures with NVLink SHARP (NVLS): NVSwitch 3 and later
+NVLS_ARCHITECTURES = ("Hopper", "Blackwell")
 #: a measured collective time outside these is not a measurement (a unit slip, a typo)
 MIN_TIME_S, MAX_TIME_S = 1e-9, 86400.0
 
@@ -574,17 +583,32 @@ def _sse(fit: TierFit | None, rows: Sequence[Sample], nvls: bool) -> float:
 
 
 def _breakpoint(rows: list[Sample]) -> tuple[list[Sample], list[Sample]] | None:
-    """Split a single-node all-reduce sweep into ring-below / NVLS-above, if that helps."""
+    """Split a single-node all-reduce sweep into ring-below / NVLS-above, if that helps:
+    on a GPU the catalog does not know to lack NVLS, where the ring below has a bandwidth
+    and NVLS above is clearly faster than that ring on the same ranks."""
+    from .cluster import lookup_device
+
     ar = sorted((r for r in rows if r.op == "all_reduce"), key=lambda r: r.nbytes)
     sizes = sorted({r.nbytes for r in ar})
     if len(sizes) < 8:
         return None
+    dev = lookup_device(ar[0].system)
+    if dev is not None and dev.architecture and dev.architecture not in NVLS_ARCHITECTURES:
+        return None  # an A100 or older has no in-switch reduction
     one = _sse(fit_ring(ar, "intra"), ar, False)
+    if one < len(ar) * MIN_RING_MISS**2:
+        return None  # one ring line fits the sweep to its noise: nothing to explain
     best: tuple[float, float] | None = None
     for cut in sizes[3:-2]:
         lo = [r for r in ar if r.nbytes < cut]
         hi = [r for r in ar if r.nbytes >= cut]
-        err = _sse(fit_ring(lo, "intra"), lo, False) + _sse(fit_nvls(hi), hi, True)
+        ring, nvls = fit_ring(lo, "intra"), fit_nvls(hi)
+        if ring is None or nvls is None or not 0 < ring.bandwidth < math.inf:
+            continue  # the ring below needs sizes large enough to show its bandwidth
+        p = max(r.ranks for r in hi)
+        if nvls.bandwidth < MIN_NVLS_SPEEDUP * ring.bandwidth * p / (2 * (p - 1)):
+            continue
+        err = _sse(ring, lo, False) + _sse(nvls, hi, True)
         if best is None or err < best[0]:
             best = (err, cut)
     if best is None or not best[0] < MIN_NVLS_GAIN * one:
