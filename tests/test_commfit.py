@@ -561,3 +561,68 @@ def test_a_ring_sweep_is_one_ring(tmp_path, device):
         (fit,) = fit_all(read_samples([f]))
         assert fit.nvls is None, seed
         assert fit.intra.bandwidth == pytest.approx(300e9, rel=0.05), seed
+
+
+def test_what_a_table_alone_cannot_say(tmp_path):
+    """nccl-tests output without its 'Collective test starting' line, in a file whose name
+    does not say the program (found by an audit: each was fitted as an all-reduce, or a
+    good run refused):
+
+    * a rooted or reduction-free table (broadcast_perf: redop none, root 0) is refused
+      at its row;
+    * a table like all_reduce_perf's is read as one, with a note (sendrecv_perf's looks
+      the same);
+    * older nccl-tests' ``error`` column holds the largest deviation (1e-06 on a correct
+      float sum), not a count of wrong results: the rows are kept;
+    * a rank listed twice (mpirun starting nccl-tests built without MPI) is refused."""
+    text = FIXTURES[0].read_text()
+    bare = "\n".join(ln for ln in text.splitlines() if "Collective test starting" not in ln)
+    bcast = tmp_path / "bench.log"
+    bcast.write_text(bare.replace("float     sum      -1", "float    none       0"))
+    with pytest.raises(InputError) as info:
+        read_samples([bcast])
+    assert "a collective with a root or no reduction (root 0, redop none" in str(info.value)
+    plain = tmp_path / "results.log"
+    plain.write_text(bare + "\n")
+    notes: list[str] = []
+    rows = read_samples([plain], notes)
+    assert {r.op for r in rows} == {"all_reduce"} and len(rows) == 11
+    assert any("read as all_reduce_perf output from its table" in n for n in notes)
+    old = tmp_path / "old_all_reduce_perf.txt"
+    lines = []
+    for ln in text.splitlines():
+        if ln.startswith("#       size"):
+            ln = ln.replace("#wrong", " error")
+        elif ln.strip()[:1].isdigit():
+            toks = ln.split()
+            toks[8] = toks[12] = "1e-06"
+            ln = "  ".join(toks)
+        lines.append(ln)
+    old.write_text("\n".join(lines) + "\n")
+    notes = []
+    assert len(read_samples([old], notes)) == 11 and not notes
+    twice = tmp_path / "twice_all_reduce_perf.txt"
+    twice.write_text(text.replace("#  Rank  1 Group", "#  Rank  0 Group"))
+    with pytest.raises(InputError) as info:
+        read_samples([twice])
+    assert ":7:1: error: rank 0 is listed twice" in str(info.value)
+
+
+def test_an_nvls_section_above_the_sweep_is_kept(runner, tmp_path):
+    """All-reduces that stop below the cluster's NVLS min_bytes cannot show NVLS: the
+    section stays (it was dropped, with a note, for any single-node all-reduce: found by
+    an audit); a sweep that reaches it replaces it."""
+    src = tmp_path / "c.yaml"
+    src.write_text("kind: cluster\nname: c\nnodes: 1\ndevices_per_node: 8\ndevice: H100-SXM\n"
+                   "network:\n  intra_node:\n    latency: 3 us\n    bandwidth: 300 GB/s\n"
+                   "    nvls: {algbw: 230 GB/s, latency: 20 us, min_bytes: 2 MiB}\n")
+    small = tmp_path / "small_all_reduce_perf.txt"
+    small.write_text("\n".join(ln for ln in FIXTURES[0].read_text().splitlines()
+                               if not ln.strip()[:1].isdigit() or int(ln.split()[0]) < 2**20)
+                     + "\n")
+    r = invoke(runner, "comm", "fit", small, "--cluster", src)
+    assert r.exit_code == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["network"]["intra_node"]["nvls"]["algbw"] == "230 GB/s"
+    assert "dropped" not in r.stderr
+    r = invoke(runner, "comm", "fit", FIXTURES[0], "--cluster", src)
+    assert yaml.safe_load(r.stdout)["network"]["intra_node"]["nvls"]["algbw"] != "230 GB/s"
