@@ -973,6 +973,31 @@ def test_unknown_device_is_reported_once_with_its_row_count():
     assert got[1][1].endswith("given with --cluster)")  # one row: no count
 
 
+def test_a_time_faster_than_the_roofline_is_an_input_error():
+    """A row more than 4x under the device's roofline bound at its datasheet peak is not a
+    measurement (seconds in the milliseconds column): an error at its time cell, the first
+    five and a count (found by an audit: fit trained on them, and one such file moved a
+    4096^3 H100 GEMM's prediction by 20%). By hand: 2·4096³ FLOP at the H100's 66.9
+    TFLOP/s FP32 is 2.054 ms, so 1e-06 ms is 2.05e+06x under it; 2.5 ms is over it. The
+    shipped data reach 1.71x at most (a T4's fp16 convolutions)."""
+    from planner.kernels.data import MAX_OVER_ROOFLINE
+
+    assert MAX_OVER_ROOFLINE == 4.0
+    head = "m,n,k,batch,time_ms,device,dtype,op\n"
+    fine = "4096,4096,4096,1,2.5,H100-SXM,float32,gemm\n"
+    fast = "".join(f"4096,4096,{4096 + i},1,0.000001,H100-SXM,float32,gemm\n"
+                   for i in range(8))
+    assert len(parse_csv(head + fine, "x.csv").gemm) == 1
+    with pytest.raises(InputError) as info:
+        parse_csv(head + fine + fast, "x.csv")
+    got = info.value.problems
+    assert [(p.line, p.column) for p in got] == [(3, 18), (4, 18), (5, 18), (6, 18), (7, 18),
+                                                 (8, 18)]
+    assert got[0].message.startswith("gemm 4096x4096x4096x1 in 1e-06 ms is 2.05e+06x "
+                                     "faster than the H100-SXM's roofline allows")
+    assert got[5].message == "and 3 more rows as fast, from this one on"
+
+
 # --- error bands -------------------------------------------------------------------------
 
 

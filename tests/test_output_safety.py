@@ -211,7 +211,7 @@ def test_kernels_cluster_and_shape_files_are_inputs_too(runner, tmp_path):
     shapes.write_text("m,n,k,batch,time_ms,device,dtype,op\n256,256,256,1,0.01,H100-SXM,"
                       "float32,gemm\n")
     before = cluster.read_bytes(), shapes.read_bytes()
-    data = Path(__file__).resolve().parents[1] / "models/data/neusight/neusight_bmm_fp32.csv"
+    data = Path(__file__).resolve().parents[1] / "models/data/neusight/neusight_bmm_fp32_test.csv"
     for args in (["kernels", "eval", data, "--cluster", cluster, "-o", cluster],
                  ["kernels", "predict", "--device", "H100-SXM", "--gemm", "64,64,64",
                   "--cluster", cluster],

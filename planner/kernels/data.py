@@ -421,6 +421,7 @@ def parse_csv(text: str, display: str, shapes_only: bool = False) -> Dataset:
     reader = _Reader(display, text, header, layout, shapes_only)
     out = Dataset(files=[display])
     is_linear = "linear" in Path(display).name.lower()
+    lines_of: dict[str, list[int]] = {"gemm": [], "conv": []}  # each row's line
     try:
         for row in rows:
             reader.line = rows.line_num
@@ -433,12 +434,17 @@ def parse_csv(text: str, display: str, shapes_only: bool = False) -> Dataset:
                     if reader.line <= len(reader.lines) else None))
                 continue
             reader.row = row
+            before = len(out.gemm), len(out.conv)
             _PARSERS[layout](reader, out, is_linear)
+            lines_of["gemm"] += [reader.line] * (len(out.gemm) - before[0])
+            lines_of["conv"] += [reader.line] * (len(out.conv) - before[1])
             if len(reader.problems) >= 50:
                 break
     except csv.Error as exc:
         reader.problems.append(Located(display, rows.line_num, 1, f"not valid CSV: {exc}",
                                        "$"))
+    if not reader.problems and not shapes_only:
+        _faster_than_the_roofline(reader, out, lines_of)
     if reader.problems:
         raise InputError(reader.finish())
     if layout in ("neusight", "neusight-conv") and \
@@ -452,6 +458,52 @@ def parse_csv(text: str, display: str, shapes_only: bool = False) -> Dataset:
         what = "kernel shapes" if shapes_only else "measurement rows"
         raise InputError([Located(display, 1, 1, f"no {what} after the header", "$")])
     return out
+
+
+#: a measured time this many times under the roofline bound is not a measurement: a
+#: unit slip (seconds written as milliseconds) or a device's specs. The shipped data
+#: reach 1.71 at most (a T4's fp16 convolutions); the bound counts Winograd's saving
+MAX_OVER_ROOFLINE = 4.0
+#: the time column a row's op was read from, per layout
+_TIME_COLUMN = {"neusight": "latency_ms", "neusight-conv": "latency_ms",
+                "deepbench-gemm": "time_ms", "profile": "time_ms"}
+_DEEPBENCH_CONV_TIME = {"conv_fwd": "fwd_ms", "conv_bwd_data": "bwd_data_ms",
+                        "conv_bwd_filter": "bwd_filter_ms"}
+
+
+def _faster_than_the_roofline(r: _Reader, out: Dataset,
+                              lines_of: dict[str, list[int]]) -> None:
+    """An error at each row (the first five) whose time is under the device's roofline
+    bound by more than :data:`MAX_OVER_ROOFLINE`: ``fit`` would learn it, ``eval`` judge
+    the models by it."""
+    from .features import DeviceSpecs, features
+
+    found: list[tuple[int, str, str]] = []
+    for family, table in (("gemm", out.gemm), ("conv", out.conv)):
+        if not len(table):
+            continue
+        spec = DeviceSpecs.build(table.devices(), table.dtype)
+        _, t_c, t_m = features(family, table.shape_array(), table.op, spec)
+        over = np.maximum(t_c, t_m) / np.asarray(table.seconds, dtype=np.float64)
+        for i in np.nonzero(over > MAX_OVER_ROOFLINE)[0]:
+            op = table.op[i]
+            column = _DEEPBENCH_CONV_TIME[op] if r.layout == "deepbench-conv" else \
+                _TIME_COLUMN[r.layout]
+            found.append((lines_of[family][i], column,
+                          f"{op} {'x'.join(map(str, table.shape[i]))} in "
+                          f"{table.seconds[i] * 1e3:.3g} ms is {over[i]:.3g}x faster than "
+                          f"the {table.device[i]}'s roofline allows at its datasheet peak "
+                          f"({spec.peak[i] / 1e12:.3g} TFLOP/s in {table.dtype[i]}, "
+                          f"{spec.bandwidth[i] / 1e9:.4g} GB/s): a time in another unit "
+                          "(the column is milliseconds), or the device's specs (its "
+                          "catalog entry or cluster file)"))
+    found.sort()
+    for line, column, message in found[:5]:
+        r.line = line
+        r.error(column, message)
+    if len(found) > 5:
+        r.line = found[5][0]
+        r.error(found[5][1], f"and {len(found) - 5} more rows as fast, from this one on")
 
 
 def _neusight(r: _Reader, out: Dataset, is_linear: bool) -> None:
