@@ -21,8 +21,12 @@ from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError, UsageError
                    "configuration's lines.")
 @click.option("--estimator", type=click.Choice(("auto", "roofline", "learned")),
               default="auto", show_default=True, help="Kernel-time estimator.")
+@click.option("--models-dir", type=click.Path(file_okay=False), default=None,
+              help="Kernel models to price with instead of the shipped ones (default: "
+                   "$PLANNER_MODELS, else the shipped ones); a plan priced with others "
+                   "is stale.")
 def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
-          estimator: str) -> None:
+          estimator: str, models_dir: str | None) -> None:
     """Check training configurations for CI.
 
     Each configuration (kind: training) names a network, a cluster, the question and the
@@ -45,7 +49,7 @@ def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
             cfg = load_training(path)
             if max_slowdown is not None:
                 cfg = dataclasses.replace(cfg, max_slowdown=max_slowdown)
-            est = _estimator_for(cfg, estimator, make_estimator)
+            est = _estimator_for(cfg, estimator, make_estimator, models_dir)
             reports.append(check_config(cfg, est))
         except InputError as exc:
             errors.append(exc)
@@ -71,11 +75,11 @@ def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
         raise click.exceptions.Exit(EXIT_CHECK_FAILED)
 
 
-def _estimator_for(cfg: Any, name: str, make: Any) -> Any:
+def _estimator_for(cfg: Any, name: str, make: Any, models_dir: str | None) -> Any:
     from .inputs import load_cluster
 
     device = load_cluster(cfg.cluster_path).device
-    return make(name, None, device)
+    return make(name, models_dir, device)
 
 
 @click.command()

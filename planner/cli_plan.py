@@ -156,6 +156,8 @@ class Question:
     ctx: Any
     estimator_name: str
     recompute_auto: bool = False  #: --recompute auto: the search picks the blocks
+    #: the learned kernel models' digest where they time the question (None: roofline)
+    models_sha256: str | None = None
     #: the ZeRO stages and ways of sharding asked for (``--zero auto``: all stages;
     #: ``--zero-shard auto`` on several nodes: both ways)
     zero_stages: tuple[int, ...] = ()
@@ -258,8 +260,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     check_question(net, cl, options)
     est = make_estimator(estimator, models_dir, cl.device)
     ctx = make_context(net, cl, options, est)
-    return Question(net, cl, network, cluster, options, ctx, est.name, rec_auto, stages,
-                    shards)
+    return Question(net, cl, network, cluster, options, ctx, est.name, rec_auto,
+                    models_digest(est), stages, shards)
 
 
 def by_layers(net: Any, network: str) -> Any:
@@ -287,6 +289,13 @@ def inputs_of(network: str, cluster: str, kw: dict[str, Any]) -> tuple[str, ...]
     except ModelDataError:
         return (network, cluster)  # reported when the models are loaded
     return (network, cluster, *sorted(str(f) for f in folder.iterdir() if f.is_file()))
+
+
+def models_digest(estimator: Any) -> str | None:
+    """The digest of the learned models an estimator times kernels with (None: the
+    roofline)."""
+    models = getattr(estimator, "models", None)
+    return getattr(models, "digest", None)
 
 
 def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
@@ -456,7 +465,8 @@ def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
     extra["placement"] = placement_record(ev, q.options.gpus, q.cluster.devices_per_node,
                                           expand_ranks, q.cluster.device.kind)
     doc = plan_document("cost", q.network, network, q.cluster.name, cluster, q.options, ev,
-                        q.estimator_name, nodes_used(q), q.cluster.device, extra)
+                        q.estimator_name, nodes_used(q), q.cluster.device, extra,
+                        q.models_sha256)
     render_data(doc, fmt, output, lambda: plan_table(doc, all_layers), ins)
     overlap_note(doc)
     if not ev.memory.fits:
@@ -721,7 +731,7 @@ def plan_doc(q: Question, result: Any, objective: str, expand: bool) -> dict[str
         extra["recompute_auto"] = [t.to_data() for t in result.recompute_trials]
     return plan_document("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
                          q.options, ev, q.estimator_name, nodes_used(q), q.cluster.device,
-                         extra)
+                         extra, q.models_sha256)
 
 
 objective_option = click.option(
@@ -1108,7 +1118,7 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     m = res.microbatches
     evs = [st.evaluation for st in stages]
     head = plan_header(command, q.network, q.network_file, q.cluster.name, q.cluster_file,
-                       q.options, q.estimator_name, nodes_used(q))
+                       q.options, q.estimator_name, nodes_used(q), q.models_sha256)
     schedule = res.schedule
     interleave = {"virtual_stages": v} if v > 1 else {}
     head["problem"]["pipeline"] = {"stages": count, **interleave, "schedule": schedule,
@@ -1276,7 +1286,7 @@ def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
             raise
         # what was compared, each baseline with its memory, then the reason (exit 1)
         head = plan_header("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
-                           q.options, q.estimator_name, nodes_used(q))
+                           q.options, q.estimator_name, nodes_used(q), q.models_sha256)
         data = {"planner": head["planner"], "inputs": head["inputs"],
                 "problem": head["problem"], "plan": None,
                 "leanest_peak_bytes": exc.shortfall.needed_bytes,

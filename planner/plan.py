@@ -195,19 +195,23 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
 
 
 def plan_header(command: str, network: Network, network_file: str, cluster_name: str,
-                cluster_file: str, options: Options, estimator: str, nodes: int
-                ) -> dict[str, Any]:
+                cluster_file: str, options: Options, estimator: str, nodes: int,
+                models: str | None = None) -> dict[str, Any]:
     """What a plan document opens with: the version, the command, the inputs (with their
-    digests) and the question."""
+    digests; ``models``: the learned kernel models' :attr:`ModelSet.digest`, where they
+    timed the plan) and the question."""
+    inputs: dict[str, Any] = {
+        "network": {"file": network_file, "name": network.name,
+                    "sha256": file_digest(network_file)},
+        "cluster": {"file": cluster_file, "name": cluster_name,
+                    "sha256": file_digest(cluster_file)},
+    }
+    if models is not None:
+        inputs["models"] = {"sha256": models}
     return {
         "planner": __version__,
         "command": command,
-        "inputs": {
-            "network": {"file": network_file, "name": network.name,
-                        "sha256": file_digest(network_file)},
-            "cluster": {"file": cluster_file, "name": cluster_name,
-                        "sha256": file_digest(cluster_file)},
-        },
+        "inputs": inputs,
         "problem": {**problem_record(network, options), "estimator": estimator,
                     "algorithm": options.algorithm or DEFAULT_ALGORITHM, "nodes": nodes},
     }
@@ -215,12 +219,12 @@ def plan_header(command: str, network: Network, network_file: str, cluster_name:
 
 def plan_document(command: str, network: Network, network_file: str, cluster_name: str,
                   cluster_file: str, options: Options, ev: Evaluation, estimator: str,
-                  nodes: int, device: Device, extra: dict[str, Any] | None = None
-                  ) -> dict[str, Any]:
+                  nodes: int, device: Device, extra: dict[str, Any] | None = None,
+                  models: str | None = None) -> dict[str, Any]:
     """The full plan document, rounded for stable output."""
     doc: dict[str, Any] = {
         **plan_header(command, network, network_file, cluster_name, cluster_file, options,
-                      estimator, nodes),
+                      estimator, nodes, models),
         "iteration": iteration_record(ev, network, device, options),
         "memory": ev.memory.to_data(),
     }

@@ -931,6 +931,34 @@ def _pipeline_check(prep: Prepared, cfg: TrainingConfig, ctx: Any
     return chosen, best, None
 
 
+def _other_models(cfg: TrainingConfig, estimator: Any) -> str | None:
+    """Why a plan file was priced with other kernel models than ``estimator`` times
+    kernels with, or None (the same models, the roofline both ways, or a plan from before
+    plans recorded their models, whose models cannot be told)."""
+    from .cli_plan import models_digest
+
+    path = cfg.strategy.get("plan")
+    if path is None:
+        return None
+    data = load_file(path, _display(path)).data
+    rec = data["inputs"].get("models")
+    made = rec.get("sha256") if isinstance(rec, dict) else None
+    now = models_digest(estimator)
+    prob = data.get("problem") if isinstance(data.get("problem"), dict) else {}
+    if made is None and (prob.get("estimator") != "roofline" or now is None):
+        return None
+    if made == now:
+        return None
+
+    def which(d: object) -> str:
+        return f"the kernel models {str(d)[:12]}..." if d else "the roofline"
+
+    return (f"the plan was priced with {which(made)} and check prices with {which(now)}: "
+            "give check the plan's models (--models-dir DIR or PLANNER_MODELS; "
+            "--estimator roofline for the roofline), or re-run `planner plan` with these "
+            "and commit the new plan")
+
+
 def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     """Run every check on one configuration (input errors raise InputError)."""
 
@@ -938,6 +966,11 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     net, cl, options, findings = prep.network, prep.cluster, prep.options, prep.findings
     ctx = make_context(net, cl, options, estimator)
     assignment = prep.assignment
+    other = _other_models(cfg, estimator) if assignment is not None else None
+    if other is not None:  # the plan's own finding said it matched
+        findings[:] = [f for f in findings if f.check != "plan"]
+        findings.append(Finding("plan", False, other, "$.strategy.plan"))
+        return CheckReport(cfg, findings)
     if assignment is None:
         return CheckReport(cfg, findings)
     key = "$.strategy"

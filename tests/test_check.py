@@ -112,6 +112,38 @@ def test_stale_plan_fails(runner, tmp_path):
         result.stdout
 
 
+def test_a_plan_priced_with_other_kernel_models_is_stale(runner, tmp_path):
+    """A plan records the digest of the kernel models that timed it (inputs.models); check
+    prices with the same ones or calls the plan stale (found by an audit: check passed or
+    failed by which PLANNER_MODELS the CI job happened to set). The digest is of what
+    predicts, not of where it lies: a copy of the shipped models is the same models."""
+    cfg = tmp_path / "ci" / "c.yaml"
+    cfg.parent.mkdir()
+    (tmp_path / "plans").mkdir()
+    plan = tmp_path / "plans" / "p.yaml"
+    shutil.copy(CI / "plans" / "resnet50-dgx-64.yaml", plan)
+    cfg.write_text(_config("../plans/p.yaml"))
+    assert "models:\n    sha256: " in plan.read_text()
+    assert invoke(runner, "check", cfg).exit_code == 0
+    copy = tmp_path / "models"
+    shutil.copytree(ROOT / "models", copy, ignore=shutil.ignore_patterns("data"))
+    assert invoke(runner, "check", cfg, "--models-dir", copy).exit_code == 0
+    r = invoke(runner, "check", cfg, "--estimator", "roofline")
+    assert r.exit_code == 1
+    assert "the plan was priced with the kernel models " in r.stdout
+    assert "and check prices with the roofline: give check the plan's models" in r.stdout
+    # a roofline plan, checked with the models
+    r = invoke(runner, "plan", EXAMPLES / "networks/resnet50.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "64", "-b", "2048",
+               "--estimator", "roofline", "-o", plan)
+    assert r.exit_code == 0 and "models:" not in plan.read_text()
+    assert invoke(runner, "check", cfg, "--estimator", "roofline").exit_code == 0
+    r = invoke(runner, "check", cfg)
+    assert r.exit_code == 1
+    assert "the plan was priced with the roofline and check prices with the kernel models" \
+        in r.stdout
+
+
 def test_plan_for_another_question_fails(runner, tmp_path):
     cfg = tmp_path / "ci" / "c.yaml"
     cfg.parent.mkdir()

@@ -70,6 +70,17 @@ class ModelSet:
     #: op → error bands of held-out measurements (:mod:`.bands`; empty: none recorded)
     error_bands: Mapping[str, OpBands] = field(default_factory=dict)
 
+    @property
+    def digest(self) -> str:
+        """What predicts, as one sha256: the manifest's model records (features,
+        normalisation, output transform, each weights file's sha256), in a canonical
+        JSON form: the same for the shipped models installed or in a checkout, and for
+        the same fit written twice; another when anything that times a kernel differs."""
+        import json
+
+        text = json.dumps(self.manifest.get("models"), sort_keys=True, default=str)
+        return sha256_bytes(text.encode("utf-8"))
+
     def get(self, family: str) -> Ensemble | None:
         """The model of a family, if the set has one."""
         return self.models.get(family)
