@@ -338,7 +338,8 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
         hint = suggest_device(device_name)
         raise UsageError(f"planner: error: unknown device {device_name!r}"
                          + (f"; did you mean '{hint}'?" if hint else "")
-                         + " (`planner devices` lists the catalog)")
+                         + " (`planner devices` lists the catalog; a GPU it lacks is "
+                           "defined in a cluster file and given with --cluster)")
     if (gemm is None) == (conv is None):
         raise UsageError("planner: error: give exactly one of --gemm M,N,K[,BATCH] and "
                          "--conv N,C,H,W,K,R,S[,STRIDE[,PAD]]")
@@ -610,6 +611,9 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
                     "of sizes, from a few KiB to a few hundred MiB)")
     if system is not None:
         fits = [choose(fits, system)]
+    for f in fits:
+        for note in f.notes:
+            click.echo(f"planner: note: {note}", err=True)
     _print_comm(fits)
     if fmt == "json":
         emit(to_json({"systems": [f.record() for f in fits]}), output, protect)

@@ -68,7 +68,9 @@ from .loading import STDIN_CSV, decode
 
 OPS: tuple[Collective, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s.*?\son\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s*(.*)$")
-_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+#: what launchers put before each line: mpirun's ``--tag-output`` (``[1,0]<stdout>:``)
+#: and Slurm's ``srun -l`` (``0: ``)
+_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\s*\d+: )")
 _NTHREAD = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _TEST = re.compile(r"Collective test starting:\s*(\w+)")
 #: the other nccl-tests programs, by the name their output file is likely to carry
@@ -158,6 +160,8 @@ class SystemFit:
     #: the largest single-node all-reduce measured (bytes; 0: none): an NVLS section from
     #: a larger size on is one the fit could not have seen
     largest_single_all_reduce: float = 0.0
+    #: what the reader should know of this fit (printed, and in the JSON report)
+    notes: list[str] = field(default_factory=list)
 
     def network(self) -> dict[str, Any]:
         """The fitted ``network:`` section (unit strings, as a cluster file has them)."""
@@ -184,7 +188,8 @@ class SystemFit:
         return {"system": self.system, "files": self.files,
                 "tiers": [t.record() for t in (self.intra, self.nvls, self.inter)
                           if t is not None],
-                "network": self.network(), "errors": [e.record() for e in self.errors]}
+                "network": self.network(), "errors": [e.record() for e in self.errors],
+                "notes": self.notes}
 
 
 def _sig(v: float, digits: int = 4) -> str:
@@ -435,29 +440,41 @@ def _csv_samples(text: str, display: str) -> list[Sample]:
             problems.append(Located(display, line, 1, f"expected {len(header)} fields as in "
                                     f"the header, found {len(row)}", "$"))
             continue
-        try:
-            nbytes = float(row[col["bytes"]])
-            ranks = int(float(row[col[ranks_col]]))
-            nodes_txt = row[col["n_nodes"]].strip() if "n_nodes" in col else ""
-            nodes = int(float(nodes_txt)) if nodes_txt else 1
-            secs = float(row[col[time_col]]) * scale
-        except (ValueError, OverflowError):
-            problems.append(Located(display, line, 1, "expected numbers in the bytes, "
-                                    f"{ranks_col}, n_nodes and {time_col} columns", "$"))
+        raw = lines[line - 1] if line <= len(lines) else ""
+        cells: dict[str, float] = {}
+        for name in ("bytes", ranks_col, *(["n_nodes"] if "n_nodes" in col else []),
+                     time_col):
+            text = row[col[name]].strip()
+            try:
+                cells[name] = float(text) if text or name != "n_nodes" else 1.0
+            except ValueError:
+                cells[name] = math.nan
+        nbytes, secs = cells["bytes"], cells[time_col] * scale
+        ranks_f, nodes_f = cells[ranks_col], cells.get("n_nodes", 1.0)
+        wrong = [(name, message) for name, ok, message in (
+            ("bytes", math.isfinite(nbytes) and nbytes > 0,
+             "expected a positive message size in bytes"),
+            (ranks_col, math.isfinite(ranks_f) and ranks_f >= 1 and ranks_f.is_integer(),
+             "expected a whole number of ranks >= 1"),
+            ("n_nodes", math.isfinite(nodes_f) and nodes_f >= 1 and nodes_f.is_integer()
+             and nodes_f <= max(ranks_f, 1), "expected a whole number of nodes from 1 to "
+                                             "the ranks"),
+            (time_col, math.isfinite(secs) and MIN_TIME_S <= secs <= MAX_TIME_S,
+             f"expected a time between 1 ns and 1 day "
+             f"({'milli' if scale == 1e-3 else 'micro'}seconds)")) if not ok]
+        for name, message in wrong:
+            problems.append(Located(display, line, _field_column(raw, col[name]),
+                                    f"{message} in column '{name}', got "
+                                    f"{row[col[name]].strip()!r}", "$", raw))
+        if wrong:
             continue
-        if not (math.isfinite(nbytes) and math.isfinite(secs)) or nbytes <= 0 or \
-                not MIN_TIME_S <= secs <= MAX_TIME_S or ranks < 1 or nodes < 1 or \
-                nodes > ranks:
-            problems.append(Located(display, line, 1, "expected positive bytes, a time "
-                                    "between 1 ns and 1 day and 1 ≤ nodes ≤ ranks", "$"))
-            continue
+        ranks, nodes = int(ranks_f), int(nodes_f)
         note = row[col["nccl_algo_note"]].lower() if "nccl_algo_note" in col else ""
         algo = "nvls" if note.startswith("nvls") else "ring" if note.startswith("ring") \
             else None
         op_txt = row[col["op"]].strip() if "op" in col else "all_reduce"
         found = _op_from_name(op_txt)
         if found is None:
-            raw = lines[line - 1] if line <= len(lines) else ""
             problems.append(Located(display, line, _field_column(raw, col["op"]),
                                     f"op {op_txt!r} {_NOT_MODELLED}; expected all_reduce, "
                                     "all_gather or reduce_scatter", "$"))
@@ -698,6 +715,11 @@ def fit_system(system: str, rows: Sequence[Sample]) -> SystemFit:
         out.intra = fit_ring_by_group(ring_rows, out.intra)
     out.nvls = fit_nvls(nvls_rows) if nvls_rows else None
     out.inter = fit_ring_net(multi, out.intra)
+    if out.inter is not None and out.intra is None:
+        out.notes.append(f"{system}: no single-node run, so the steps inside the nodes of "
+                         "the multi-node runs are charged to the network's latency; measure "
+                         "a single-node sweep too (all_reduce_perf on one node's GPUs)")
+    out.notes += _disagreements(system, rows)
     if out.intra is None and out.inter is None:
         return out
     groups: dict[tuple[str, int, int], list[float]] = {}
@@ -711,6 +733,33 @@ def fit_system(system: str, rows: Sequence[Sample]) -> SystemFit:
         e = np.asarray(errs)
         out.errors.append(ErrorRow(system, op, ranks, nodes, int(e.size), float(e.mean()),
                                    float(e.max())))
+    return out
+
+
+#: files whose times for the same collective, ranks, nodes and size differ by more than
+#: this factor (median over the sizes both measured) are likely two machines
+DISAGREE = 1.5
+
+
+def _disagreements(system: str, rows: Sequence[Sample]) -> list[str]:
+    """A note for each pair of files that measured the same (collective, ranks, nodes,
+    size) on ``system`` and disagree by more than :data:`DISAGREE` (two clusters of one
+    GPU model read as one system, found by the GPU's name alone)."""
+    by: dict[str, dict[tuple[str, int, int, float], float]] = {}
+    for r in rows:
+        by.setdefault(r.file, {})[(r.op, r.ranks, r.nodes, r.nbytes)] = r.seconds
+    files = sorted(by)
+    out = []
+    for i, a in enumerate(files):
+        for b in files[i + 1:]:
+            both = sorted(set(by[a]) & set(by[b]))
+            if not both:
+                continue
+            ratio = float(np.median([by[a][k] / by[b][k] for k in both]))
+            if max(ratio, 1 / ratio) > DISAGREE:
+                out.append(f"{system}: {a} and {b} measured the same collectives "
+                           f"{max(ratio, 1 / ratio):.2g}x apart (median over {len(both)} "
+                           "sizes): two machines with one GPU model? fit them one at a time")
     return out
 
 

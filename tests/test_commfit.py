@@ -380,14 +380,22 @@ def test_comm_fit_bad_csv(runner, tmp_path):
     bad.write_text("gpu,bytes,n_gpus,n_nodes,mean_time_ms\nX,1000,8,1,fast\n")
     r = invoke(runner, "comm", "fit", bad)
     assert r.exit_code == 2
-    assert r.stderr.startswith(f"{bad}:2:1: error: expected numbers")
-    # not-a-number, infinite and overflowing values name their row too (they used to
-    # reach the fit: an internal error, or a fit with MAPE nan)
-    for row in ("X,1000,8,1,nan", "X,1000,8,1,inf", "X,1e400,8,1,0.5", "X,1000,inf,1,0.5",
-                "X,2000,8,1,1e-300"):
+    assert r.stderr.startswith(f"{bad}:2:12: error: expected a time between 1 ns and 1 day "
+                               "(milliseconds) in column 'mean_time_ms', got 'fast'")
+    # not-a-number, infinite and overflowing values name their row and cell too (they
+    # used to reach the fit: an internal error, or a fit with MAPE nan; then each was
+    # one message at column 1 for the whole row: found by an audit)
+    for row, column, name in (("X,1000,8,1,nan", 12, "mean_time_ms"),
+                              ("X,1000,8,1,inf", 12, "mean_time_ms"),
+                              ("X,1e400,8,1,0.5", 3, "bytes"),
+                              ("X,1000,inf,1,0.5", 8, "n_gpus"),
+                              ("X,2000,8,1,1e-300", 12, "mean_time_ms"),
+                              ("X,2000,8,9,0.5", 10, "n_nodes")):
         bad.write_text(f"gpu,bytes,n_gpus,n_nodes,mean_time_ms\nX,1000,8,1,0.5\n{row}\n")
         r = invoke(runner, "comm", "fit", bad)
-        assert r.exit_code == 2 and r.stderr.startswith(f"{bad}:3:1: error: expected "), row
+        assert r.exit_code == 2 and r.stderr.startswith(f"{bad}:3:{column}: error: expected "
+                                                        ), (row, r.stderr)
+        assert f"in column '{name}'" in r.stderr.splitlines()[0], (row, r.stderr)
 
 
 @pytest.mark.parametrize("example, data, system", [
@@ -626,3 +634,32 @@ def test_an_nvls_section_above_the_sweep_is_kept(runner, tmp_path):
     assert "dropped" not in r.stderr
     r = invoke(runner, "comm", "fit", FIXTURES[0], "--cluster", src)
     assert yaml.safe_load(r.stdout)["network"]["intra_node"]["nvls"]["algbw"] != "230 GB/s"
+
+
+def test_what_the_fit_cannot_see_is_said(runner, tmp_path):
+    """Notes, on stderr and in the JSON report: files of one GPU name that measured the
+    same collectives far apart (two machines read as one system), and multi-node runs
+    without a single-node one (the steps inside the nodes charged to the network).
+    Slurm's `srun -l` labels ('0: ') are read past, as mpirun's are (found by an audit:
+    the first two were silent, the labels 'no nccl-tests result table')."""
+    slow = tmp_path / "b_all_reduce_perf.txt"
+    slow.write_text(_ring_sweep("NVIDIA H100 80GB HBM3", 0.0, 0).replace(
+        "node-a", "node-z"))
+    fast = tmp_path / "a_all_reduce_perf.txt"
+    text = _ring_sweep("NVIDIA H100 80GB HBM3", 0.0, 0)
+    fast.write_text("\n".join(
+        (f"{ln.split()[0]:>12}  " + "  ".join(ln.split()[1:5]) + f"  "
+         f"{float(ln.split()[5]) / 2:.2f}  0  0  0  {float(ln.split()[9]) / 2:.2f}  0  0  0")
+        if ln.strip()[:1].isdigit() else ln for ln in text.splitlines()) + "\n")
+    r = invoke(runner, "comm", "fit", fast, slow, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    (system,) = json.loads(r.stdout)["systems"]
+    assert any("measured the same collectives 2x apart (median over 11 sizes)" in n
+               for n in system["notes"])
+    assert "two machines with one GPU model?" in r.stderr
+    r = invoke(runner, "comm", "fit", FIXTURES[3], "--format", "json")
+    (system,) = json.loads(r.stdout)["systems"]
+    assert any("no single-node run" in n for n in system["notes"])
+    labelled = tmp_path / "srun_all_reduce_perf.txt"
+    labelled.write_text("".join(f"0: {ln}\n" for ln in FIXTURES[0].read_text().splitlines()))
+    assert len(read_samples([labelled])) == len(read_samples([FIXTURES[0]]))

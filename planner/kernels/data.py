@@ -290,7 +290,7 @@ class _Reader:
             self.error(name, f"expected an integer, got {text!r}")
             return None
         if not value.is_integer() or value < lo or value > 2**40:
-            self.error(name, f"expected an integer ≥ {lo}, got {text!r}")
+            self.error(name, f"expected an integer from {lo} to 2^40, got {text!r}")
             return None
         return int(value)
 

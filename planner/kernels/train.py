@@ -506,7 +506,10 @@ def fit_family(table: Table, options: FitOptions | None = None) -> tuple[KernelM
     start = time.perf_counter()
     if len(table) < 10:
         raise UsageError(f"planner: error: too few {table.family} measurements to fit a "
-                         f"model ({len(table)}; at least 10)")
+                         f"model ({len(table)} in the training split, where about 30% of "
+                         "the shapes are held out to judge it; at least 10): measure more "
+                         "(planner kernels profile without --quick), or fit beside the "
+                         "shipped data (--shipped-data)")
     spec = DeviceSpecs.build(table.devices(), table.dtype)
     x, t_flop, t_byte = features(table.family, table.shape_array(), table.op, spec)
     y = np.asarray(table.seconds, dtype=np.float64)
