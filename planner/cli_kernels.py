@@ -192,7 +192,8 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, shipped: bool,
         opts = replace(opts, max_iter=max_iter)
     outcome = fit_models(data, out_dir, leave_out, opts,
                          (only,) if only else ("gemm", "conv"), files,
-                         lambda line: click.echo(line, err=True))
+                         lambda line: click.echo(line, err=True),
+                         click.get_current_context().meta.get(READ_META, ()))
     for rep in outcome.reports:
         nets = f"{rep.members} networks, " if rep.members > 1 else ""
         click.echo(f"fitted {rep.family}: {rep.rows} rows, {nets}{rep.iterations} iterations, "

@@ -1451,6 +1451,12 @@ def test_a_gpu_the_catalog_lacks_is_fitted_and_timed_from_a_cluster_file(runner,
                "--members", "1", "--max-iter", "30", "-o", out, "--format", "json")
     assert r.exit_code == 0, r.stderr
     assert "X-GPU|float32" in load_dir(out).get("gemm").first.levels
+    # the manifest's commands repeat --cluster (they could not be run without it) and
+    # the fit records the file's sha256 (found by an audit: both were left out)
+    manifest = load_dir(out).manifest
+    assert manifest["accuracy"]["command"].endswith(f"--cluster {clus} --split test")
+    assert manifest["fit"]["clusters"] == [{"file": str(clus),
+                                            "sha256": sha256_file(clus)}]
     r = invoke(runner, "kernels", "eval", data, "--cluster", clus, "--models-dir", out,
                "--split", "test", "--format", "json")
     assert r.exit_code == 0, r.stderr

@@ -103,12 +103,15 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
                leave_out: Sequence[str] = (), options: FitOptions | None = None,
                families: Sequence[str] = ("gemm", "conv"),
                shipped: Sequence[tuple[str, Path]] = (),
-               progress: Callable[[str], None] | None = None) -> FitOutcome:
+               progress: Callable[[str], None] | None = None,
+               clusters: Sequence[str] = ()) -> FitOutcome:
     """Fit on the rows that are not held out; measure on the held-out rows; write.
 
     ``shipped``: the shipped models' training files (:func:`.store.shipped_training_data`),
     read before ``paths``; the manifest records them by their shipped names and the
-    commands it records say ``--shipped-data``."""
+    commands it records say ``--shipped-data``. ``clusters``: the cluster files whose
+    devices the data name (``--cluster``), which the recorded commands repeat and the
+    manifest records with their sha256."""
     start = time.perf_counter()
     data = read_files([*(path for _, path in shipped), *paths])
     left = canonical_devices(leave_out)
@@ -133,7 +136,8 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     seconds = time.perf_counter() - start
     outcome = FitOutcome(models, reports, accuracy, seconds=seconds)
     if out_dir is not None:
-        files = " ".join([*(["--shipped-data"] if shipped else []), *(str(p) for p in paths)])
+        files = " ".join([*(["--shipped-data"] if shipped else []), *(str(p) for p in paths),
+                          *(f"--cluster {c}" for c in clusters)])
         extra = Extra(
             data=_provenance(paths, shipped),
             fit={"options": {"families": {f: _family_options(opts, f) for f in sorted(models)},
@@ -143,6 +147,8 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
                              "sweep_weight": opts.sweep_weight,
                              "sweep_limit": opts.sweep_limit},
                  "left_out_devices": left,
+                 **({"clusters": [{"file": str(c), "sha256": sha256_file(c)}
+                                  for c in clusters]} if clusters else {}),
                  "reports": [{"family": r.family, "rows": r.rows, "members": r.members,
                               "iterations": r.iterations,
                               "loss": round(r.loss, 6),
