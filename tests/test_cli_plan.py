@@ -114,12 +114,32 @@ def test_compare(runner):
     assert "plan (searched)" in table.stdout
 
 
+def test_a_transformer_on_the_defaults_is_told_so(runner):
+    """A transformer planned on the optimizer's default (momentum) and with 16-bit
+    gradients accumulated over microbatches gets a note each on stderr, once a command
+    (a plausibility audit found a Llama 3 8B plan that fit on these defaults and would
+    not as Megatron-LM trains it); given explicitly, or for a network without attention,
+    nothing is said."""
+    gpt2 = ("plan", NETWORKS / "gpt2-small.yaml", DGX, "-p", "8", "-b", "16")
+    r = invoke(runner, *gpt2, "--precision", "bf16", "--microbatches", "2")
+    assert r.exit_code == 0, r.stderr
+    assert "planner: note: --optimizer not given: momentum's state is priced" in r.stderr
+    assert "gradients accumulate over 2 microbatches in bfloat16" in r.stderr
+    r = invoke(runner, *gpt2, "--precision", "bf16", "--microbatches", "2", "--optimizer",
+               "momentum", "--grad-precision", "bf16")
+    assert r.exit_code == 0 and "note" not in r.stderr, r.stderr
+    r = invoke(runner, "sweep", NETWORKS / "gpt2-small.yaml", DGX, "-p", "8,16", "-b", "16,32")
+    assert r.stderr.count("--optimizer not given") == 1
+    r = invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64")
+    assert "note" not in r.stderr
+
+
 def test_compare_when_nothing_fits(runner, tmp_path):
     """GPT-2 small in fp32 on 8 H100s at batch 4,096: no layout fits. compare still shows
     what it compared, every baseline marked as not fitting and the leanest layout's
     memory, and exits 1 with the reason and the advice on stderr."""
     net = NETWORKS / "gpt2-small.yaml"
-    args = ("compare", net, DGX, "-p", "8", "-b", "4096")
+    args = ("compare", net, DGX, "-p", "8", "-b", "4096", "--optimizer", "momentum")
     table = invoke(runner, *args)
     assert table.exit_code == 1
     assert "plan (searched): no layout fits" in table.stdout
