@@ -266,21 +266,7 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
                        **({"chunk": chunk} if virtual > 1 else {})})
         for member in listed:
             owner.setdefault(member, (i, shaped[-1]))
-    records = layers if isinstance(layers, list) else []
-    names = [(i, lay.get("name")) for i, lay in enumerate(records) if isinstance(lay, dict)]
-    seen: set[object] = set()
-    for i, n in names:
-        if isinstance(n, str) and n in seen:
-            issues.append(Issue(f"$.layers[{i}].name", f"layer {show(n)} is listed twice: "
-                                                       "the plan was edited; make it again"))
-            break
-        seen.add(n)
-    stray = sorted(n for n in owner if n not in seen)
-    if names and stray:
-        at = owner[stray[0]][0]
-        issues.append(Issue(f"$.placement.grids[{at}].layers",
-                            f"lists {show(stray[0])}, which is not among the plan's layers: "
-                            "the plan was edited; make it again"))
+    _names_issues(layers, owner, issues)
     if not issues:
         missing = sorted(set(range(stages)) - {s.get("stage", 0) for s in shaped})
         if missing:
@@ -336,6 +322,26 @@ def _problem_issues(problem: dict[str, Any], issues: list[Issue]) -> None:
         issues.append(Issue("$.problem.microbatches", f"{micro} microbatches do not divide "
                                                       f"the batch of {batch}: the plan was "
                                                       "edited; make it again"))
+
+
+def _names_issues(layers: object, owner: dict[str, tuple[int, dict[str, Any]]],
+                  issues: list[Issue]) -> None:
+    """A layer listed twice, and a placement grid listing a layer the plan lacks (launch
+    would start groups for layers nobody priced)."""
+    records = layers if isinstance(layers, list) else []
+    names = [(i, lay.get("name")) for i, lay in enumerate(records) if isinstance(lay, dict)]
+    seen: set[object] = set()
+    for i, n in names:
+        if isinstance(n, str) and n in seen:
+            issues.append(Issue(f"$.layers[{i}].name", f"layer {show(n)} is listed twice: "
+                                                       "the plan was edited; make it again"))
+            break
+        seen.add(n)
+    stray = sorted(n for n in owner if n not in seen)
+    if names and stray:
+        issues.append(Issue(f"$.placement.grids[{owner[stray[0]][0]}].layers",
+                            f"lists {show(stray[0])}, which is not among the plan's layers: "
+                            "the plan was edited; make it again"))
 
 
 def _ranks_issue(g: dict[str, Any], grid: list[int], placement: str, first: int,
