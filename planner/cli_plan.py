@@ -286,11 +286,13 @@ def _defaults_notes(net: Any, options: Any) -> None:
                      "choice for transformers, keeps one more value a parameter: "
                      "--optimizer adam)")
     grad = options.grad_dtype or net.dtype
-    if default("grad_precision") and options.microbatches > 1 and \
+    auto = ctx.params.get("microbatches") == "auto"  # priced at 1 here, chosen later
+    if default("grad_precision") and (options.microbatches > 1 or auto) and \
             grad in ("bfloat16", "float16"):
-        notes.append(f"gradients accumulate over {options.microbatches} microbatches in "
-                     f"{grad}, the weights' dtype (Megatron-LM accumulates in fp32 by "
-                     "default: --grad-precision fp32)")
+        many = "the microbatches the plan takes" if auto else \
+            f"{options.microbatches} microbatches"
+        notes.append(f"gradients accumulate over {many} in {grad}, the weights' dtype "
+                     "(Megatron-LM accumulates in fp32 by default: --grad-precision fp32)")
     noted = ctx.meta.setdefault("planner.noted", set())  # once a command: sweep asks many
     for note in notes:
         if note not in noted:

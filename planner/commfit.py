@@ -85,6 +85,10 @@ MIN_NVLS_SPEEDUP = 1.1
 #: ... and only where one ring line misses the sweep by more than this (root mean square
 #: relative error): measurement noise (a few percent) is not a second algorithm
 MIN_RING_MISS = 0.02
+#: the fewest ranks on which NVLS can beat a ring, so that a sweep shows it: at an
+#: algorithm bandwidth constant in the ranks, the H200's 261 GB/s against its ring's
+#: 351·p/(2(p−1)) GB/s ties at 3 ranks and wins from 4 (on 2 the ring's is 351)
+NVLS_MIN_RANKS = 4
 #: the GPU architectures with NVLink SHARP (NVLS): NVSwitch 3 and later
 NVLS_ARCHITECTURES = ("Hopper", "Blackwell")
 #: a measured collective time outside these is not a measurement (a unit slip, a typo)
@@ -157,8 +161,9 @@ class SystemFit:
     nvls: TierFit | None = None
     errors: list[ErrorRow] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
-    #: the largest single-node all-reduce measured (bytes; 0: none): an NVLS section from
-    #: a larger size on is one the fit could not have seen
+    #: the largest single-node all-reduce measured on :data:`NVLS_MIN_RANKS` ranks or more
+    #: (bytes; 0: none): an NVLS section from a larger size on is one the fit could not
+    #: have seen
     largest_single_all_reduce: float = 0.0
     #: what the reader should know of this fit (printed, and in the JSON report)
     notes: list[str] = field(default_factory=list)
@@ -241,13 +246,13 @@ def parse_nccl_tests(text: str, display: str, notes: list[str] | None = None
     after a result table starts a new run, with its own ranks and collective."""
     lines = [_PREFIX.sub("", ln) for ln in text.splitlines()]
     starts = [0]
-    seen_rows = False
+    seen_rows = False  # result rows, or '#  Rank' lines: a header after them is a new run
     for i, ln in enumerate(lines):
         s = ln.strip()
         if (_NTHREAD.search(s) or _TEST.search(s)) and seen_rows:
             starts.append(i)
             seen_rows = False
-        elif s and s[0].isdigit():
+        elif s and (s[0].isdigit() or _RANK.match(s)):
             seen_rows = True
     out: list[Sample] = []
     for a, b in zip(starts, [*starts[1:], len(lines)], strict=True):
@@ -341,6 +346,11 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
         notes.append(f"{display}:{dropped[0]}: {len(dropped)} row"
                      f"{'s' if len(dropped) > 1 else ''} with wrong results (#wrong not 0) "
                      "left out of the fit")
+    if (header is None or (not samples and not dropped)) and several and notes is not None:
+        # a run that died before its table (a rerun appended after it is read)
+        notes.append(f"{display}:{first + 1}: a run with no result table (it failed "
+                     "before one?) left out")
+        return []
     if header is None:
         raise _fail(display, first + 1, "no nccl-tests result table (a '#  size  count  "
                                         f"type ... time  algbw  busbw' header) found{where}")
@@ -643,7 +653,8 @@ def _breakpoint(rows: list[Sample]) -> tuple[list[Sample], list[Sample]] | None:
     and NVLS above is clearly faster than that ring on the same ranks."""
     from .cluster import lookup_device
 
-    ar = sorted((r for r in rows if r.op == "all_reduce"), key=lambda r: r.nbytes)
+    ar = sorted((r for r in rows if r.op == "all_reduce" and r.ranks >= NVLS_MIN_RANKS),
+                key=lambda r: r.nbytes)  # on fewer ranks NVLS cannot beat the ring
     sizes = sorted({r.nbytes for r in ar})
     if len(sizes) < 8:
         return None
@@ -708,7 +719,8 @@ def fit_system(system: str, rows: Sequence[Sample]) -> SystemFit:
             ring_rows, nvls_rows = split
     out = SystemFit(system, files=sorted({r.file for r in rows}),
                     largest_single_all_reduce=max(
-                        (r.nbytes for r in single if r.op == "all_reduce" and r.ranks > 1),
+                        (r.nbytes for r in single
+                         if r.op == "all_reduce" and r.ranks >= NVLS_MIN_RANKS),
                         default=0.0))
     out.intra = fit_ring(ring_rows, "intra")
     if out.intra is not None:
@@ -794,9 +806,9 @@ def fitted_tiers(original: dict[str, Any], fit: SystemFit,
     """The tiers to write over ``original`` (a cluster file's ``network`` mapping), and
     notes on what of the original is not kept. A fitted tier replaces the file's tier
     whole, with one exception: an ``nvls`` section the fit could not have seen (no
-    single-node all-reduce among its measurements as large as the section's
-    ``min_bytes``) is kept, since all-gather, multi-node or small all-reduce data say
-    nothing about in-switch reduction."""
+    single-node all-reduce on :data:`NVLS_MIN_RANKS` ranks or more among its
+    measurements as large as the section's ``min_bytes``) is kept, since all-gather,
+    multi-node, 2-rank or small all-reduce data say nothing about in-switch reduction."""
     from .units import UnitError, parse_quantity
 
     tiers = fit.network()

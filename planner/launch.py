@@ -122,6 +122,13 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
     else:
         issues += [Issue(f"$.layers[{i}]", f"expected a layer (a mapping), got {show(lay)}")
                    for i, lay in enumerate(layers) if not isinstance(lay, dict)]
+    models = data["inputs"].get("models") if isinstance(data.get("inputs"), dict) else None
+    if models is not None and not (isinstance(models, dict) and isinstance(
+            models.get("sha256"), str) and len(models["sha256"]) == 64):
+        issues.append(Issue("$.inputs.models", f"expected the kernel models' digest, "
+                                               f"{{sha256: <64 hex digits>}}, got "
+                                               f"{show(models)}: the plan was edited; make "
+                                               "it again"))
     memory = data.get("memory")
     if isinstance(memory, dict) and not isinstance(memory.get("fits", False), bool):
         issues.append(Issue("$.memory.fits", f"expected true or false, got "

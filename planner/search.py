@@ -1681,9 +1681,10 @@ def _batch_that_fits(batch: int, gpus: int, mem: MemoryReport) -> int | None:
 
 
 def _microbatches_that_fit(batch: int, microbatches: int, mem: MemoryReport) -> int | None:
-    """The fewest microbatches, a divisor of the batch, at which the activations and the
-    workspace, falling in proportion to a microbatch's samples, leave the rest of the peak
-    room (gradient accumulation keeps the step's batch); None where none can."""
+    """The fewest microbatches, a divisor of the step's ``batch``, at which the
+    activations and the workspace (``mem``'s, at ``microbatches``), falling in proportion
+    to a microbatch's samples, leave the rest of the peak room (gradient accumulation
+    keeps the step's batch); None where none can."""
     room = mem.capacity - (mem.peak - mem.per_batch)
     if room <= 0 or mem.per_batch <= 0:
         return None
@@ -1716,16 +1717,18 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
         more = f"--gpus {opts.gpus * factor}" if factor == 2 else \
             f"about --gpus {opts.gpus * factor}, if memory per device falls in proportion"
     net = space.ctx.network
-    smaller = _batch_that_fits(opts.batch, opts.gpus, mem)
+    # --batch is the step's; a microbatch holds 1/M of it, and its activations are the peak's
+    per_micro = _batch_that_fits(opts.batch, opts.gpus, mem)
+    smaller = per_micro * opts.microbatches if per_micro is not None else None
     per_batch = mem.per_batch
     if per_batch > params:
         if len(space.ctx.rebuilt) < len(net.blocks) and opts.cost_model == "exact":
             tips.append("recomputing residual blocks (--recompute auto: as few of the "
                         f"{len(net.blocks):,} as memory needs)")
-        passes = _microbatches_that_fit(opts.batch, opts.microbatches, mem)
+        passes = _microbatches_that_fit(opts.step_batch, opts.microbatches, mem)
         if passes is not None:
             tips.append(f"more microbatches (about --microbatches {passes}: the same batch "
-                        f"of {opts.batch:,} in {passes} passes, if activations fall in "
+                        f"of {opts.step_batch:,} in {passes} passes, if activations fall in "
                         "proportion)")
         if smaller is not None:
             tips.append(f"a smaller batch (about --batch {smaller}, if activations fall in "

@@ -640,6 +640,8 @@ def test_launch_scripts_cannot_be_injected_through_names(runner, tmp_path):
      "3 microbatches do not divide the batch of 2048"),
     ("\nproblem:\n", "\nproblem: []\nold_problem:\n", "expected the plan's problem"),
     ("  fits: true\n", "  fits: 'false'\n", "expected true or false, got 'false'"),
+    ("  models:\n    sha256: ", "  models:\n    sha256: null\n    old: ",
+     "expected the kernel models' digest, {sha256: <64 hex digits>}, got a mapping"),
     ("  batch: 2048\n", "  batch: 2048\n  pipeline: 2\n",
      "expected the pipeline as a mapping (stages: S, ...), got 2"),
     ("  - grid: [1, 64]\n", "  - grid: [1.5, 64]\n", "two whole numbers >= 1, got [1.5, 64]"),

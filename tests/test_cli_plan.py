@@ -128,10 +128,30 @@ def test_a_transformer_on_the_defaults_is_told_so(runner):
     r = invoke(runner, *gpt2, "--precision", "bf16", "--microbatches", "2", "--optimizer",
                "momentum", "--grad-precision", "bf16")
     assert r.exit_code == 0 and "note" not in r.stderr, r.stderr
+    r = invoke(runner, *gpt2, "--precision", "bf16", "--optimizer", "adam",
+               "--microbatches", "auto")
+    assert "gradients accumulate over the microbatches the plan takes in bfloat16" \
+        in r.stderr, r.stderr  # found by a review: the note was lost under auto
     r = invoke(runner, "sweep", NETWORKS / "gpt2-small.yaml", DGX, "-p", "8,16", "-b", "16,32")
     assert r.stderr.count("--optimizer not given") == 1
     r = invoke(runner, "plan", ALEX, DGX, "-p", "8", "-b", "64")
     assert "note" not in r.stderr
+
+
+def test_no_plan_advice_counts_the_step_batch(runner):
+    """With --microbatches, --batch is the step's: the advice's microbatches divide it
+    and its smaller batch is a step's (a review found both read the microbatch's batch:
+    "the same batch of 16" for -b 48 in 3 microbatches). GPT-2 small in fp32 on 8 H100s,
+    batch 4,096 in 2 microbatches: the leanest layout needs 574.7 GiB, 573.1 of them
+    activations and workspace, 78.65 available, so room 77.05 GiB; by hand
+    ceil(2 · 573.1 / 77.05) = 15 microbatches, 4,096's next divisor 16; a microbatch of
+    floor(2,048 · 77.05 / 573.1) = 275 samples, 272 on 8 devices, a step of 544."""
+    r = invoke(runner, "plan", NETWORKS / "gpt2-small.yaml", DGX, "-p", "8", "-b", "4096",
+               "--microbatches", "2", "--optimizer", "momentum")
+    assert r.exit_code == 1
+    assert "more microbatches (about --microbatches 16: the same batch of 4,096 in 16 " \
+           "passes" in r.stderr, r.stderr
+    assert "a smaller batch (about --batch 544," in r.stderr
 
 
 def test_compare_when_nothing_fits(runner, tmp_path):

@@ -632,6 +632,14 @@ def test_an_nvls_section_above_the_sweep_is_kept(runner, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert yaml.safe_load(r.stdout)["network"]["intra_node"]["nvls"]["algbw"] == "230 GB/s"
     assert "dropped" not in r.stderr
+    # two ranks, however large: NVLS cannot beat the ring there, so it cannot show
+    two = tmp_path / "two_all_reduce_perf.txt"
+    two.write_text("\n".join(ln for ln in FIXTURES[0].read_text().splitlines()
+                             if not re.match(r"#  Rank  [2-7] ", ln)) + "\n")
+    assert {r.ranks for r in read_samples([two])} == {2}
+    r = invoke(runner, "comm", "fit", two, "--cluster", src)
+    assert r.exit_code == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["network"]["intra_node"]["nvls"]["algbw"] == "230 GB/s"
     r = invoke(runner, "comm", "fit", FIXTURES[0], "--cluster", src)
     assert yaml.safe_load(r.stdout)["network"]["intra_node"]["nvls"]["algbw"] != "230 GB/s"
 
@@ -663,3 +671,16 @@ def test_what_the_fit_cannot_see_is_said(runner, tmp_path):
     labelled = tmp_path / "srun_all_reduce_perf.txt"
     labelled.write_text("".join(f"0: {ln}\n" for ln in FIXTURES[0].read_text().splitlines()))
     assert len(read_samples([labelled])) == len(read_samples([FIXTURES[0]]))
+
+
+def test_a_run_that_died_before_its_table_is_left_out():
+    """A log where a run printed its header and ranks, died, and a rerun was appended
+    (`>> log`): the dead run is left out with a note and the rerun read; before, the two
+    read as one run, its rank lines twice (found by a review)."""
+    text = FIXTURES[0].read_text().splitlines()
+    dead = "\n".join([*text[:16], "node-a: Test NCCL failure common.cu:123 'unhandled "
+                      "system error'", *text]) + "\n"
+    notes: list[str] = []
+    rows = parse_nccl_tests(dead, "log.txt", notes)
+    assert len(rows) == 11 and {r.ranks for r in rows} == {8}
+    assert notes == ["log.txt:1: a run with no result table (it failed before one?) left out"]

@@ -141,7 +141,7 @@ def _plan(runner, *extra):
                  "--optimizer", "adam", "--grid", "1x16", "--mode", "data", "--zero", "1",
                  "--format", "json", *extra)
     assert res.exit_code == 0, res.output
-    return json.loads(res.output)
+    return json.loads(res.stdout)
 
 
 def test_cli_doubles_the_gradients_and_nothing_else(runner):
@@ -267,9 +267,9 @@ def test_a_sweep_says_what_it_asked(runner):
     not be told apart: their JSON held the files, the objective and the rows."""
     args = ("sweep", str(NETWORKS / "alexnet.yaml"), CL, "-p", "8,16", "-b", "256",
             "--format", "json")
-    plain = json.loads(invoke(runner, *args).output)["problem"]
+    plain = json.loads(invoke(runner, *args).stdout)["problem"]
     wide = json.loads(invoke(runner, *args, "--precision", "bf16", "--grad-precision", "fp32",
-                             "--zero", "auto", "--zero-shard", "node").output)["problem"]
+                             "--zero", "auto", "--zero-shard", "node").stdout)["problem"]
     assert (plain["dtype"], plain["grad_dtype"], plain["zero"]) == ("float32", "float32", 0)
     assert "zero_shard" not in plain and "gpus" not in plain
     assert (wide["dtype"], wide["grad_dtype"], wide["zero"], wide["zero_shard"]) == \

@@ -227,7 +227,7 @@ def test_interleaved_plan_document_table_and_launch(runner, net_file, tmp_path):
     first = invoke(runner, *args)
     assert first.exit_code == 0, first.output
     assert invoke(runner, *args).output == first.output  # byte-identical
-    doc = yaml.safe_load(first.output)
+    doc = yaml.safe_load(first.stdout)
     assert doc["problem"]["pipeline"] == {"stages": 2, "virtual_stages": 2,
                                           "schedule": "interleaved-1f1b"}
     pipe = doc["pipeline"]
@@ -264,7 +264,7 @@ def test_interleaved_plan_document_table_and_launch(runner, net_file, tmp_path):
     assert "pipeline 2 stages of 2 model chunks, 8 microbatches (interleaved-1f1b)" in \
         table.output
     plan = tmp_path / "plan.yaml"
-    plan.write_text(first.output)
+    plan.write_text(first.stdout)
     env = invoke(runner, "launch", str(plan), "--emit", "env")
     assert env.exit_code == 0, env.output
     assert "PLANNER_VIRTUAL_STAGES=2" in env.output
@@ -278,7 +278,7 @@ def test_cost_interleaved_prices_the_grid_in_every_chunk(runner, net_file):
             "megatron", "--estimator", "roofline", "--format", "json")
     out = invoke(runner, *args)
     assert out.exit_code == 0, out.output
-    doc = json.loads(out.output)
+    doc = json.loads(out.stdout)
     assert doc["problem"]["pipeline"]["virtual_stages"] == 2
     assert len(doc["pipeline"]["stage_plans"]) == 4
     weighted = [r for r in doc["layers"] if "follows" not in r]
@@ -290,13 +290,13 @@ def test_check_an_interleaved_plan(runner, net_file, tmp_path):
 
     plan = invoke(runner, "plan", net_file, CL, *PLAN, "--format", "yaml")
     assert plan.exit_code == 0, plan.output
-    (tmp_path / "plan.yaml").write_text(plan.output)
+    (tmp_path / "plan.yaml").write_text(plan.stdout)
     cfg = _config(tmp_path, net_file, ["plan: plan.yaml"], microbatches=8, pipeline=2,
                   virtual_stages=2)
     out, data = _check(runner, cfg)
     assert out.exit_code == 0, out.output
     checks = {c["check"]: c for c in data["configs"][0]["checks"]}
-    doc = yaml.safe_load(plan.output)
+    doc = yaml.safe_load(plan.stdout)
     assert checks["speed"]["time_s"] == pytest.approx(doc["iteration"]["time_s"], rel=1e-3)
     assert checks["speed"]["ratio"] == pytest.approx(1.0, abs=1e-12)
     assert "with 2 pipeline stages of 2 model chunks" in checks["speed"]["message"]
@@ -309,7 +309,7 @@ def test_check_an_interleaved_plan(runner, net_file, tmp_path):
     assert "the plan is for virtual_stages=2, the configuration says 1" in \
         data["configs"][0]["checks"][0]["message"]
     # an edited plan: the first layer moved to another chunk
-    edited = yaml.safe_load(plan.output)
+    edited = yaml.safe_load(plan.stdout)
     edited["layers"][0]["chunk"] = 1
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(edited, sort_keys=False))
     cfg = _config(tmp_path, net_file, ["plan: plan.yaml"], microbatches=8, pipeline=2,
@@ -333,13 +333,13 @@ def test_check_a_grid_interleaved_prices_as_cost_does(runner, net_file, tmp_path
     cost = json.loads(invoke(runner, "cost", net_file, CL, "-p", "16", "-b", "32",
                              "--microbatches", "8", "--pipeline", "2", "--virtual-stages",
                              "2", "--grid", "2x4", "--mode", "megatron", "--estimator",
-                             "roofline", "--format", "json").output)
+                             "roofline", "--format", "json").stdout)
     checks = {c["check"]: c for c in data["configs"][0]["checks"]}
     assert checks["speed"]["time_s"] == pytest.approx(cost["iteration"]["time_s"], rel=1e-3)
     assert checks["memory"]["peak_bytes"] == pytest.approx(cost["memory"]["peak_bytes"],
                                                            rel=1e-3)
     optimum = json.loads(invoke(runner, "plan", net_file, CL, *PLAN, "--format",
-                                "json").output)
+                                "json").stdout)
     assert checks["speed"]["optimum_s"] == pytest.approx(optimum["iteration"]["time_s"],
                                                          rel=1e-3)
 
@@ -389,7 +389,7 @@ def test_microbatches_auto_with_interleaving_tries_multiples_of_the_stages(runne
                  "--virtual-stages", "2", "--microbatches", "auto", "--estimator",
                  "roofline", "--format", "json")
     assert out.exit_code == 0, out.output
-    doc = json.loads(out.output)
+    doc = json.loads(out.stdout)
     tried = [t["microbatches"] for t in doc["microbatches_auto"]]
     assert tried and all(m % 2 == 0 for m in tried) and tried == sorted(tried)
     assert doc["problem"]["microbatches"] % 2 == 0
@@ -403,7 +403,7 @@ def test_pipeline_auto_with_interleaving_tries_the_counts_it_allows(runner, net_
                  "4", "--pipeline", "auto", "--virtual-stages", "2", "--estimator",
                  "roofline", "--format", "json")
     assert out.exit_code == 0, out.output
-    doc = json.loads(out.output)
+    doc = json.loads(out.stdout)
     trials = doc["pipeline_auto"]
     assert [t["stages"] for t in trials] == [1, 2, 4]
     done = [t["time_s"] for t in trials if t["time_s"] is not None]
@@ -420,7 +420,7 @@ def test_virtual_stages_auto_keeps_the_fastest_count(runner, net_file):
             "--pipeline", "2", "--estimator", "roofline")
     out = invoke(runner, *base, "--virtual-stages", "auto", "--format", "json")
     assert out.exit_code == 0, out.output
-    doc = json.loads(out.output)
+    doc = json.loads(out.stdout)
     trials = doc["virtual_auto"]
     tried = [t["virtual_stages"] for t in trials]
     assert tried == list(range(1, len(tried) + 1)) and len(tried) <= 5
@@ -436,7 +436,7 @@ def test_virtual_stages_auto_keeps_the_fastest_count(runner, net_file):
     # each trial is that count planned alone
     for v, t in zip(tried, times, strict=True):
         alone = json.loads(invoke(runner, *base, "--virtual-stages", str(v), "--format",
-                                  "json").output)
+                                  "json").stdout)
         assert alone["iteration"]["time_s"] == t
     table = invoke(runner, *base, "--virtual-stages", "auto")
     assert "virtual stages auto 1: " in table.output and "(chosen)" in table.output
@@ -460,7 +460,7 @@ def test_virtual_stages_auto_needs_a_pipeline(runner, net_file):
 def test_launch_refuses_an_edited_grid_stage_or_chunk(runner, net_file, tmp_path, key,
                                                       value, words):
     plan = invoke(runner, "plan", net_file, CL, *PLAN, "--format", "yaml")
-    doc = yaml.safe_load(plan.output)
+    doc = yaml.safe_load(plan.stdout)
     doc["placement"]["grids"][0][key] = value
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -56,7 +56,7 @@ def test_cost_pipeline_prices_the_grid_in_every_stage(runner, net_file):
     out = invoke(runner, *args)
     assert out.exit_code == 0, out.output
     assert invoke(runner, *args).output == out.output  # byte-identical
-    doc = json.loads(out.output)
+    doc = json.loads(out.stdout)
     assert doc["command"] == "cost"
     assert doc["problem"]["pipeline"] == {"stages": 2, "schedule": "1f1b"}
     assert "baselines" not in doc and "search" not in doc
@@ -135,13 +135,13 @@ def test_check_a_pipelined_plan_prices_it_as_planned(runner, net_file, tmp_path)
     plan = invoke(runner, "plan", net_file, CL, "-p", "16", "-b", "32", "--microbatches",
                   "8", "--pipeline", "2", "--estimator", "roofline", "--format", "yaml")
     assert plan.exit_code == 0, plan.output
-    (tmp_path / "plan.yaml").write_text(plan.output)
+    (tmp_path / "plan.yaml").write_text(plan.stdout)
     cfg = _config(tmp_path, net_file, ["plan: plan.yaml"], microbatches=8, pipeline=2)
     out, data = _check(runner, cfg)
     assert out.exit_code == 0, out.output
     checks = {c["check"]: c for c in data["configs"][0]["checks"]}
     assert all(c["ok"] for c in checks.values())
-    doc = yaml.safe_load(plan.output)
+    doc = yaml.safe_load(plan.stdout)
     # re-priced from the plan's layouts and stages: the plan's own time, and the optimum
     # (the search with as many stages) is the plan
     assert checks["speed"]["time_s"] == pytest.approx(doc["iteration"]["time_s"], rel=1e-3)
@@ -165,7 +165,7 @@ def test_check_a_pipelined_plan_prices_it_as_planned(runner, net_file, tmp_path)
         assert words in data["configs"][0]["checks"][0]["message"]
 
     # an edited plan: a layer moved to the other stage, out of order
-    edited = yaml.safe_load(plan.output)
+    edited = yaml.safe_load(plan.stdout)
     edited["layers"][0]["stage"] = 1
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump(edited, sort_keys=False))
     cfg = _config(tmp_path, net_file, ["plan: plan.yaml"], microbatches=8, pipeline=2)
@@ -182,7 +182,7 @@ def test_check_a_plan_with_microbatches_against_a_config_without(runner, net_fil
                                                                   tmp_path):
     plan = invoke(runner, "plan", net_file, CL, "-p", "16", "-b", "32", "--microbatches",
                   "4", "--estimator", "roofline", "--format", "yaml")
-    (tmp_path / "plan.yaml").write_text(plan.output)
+    (tmp_path / "plan.yaml").write_text(plan.stdout)
     out, data = _check(runner, _config(tmp_path, net_file, ["plan: plan.yaml"]))
     assert out.exit_code == 1, out.output
     assert "the plan is for microbatches=4, the configuration says 1" in \
@@ -196,14 +196,14 @@ def test_check_a_grid_in_stages_prices_as_cost_does(runner, net_file, tmp_path):
     cfg = _config(tmp_path, net_file, ["grid: 2x4", "mode: megatron"], microbatches=8,
                   pipeline=2)
     out, data = _check(runner, cfg)
-    cost = json.loads(invoke(runner, "cost", net_file, CL, *COST, "--format", "json").output)
+    cost = json.loads(invoke(runner, "cost", net_file, CL, *COST, "--format", "json").stdout)
     checks = {c["check"]: c for c in data["configs"][0]["checks"]}
     assert checks["speed"]["time_s"] == pytest.approx(cost["iteration"]["time_s"], rel=1e-3)
     assert checks["memory"]["peak_bytes"] == pytest.approx(cost["memory"]["peak_bytes"],
                                                            rel=1e-3)
     optimum = json.loads(invoke(runner, "plan", net_file, CL, "-p", "16", "-b", "32",
                                 "--microbatches", "8", "--pipeline", "2", "--estimator",
-                                "roofline", "--format", "json").output)
+                                "roofline", "--format", "json").stdout)
     assert checks["speed"]["optimum_s"] == pytest.approx(optimum["iteration"]["time_s"],
                                                          rel=1e-3)
     assert out.exit_code == (0 if checks["speed"]["ratio"] <= 1.0 + 1e-9 else 1)
@@ -216,7 +216,7 @@ def test_gradient_accumulation_in_a_config_is_the_command_lines(runner, net_file
     assert out.exit_code in (0, 1), out.output
     cost = json.loads(invoke(runner, "cost", net_file, CL, "-p", "16", "-b", "32",
                              "--microbatches", "2", "--grid", "1x16", "--estimator",
-                             "roofline", "--format", "json").output)
+                             "roofline", "--format", "json").stdout)
     speed = data["configs"][0]["checks"][1]
     assert speed["time_s"] == pytest.approx(cost["iteration"]["time_s"], rel=1e-3)
 
@@ -254,7 +254,7 @@ def test_cost_with_stage_starts_runs_the_stages_given(runner, net_file):
     args = ("cost", net_file, CL, *COST, "--format", "json")
     given = invoke(runner, *args, "--stage-starts", "head")
     assert given.exit_code == 0, given.output
-    doc = json.loads(given.output)
+    doc = json.loads(given.stdout)
     stages = doc["pipeline"]["stage_plans"]
     assert [s["layers"] for s in stages] == [["wte", "blk.3.mlp.add"], ["head", "head"]]
     assert [p["bounds"] for p in doc["pipeline"]["partitions"]] == [["wte", "head"]]
@@ -264,16 +264,16 @@ def test_cost_with_stage_starts_runs_the_stages_given(runner, net_file):
         span + max(s["tail_s"] for s in stages) + doc["pipeline"]["tied_allreduce_s"],
         rel=1e-3)
     # the balanced stages, given by hand, price as the balanced run does
-    balanced = json.loads(invoke(runner, *args).output)
+    balanced = json.loads(invoke(runner, *args).stdout)
     start = balanced["pipeline"]["stage_plans"][1]["layers"][0]
-    same = json.loads(invoke(runner, *args, "--stage-starts", start).output)
+    same = json.loads(invoke(runner, *args, "--stage-starts", start).stdout)
     assert same["iteration"] == balanced["iteration"]
     assert same["pipeline"]["stage_plans"] == balanced["pipeline"]["stage_plans"]
     # interleaved: 4 chunks need 3 starts
     four = invoke(runner, *args, "--virtual-stages", "2", "--stage-starts",
                   "blk.1.attn.ln,blk.2.attn.ln,blk.3.attn.ln")
     assert four.exit_code == 0, four.output
-    recs = json.loads(four.output)["pipeline"]["stage_plans"]
+    recs = json.loads(four.stdout)["pipeline"]["stage_plans"]
     assert [r["layers"][0] for r in recs] == ["wte", "blk.1.attn.ln", "blk.2.attn.ln",
                                               "blk.3.attn.ln"]
 
@@ -305,7 +305,7 @@ def test_config_stage_starts_price_as_cost_does(runner, net_file, tmp_path):
     out, data = _check(runner, cfg)
     assert out.exit_code in (0, 1), out.output
     cost = json.loads(invoke(runner, "cost", net_file, CL, *COST, "--stage-starts",
-                             "blk.2.attn.ln", "--format", "json").output)
+                             "blk.2.attn.ln", "--format", "json").stdout)
     checks = {c["check"]: c for c in data["configs"][0]["checks"]}
     assert checks["speed"]["time_s"] == pytest.approx(cost["iteration"]["time_s"], rel=1e-3)
     assert checks["memory"]["peak_bytes"] == pytest.approx(cost["memory"]["peak_bytes"],

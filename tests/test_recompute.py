@@ -167,10 +167,10 @@ def test_recomputation_lets_gpt2_fit():
 def test_command_line_plan_and_configuration(runner, tmp_path):
     net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
     base = [net, cl, "-p", "8", "-b", "64", "--optimizer", "adam", "--format", "json"]
-    plain = json.loads(invoke(runner, "cost", *base).output)
+    plain = json.loads(invoke(runner, "cost", *base).stdout)
     res = invoke(runner, "cost", *base, "--recompute", "blocks")
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+    doc = json.loads(res.stdout)
     assert (plain["problem"]["recompute"], doc["problem"]["recompute"]) == ("none", "blocks")
     assert plain["iteration"]["recompute_s"] == 0 < doc["iteration"]["recompute_s"]
     assert doc["memory"]["breakdown"]["activations"] < \
@@ -230,7 +230,7 @@ def test_recompute_auto_takes_the_fewest_blocks_that_fit(runner):
             "--optimizer", "adam", "--format", "json"]
     res = invoke(runner, "plan", *base, "--recompute", "auto")
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+    doc = json.loads(res.stdout)
     k = int(doc["problem"]["recompute"])
     assert 0 < k < 24
     trials = {t["blocks"]: t for t in doc["recompute_auto"]}
@@ -244,7 +244,7 @@ def test_recompute_auto_takes_the_fewest_blocks_that_fit(runner):
     assert short.exit_code == 1
     assert "recomputing residual blocks (--recompute auto: as few of the 24 as memory " \
         "needs)" in short.stderr
-    fixed = json.loads(invoke(runner, "plan", *base, "--recompute", str(k)).output)
+    fixed = json.loads(invoke(runner, "plan", *base, "--recompute", str(k)).stdout)
     assert fixed["iteration"]["time_s"] == doc["iteration"]["time_s"]
     assert fixed["problem"]["recompute"] == str(k)
     table = invoke(runner, "plan", *base[:-2], "--recompute", "auto").output
@@ -252,13 +252,13 @@ def test_recompute_auto_takes_the_fewest_blocks_that_fit(runner):
     # cost: data parallel, the least count that fits
     res = invoke(runner, "cost", *base, "--recompute", "auto")
     assert res.exit_code == 0, res.output
-    count = int(json.loads(res.output)["problem"]["recompute"])
+    count = int(json.loads(res.stdout)["problem"]["recompute"])
     assert 0 < count < 24
     assert invoke(runner, "cost", *base, "--recompute", str(count)).exit_code == 0
     assert invoke(runner, "cost", *base, "--recompute", str(count - 1)).exit_code == 1
     rows = json.loads(invoke(runner, "sweep", *base[:2], "-p", "8", "-b", "64,768",
                              "--optimizer", "adam", "--recompute", "auto",
-                             "--format", "json").output)["results"]
+                             "--format", "json").stdout)["results"]
     assert [r["recompute"] for r in rows] == ["none", str(k)]
 
 

@@ -35,7 +35,7 @@ def _tight(tmp_path, mib: int) -> str:
 def _plan(runner, net_file, cluster, *extra, base=PLAN):
     out = invoke(runner, "plan", net_file, cluster, *base, *extra, "--format", "yaml")
     assert out.exit_code == 0, out.output
-    return yaml.safe_load(out.output)
+    return yaml.safe_load(out.stdout)
 
 
 def _without(doc, *keys):

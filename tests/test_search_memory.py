@@ -194,9 +194,10 @@ def test_memory_search_beats_every_weight_on_a_grid(name, p, batch, recompute, f
 
 def test_microbatches_that_fit_by_hand():
     """The no-plan advice's gradient accumulation: the fewest microbatches, a divisor of
-    the batch, at which the activations and workspace (per microbatch) fit beside the
-    rest. 81.33 GiB peak of which 64.81 falls with the batch, 78.65 available: the rest
-    is 16.52, room 62.13, so 64.81 / 62.13 = 1.04 -> 2 passes (Llama 3 8B, 8 GPUs,
+    the step's batch (its caller passes Options.step_batch: test_cli_plan holds that),
+    at which the activations and workspace (per microbatch) fit beside the rest. 81.33
+    GiB peak of which 64.81 falls with the batch, 78.65 available: the rest is 16.52,
+    room 62.13, so 64.81 / 62.13 = 1.04 -> 2 passes (Llama 3 8B, 8 GPUs,
     batch 64, ZeRO 3, every block recomputed; found by an audit: the advice only ever
     said a smaller batch)."""
     from types import SimpleNamespace

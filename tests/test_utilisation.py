@@ -56,7 +56,7 @@ def test_plan_and_cost_documents_carry_it(runner, tmp_path):
     for command in ("plan", "cost"):
         out = invoke(runner, command, path, CL, "-p", "8", "-b", "64", "--format", "json")
         assert out.exit_code == 0, out.output
-        it = json.loads(out.output)["iteration"]
+        it = json.loads(out.stdout)["iteration"]
         assert it["model_flops"] == 3_221_225_472
         rate = 3_221_225_472 / it["time_s"] / 8
         assert it["tflops_per_device"] == pytest.approx(rate / 1e12, rel=1e-3)
@@ -70,12 +70,12 @@ def test_a_pipeline_counts_every_device_and_the_whole_step(runner, tmp_path):
     stage's ``P/S``: 2 stages of 8 devices, 8 microbatches of 4 sequences."""
     path = tmp_path / "net.yaml"
     path.write_text(NET)
-    show = json.loads(invoke(runner, "show", path, "--format", "json").output)
+    show = json.loads(invoke(runner, "show", path, "--format", "json").stdout)
     forward = sum(layer["flops_forward"] for layer in show["layers"])
     out = invoke(runner, "plan", path, CL, "-p", "16", "-b", "32", "--microbatches", "8",
                  "--pipeline", "2", "--estimator", "roofline", "--format", "json")
     assert out.exit_code == 0, out.output
-    it = json.loads(out.output)["iteration"]
+    it = json.loads(out.stdout)["iteration"]
     assert it["model_flops"] == 3 * forward * 32
     assert it["tflops_per_device"] == pytest.approx(
         3 * forward * 32 / it["time_s"] / 16 / 1e12, rel=1e-3)
@@ -86,7 +86,7 @@ def test_sweep_rows_carry_it(runner, tmp_path):
     path.write_text(MLP)
     out = invoke(runner, "sweep", path, CL, "-p", "8,16", "-b", "64", "--format", "json")
     assert out.exit_code == 0, out.output
-    rows = json.loads(out.output)["results"]
+    rows = json.loads(out.stdout)["results"]
     for r in rows:
         assert r["mfu"] == pytest.approx(3_221_225_472 / r["time_s"] / r["gpus"] / 989.4e12,
                                          rel=1e-3)

@@ -197,10 +197,10 @@ def test_no_plan_suggests_the_next_stage():
 def test_cli_and_plan_document(runner, tmp_path):
     net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
     args = ["cost", net, cl, "-p", "16", "-b", "16", "--optimizer", "adam", "--format", "json"]
-    plain = json.loads(invoke(runner, *args).output)
+    plain = json.loads(invoke(runner, *args).stdout)
     res = invoke(runner, *args, "--zero", "2")
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+    doc = json.loads(res.stdout)
     assert plain["problem"]["zero"] == 0 and doc["problem"]["zero"] == 2
     b0, b2 = plain["memory"]["breakdown"], doc["memory"]["breakdown"]
     assert b2["weights"] == b0["weights"]
@@ -278,7 +278,7 @@ def test_the_table_shows_the_parameter_gathers(runner):
     assert "overlap gradients, ZeRO stage 3" in three
     assert any("param gather" in line for line in three.splitlines())
     row = next(line for line in three.splitlines() if line.split()[:1] == ["h.0.mlp.c_fc"])
-    doc = json.loads(invoke(runner, *args, "--zero", "3", "--format", "json").output)
+    doc = json.loads(invoke(runner, *args, "--zero", "3", "--format", "json").stdout)
     rec = next(x for x in doc["layers"] if x["name"] == "h.0.mlp.c_fc")
     gathers = rec["comm"]["parameters_s"]
     assert gathers > 0
@@ -373,25 +373,25 @@ def test_auto_on_the_command_line(runner, tmp_path):
     base = [net, cl, "-p", "8", "-b", "8", "--optimizer", "adam"]
     res = invoke(runner, "plan", *base, "--zero", "auto", "--format", "json")
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+    doc = json.loads(res.stdout)
     stages = doc["zero_auto"]
     assert [t["stage"] for t in stages] == [0, 1, 2, 3]
     chosen = doc["problem"]["zero"]
     searched = {t["stage"]: t["time_s"] for t in stages if t["outcome"] == "plan"}
     assert doc["iteration"]["time_s"] == min(searched.values()) == searched[chosen]
     fixed = json.loads(invoke(runner, "plan", *base, "--zero", str(chosen), "--format",
-                              "json").output)
+                              "json").stdout)
     assert fixed["layers"] == doc["layers"] and fixed["iteration"] == doc["iteration"]
     table = invoke(runner, "plan", *base, "--zero", "auto").output
     assert "ZeRO auto stage 0:" in table and "(chosen)" in table
     cost = json.loads(invoke(runner, "cost", *base, "--zero", "auto", "--format",
-                             "json").output)
+                             "json").stdout)
     priced = {t["stage"]: t["time_s"] for t in cost["zero_auto"]}
     assert all(t["outcome"] == "fits" for t in cost["zero_auto"])
     assert cost["iteration"]["time_s"] == min(priced.values())
     assert priced[cost["problem"]["zero"]] == min(priced.values())
     sweep = json.loads(invoke(runner, "sweep", net, cl, "-p", "8", "-b", "8", "--optimizer",
-                              "adam", "--zero", "auto", "--format", "json").output)
+                              "adam", "--zero", "auto", "--format", "json").stdout)
     assert sweep["results"][0]["zero"] == chosen
     for bad, message in ((["--zero", "auto", "--cost-model", "gholami2018"],
                           "--zero auto needs --cost-model exact"),
@@ -532,10 +532,10 @@ def test_overlapped_parameter_gathers_on_the_command_line(runner, tmp_path):
     net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
     args = ["cost", net, cl, "-p", "8", "-b", "8", "--optimizer", "adam", "--zero", "1",
             "--format", "json"]
-    plain = json.loads(invoke(runner, *args).output)
+    plain = json.loads(invoke(runner, *args).stdout)
     res = invoke(runner, *args, "--overlap-param-gather")
     assert res.exit_code == 0, res.output
-    over = json.loads(res.output)
+    over = json.loads(res.stdout)
     assert over["problem"]["overlap_param_gather"] is True
     assert "overlap_param_gather" not in plain["problem"]
     assert over["iteration"]["time_s"] < plain["iteration"]["time_s"]
@@ -547,7 +547,7 @@ def test_overlapped_parameter_gathers_on_the_command_line(runner, tmp_path):
         assert out.exit_code == 2 and words in out.stderr, out.stderr
     table = invoke(runner, *args[:-2], "--overlap-param-gather").output
     assert "overlap gradients and parameter gathers" in table
-    (tmp_path / "over.json").write_text(res.output)
+    (tmp_path / "over.json").write_text(res.stdout)
     (tmp_path / "plain.json").write_text(json.dumps(plain))
     for plan, extra, code, words in (
             ("over.json", "zero: 1\noverlap_param_gather: true\n", 0, ""),
@@ -723,10 +723,10 @@ def test_hybrid_on_the_command_line(runner, tmp_path):
     for shard in ("all", "node"):
         res = invoke(runner, "cost", *base, "--zero", "3", "--zero-shard", shard)
         assert res.exit_code == 0, res.output
-        docs[shard] = json.loads(res.output)
+        docs[shard] = json.loads(res.stdout)
     assert docs["node"]["problem"]["zero_shard"] == "node"
     assert docs["all"]["problem"]["zero_shard"] == "all"
-    plain = json.loads(invoke(runner, "cost", *base).output)
+    plain = json.loads(invoke(runner, "cost", *base).stdout)
     assert "zero_shard" not in plain["problem"]
     kinds = {t["collective"] for x in docs["node"]["layers"] for t in x["comm"]["terms"]}
     assert "hybrid_reduce" in kinds and "reduce_scatter" not in kinds
@@ -740,7 +740,7 @@ def test_hybrid_on_the_command_line(runner, tmp_path):
     assert bad.exit_code == 2 and "--zero-shard node needs ZeRO" in bad.output
     assert "Traceback" not in bad.output
     auto = json.loads(invoke(runner, "plan", *base, "--zero", "3", "--zero-shard",
-                             "auto").output)
+                             "auto").stdout)
     assert [(t["stage"], t["shard"]) for t in auto["zero_auto"]] == [(3, "all"), (3, "node")]
     times = {t["shard"]: t["time_s"] for t in auto["zero_auto"]}
     assert auto["iteration"]["time_s"] == min(times.values())
@@ -748,7 +748,7 @@ def test_hybrid_on_the_command_line(runner, tmp_path):
     assert "--zero-shard auto chose stage 3" in " ".join(auto["search"]["notes"])
     one_node = json.loads(invoke(runner, "plan", net, cl, "-p", "8", "-b", "8", "--optimizer",
                                  "adam", "--zero", "3", "--zero-shard", "auto", "--format",
-                                 "json").output)
+                                 "json").stdout)
     assert "zero_auto" not in one_node  # in one node the two ways are one
     runner.env = {"COLUMNS": "200"}
     table = invoke(runner, "cost", *base[:-2], "--zero", "3", "--zero-shard", "node").output

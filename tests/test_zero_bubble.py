@@ -218,7 +218,7 @@ def test_zb_h1_plan_document_table_and_launch(runner, net_file, tmp_path):
     first = invoke(runner, *args)
     assert first.exit_code == 0, first.output
     assert invoke(runner, *args).output == first.output  # byte-identical
-    doc = yaml.safe_load(first.output)
+    doc = yaml.safe_load(first.stdout)
     assert doc["problem"]["pipeline"] == {"stages": 2, "schedule": "zb-h1"}
     pipe = doc["pipeline"]
     assert pipe["schedule"] == "zb-h1"
@@ -234,7 +234,7 @@ def test_zb_h1_plan_document_table_and_launch(runner, net_file, tmp_path):
     span = max(zero_bubble_finish(passes, 8))
     assert doc["iteration"]["time_s"] == pytest.approx(
         span + max(r["tail_s"] for r in recs) + pipe["tied_allreduce_s"], rel=1e-3)
-    plain = yaml.safe_load(invoke(runner, *args[:-4], "--format", "yaml").output)
+    plain = yaml.safe_load(invoke(runner, *args[:-4], "--format", "yaml").stdout)
     for r in plain["pipeline"]["stage_plans"]:  # 1F1B's: a forward and a backward pass
         assert set(r["passes_s"]) == {"forward", "backward"}
         assert r["passes_s"]["forward"] + r["passes_s"]["backward"] == \
@@ -245,7 +245,7 @@ def test_zb_h1_plan_document_table_and_launch(runner, net_file, tmp_path):
     assert "pipeline 2 stages, 8 microbatches (zb-h1)" in table.output
     assert "F / B / W" in table.output
     plan = tmp_path / "plan.yaml"
-    plan.write_text(first.output)
+    plan.write_text(first.stdout)
     env = invoke(runner, "launch", str(plan), "--emit", "env")
     assert env.exit_code == 0, env.output
     assert "PLANNER_PIPELINE_SCHEDULE=zb-h1" in env.output
@@ -256,10 +256,10 @@ def test_cost_and_check_price_a_zb_h1_grid_alike(runner, net_file, tmp_path):
 
     cost = json.loads(invoke(runner, "cost", net_file, CL, *PLAN, "--grid", "2x4",
                              "--mode", "megatron", "--schedule", "zb-h1",
-                             "--format", "json").output)
+                             "--format", "json").stdout)
     assert cost["pipeline"]["schedule"] == "zb-h1"
     plain = json.loads(invoke(runner, "cost", net_file, CL, *PLAN, "--grid", "2x4",
-                              "--mode", "megatron", "--format", "json").output)
+                              "--mode", "megatron", "--format", "json").stdout)
     assert cost["iteration"]["time_s"] < plain["iteration"]["time_s"]
     cfg = _config(tmp_path, net_file, ["grid: 2x4", "mode: megatron"], microbatches=8,
                   pipeline=2, schedule="zb-h1")
@@ -269,7 +269,7 @@ def test_cost_and_check_price_a_zb_h1_grid_alike(runner, net_file, tmp_path):
     assert checks["speed"]["time_s"] == pytest.approx(cost["iteration"]["time_s"], rel=1e-3)
     assert "with 2 pipeline stages under zb-h1" in checks["speed"]["message"]
     optimum = json.loads(invoke(runner, "plan", net_file, CL, *PLAN, "--schedule", "zb-h1",
-                                "--format", "json").output)
+                                "--format", "json").stdout)
     assert checks["speed"]["optimum_s"] == pytest.approx(optimum["iteration"]["time_s"],
                                                          rel=1e-3)
 
@@ -280,7 +280,7 @@ def test_check_a_zb_h1_plan_and_a_stale_schedule(runner, net_file, tmp_path):
     plan = invoke(runner, "plan", net_file, CL, *PLAN, "--schedule", "zb-h1", "--format",
                   "yaml")
     assert plan.exit_code == 0, plan.output
-    (tmp_path / "plan.yaml").write_text(plan.output)
+    (tmp_path / "plan.yaml").write_text(plan.stdout)
     cfg = _config(tmp_path, net_file, ["plan: plan.yaml"], microbatches=8, pipeline=2,
                   schedule="zb-h1")
     out, data = _check(runner, cfg)

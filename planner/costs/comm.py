@@ -220,8 +220,10 @@ def nvls_time(link: Link, op: Collective, nbytes: Bytes, p: int) -> Bytes | None
 
     ``α_nvls + n / algbw_nvls`` at any group size, as NCCL's tuning model prices NVLS
     (its algorithm bandwidth is the channels' bus bandwidth times a constant 5/6, where a
-    ring's is times ``p / (2(p−1))``): the switch reduces, so each rank moves about the
-    same bytes whatever ``p`` (``(1 + 1/p)·n`` each way). A bus bandwidth held constant
+    ring's is times ``p / (2(p−1))``). By each rank's traffic, ``(1 + 1/p)·n`` each way
+    as the switch reduces against a ring's ``2(p−1)/p·n``, NVLS would lose on 2 ranks,
+    tie on 4 and win on 8; NCCL's constant has it lose on 2 and win from 4 (the README's
+    *Collectives: planner comm fit*). A bus bandwidth held constant
     instead (before 2026-11-28) priced NVLS on two ranks at 457 GB/s of algorithm
     bandwidth, more than an H100's NVLink moves one way."""
     if op != "all_reduce" or link.nvls_algbw is None or p <= 1:

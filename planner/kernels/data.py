@@ -462,7 +462,9 @@ def parse_csv(text: str, display: str, shapes_only: bool = False) -> Dataset:
 
 #: a measured time this many times under the roofline bound is not a measurement: a
 #: unit slip (seconds written as milliseconds) or a device's specs. The shipped data
-#: reach 1.71 at most (a T4's fp16 convolutions); the bound counts Winograd's saving
+#: reach 1.71 at most (a T4's fp16 convolutions); the bound counts Winograd's saving,
+#: and FP32 rows are bounded at the TF32 rate where the GPU has one (measured with TF32
+#: on, as PyTorch's cuDNN convolutions are by default)
 MAX_OVER_ROOFLINE = 4.0
 #: the time column a row's op was read from, per layout
 _TIME_COLUMN = {"neusight": "latency_ms", "neusight-conv": "latency_ms",
@@ -482,8 +484,14 @@ def _faster_than_the_roofline(r: _Reader, out: Dataset,
     for family, table in (("gemm", out.gemm), ("conv", out.conv)):
         if not len(table):
             continue
-        spec = DeviceSpecs.build(table.devices(), table.dtype)
+        devices = table.devices()
+        spec = DeviceSpecs.build(devices, table.dtype)
         _, t_c, t_m = features(family, table.shape_array(), table.op, spec)
+        # FP32 measured with TF32 on (PyTorch's cuDNN default; matmuls at 'high'
+        # precision) runs at the TF32 rate: bound FP32 rows by it where the GPU has one
+        peak = np.array([max(p, d.peak("tf32")) if dt == "float32" else p for p, d, dt
+                         in zip(spec.peak.tolist(), devices, table.dtype, strict=True)])
+        t_c = t_c * spec.peak / peak
         over = np.maximum(t_c, t_m) / np.asarray(table.seconds, dtype=np.float64)
         for i in np.nonzero(over > MAX_OVER_ROOFLINE)[0]:
             op = table.op[i]
@@ -493,10 +501,12 @@ def _faster_than_the_roofline(r: _Reader, out: Dataset,
                           f"{op} {'x'.join(map(str, table.shape[i]))} in "
                           f"{table.seconds[i] * 1e3:.3g} ms is {over[i]:.3g}x faster than "
                           f"the {table.device[i]}'s roofline allows at its datasheet peak "
-                          f"({spec.peak[i] / 1e12:.3g} TFLOP/s in {table.dtype[i]}, "
-                          f"{spec.bandwidth[i] / 1e9:.4g} GB/s): a time in another unit "
-                          "(the column is milliseconds), or the device's specs (its "
-                          "catalog entry or cluster file)"))
+                          f"({peak[i] / 1e12:.3g} TFLOP/s in {table.dtype[i]}"
+                          + (", TF32 counted" if peak[i] > spec.peak[i] else "")
+                          + f", {spec.bandwidth[i] / 1e9:.4g} GB/s): a time in another "
+                          "unit (the column is milliseconds), a dtype other than the row "
+                          "says, or the device's specs (its catalog entry or cluster "
+                          "file)"))
     found.sort()
     for line, column, message in found[:5]:
         r.line = line
