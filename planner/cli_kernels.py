@@ -617,7 +617,10 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
             click.echo(f"planner: note: {note}", err=True)
     _print_comm(fits)
     if fmt == "json":
-        emit(to_json({"systems": [f.record() for f in fits]}), output, protect)
+        # the reader's notes too (rows with wrong results left out, a run with no table):
+        # a report written to a file would otherwise lose them to the terminal
+        emit(to_json({"systems": [f.record() for f in fits], "notes": notes}), output,
+             protect)
         return
     header = "# Fitted by `planner comm fit " + " ".join(printable(f) for f in files) + "`\n"
     if cluster_path is not None:

@@ -501,6 +501,10 @@ def test_other_collectives_are_refused_and_wrong_rows_noted(runner, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert (f"planner: note: {marked}:{data[2] + 1}: 1 row with wrong results (#wrong not "
             "0) left out of the fit") in r.stderr
+    # and in the JSON report, which a file would keep (it went to the terminal only)
+    r = invoke(runner, "comm", "fit", marked, "--format", "json")
+    assert json.loads(r.stdout)["notes"] == [f"{marked}:{data[2] + 1}: 1 row with wrong "
+                                             "results (#wrong not 0) left out of the fit"]
     five = r"^(\s*\S+\s+\S+\s+\S+\s+\S+\s+\S+\s+)"  # size count type redop root
     bad = rows.copy()
     bad[data[0]] = re.sub(five + r"(\S+)", r"\1abc", rows[data[0]])
