@@ -11,6 +11,8 @@ from typing import Any
 import click
 
 from .cli import Whole, check_output, format_option, output_option, plain_whole, render_data
+from .costs import COST_MODELS, OVERLAPS
+from .costs.memory import OPTIMIZERS
 from .errors import UsageError
 from .schedules import SCHEDULE, SCHEDULES
 from .units import MAX_BATCH, MAX_GPUS
@@ -34,11 +36,11 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         click.argument("network", type=click.Path(dir_okay=True)),
         click.argument("cluster", type=click.Path(dir_okay=True)),
-        click.option("--cost-model", type=click.Choice(("exact", "gholami2018")),
+        click.option("--cost-model", type=click.Choice(COST_MODELS),
                      default="exact", show_default=True,
                      help="exact volumes and the cluster's algorithms, or the paper's "
                           "Eq. 3-9 as printed."),
-        click.option("--overlap", type=click.Choice(("none", "gradients")),
+        click.option("--overlap", type=click.Choice(OVERLAPS),
                      default="gradients", show_default=True,
                      help="Overlap weight-gradient all-reduces with the backward pass."),
         click.option("--bucket-size", "bucket", default="25 MiB", show_default=True,
@@ -66,7 +68,7 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "values: p2p, a ring of sends overlapped with attention; "
                           "allgather, gathered before it; auto, the cheaper a layer "
                           "(Megatron-LM's --cp-comm-type)."),
-        click.option("--optimizer", type=click.Choice(("sgd", "momentum", "adam")),
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS),
                      default="momentum", show_default=True,
                      help="Optimizer state kept per parameter."),
         click.option("--precision", type=click.Choice(PRECISIONS), default=None,

@@ -373,9 +373,8 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
         type_bytes = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1,
                       "uint8": 1, "int32": 4, "int": 4, "int64": 8, "uint64": 8}
         line, size, count, _ = samples[-1]
-        tb = type_bytes.get(lines[line - 1].split()[2], 0) if len(
-            lines[line - 1].split()) > 2 else 0
         row = lines[line - 1].split()
+        tb = type_bytes.get(row[2], 0) if len(row) > 2 else 0
         redop = row[3] if "redop" in (header or []) and len(row) > 3 else ""
         root = row[4] if "root" in (header or []) and len(row) > 4 else "-1"
         if tb and count * tb == size and (redop == "none" or root not in ("-1", "")):
@@ -647,14 +646,19 @@ def _sse(fit: TierFit | None, rows: Sequence[Sample], nvls: bool) -> float:
     return float(np.sum(((pred - t) / t) ** 2))
 
 
+def _may_show_nvls(r: Sample) -> bool:
+    """Whether a single-node row could be NVLS: an all-reduce on enough ranks for NVLS to
+    beat the ring (:data:`NVLS_MIN_RANKS`)."""
+    return r.op == "all_reduce" and r.ranks >= NVLS_MIN_RANKS
+
+
 def _breakpoint(rows: list[Sample]) -> tuple[list[Sample], list[Sample]] | None:
     """Split a single-node all-reduce sweep into ring-below / NVLS-above, if that helps:
     on a GPU the catalog does not know to lack NVLS, where the ring below has a bandwidth
     and NVLS above is clearly faster than that ring on the same ranks."""
     from .cluster import lookup_device
 
-    ar = sorted((r for r in rows if r.op == "all_reduce" and r.ranks >= NVLS_MIN_RANKS),
-                key=lambda r: r.nbytes)  # on fewer ranks NVLS cannot beat the ring
+    ar = sorted(filter(_may_show_nvls, rows), key=lambda r: r.nbytes)
     sizes = sorted({r.nbytes for r in ar})
     if len(sizes) < 8:
         return None
@@ -719,9 +723,7 @@ def fit_system(system: str, rows: Sequence[Sample]) -> SystemFit:
             ring_rows, nvls_rows = split
     out = SystemFit(system, files=sorted({r.file for r in rows}),
                     largest_single_all_reduce=max(
-                        (r.nbytes for r in single
-                         if r.op == "all_reduce" and r.ranks >= NVLS_MIN_RANKS),
-                        default=0.0))
+                        (r.nbytes for r in single if _may_show_nvls(r)), default=0.0))
     out.intra = fit_ring(ring_rows, "intra")
     if out.intra is not None:
         out.intra = fit_ring_by_group(ring_rows, out.intra)

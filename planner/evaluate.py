@@ -56,7 +56,6 @@ from .errors import UsageError
 from .layout import EXPERT_MODES, WHOLE_MODES, Dist, Layout, base_mode, input_dist
 from .network import DTYPE_BYTES, Layer, Network
 
-OVERLAPS = ("none", "gradients")
 ZERO_STAGES = (0, 1, 2, 3)
 #: over whom ZeRO shards: all of a layer's data-parallel replicas, or those inside one
 #: node, replicated across nodes (hybrid sharding)

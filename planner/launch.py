@@ -14,6 +14,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from .costs import COST_MODELS, OVERLAPS
+from .costs.memory import OPTIMIZERS
 from .errors import Issue, UsageError, printable
 from .fields import show
 from .loading import Document
@@ -302,8 +304,7 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
 
 
 #: what a plan's ``problem`` records for these settings (the command line's choices)
-_PROBLEM_CHOICES = {"optimizer": ("sgd", "momentum", "adam"), "overlap": ("none", "gradients"),
-                    "cost_model": ("exact", "gholami2018")}
+_PROBLEM_CHOICES = {"optimizer": OPTIMIZERS, "overlap": OVERLAPS, "cost_model": COST_MODELS}
 
 
 def _problem_issues(problem: dict[str, Any], issues: list[Issue]) -> None:

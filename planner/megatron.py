@@ -97,18 +97,11 @@ def _refuse(plan_path: str, why: str, data: dict[str, Any]) -> NotMegatron:
 
 def _weighted(doc: Document) -> list[dict[str, Any]]:
     """The plan's layers with weights, each with a name, a mode, a grid of two whole
-    numbers and a placement (an :class:`InputError` at the entry otherwise)."""
-    data = doc.data
-    layers = data.get("layers")
-    if not isinstance(layers, list) or not layers:
-        raise doc.error([Issue("$.layers", "expected the plan's layers (a list), got "
-                                           f"{show(layers)}")])
+    numbers and a placement (an :class:`InputError` at the entry otherwise; that the
+    layers are a list of mappings, :func:`planner.launch.launch_spec` has checked)."""
     issues, out = [], []
-    for i, lay in enumerate(layers):
+    for i, lay in enumerate(doc.data["layers"]):
         where = f"$.layers[{i}]"
-        if not isinstance(lay, dict):
-            issues.append(Issue(where, f"expected a layer (a mapping), got {show(lay)}"))
-            continue
         if lay.get("type") not in ("linear", "attention", "embedding", "moe", "conv2d"):
             continue
         grid = lay.get("grid")

@@ -70,11 +70,12 @@ from pathlib import Path
 from typing import Any
 
 from .cluster import ALGORITHMS, Cluster
+from .costs import COST_MODELS, OVERLAPS
 from .costs.layer import CP_COMM_TYPES, RECOMPUTE, canonical_recompute, recompute_error
+from .costs.memory import OPTIMIZERS
 from .errors import InputError, Issue, NoFeasiblePlan, PlannerError, printable
 from .evaluate import (
     DEFAULT_BUCKET_BYTES,
-    OVERLAPS,
     ZERO_SHARDS,
     Evaluation,
     Options,
@@ -276,7 +277,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     if starts is not None and pipeline == 1:
         f.error("stage_starts", "stage_starts places the stages of a pipeline; set "
                                 "'pipeline' to 2 or more")
-    optimizer = f.opt("optimizer", choice(("sgd", "momentum", "adam")), "momentum")
+    optimizer = f.opt("optimizer", choice(OPTIMIZERS), "momentum")
     precision = f.opt_none("precision", _dtype)
     master = f.opt_none("master_weights", boolean)
     grad_precision = f.opt_none("grad_precision", _dtype)
@@ -285,7 +286,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     cp_comm = f.opt("cp_comm_type", choice(CP_COMM_TYPES), "p2p")
     param_gather = f.opt("overlap_param_gather", boolean, False)
     bucket = f.opt("bucket_size", bucket_size, float(DEFAULT_BUCKET_BYTES))
-    cost_model = f.opt("cost_model", choice(("exact", "gholami2018")), "exact")
+    cost_model = f.opt("cost_model", choice(COST_MODELS), "exact")
     # `plan --zero auto` searches the setting; a launch runs one, which CI must check
     searched = [k for k in ("zero", "zero_shard") if f.data.get(k) == "auto"]
     for key in searched:
@@ -505,9 +506,9 @@ def _file_sha(path: Path) -> str:
 
 def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Options,
                      findings: list[Finding]
-                     ) -> tuple[dict[int, Layout], list[int] | None] | None:
-    """The layouts of a plan file, and a pipelined plan's stage boundaries, after
-    checking it still matches its inputs (None: it does not)."""
+                     ) -> tuple[dict[int, Layout], list[int] | None, PricedWith] | None:
+    """The layouts of a plan file, a pipelined plan's stage boundaries and what priced
+    it, after checking it still matches its inputs (None: it does not)."""
     path: Path = cfg.strategy["plan"]
     doc = load_file(path, _display(path))
     data = doc.data
@@ -680,7 +681,10 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
             findings.append(Finding("launcher", True, "Megatron-LM can run the plan as "
                                                       "planned (`planner launch --emit "
                                                       "megatron`)", "$.launcher"))
-    return assignment, bounds
+    rec = data["inputs"].get("models")  # launch_spec read it: a mapping with a sha256
+    prob = data["problem"]  # ... and the problem: a mapping
+    return assignment, bounds, PricedWith(rec["sha256"] if isinstance(rec, dict) else None,
+                                          prob.get("estimator") == "roofline")
 
 
 def _plan_bounds(net: Network, cfg: TrainingConfig,
@@ -788,6 +792,15 @@ def _config_error(cfg: TrainingConfig, path: str, message: str) -> InputError:
     return cfg.document.error([Issue(path, message)])
 
 
+@dataclass(frozen=True)
+class PricedWith:
+    """The kernel-time estimator a plan file records: the learned models' digest
+    (``inputs.models.sha256``; None: none recorded) and whether it says the roofline."""
+
+    models: str | None
+    roofline: bool
+
+
 @dataclass
 class Prepared:
     """A configuration with its inputs loaded and its strategy resolved: what ``check``
@@ -803,6 +816,8 @@ class Prepared:
     #: the stage boundaries of a pipelined plan or of ``stage_starts`` (None: balanced,
     #: or no pipeline)
     bounds: list[int] | None = None
+    #: what priced a plan file (None: the strategy is not a plan, or a stale one)
+    priced: PricedWith | None = None
 
 
 def prepare_config(cfg: TrainingConfig) -> Prepared:
@@ -845,10 +860,10 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                             "tensor alone crosses, between residual blocks, and every chunk "
                             "needs a layer with weights)")
     findings: list[Finding] = []
-    bounds = None
+    bounds, priced = None, None
     if "plan" in cfg.strategy:
         got = _plan_assignment(cfg, net, cl, options, findings)
-        assignment, bounds = got if got is not None else (None, None)
+        assignment, bounds, priced = got if got is not None else (None, None, None)
     else:
         assignment = _strategy_assignment(cfg, net)
         if cfg.stage_starts is not None:
@@ -861,7 +876,7 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                 where = "$.stage_starts" if exc.args[1] is None else \
                     f"$.stage_starts[{exc.args[1]}]"
                 raise _config_error(cfg, where, exc.args[0]) from None
-    return Prepared(net, cl, options, assignment, findings, bounds)
+    return Prepared(net, cl, options, assignment, findings, bounds, priced)
 
 
 @dataclass
@@ -931,21 +946,16 @@ def _pipeline_check(prep: Prepared, cfg: TrainingConfig, ctx: Any
     return chosen, best, None
 
 
-def _other_models(cfg: TrainingConfig, estimator: Any) -> str | None:
+def _other_models(priced: PricedWith | None, estimator: Any) -> str | None:
     """Why a plan file was priced with other kernel models than ``estimator`` times
     kernels with, or None (the same models, the roofline both ways, or a plan from before
     plans recorded their models, whose models cannot be told)."""
     from .cli_plan import models_digest
 
-    path = cfg.strategy.get("plan")
-    if path is None:
+    if priced is None:
         return None
-    data = load_file(path, _display(path)).data
-    rec = data["inputs"].get("models")
-    made = rec.get("sha256") if isinstance(rec, dict) else None
-    now = models_digest(estimator)
-    prob = data.get("problem") if isinstance(data.get("problem"), dict) else {}
-    if made is None and (prob.get("estimator") != "roofline" or now is None):
+    made, now = priced.models, models_digest(estimator)
+    if made is None and (not priced.roofline or now is None):
         return None
     if made == now:
         return None
@@ -966,7 +976,7 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     net, cl, options, findings = prep.network, prep.cluster, prep.options, prep.findings
     ctx = make_context(net, cl, options, estimator)
     assignment = prep.assignment
-    other = _other_models(cfg, estimator) if assignment is not None else None
+    other = _other_models(prep.priced, estimator)
     if other is not None:  # the plan's own finding said it matched
         findings[:] = [f for f in findings if f.check != "plan"]
         findings.append(Finding("plan", False, other, "$.strategy.plan"))

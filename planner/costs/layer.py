@@ -57,7 +57,6 @@ FEATURE_WISE = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity", "dropout"
 #: layers that work on each token of a sequence alone, so on a sequence split by tokens
 #: (a learned position embedding adds the rows of its own tokens)
 TOKEN_WISE = ("layernorm", "rmsnorm", "softmax", "positional_embedding")
-COST_MODELS = ("exact", "gholami2018")
 
 
 @dataclass(frozen=True)
