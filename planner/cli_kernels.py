@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import replace
@@ -520,14 +521,33 @@ def _once(files: tuple[str, ...], notes: list[str]) -> tuple[str, ...]:
     """The files, each read once: the same file named twice (by any path) would count
     its rows twice in the fit."""
     kept: list[str] = []
+    digests: dict[str, str] = {}  # sha256 of a file's bytes -> the first file with them
     for f in files:
         twin = next((k for k in kept if f != "-" and k != "-" and Path(f).exists()
                      and Path(k).exists() and os.path.samefile(f, k)), None)
         if twin is not None:
             notes.append(f"{f} is {twin}, read once")
-        else:
-            kept.append(f)
+            continue
+        digest = _digest(f)
+        if digest is not None and digest in digests:
+            notes.append(f"{f} has the same contents as {digests[digest]}, read once")
+            continue
+        if digest is not None:
+            digests[digest] = f
+        kept.append(f)
     return tuple(kept)
+
+
+def _digest(path: str) -> str | None:
+    """The sha256 of a regular, non-empty file's bytes; None for standard input and for
+    what cannot be read (the reader reports that at its line)."""
+    p = Path(path)
+    try:
+        if path == "-" or not p.is_file() or not p.stat().st_size:
+            return None
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _warn_other_machine(fit: Any, data: dict[str, Any], cluster_path: str) -> None:

@@ -538,6 +538,18 @@ def test_a_file_named_twice_is_read_once(runner):
     assert f"planner: note: {again} is {FIXTURES[0]}, read once" in twice.stderr
 
 
+def test_a_copy_of_a_file_is_read_once(runner, tmp_path):
+    """A copy of an nccl-tests log under another name (collected twice from a job's
+    directory) counted its rows twice as well: read once, with a note."""
+    copy = tmp_path / "copy.log"
+    copy.write_bytes(FIXTURES[0].read_bytes())
+    once = invoke(runner, "comm", "fit", FIXTURES[0])
+    twice = invoke(runner, "comm", "fit", FIXTURES[0], copy)
+    assert twice.exit_code == 0 and twice.stdout.splitlines()[1:] == once.stdout.splitlines()[1:]
+    assert (f"planner: note: {copy} has the same contents as {FIXTURES[0]}, read once"
+            in twice.stderr)
+
+
 def _ring_sweep(device: str, noise: float, seed: int) -> str:
     """The 8-GPU all-reduce fixture with its times replaced by one ring (α = 2 µs a
     step, 300 GB/s: 14α + 1.75·S / 300 GB/s) times 1 ± ``noise`` (uniform, seeded), on

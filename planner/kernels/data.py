@@ -648,6 +648,7 @@ def read_files(paths: Iterable[str | Path], shapes_only: bool = False) -> Datase
     out = Dataset()
     problems: list[Located] = []
     given: set[Path] = set()
+    contents: dict[str, str] = {}  # sha256 of a file's rows -> the first file that had them
     for p in paths:
         where = Path(p).resolve()
         if where in given:  # its rows would count twice in the fit and the errors
@@ -656,7 +657,17 @@ def read_files(paths: Iterable[str | Path], shapes_only: bool = False) -> Datase
             continue
         given.add(where)
         try:
-            ds = read_csv(p, shapes_only)
+            display, text = _open_csv(p)
+            body = text.strip()
+            if "\n" in body:  # a copy (or a file concatenated into another's name)
+                digest = hashlib.sha256(body.encode()).hexdigest()
+                if digest in contents:
+                    problems.append(Located(display, 1, 1, "has the same contents as "
+                                            f"{contents[digest]}: its rows would count "
+                                            "twice; name one of them", "$"))
+                    continue
+                contents[digest] = display
+            ds = parse_csv(text, display, shapes_only)
         except InputError as exc:
             problems.extend(exc.problems)
             continue
