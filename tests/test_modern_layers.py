@@ -189,6 +189,25 @@ def test_llama3_8b_at_128k_tokens():
     assert 0 < long.flops - dense - core - softmax < 0.001 * long.flops
 
 
+def test_llama2():
+    """Llama 2 13B and 70B (Touvron et al. 2023, Table 1 and the released configurations:
+    40 layers of 5,120 with 40 heads and an FFN of 13,824; 80 layers of 8,192 with 64
+    query and 8 key/value heads and an FFN of 28,672; a 32,000-token vocabulary, untied
+    heads, 4,096-token sequences). By hand, 13B: per block 4 · 5120² = 104,857,600 in
+    attention, 3 · 5120 · 13,824 = 212,336,640 in the MLP and 2 · 5120 in its norms,
+    317,204,480 a block; 40 blocks, the embedding and the head (32,000 · 5120 each) and the
+    final norm: 13,015,864,320. 70B: 150,994,944 + 704,643,072 + 2 · 8192 = 855,654,400 a
+    block (Llama 3 70B's); 80 blocks, 2 · 32,000 · 8192 and 8192: 68,976,648,192. Both are
+    the released checkpoints' counts."""
+    small = load_network(NETWORKS / "llama2-13b.yaml")
+    assert small.params == 40 * 317_204_480 + 2 * 32_000 * 5120 + 5120 == 13_015_864_320
+    assert small.by_name("layers.0.attn.self_attn").params == 104_857_600
+    big = load_network(NETWORKS / "llama2-70b.yaml")
+    assert big.params == 80 * 855_654_400 + 2 * 32_000 * 8192 + 8192 == 68_976_648_192
+    for net in (small, big):
+        assert net.by_name("layers.0.attn.self_attn").attention.seq == 4096
+
+
 def test_llama3_70b():
     """Llama 3 70B (the same paper, Table 3: 80 layers, model dimension 8,192, FFN
     dimension 28,672, 64 attention heads, 8 key/value heads). By hand: per block 8192 ·

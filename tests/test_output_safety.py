@@ -374,10 +374,10 @@ def test_yaml_writer_matches_pyyaml_on_real_documents(runner, network):
     # 2,048 images of 2048x2048 do not fit 64 GPUs (exit 1, no document): 64 images do;
     # nor do 2,048 sequences of 8,192 tokens for Llama 3 8B: 64 do (for 70B, 8; for
     # Mixtral 8x7B and DeepSeekMoE 16B 64 of 4,096 tokens, with ZeRO stage 1; for Llama
-    # 3 8B at 131,072 tokens, 4 with Adam and ZeRO stage 1)
+    # 3 8B at 131,072 tokens, 4 with Adam and ZeRO stage 1; Llama 2 13B 64, 70B 8)
     batch = "64" if network.stem in ("segmentation-2048", "llama3-8b", "mixtral-8x7b",
-                                     "deepseek-moe-16b") \
-        else "8" if network.stem == "llama3-70b" \
+                                     "deepseek-moe-16b", "llama2-13b") \
+        else "8" if network.stem in ("llama3-70b", "llama2-70b") \
         else "4" if network.stem == "llama3-8b-128k" else "2048"
     extra = ["--optimizer", "adam", "--zero", "1"] if network.stem in (
         "mixtral-8x7b", "deepseek-moe-16b", "llama3-8b-128k") else []

@@ -80,6 +80,21 @@ def _meta_405b(gpus: int, micro: int, meta: int) -> Case:
              "bubble": lambda d: float(d["pipeline"]["bubble_fraction"]) * 100.0, "m": _gib})
 
 
+def _torchtitan(network: str, recompute: str, per_gpu: int, setting: str,
+                measured: str) -> Case:
+    """A row of the torchtitan table in *Against a published run*: FSDP alone on 64
+    A100s, the planner's tokens a second a GPU."""
+    tokens = per_gpu * (4096 if network.startswith("llama2") else 8192)
+    return (f"torchtitan: {network}, {setting} checkpointing",
+            ["cost", str(NETWORKS / f"{network}.yaml"), str(CLUSTERS / "dgx-a100.yaml"),
+             "-p", "64", "-b", str(64 * per_gpu), "--grid", "1x64", "--mode", "data",
+             "--zero", "3", "--optimizer", "adam", "--grad-precision", "fp32",
+             "--recompute", recompute],
+            rf"\| {network} \| {per_gpu} \| {setting} \| {recompute} \| {measured} \| "
+            r"(?P<w>[\d,]+) \|",
+            {"w": lambda d: tokens / d["iteration"]["time_s"]})
+
+
 #: (name, command, README pattern (whitespace as any run of it), figure -> how to read it
 #: from the command's JSON). A pattern's groups are the quoted figures.
 CASES: list[Case] = [
@@ -204,6 +219,10 @@ CASES: list[Case] = [
      {"t": _ms("time_s"), "m": _gib, "mfu": _mfu}),
     *(_meta_405b(gpus, micro, meta) for gpus, micro, meta in ((8192, 32, 430),
                                                               (16384, 16, 400))),
+    *(_torchtitan(*run) for run in (("llama3-8b", "32", 1, "selective layer", "2,904"),
+                                     ("llama3-70b", "blocks", 1, "full", "331"),
+                                     ("llama2-13b", "none", 2, "no", "2,162"),
+                                     ("llama2-70b", "blocks", 2, "full", "353"))),
     ("GPT-2, ZeRO 3, a gather a layer",
      ["cost", GPT2, H100, "-p", "16", "-b", "64", "--zero", "3", "--bucket-size", "0"],
      r"92\.1 ms then, (?P<t>[\d.]+) ms now;",
@@ -224,7 +243,7 @@ def test_quoted_figure_is_current(runner, name, args, pattern, figures):
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     for group, read in figures.items():
-        quoted = found.group(group)
+        quoted = found.group(group).replace(",", "")
         value = read(doc)
         assert abs(Decimal(quoted) - Decimal(repr(value))) <= _shown(quoted), (
             f"{name}: the README quotes {quoted}, the planner gives {value:.6g}")
