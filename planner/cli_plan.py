@@ -1199,7 +1199,8 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     layers: list[dict[str, Any]] = []
     per_node = q.cluster.devices_per_node
     for st, ev in zip(stages, evs, strict=True):
-        pl = placement_record(ev, st.devices, per_node, expand, q.cluster.device.kind)
+        pl = placement_record(ev, st.devices, per_node, expand, q.cluster.device.kind,
+                              st.first_rank % per_node)
         chunk = {"chunk": st.chunk} if v > 1 else {}
         for g in pl["grids"]:
             g = {"stage": st.index, **chunk, "first_rank": st.first_rank, **g}

@@ -105,6 +105,9 @@ class Options:
     #: overlapped with attention, or an all-gather before it (Megatron-LM's
     #: ``--cp-comm-type``; :func:`~planner.costs.layer.overlap_context`)
     cp_comm_type: str = "p2p"
+    #: the rank of the first device: a pipeline stage's (its groups cross nodes where
+    #: that rank does not begin a node; :attr:`~planner.costs.layer.Context.rank_offset`)
+    first_rank: int = 0
 
     @property
     def step_batch(self) -> int:
@@ -180,7 +183,8 @@ def make_context(network: Network, cluster: Cluster, options: Options,
                    algorithm=options.algorithm, zero=options.zero,
                    zero_shard=options.zero_shard, recompute=options.recompute,
                    grad_dtype=options.grad_dtype, tp_comm_overlap=options.tp_comm_overlap,
-                   wgrad_deferred=options.wgrad_deferred, cp_comm_type=options.cp_comm_type)
+                   wgrad_deferred=options.wgrad_deferred, cp_comm_type=options.cp_comm_type,
+                   rank_offset=options.first_rank % cluster.devices_per_node)
 
 
 def check_question(network: Network, cluster: Cluster, options: Options) -> None:

@@ -120,19 +120,20 @@ class Layout:
         """The column (batch block) digit."""
         return (self.pr, self.pc) if self.placement == "rows" else (1, self.pc)
 
-    def row_group(self, per_node_devices: int) -> Group:
-        """The ``P_r`` devices that share a batch block."""
-        return node_group((self.r_digit,), self.p, per_node_devices)
+    def row_group(self, per_node_devices: int, offset: int = 0) -> Group:
+        """The ``P_r`` devices that share a batch block (``offset``: see
+        :func:`node_group`)."""
+        return node_group((self.r_digit,), self.p, per_node_devices, offset)
 
-    def col_group(self, per_node_devices: int) -> Group:
+    def col_group(self, per_node_devices: int, offset: int = 0) -> Group:
         """The ``P_c`` devices that share a weight shard (or a height block)."""
-        return node_group((self.c_digit,), self.p, per_node_devices)
+        return node_group((self.c_digit,), self.p, per_node_devices, offset)
 
-    def all_group(self, per_node_devices: int) -> Group:
+    def all_group(self, per_node_devices: int, offset: int = 0) -> Group:
         """All ``P`` devices (as the other groups, the worst-placed: 12 devices on 8-GPU
         nodes are 8 + 4, priced by the thinner node's 4, whose NICs carry the most
         across nodes: ``Group(12, 4, 2)``)."""
-        return node_group(((1, self.p),), self.p, per_node_devices)
+        return node_group(((1, self.p),), self.p, per_node_devices, offset)
 
     def output_dist(self) -> Dist:
         """Where the layer's output lives (model/data: replicated over the row group).
@@ -213,7 +214,8 @@ def _groups(digits: tuple[tuple[int, int], ...], span: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=8192)
-def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: int) -> Group:
+def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: int,
+               offset: int = 0) -> Group:
     """The worst of the groups of devices that differ only in ``digits`` (each
     ``(stride, count)``: the members are ``base + Σ j_i·stride_i``), as the two-tier
     network sees it. All such groups run their collective at once and the layer waits
@@ -222,21 +224,28 @@ def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: in
     thinnest node's NICs carry the most across nodes, ``(m − 1) / (m · q)`` of the
     data for ``m`` nodes with ``q`` members on the thinnest (the inter-node share of a
     hierarchical all-reduce; ties: the most nodes). Returned as ``Group(size, q, m)``
-    (``Group(size, size / m)`` where the members fill their nodes evenly)."""
+    (``Group(size, size / m)`` where the members fill their nodes evenly).
+    ``offset``: device 0's position in its node, for devices that do not begin a node
+    (a pipeline stage on ranks 6-11 of 8-GPU nodes has offset 6: its device k is rank
+    6 + k, on node (6 + k) // 8)."""
     digits = tuple(d for d in digits if d[1] > 1)
     size = math.prod(c for _, c in digits)
     g = per_node_devices
+    offset %= g
     if size <= 1:
         return Group(1, 1)
-    # groups repeat their node pattern every lcm(g, stride·count) devices
+    # groups repeat their node pattern every lcm(g, stride·count) devices (shifting
+    # every device by a multiple of g moves every group by whole nodes)
     period = math.lcm(g, *(s * c for s, c in digits))
     span = min(p, period)
     if span * size > NODE_GROUP_MAX_PAIRS:
         inside = 1
         for stride, count in digits:
             inside *= 1 if stride >= g else min(count, max(1, g // stride))
+        if offset:  # a group that began a node now straddles two: at worst half as many
+            inside = max(1, inside // 2)
         return Group(size, max(1, min(size, inside)))
-    nodes = np.sort(_groups(digits, span) // g, axis=1)
+    nodes = np.sort((_groups(digits, span) + offset) // g, axis=1)
     rows = nodes.shape[0]
     # runs of one node in each sorted row: their lengths are the members per node
     flat = (nodes + np.arange(rows, dtype=np.int64)[:, None] * (nodes.max() + 1)).ravel()
@@ -396,8 +405,10 @@ def _digits_shared(p: int, digits: tuple[tuple[int, int], ...],
 
 
 @functools.lru_cache(maxsize=65536)
-def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistribution:
-    """The worst device's data movement from ``src`` to ``dst`` (see :class:`Dist`)."""
+def redistribution(src: Dist, dst: Dist, per_node_devices: int,
+                   offset: int = 0) -> Redistribution:
+    """The worst device's data movement from ``src`` to ``dst`` (see :class:`Dist`;
+    ``offset``: see :func:`node_group`)."""
     need = dst.fraction
     if src == dst:
         return Redistribution("none", 0.0, need)
@@ -409,7 +420,7 @@ def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistributio
         strides = tuple(d for _, d in aligned if d is not None)
         if not strides:
             return Redistribution("none", 0.0, need)
-        group = node_group(strides, src.p, per_node_devices)
+        group = node_group(strides, src.p, per_node_devices, offset)
         if _shared_target(dst, strides):
             return Redistribution("gather", max(0.0, need - overlap), need, group)
         # the members need different parts of one another's blocks: not an all-gather,
@@ -431,8 +442,9 @@ def redistribution(src: Dist, dst: Dist, per_node_devices: int) -> Redistributio
         if a is not None:
             sources *= -(-a[1] // (z[1] if z else 1)) + 1
     sources = max(1, min(sources, p - 1))
-    return Redistribution("exchange", max(0.0, need - ov), need,
-                          Group(p, min(p, per_node_devices)), sources)
+    group = node_group(((1, p),), p, per_node_devices, offset) if offset else \
+        Group(p, min(p, per_node_devices))
+    return Redistribution("exchange", max(0.0, need - ov), need, group, sources)
 
 
 # ---------------------------------------------------------------------------------------

@@ -756,7 +756,10 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
         hit = planned.get(key)
         if hit is None:
             sub = stage_network(net, lo, hi)
-            sopts = dataclasses.replace(opts, gpus=size, inflight=most[s][k],
+            # a stage whose first rank does not begin a node has groups that cross
+            # nodes where stage 0's do not (ranks 6-11 of 8-GPU nodes: 2 + 4)
+            sopts = dataclasses.replace(opts, gpus=size, first_rank=s * size,
+                                        inflight=most[s][k],
                                         recompute=chunk_recompute(opts.recompute,
                                                                   len(sub.blocks)),
                                         wgrad_deferred=schedule == ZERO_BUBBLE)
@@ -764,7 +767,7 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
             if virtual > 1:
                 ctx = dataclasses.replace(ctx, cluster=cluster)
             sq = dataclasses.replace(q, network=sub, options=sopts, ctx=ctx, cluster=cluster)
-            key_q = (chunk_signature(sub), most[s][k]) if reuse else ()
+            key_q = (chunk_signature(sub), most[s][k], ctx.rank_offset) if reuse else ()
             try:
                 result = answer(sq, lo, key_q)
             except NoFeasiblePlan as exc:

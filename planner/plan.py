@@ -448,9 +448,10 @@ def group_ranks(pr: int, pc: int, placement: str) -> tuple[list[list[int]], list
 
 
 def placement_record(ev: Evaluation, gpus: int, per_node: int, expand: bool,
-                     device_kind: str = "gpu") -> dict[str, Any]:
+                     device_kind: str = "gpu", offset: int = 0) -> dict[str, Any]:
     """Where every rank runs (on devices of ``device_kind``: gpu or cpu), and each grid's
-    row and column groups."""
+    row and column groups (``offset``: the first rank's position in its node, for a
+    pipeline stage)."""
     from .layout import make_layout
 
     used: dict[tuple[int, int, str], list[str]] = {}
@@ -462,7 +463,7 @@ def placement_record(ev: Evaluation, gpus: int, per_node: int, expand: bool,
     for (pr, pc, pl), names in sorted(used.items()):
         lay = make_layout("model" if pr > 1 else "data", pr, pc, pl)
         row_rule, col_rule = group_rules(pr, pc, pl)
-        row_g, col_g = lay.row_group(per_node), lay.col_group(per_node)
+        row_g, col_g = lay.row_group(per_node, offset), lay.col_group(per_node, offset)
         rec: dict[str, Any] = {
             "grid": [pr, pc],
             "placement": pl,

@@ -304,6 +304,36 @@ def test_domain_shard_kernel_reads_its_halo(alexnet):
             for x in ks} == {(4, 1)}
 
 
+def test_groups_of_devices_that_do_not_begin_a_node():
+    """A pipeline stage on ranks 6-11 of 8-GPU nodes (12 GPUs in 2 stages) was priced as
+    if its device 0 began a node (found by an audit: 6.9x under for a 3-rank all-reduce).
+    By hand, offset 6: device k is rank 6 + k on node (6 + k) // 8. Its 6 devices are
+    2 + 4 (ranks 6, 7 | 8-11); a 2x3 grid's column groups {6, 8, 10} and {7, 9, 11} are
+    1 + 2 each; its row groups {6, 7}, {8, 9}, {10, 11} stay in a node. Stage 2 of 4 on
+    12 GPUs, ranks 6-8, is 2 + 1."""
+    from planner.layout import node_group
+    assert node_group(((1, 6),), 6, 8) == Group(6, 6)
+    assert node_group(((1, 6),), 6, 8, 6) == Group(6, 2, 2)
+    grid = make_layout("model", 2, 3)
+    assert grid.col_group(8) == Group(3, 3) and grid.col_group(8, 6) == Group(3, 1, 2)
+    assert grid.row_group(8, 6) == Group(2, 2)
+    assert node_group(((1, 3),), 3, 8, 6) == Group(3, 1, 2)
+    # an offset of whole nodes is no offset
+    assert node_group(((1, 6),), 6, 8, 16) == node_group(((1, 6),), 6, 8)
+    # priced there: the data-parallel gradient all-reduce of a context at rank 6
+    net = mlp([64, 128, 32])
+    cl = cluster(per_node=8)
+    opts = Options(gpus=3, batch=48, overlap="none", first_rank=6)
+    ctx = make_context(net, cl, opts)
+    assert ctx.rank_offset == 6
+    (t,) = weighted_terms(net.by_name("fc2"), make_layout("data", 1, 3), ctx)
+    assert t.group == Group(3, 1, 2)
+    (t,) = weighted_terms(net.by_name("fc2"), make_layout("data", 1, 3),
+                          make_context(net, cl, Options(gpus=3, batch=48, overlap="none",
+                                                        first_rank=3)))
+    assert t.group == Group(3, 3)
+
+
 def test_all_device_group_is_priced_where_it_is_worst():
     """12 devices on 8-GPU nodes are 8 + 4: the data-parallel gradient all-reduce is
     priced on two nodes with 4 on the thinner, whose 4 NICs each carry 1/4 of the

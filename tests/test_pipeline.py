@@ -694,3 +694,24 @@ def test_exposed_communication_leaves_the_bubble_out(runner):
     it = doc["iteration"]
     assert it["exposed_comm_s"] == it["comm_s"]
     assert it["time_s"] - it["bubble_s"] - it["compute_s"] > it["comm_s"]
+
+
+def test_a_stage_that_does_not_begin_a_node_is_priced_where_it_runs(runner):
+    """GPT-2 in 4 stages of 3 GPUs on 8-GPU nodes: stage 2 runs on ranks 6-8, two on
+    node 0 and one on node 1, and stage 1 on ranks 3-5 of node 0. Every stage holds
+    three of the 12 blocks, so with the same data-parallel grid their gradient
+    all-reduces differ only by where they run. They were priced alike (0.374 ms each:
+    found by an audit), as if every stage began a node; now stage 2's crosses nodes,
+    its plan document says so, and it takes more than twice stage 1's."""
+    r = invoke(runner, "cost", ROOT / "examples/networks/gpt2-small.yaml",
+               ROOT / "examples/clusters/dgx-h100.yaml", "-p", "12", "-b", "48",
+               "--pipeline", "4", "--optimizer", "adam", "--grid", "1x3", "--mode", "data",
+               "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    stages = doc["pipeline"]["stage_plans"]
+    assert [s["ranks"] for s in stages] == [[0, 2], [3, 5], [6, 8], [9, 11]]
+    cols = {g["stage"]: g["col_groups"] for g in doc["placement"]["grids"]}
+    assert (cols[1]["per_node"], cols[1]["nodes"], cols[1]["spans_nodes"]) == (3, 1, False)
+    assert (cols[2]["per_node"], cols[2]["nodes"], cols[2]["spans_nodes"]) == (1, 2, True)
+    assert stages[2]["tail_s"] > 2 * stages[1]["tail_s"]

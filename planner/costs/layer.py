@@ -123,6 +123,10 @@ class Context:
     wgrad_deferred: bool = False
     #: how context parallelism moves the keys and values (:data:`CP_COMM_TYPES`)
     cp_comm_type: str = "p2p"
+    #: device 0's position in its node: a pipeline stage whose first rank does not begin
+    #: a node (6 on 8-GPU nodes for ranks 6-11) has groups that cross nodes where the
+    #: same grid on ranks 0-5 would not (:func:`planner.layout.node_group`)
+    rank_offset: int = 0
 
     @functools.cached_property
     def rebuilt(self) -> frozenset[str]:
@@ -354,7 +358,7 @@ def _overlaps(layer: Layer, layout: Layout, ctx: Context) -> bool:
     layer's or attention's, over a tensor-parallel group within a node (userbuffers
     overlap within a node's NVLink)."""
     return (layer.linear is not None or layer.attention is not None) \
-        and not layout.row_group(ctx.per_node).spans_nodes
+        and not layout.row_group(ctx.per_node, ctx.rank_offset).spans_nodes
 
 
 def overlap_tp(layer: Layer, layout: Layout, ctx: Context,
@@ -377,7 +381,7 @@ def overlap_tp(layer: Layer, layout: Layout, ctx: Context,
     engines' traffic does not slow it."""
     if not _overlaps(layer, layout, ctx):
         return terms
-    n = layout.row_group(ctx.per_node).size
+    n = layout.row_group(ctx.per_node, ctx.rank_offset).size
     if n <= 1:
         return terms
     kernels = _weighted_kernels(layer, layout, ctx)
@@ -475,7 +479,7 @@ def overlap_context(layer: Layer, layout: Layout, ctx: Context,
     exposed: dict[int, float] = {}
     # a hop: every rank sends its block to its neighbour at once; across nodes the
     # boundary's pair on one NIC, which paces the ring
-    link = ctx.cluster.inter if layout.row_group(ctx.per_node).spans_nodes \
+    link = ctx.cluster.inter if layout.row_group(ctx.per_node, ctx.rank_offset).spans_nodes \
         else ctx.cluster.intra
 
     def hop(nbytes: float) -> float:
@@ -504,7 +508,8 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
     e = ctx.elem_bytes
     # the busiest batch block where P_c does not divide the batch (the paper: B / P_c)
     b = ctx.batch / layout.pc if ctx.paper else _ceil_div(ctx.batch, layout.pc)
-    row, col, allg = layout.row_group(g), layout.col_group(g), layout.all_group(g)
+    o = ctx.rank_offset
+    row, col, allg = layout.row_group(g, o), layout.col_group(g, o), layout.all_group(g, o)
     terms: list[CommTerm] = []
     own = layer.params  # a tied head's shared weight is reduced once, by its embedding
     if layout.mode == "data":
@@ -584,7 +589,8 @@ def _sequence_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> lis
     all-reduces it. Per pair the traffic is a ``column`` and ``row`` pair's, plus the
     backward all-gather (which Megatron-LM overlaps with the input gradient's GEMM;
     here it is on the critical path)."""
-    row, col = layout.row_group(ctx.per_node), layout.col_group(ctx.per_node)
+    g, o = ctx.per_node, ctx.rank_offset
+    row, col = layout.row_group(g, o), layout.col_group(g, o)
     e = ctx.elem_bytes
     terms: list[CommTerm] = []
     x, y = b * layer.in_elems * e, b * layer.out_elems * e
@@ -629,7 +635,7 @@ def context_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[
     a = layer.attention
     assert a is not None
     kv = b * a.seq * 2 * a.kv_heads * a.head_dim * ctx.elem_bytes
-    return _terms_on(ctx, layout.row_group(ctx.per_node), [
+    return _terms_on(ctx, layout.row_group(ctx.per_node, ctx.rank_offset), [
         ("forward", "all_gather", kv, "keys and values"),
         ("backward_data", "all_gather", kv, "keys and values again"),
         ("backward_data", "reduce_scatter", kv, "key and value gradients")])
@@ -650,7 +656,7 @@ def ulysses_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[
     kv = layout.pr * a.held(layout.pr)[1]  # key/value heads sent, replicas included
     qkv = tokens * (a.heads + 2 * kv) * a.head_dim * ctx.elem_bytes
     out = tokens * a.heads * a.head_dim * ctx.elem_bytes
-    return _terms_on(ctx, layout.row_group(ctx.per_node), [
+    return _terms_on(ctx, layout.row_group(ctx.per_node, ctx.rank_offset), [
         ("forward", "all_to_all", qkv, "queries, keys, values"),
         ("forward", "all_to_all", out, "context"),
         ("backward_data", "all_to_all", out, "context gradient"),
@@ -684,15 +690,15 @@ def expert_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
     # sends), and an all-to-all ends when it has
     buf = samples * _ceil_div(m.tokens, split) * m.fill * m.dim * ctx.elem_bytes \
         * m.busiest(m.experts // layout.pr)
-    terms = _terms_on(ctx, layout.row_group(ctx.per_node), [
+    terms = _terms_on(ctx, layout.row_group(ctx.per_node, ctx.rank_offset), [
         ("forward", "all_to_all", buf, "dispatch"),
         ("forward", "all_to_all", buf, "combine"),
         ("backward_data", "all_to_all", buf, "combine gradient"),
         ("backward_data", "all_to_all", buf, "dispatch gradient")])
     whole = m.router_weights + m.shared_weights()  # on every device
     experts = local_params(layer, layout) - whole
-    return (terms + gradient_terms(ctx, layout.col_group(ctx.per_node), experts)
-            + gradient_terms(ctx, layout.all_group(ctx.per_node), whole))
+    return (terms + gradient_terms(ctx, layout.col_group(ctx.per_node, ctx.rank_offset), experts)
+            + gradient_terms(ctx, layout.all_group(ctx.per_node, ctx.rank_offset), whole))
 
 
 def _terms_on(ctx: Context, group: Group,
@@ -709,7 +715,7 @@ def halo_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[Com
     terms: list[CommTerm] = []
     c_in, _, w_in = layer.input_shape
     c_out, _, w_out = layer.output_shape
-    group = _halo_group(layout.row_group(ctx.per_node))
+    group = _halo_group(layout.row_group(ctx.per_node, ctx.rank_offset))
     e = ctx.elem_bytes
     if ctx.paper:
         if layer.conv is None:
@@ -751,7 +757,8 @@ class _Part:
 
 
 @functools.lru_cache(maxsize=131072)
-def _parts(src: Dist, dst: Dist, per_node: int, paper: bool) -> tuple[_Part, ...]:
+def _parts(src: Dist, dst: Dist, per_node: int, paper: bool,
+           offset: int = 0) -> tuple[_Part, ...]:
     """The movements of a redistribution and of its gradient on the way back (the
     paper's Eq. 6: one all-gather, forward only)."""
     parts: list[_Part] = []
@@ -760,7 +767,7 @@ def _parts(src: Dist, dst: Dist, per_node: int, paper: bool) -> tuple[_Part, ...
     for direction, a, z in (("forward", src, dst), ("backward", dst, src)):
         if paper and direction == "backward":
             break
-        r = redistribution(a, z, per_node)
+        r = redistribution(a, z, per_node, offset)
         if r.kind == "none" or r.received <= 0 or r.group is None:
             continue
         blocks = 1 if paper else z.batch[1]
@@ -797,7 +804,7 @@ def redistribute_terms(src: Dist, dst: Dist, elems_per_sample: int, ctx: Context
     its gradient back from ``dst`` to ``src`` (the paper: forward only, Eq. 6)."""
     total = ctx.batch * elems_per_sample * ctx.elem_bytes
     terms: list[CommTerm] = []
-    for part in _parts(src, dst, ctx.per_node, ctx.paper):
+    for part in _parts(src, dst, ctx.per_node, ctx.paper, ctx.rank_offset):
         label = f"{note} ({part.direction})"
         nbytes = float(part.nbytes(np.array([total]), ctx.batch)[0])
         if part.kind == "gather":
@@ -820,7 +827,7 @@ def redistribute_key(src: Dist, dst: Dist, ctx: Context) -> tuple[object, ...]:
     """What :func:`redistribute_seconds` depends on besides the sizes: pairs of
     distributions with the same key cost the same (the search prices each key once)."""
     return tuple(replace(part, direction="")
-                 for part in _parts(src, dst, ctx.per_node, ctx.paper))
+                 for part in _parts(src, dst, ctx.per_node, ctx.paper, ctx.rank_offset))
 
 
 def redistribute_seconds(src: Dist, dst: Dist, totals: FloatArray, ctx: Context,
@@ -829,7 +836,7 @@ def redistribute_seconds(src: Dist, dst: Dist, totals: FloatArray, ctx: Context,
     (``totals``: bytes of the whole activation, ``B × d × e``); ``forward_only``: the
     activation's move without its gradient's (what recomputation runs again)."""
     out = np.zeros_like(totals)
-    for part in _parts(src, dst, ctx.per_node, ctx.paper):
+    for part in _parts(src, dst, ctx.per_node, ctx.paper, ctx.rank_offset):
         if forward_only and part.direction != "forward":
             continue
         nbytes = part.nbytes(totals, ctx.batch)
@@ -876,7 +883,7 @@ def _follower_terms(layer: Layer, dist: Dist, ctx: Context
     h = dist.height
     if h is not None and h[1] > 1:
         n_h = h[1]
-        row = node_group((h,), dist.p, g)
+        row = node_group((h,), dist.p, g, ctx.rank_offset)
         spatial_in = layer.is_spatial and layer.input_shape[1] >= n_h
         if layer.type in ("global_avgpool", "adaptive_avgpool") and layer.is_spatial:
             # partial sums of each device's rows, all-reduced over the height split
@@ -937,7 +944,7 @@ def loss_cost(layer: Layer, dist: Dist, ctx: Context,
     terms: list[CommTerm] = []
     if dist.feature is not None and not ctx.paper:
         tokens = layer.out_elems // layer.output_shape[-1]
-        group = node_group((dist.feature,), dist.p, ctx.per_node)
+        group = node_group((dist.feature,), dist.p, ctx.per_node, ctx.rank_offset)
         for what in ("maximum", "target logit", "sum of exponentials"):  # in this order
             _add(terms, term(ctx, "forward", "all_reduce", group, 4.0 * b * tokens,
                              f"loss: {what}"))
@@ -950,7 +957,7 @@ def _params_terms(layer: Layer, dist: Dist, ctx: Context) -> list[CommTerm]:
     if layer.params <= 0:
         return []
     digits = (dist.batch,) + ((dist.height,) if dist.height else ())
-    grp = node_group(digits, dist.p, ctx.per_node)
+    grp = node_group(digits, dist.p, ctx.per_node, ctx.rank_offset)
     return gradient_terms(ctx, grp, layer.params)
 
 
