@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
@@ -118,7 +119,10 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
 
     from .output import is_stream
 
-    if plan_file == "-" or is_stream(Path(plan_file)):
+    # /dev/stdin redirected from a file is a regular file to stat, but every node would
+    # read its own standard input as the plan
+    special = Path(os.path.abspath(plan_file)).parts[1:2] in (("dev",), ("proc",))
+    if plan_file == "-" or special or is_stream(Path(plan_file)):
         raise UsageError("planner: error: launch needs the plan as a file: the scripts it "
                          "writes name it (PLANNER_PLAN) for the training script to read on "
                          "every node; write it with `planner plan ... -o plan.yaml`")

@@ -513,8 +513,9 @@ def _grid_lines(spec: LaunchSpec) -> list[str]:
         schedule = "1F1B" if v == 1 else \
             f"interleaved 1F1B with {v} model chunks a stage (chunk k of stage s is the " \
             f"network's (k*{spec.stages} + s)-th)"
+        micro = count(spec.microbatches, "microbatch", "microbatches")
         out.append(f"# pipeline: {spec.stages} stages of {size} ranks (stage s on ranks "
-                   f"s*{size} .. s*{size} + {size - 1}), {spec.microbatches} microbatches, "
+                   f"s*{size} .. s*{size} + {size - 1}), {micro}, "
                    f"{schedule}; a stage's grid rules number its ranks from the stage's "
                    "first")
     for g in spec.grids:
@@ -533,7 +534,8 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
     it), ``port`` always."""
     q = shlex.quote
     head = [
-        f"# planner launch: {spec.nodes} node(s) x {spec.procs} processes "
+        f"# planner launch: {count(spec.nodes, 'node')} x "
+        f"{count(spec.procs, 'process', 'processes')} "
         f"({spec.world} ranks) for {printable(plan_path)} ({spec.name})",
         f"# rank k runs on node k // {spec.per_node}, local device k % {spec.per_node}",
         *_grid_lines(spec),

@@ -94,7 +94,33 @@ _TYPE_ALIASES = {
     "ln": "layernorm", "layer_norm": "layernorm", "rms_norm": "rmsnorm", "mha": "attention",
     "self_attention": "attention", "multihead_attention": "attention",
     "pos_embedding": "positional_embedding", "mixture_of_experts": "moe",
+    # the same cost as relu (one elementwise pass, no parameters)
+    "relu6": "relu", "leaky_relu": "relu",
 }
+_CHAIN = ("a network is one chain of layers from one input (residual blocks aside); "
+          "see the README's What it does not model")
+#: Well-known layer types planner does not model, and what to write instead, where
+#: anything will do (a "did you mean" to the nearest name would change the operation).
+UNSUPPORTED_TYPES: dict[str, str] = {
+    "cross_attention": f"an encoder-decoder's cross-attention cannot be written: {_CHAIN}",
+    "conv1d": "planner models 2-D convolutions: write a conv2d on an image of height 1 "
+              "(input [C, 1, L], kernel [1, k])",
+    "conv3d": "planner models 2-D convolutions only",
+    "conv_transpose2d": f"a decoder's upsampling is not modelled: {_CHAIN}",
+    "upsample": f"a decoder's upsampling is not modelled: {_CHAIN}",
+    "interpolate": f"a decoder's upsampling is not modelled: {_CHAIN}",
+    "concat": f"a skip connection is a residual block's add, not a concatenation: {_CHAIN}",
+    "groupnorm": "group normalisation is not modelled; batchnorm has its parameters (2 a "
+                 "channel) and costs as much",
+    "hardswish": "write silu: about the same cost and no parameters",
+    "mamba": "state-space layers (Mamba, S4) are not modelled",
+    "mla": "multi-head latent attention (DeepSeek-V2/V3) is not modelled",
+}
+for _alias, _same in (("conv_transpose", "conv_transpose2d"), ("deconv", "conv_transpose2d"),
+                      ("convtranspose2d", "conv_transpose2d"), ("cat", "concat"),
+                      ("group_norm", "groupnorm"), ("ssm", "mamba"),
+                      ("cross_attn", "cross_attention"), ("hard_swish", "hardswish")):
+    UNSUPPORTED_TYPES[_alias] = UNSUPPORTED_TYPES[_same]
 #: Layers whose output is a view of their input (no new storage).
 VIEW_TYPES = ("flatten", "identity")
 #: Layers that own weights (their layout is a free choice of the search).
@@ -800,6 +826,8 @@ def _canonical_type(value: object) -> str:
     t = _TYPE_ALIASES.get(t, t)
     if t in LAYER_TYPES or t in ("residual", "repeat"):
         return t
+    if t in UNSUPPORTED_TYPES:
+        raise Invalid(f"layer type '{value}' is not supported: {UNSUPPORTED_TYPES[t]}")
     close = difflib.get_close_matches(t, [*LAYER_TYPES, "residual", "repeat"], n=1, cutoff=0.6)
     hint = f"; did you mean '{close[0]}'?" if close else (
         f"; known types: {', '.join(LAYER_TYPES)}, residual, repeat")
@@ -956,6 +984,16 @@ def _parse_entry(item: object, path: str, issues: list[Issue], depth: int) -> _S
         f.finish()
         return _Spec("residual", name, path, children=body, shortcut=shortcut,
                      activation=activation)
+    # an unknown key is named against this kind's keys ('repeat' was asked, not allowed)
+    f.what = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} layer"
+    f.seen.discard("repeat")
+    if kind == "attention":
+        for key in ("window", "sliding_window"):
+            if key in f.data:
+                f.error(key, "sliding-window attention is not modelled: remove the key, and "
+                             "attention is priced over the whole sequence (more than a "
+                             "window's work: an upper bound)")
+                f.seen.add(key)
     params = _read_layer_params(kind, f)
     f.finish()
     return _Spec(kind, name, path, params=params)
@@ -1138,6 +1176,22 @@ def _conv_out(size: int, k: int, s: int, p: int, d: int, ceil: bool = False) -> 
     return span // s + 1
 
 
+def _shape_hint(what: str, dims: tuple[int, ...], got: int) -> str:
+    """What to do about a layer given an input of the wrong rank (``got`` axes)."""
+    if got == 3 and what in ("layernorm", "rmsnorm"):
+        return ("; it normalises a token's features (the last axis), and on an image "
+                "would normalise each row's pixels: a channels-first norm (ConvNeXt's "
+                "LayerNorm) is not modelled; batchnorm has its parameters (2 a channel)")
+    if got == 3 and 1 in dims:
+        return ("; add a flatten layer first (or, for the same linear map at every pixel, "
+                "a conv2d with kernel 1)")
+    if got == 3:
+        return ("; nothing turns an image into tokens: give the network its patches as "
+                "input, [tokens, patch features] (a ViT-L/16 at 224 x 224: input: [196, "
+                "768], then a linear patch embedding)")
+    return "; add a flatten layer first" if 1 in dims else ""
+
+
 def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer:
     """Shape inference for one layer; raises _ShapeError with an actionable message."""
     kind, p, path = spec.kind, spec.params, spec.path
@@ -1152,8 +1206,7 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
                       1: "a vector [features]"}
             wanted = " or ".join(expect[d] for d in dims)
             raise _ShapeError(path, f"layer '{name}' ({what}) needs {wanted} as input, got "
-                                    f"{list(shape)}" + (
-                                        "; add a flatten layer first" if 1 in dims else ""))
+                                    f"{list(shape)}" + _shape_hint(what, dims, len(shape)))
 
     def mk(out: Shape, **kw: Any) -> Layer:
         if any(d > MAX_DIM for d in out):
@@ -1244,6 +1297,8 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         prm = 2 * ch if p["affine"] else 0
         # the saved batch mean and inverse deviation are per channel, not per sample
         return mk(shape, params=prm, flops=2 * n_in, saves_input=True)
+    if kind in ("layernorm", "rmsnorm"):
+        need((1, 2), kind)
     if kind == "layernorm":
         d = shape[-1]
         prm = (d + (d if p["bias"] else 0)) if p["affine"] else 0
@@ -1472,8 +1527,9 @@ def network_from_data(data: object, issues: list[Issue]) -> Network | None:
     if issues:
         return None
     if not any(layer.has_weights for layer in b.layers):
-        issues.append(Issue("$.layers", "the network has no layer with weights (conv2d, "
-                                        "linear, attention or embedding): nothing to plan"))
+        issues.append(Issue("$.layers", "the network has no layer with weights to split "
+                                        "(conv2d, linear, attention, moe or embedding): "
+                                        "nothing to plan"))
         return None
     # the loss keeps the network's output for backward (softmax cross-entropy keeps its
     # probabilities: GPT-2's logits, 50,257 a token, or a segmentation's map)

@@ -363,6 +363,14 @@ def test_inputs_from_standard_input_and_pipes(tmp_path):
     assert copy.read_bytes() == text
     code, _, err = _piped(["launch"], plan.read_bytes())
     assert code == 2 and b"launch needs the plan as a file" in err, err
+    # /dev/stdin redirected from a file stats as that file, but every node would read
+    # its own standard input (found by an audit: exit 0, PLANNER_PLAN=/dev/stdin)
+    with plan.open("rb") as fh:
+        proc = _process(["launch", "/dev/stdin"], stdin=fh, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and b"launch needs the plan as a file" in err, err
+    assert out == b""
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
     proc = _process(["validate", fifo], stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -264,3 +264,21 @@ def test_uneven_feature_blocks_are_refused_by_name(tmp_path):
     assert "fc1: 32 features do not split 3 ways; this example needs equal blocks" in \
         proc.stdout + proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_pipeline_plans_are_refused_by_name(tmp_path):
+    """A plan in pipeline stages: the example runs none, and its ranks of stage 0
+    trained the whole network on their own while stage 1's died in a device mesh that
+    did not hold them (found by an audit). Every rank stops before any work, naming
+    the stages."""
+    plan = _plan(tmp_path, 4, ["--pipeline", "2"], command="plan")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+           "--master-port", str(29800 + (os.getpid() % 150)), str(TRAIN), "--plan",
+           str(plan), "--network", str(MLP), "--device", "cpu", "--backend", "gloo",
+           "--out", str(tmp_path / "run"), "--lr", "0.1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode != 0
+    assert "this example runs no pipeline stages; the plan has 2 (make it without " \
+        "--pipeline)" in proc.stdout + proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -263,3 +263,45 @@ def test_automatic_names_skip_the_names_given():
         load_network_text("kind: network\ninput: [10]\nlayers:\n"
                           "  - {name: fc, type: linear, out_features: 10}\n"
                           "  - {name: fc, type: linear, out_features: 10}\n")
+
+
+def _refusal(input_shape: str, layers: str) -> str:
+    with pytest.raises(InputError) as exc:
+        load_network_text(f"kind: network\ninput: {input_shape}\nlayers:\n{layers}")
+    return str(exc.value)
+
+
+def test_what_cannot_be_written_says_so():
+    """Found by an audit writing published networks: a LayerNorm after a convolution
+    normalised each row's W pixels (112 parameters for ConvNeXt's 96 channels), and
+    the nearest name was offered for operations planner does not model
+    (cross_attention -> attention, conv3d -> conv2d). Each now names what to do."""
+    conv = "  - {type: conv2d, out_channels: 96, kernel: 4, stride: 4}\n"
+    for norm in ("layernorm", "rmsnorm"):
+        msg = _refusal("[3, 224, 224]", conv + f"  - {{type: {norm}}}\n")
+        assert f"({norm}) needs a vector [features] or a sequence [seq, dim] as input, got " \
+            "[96, 56, 56]; it normalises a token's features (the last axis)" in msg
+        assert "batchnorm has its parameters (2 a channel)" in msg
+    msg = _refusal("[3, 224, 224]", conv + "  - {type: attention, heads: 4}\n")
+    assert "nothing turns an image into tokens: give the network its patches as input" in msg
+    msg = _refusal("[3, 224, 224]", conv + "  - {type: linear, out_features: 8}\n")
+    assert "add a flatten layer first (or, for the same linear map at every pixel, a " \
+        "conv2d with kernel 1)" in msg
+    seq = "[16, 64]"
+    msg = _refusal(seq, "  - {type: cross_attention, heads: 4}\n")
+    assert "layer type 'cross_attention' is not supported: an encoder-decoder's " \
+        "cross-attention cannot be written: a network is one chain" in msg
+    assert "did you mean" not in msg
+    msg = _refusal("[3, 8, 8]", "  - {type: conv1d, out_channels: 4, kernel: 3}\n")
+    assert "write a conv2d on an image of height 1 (input [C, 1, L], kernel [1, k])" in msg
+    msg = _refusal(seq, "  - {type: attention, heads: 4, window: 4096}\n")
+    assert "sliding-window attention is not modelled" in msg
+    # an unknown key is named against the layer's own keys, without the group's 'repeat'
+    msg = _refusal(seq, "  - {type: attention, heads: 4, relative_bias: true}\n")
+    assert "unknown key 'relative_bias' in an attention layer; expected one of: bias, " \
+        "causal, dropout, flash, head_dim, heads, kv_heads, name, rotary, type" in msg
+    # relu6 and leaky_relu cost as relu does: read as relu
+    net = load_network_text("kind: network\ninput: [16]\nlayers:\n"
+                            "  - {type: linear, out_features: 8}\n  - {type: relu6}\n"
+                            "  - {type: leaky_relu}\n")
+    assert [lay.type for lay in net.layers] == ["linear", "relu", "relu"]

@@ -53,7 +53,8 @@ ranks that hold the same chunk in the other nodes (recorded as one ``hybrid_redu
 the plan prices it), and the parameters are gathered inside the node.
 
 A move whose blocks are neither nested nor tiled on some axis (tokens to samples: an
-all-to-all) is refused by name.
+all-to-all) is refused by name, and so is a plan with pipeline stages (``--pipeline``),
+which this example does not run.
 
 A plan made with ``--recompute blocks`` is run without recomputation: it changes memory
 and time, not the result, and this program runs MLPs, which have no residual blocks to
@@ -370,6 +371,10 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != plan["problem"]["gpus"]:
         raise SystemExit(f"the plan is for {plan['problem']['gpus']} ranks, not {world}")
+    stages = int((plan.get("pipeline") or {}).get("stages", 1))
+    if stages > 1:  # its ranks would each train the whole network on one stage's grids
+        raise SystemExit(f"this example runs no pipeline stages; the plan has {stages} "
+                         "(make it without --pipeline)")
     from planner import load_network
 
     net_file = args.network or plan["inputs"]["network"]["file"]
