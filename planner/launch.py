@@ -619,12 +619,20 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
                 f'if [ "$NODE_RANK" -eq {spec.nodes - 1} ]; then NPROC={spec.last_node_procs}; '
                 f"else NPROC={spec.procs}; fi",
                 "unset TORCH_ELASTIC_WORKER_IDENTICAL"]
+        last = spec.nodes - 1
         checks = [] if spec.nodes == 1 else [
-            f': "${{NODE_RANK:?set NODE_RANK to the index of this node, 0..{spec.nodes - 1}}}"',
+            f': "${{NODE_RANK:?set NODE_RANK to the index of this node, 0..{last}}}"',
+            # a node rank that is not 0..last would start torchrun on a wrong rank range
+            'case "$NODE_RANK" in *[!0-9]*) NODE_RANK_OK=0 ;; *) NODE_RANK_OK=1 ;; esac',
+            f'if [ "$NODE_RANK_OK" = 0 ] || [ "$NODE_RANK" -gt {last} ]; then',
+            f'  echo "NODE_RANK must be a node index, 0..{last}; got $NODE_RANK" >&2; exit 2',
+            "fi",
             ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"']
-        body = ["#!/usr/bin/env bash", *head, *note, "set -euo pipefail", *checks, *procs,
+        body = ["#!/usr/bin/env bash", *head, *note,
+                "# Arguments given to this script are passed on to the training program.",
+                "set -euo pipefail", *checks, *procs,
                 f"export PLANNER_PLAN={q(plan_path)}", *start,
-                f"  {q(script)} --plan {q(plan_path)}"]
+                f'  {q(script)} --plan {q(plan_path)} "$@"']
         return "\n".join(body) + "\n"
     if kind == "slurm":
         # Slurm's block distribution balances the task counts over the nodes (12 tasks on
@@ -632,6 +640,9 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
         # and the surplus ranks of the last node exit at once: rank k stays on node k // g
         tasks = spec.nodes * spec.procs
         guard = (f'[ "$SLURM_PROCID" -lt {spec.world} ] || exit 0; ' if spec.uneven else "")
+        # whole nodes: the node's CPUs too, shared by its tasks (srun gives a task one
+        # CPU unless told, which starves data loading and NCCL's threads)
+        whole = spec.procs == spec.per_node
         body = [
             "#!/bin/bash",
             f"#SBATCH --job-name=planner-{_job_name(spec.name)}",
@@ -639,21 +650,32 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
             f"#SBATCH --ntasks={tasks}",
             f"#SBATCH --ntasks-per-node={spec.procs}",
             *([f"#SBATCH --gpus-per-node={spec.procs}"] if spec.device_kind == "gpu" else []),
+            *(["#SBATCH --exclusive"] if whole else []),
             "#SBATCH --distribution=block:block",
             *head,
             *([f"# {tasks - spec.world} surplus tasks on the last node exit at once"]
               if spec.uneven else []),
+            "# Each task sees all of its node's GPUs and takes LOCAL_RANK's; arguments given",
+            "# to this script are passed on to the training program, which runs as",
+            "# ${PYTHON:-python}.",
             "set -euo pipefail",
-            'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+            # sed reads every line (head would leave scontrol a broken pipe, which
+            # pipefail makes an error)
+            'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"',
+            ': "${MASTER_ADDR:?scontrol gave no host for the job}"',
+            "export MASTER_ADDR",
             f'export MASTER_PORT={port}' if fixed_port else
             f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"',
             f"export PLANNER_PLAN={q(plan_path)}",
+            f"CPUS=$(( ${{SLURM_CPUS_ON_NODE:-{spec.procs}}} / {spec.procs} ))",
+            '[ "$CPUS" -ge 1 ] || CPUS=1',
             # --wait=0: a site's WaitTime would end the job that long after the first
             # task exits, and an uneven plan's surplus tasks exit at once
-            ("srun --kill-on-bad-exit=1 --wait=0 bash -c " if spec.uneven else
-             "srun --kill-on-bad-exit=1 bash -c ")
+            ("srun --kill-on-bad-exit=1 --wait=0 " if spec.uneven else
+             "srun --kill-on-bad-exit=1 ") + '--cpus-per-task="$CPUS" bash -c '
             + q(f'{guard}RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID '
-                f'WORLD_SIZE={spec.world} exec python {q(script)} --plan {q(plan_path)}'),
+                f'WORLD_SIZE={spec.world} exec "${{PYTHON:-python}}" {q(script)} --plan '
+                f'{q(plan_path)} "$@"') + ' planner-task "$@"',
         ]
         return "\n".join(body) + "\n"
     raise UsageError(f"planner: error: unknown emitter {kind!r}")

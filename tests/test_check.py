@@ -346,7 +346,8 @@ def _fake_slurm(folder, nodes: int, per_node: int) -> dict[str, str]:
     bin_dir = folder / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(
-        "#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n"
+        "#!/bin/bash\n" 'if [ -n "${SRUN_LOG:-}" ]; then echo "$@" >> "$SRUN_LOG"; fi\n'
+        "while [[ $1 == --* ]]; do shift; done\n"
         "for ((i = 0; i < SLURM_NTASKS; i++)); do\n"
         f"  SLURM_PROCID=$i SLURM_LOCALID=$((i % {per_node})) SLURM_NODEID=$((i / {per_node}))"
         ' "$@" || exit 1\ndone\n')
@@ -376,15 +377,22 @@ def test_slurm_uneven_plan_keeps_ranks_on_their_nodes(runner, tmp_path):
     assert "#SBATCH --ntasks=16\n#SBATCH --ntasks-per-node=8\n" in out.stdout
     # srun ends the job a site's WaitTime after the first task exits; the surplus
     # tasks exit at once, so the script waits for every task
-    assert "srun --kill-on-bad-exit=1 --wait=0 bash -c" in out.stdout
+    assert "srun --kill-on-bad-exit=1 --wait=0 --cpus-per-task=" in out.stdout
+    # whole nodes, their CPUs shared by the tasks (srun's default is one CPU a task)
+    assert "#SBATCH --exclusive\n" in out.stdout
     script = tmp_path / "job.sh"
     script.write_text(out.stdout)
-    env = {**_fake_slurm(tmp_path, 2, 8), "SLURM_NTASKS": "16"}
-    ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    log = tmp_path / "srun.log"
+    env = {**_fake_slurm(tmp_path, 2, 8), "SLURM_NTASKS": "16", "SLURM_CPUS_ON_NODE": "112",
+           "SRUN_LOG": str(log)}
+    # the script's own arguments reach the program (an operator's --device, --out)
+    ran = subprocess.run(["bash", str(script), "--out", "a dir"], capture_output=True,
+                         text=True, env=env)
     assert ran.returncode == 0, ran.stderr
     lines = ran.stdout.splitlines()
-    assert lines == [f"rank={k} local={k % 8} node={k // 8} world=12 train.py --plan {plan}"
-                     for k in range(12)]
+    assert lines == [f"rank={k} local={k % 8} node={k // 8} world=12 train.py --plan {plan} "
+                     "--out a dir" for k in range(12)]
+    assert log.read_text().startswith("--kill-on-bad-exit=1 --wait=0 --cpus-per-task=14 ")
 
 
 def test_slurm_on_cpus_asks_for_no_gpus_and_a_plan_that_does_not_fit_warns(runner,
@@ -586,6 +594,17 @@ def test_torchrun_uneven_plan_runs_fewer_processes_on_the_last_node(runner, tmp_
     assert seen == [f"identical=unset --nnodes=2 --nproc-per-node={n} --node-rank={node} "
                     f"--master-addr=node0 --master-port=29500 train.py --plan {plan}"
                     for node, n in ((0, 8), (1, 4))]
+    # a node rank that is no node's (found by an audit: 'abc' ran 8 processes after a
+    # shell error) stops the script; the script's arguments reach the program
+    for bad in ("abc", "2", "-1"):
+        env["NODE_RANK"] = bad
+        ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+        assert ran.returncode == 2 and ran.stdout == ""
+        assert f"NODE_RANK must be a node index, 0..1; got {bad}" in ran.stderr
+    env["NODE_RANK"] = "1"
+    ran = subprocess.run(["bash", str(script), "--device", "cpu"], capture_output=True,
+                         text=True, env=env)
+    assert ran.stdout.strip().endswith(f"train.py --plan {plan} --device cpu")
 
 
 def test_an_explicit_master_port_is_kept(runner, tmp_path, monkeypatch):
