@@ -132,6 +132,10 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
         click.echo(f"planner: warning: {plan_file}: the plan does not fit in memory "
                    "(memory.fits: false): its ranks will run out of device memory; "
                    "`planner plan` finds one that fits", err=True)
+    for changed in _changed_inputs(doc.data):
+        click.echo(f"planner: warning: {plan_file}: {changed} has changed since the plan "
+                   "was made (its sha256 is not the one the plan records): `planner check` "
+                   "prices the plan against it", err=True)
     if kind == "megatron":
         from .megatron import megatron_args
 
@@ -144,6 +148,32 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
     # overwritten by -o; a script is written executable
     emit(text, output, (plan_file, script, *_recorded_inputs(doc.data, plan_file)),
          executable=kind in ("torchrun", "slurm"))
+
+
+def _changed_inputs(data: Any) -> list[str]:
+    """The network and cluster files a plan records, found where it says (relative to
+    here, as the plan's scripts name paths), whose bytes are not the ones it was made
+    from; a file not found here is not judged (the job may run elsewhere)."""
+    import hashlib
+    from pathlib import Path
+
+    from .loading import input_bytes  # as plan.file_digest (which would load numpy)
+
+    inputs = data.get("inputs") if isinstance(data, dict) else None
+    out: list[str] = []
+    for key in ("network", "cluster"):
+        entry = inputs.get(key) if isinstance(inputs, dict) else None
+        if not isinstance(entry, dict):
+            continue
+        name, want = entry.get("file"), entry.get("sha256")
+        if not (isinstance(name, str) and name not in ("", "-") and isinstance(want, str)):
+            continue
+        try:
+            if Path(name).is_file() and hashlib.sha256(input_bytes(name)).hexdigest() != want:
+                out.append(f"its {key} file {name}")
+        except OSError:
+            continue
+    return out
 
 
 def _recorded_inputs(data: Any, plan_file: str) -> tuple[str, ...]:

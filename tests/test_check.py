@@ -859,3 +859,25 @@ def test_min_mfu(runner, tmp_path):
     cfg.write_text(text + "min_mfu: 1.5\n")
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 2 and "c.yaml:7:10" in result.stderr, result.stderr
+
+
+def test_launch_warns_when_the_plan_s_inputs_changed(runner, tmp_path, monkeypatch):
+    """A plan whose network file was edited after planning was launched silently (found
+    by an audit); `check` re-prices it, and launch now says so on standard error. A file
+    the plan names that is not found where launch runs is not judged."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(EXAMPLES / "networks/alexnet.yaml", "net.yaml")
+    r = invoke(runner, "plan", "net.yaml", EXAMPLES / "clusters/dgx-h100.yaml", "-p", "8",
+               "-b", "256", "-o", "plan.yaml")
+    assert r.exit_code == 0, r.stderr
+    r = invoke(runner, "launch", "plan.yaml")
+    assert r.exit_code == 0 and "warning" not in r.stderr
+    with open("net.yaml", "a") as fh:
+        fh.write("# edited\n")
+    r = invoke(runner, "launch", "plan.yaml")
+    assert r.exit_code == 0 and r.stdout.startswith("#!/usr/bin/env bash")
+    assert ("planner: warning: plan.yaml: its network file net.yaml has changed since the "
+            "plan was made") in r.stderr
+    os.remove("net.yaml")
+    r = invoke(runner, "launch", "plan.yaml")
+    assert r.exit_code == 0 and "warning" not in r.stderr
