@@ -205,12 +205,14 @@ class AttentionGeom:
     heads: int
     kv_heads: int
     head_dim: int
-    bias: bool
+    bias: bool  #: biases on the Q, K and V projections
     causal: bool
     flash: bool
     dropout: float = 0.0  #: on the attention probabilities
     #: rotary position embeddings (Su et al. 2021) rotate each query and key
     rotary: bool = False
+    #: a bias on the output projection (None: as ``bias``; Qwen2's ``bias: qkv`` has none)
+    out_bias: bool | None = None
 
     def held(self, split: int) -> tuple[int, int]:
         """Query and key/value heads on the busiest of ``split`` devices (rounded up:
@@ -224,7 +226,8 @@ class AttentionGeom:
         kv = self.kv_heads if kv_heads is None else kv_heads
         q_out, kv_out = h * self.head_dim, kv * self.head_dim
         wts = self.dim * (q_out + 2 * kv_out) + q_out * self.dim
-        return wts + (q_out + 2 * kv_out + self.dim if self.bias else 0)
+        out_bias = self.bias if self.out_bias is None else self.out_bias
+        return wts + (q_out + 2 * kv_out if self.bias else 0) + (self.dim if out_bias else 0)
 
     def saved(self, heads: int | None = None, kv_heads: int | None = None
               ) -> tuple[int, int]:
@@ -834,6 +837,15 @@ def _canonical_type(value: object) -> str:
     raise Invalid(f"unknown layer type '{value}'{hint}")
 
 
+def _attention_bias(value: object) -> bool | str:
+    """Attention's ``bias``: true (Q, K, V and output projections), false, or ``qkv``
+    (Q, K and V only, as Qwen2 and Megatron-LM's ``--add-qkv-bias``)."""
+    if value == "qkv" or isinstance(value, bool):
+        return value
+    raise Invalid(f"expected true, false or qkv (biases on Q, K and V alone), got "
+                  f"{described(value)}")
+
+
 def _padding(value: object) -> tuple[int, int] | str:
     if value == "same":
         return "same"
@@ -902,7 +914,7 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
         p["heads"] = f.req("heads", integer(1))
         p["head_dim"] = f.opt_none("head_dim", integer(1))
         p["kv_heads"] = f.opt_none("kv_heads", integer(1))
-        p["bias"] = f.opt("bias", boolean, True)
+        p["bias"] = f.opt("bias", _attention_bias, True)
         p["causal"] = f.opt("causal", boolean, False)
         p["flash"] = f.opt("flash", boolean, False)
         p["dropout"] = f.opt("dropout", number(0.0, 1.0), 0.0)
@@ -1394,8 +1406,9 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
                               f"layer '{name}': rotary embeddings turn pairs of a head's "
                               f"features, and head_dim={hd} is odd")
         q_out, kv_out = h * hd, kv * hd
-        att = AttentionGeom(seq, d, h, kv, hd, p["bias"], p["causal"], p["flash"],
-                            float(p["dropout"]), p["rotary"])
+        att = AttentionGeom(seq, d, h, kv, hd, bool(p["bias"]), p["causal"], p["flash"],
+                            float(p["dropout"]), p["rotary"],
+                            out_bias=None if p["bias"] != "qkv" else False)
         wts = att.weights()
         proj_macs = seq * d * (q_out + 2 * kv_out) + seq * q_out * d
         attn_macs = 2 * h * seq * seq * hd

@@ -208,6 +208,28 @@ def test_llama2():
         assert net.by_name("layers.0.attn.self_attn").attention.seq == 4096
 
 
+def test_qwen2_7b_biases_on_q_k_v_alone():
+    """Qwen2-7B (the released configuration: 28 layers of 3,584, 28 query and 4
+    key/value heads of 128, FFN 18,944, 152,064 table rows, untied) has biases on its
+    Q, K and V projections and none on the output one (`bias: qkv`; `bias: true` counted
+    3,584 a layer too many: found by an audit). By hand: per block 3584 · (3584 + 2 ·
+    512) + 3584 · 3584 + 4608 = 29,364,736 in attention, 3 · 3584 · 18,944 = 203,685,888
+    in the MLP and 7,168 in the norms, 233,057,792 a block; 28 blocks, 2 · 152,064 ·
+    3584 and 3584: 7,615,616,512, the released checkpoint's count."""
+    net = load_network(NETWORKS / "qwen2-7b.yaml")
+    assert net.by_name("layers.0.attn.self_attn").params == 29_364_736
+    assert net.params == 28 * 233_057_792 + 2 * 152_064 * 3584 + 3584 == 7_615_616_512
+    # bias: true adds the output projection's; false, none
+    for bias, extra in (("true", 3584), ("false", -4608)):
+        text = (NETWORKS / "qwen2-7b.yaml").read_text().replace("bias: qkv", f"bias: {bias}")
+        assert load_network_text(text).params == 7_615_616_512 + 28 * extra
+    with pytest.raises(InputError) as exc:
+        load_network_text((NETWORKS / "qwen2-7b.yaml").read_text().replace(
+            "bias: qkv", "bias: kv"))
+    assert "expected true, false or qkv (biases on Q, K and V alone), got a string 'kv'" in \
+        str(exc.value)
+
+
 def test_llama3_70b():
     """Llama 3 70B (the same paper, Table 3: 80 layers, model dimension 8,192, FFN
     dimension 28,672, 64 attention heads, 8 key/value heads). By hand: per block 8192 ·

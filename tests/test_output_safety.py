@@ -376,7 +376,7 @@ def test_yaml_writer_matches_pyyaml_on_real_documents(runner, network):
     # Mixtral 8x7B and DeepSeekMoE 16B 64 of 4,096 tokens, with ZeRO stage 1; for Llama
     # 3 8B at 131,072 tokens, 4 with Adam and ZeRO stage 1; Llama 2 13B 64, 70B 8)
     batch = "64" if network.stem in ("segmentation-2048", "llama3-8b", "mixtral-8x7b",
-                                     "deepseek-moe-16b", "llama2-13b") \
+                                     "deepseek-moe-16b", "llama2-13b", "qwen2-7b") \
         else "8" if network.stem in ("llama3-70b", "llama2-70b") \
         else "4" if network.stem == "llama3-8b-128k" else "2048"
     extra = ["--optimizer", "adam", "--zero", "1"] if network.stem in (
