@@ -837,10 +837,13 @@ def _canonical_type(value: object) -> str:
     raise Invalid(f"unknown layer type '{value}'{hint}")
 
 
-def _attention_bias(value: object) -> bool | str:
-    """Attention's ``bias``: true (Q, K, V and output projections), false, or ``qkv``
-    (Q, K and V only, as Qwen2 and Megatron-LM's ``--add-qkv-bias``)."""
-    if value == "qkv" or isinstance(value, bool):
+def _attention_bias(value: object) -> str:
+    """Attention's ``bias``: true (Q, K, V and output projections: ``qkv+out``), false
+    (``none``), or ``qkv`` (Q, K and V only, as Qwen2 and Megatron-LM's
+    ``--add-qkv-bias``)."""
+    if isinstance(value, bool):
+        return "qkv+out" if value else "none"
+    if value == "qkv":
         return value
     raise Invalid(f"expected true, false or qkv (biases on Q, K and V alone), got "
                   f"{described(value)}")
@@ -914,7 +917,7 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
         p["heads"] = f.req("heads", integer(1))
         p["head_dim"] = f.opt_none("head_dim", integer(1))
         p["kv_heads"] = f.opt_none("kv_heads", integer(1))
-        p["bias"] = f.opt("bias", _attention_bias, True)
+        p["bias"] = f.opt("bias", _attention_bias, "qkv+out")
         p["causal"] = f.opt("causal", boolean, False)
         p["flash"] = f.opt("flash", boolean, False)
         p["dropout"] = f.opt("dropout", number(0.0, 1.0), 0.0)
@@ -1406,9 +1409,8 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
                               f"layer '{name}': rotary embeddings turn pairs of a head's "
                               f"features, and head_dim={hd} is odd")
         q_out, kv_out = h * hd, kv * hd
-        att = AttentionGeom(seq, d, h, kv, hd, bool(p["bias"]), p["causal"], p["flash"],
-                            float(p["dropout"]), p["rotary"],
-                            out_bias=None if p["bias"] != "qkv" else False)
+        att = AttentionGeom(seq, d, h, kv, hd, p["bias"] != "none", p["causal"], p["flash"],
+                            float(p["dropout"]), p["rotary"], out_bias=p["bias"] == "qkv+out")
         wts = att.weights()
         proj_macs = seq * d * (q_out + 2 * kv_out) + seq * q_out * d
         attn_macs = 2 * h * seq * seq * hd
