@@ -10,7 +10,16 @@ from typing import Any
 
 import click
 
-from .cli import Whole, check_output, format_option, output_option, plain_whole, render_data
+from .cli import (
+    FORMATS,
+    Whole,
+    check_output,
+    emit,
+    format_option,
+    output_option,
+    plain_whole,
+    render_data,
+)
 from .costs import COST_MODELS, OVERLAPS
 from .costs.memory import OPTIMIZERS
 from .errors import UsageError
@@ -1379,6 +1388,10 @@ def _int_list(value: str, option: str, maximum: int) -> list[int]:
     return sorted(set(items))
 
 
+#: what ``sweep --format`` writes: the other commands' formats and CSV
+SWEEP_FORMATS = (*FORMATS, "csv")
+
+
 @click.command()
 @problem_options
 @click.option("--gpus", "-p", "gpus_list", required=True, metavar="P1,P2,...",
@@ -1389,8 +1402,12 @@ def _int_list(value: str, option: str, maximum: int) -> list[int]:
 @objective_option
 @pin_option
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="Also draw iteration time and speedup against devices (needs matplotlib).")
-@format_option
+              help="Also draw iteration time and throughput against devices, a line a "
+                   "batch size, to this PNG file (needs matplotlib: planner[plot]).")
+@click.option("--format", "fmt", type=click.Choice(SWEEP_FORMATS), default=None,
+              help="table for a person; json or yaml for programs; csv, a row a device "
+                   "count and batch size, for a spreadsheet or a plot. Default: what the "
+                   "-o file's suffix says (.json, .yaml, .yml, .csv), else table.")
 @output_option
 def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective: str,
           pins: tuple[str, ...], plot: str | None, fmt: str | None, output: str | None,
@@ -1416,6 +1433,10 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
         if output not in (None, "-") and os.path.abspath(plot) == os.path.abspath(output):
             raise UsageError(f"planner: error: --plot and -o name the same file {plot}; "
                              "give them different names")
+        _pyplot()  # before anything is planned: a missing matplotlib wasted the sweep
+    if fmt is None and output not in (None, "-") and \
+            os.path.splitext(output)[1].lower() == ".csv":
+        fmt = "csv"
     from .evaluate import beyond_cluster
     from .inputs import load_cluster
     from .plan import utilisation
@@ -1428,12 +1449,15 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     start = time.monotonic()
     progress = None
     task = None
+    from .cli import console
+
+    # a progress bar only for a person watching (on a log it left a stray newline)
+    show_progress = console(stderr=True).is_terminal
     try:
         for i, (b, p) in enumerate(combos):
-            if progress is None and time.monotonic() - start > 1.0 and i < len(combos):
+            if progress is None and show_progress and time.monotonic() - start > 1.0 and \
+                    i < len(combos):
                 from rich.progress import Progress
-
-                from .cli import console
 
                 progress = Progress(console=console(stderr=True), transient=True)
                 progress.start()
@@ -1445,11 +1469,14 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                 result = run_search(q, objective, pins)
                 ev = result.best.evaluation
                 data_base = next((x for x in result.baselines if x.name == "data"), None)
+                use = utilisation(q.network, q.cluster.device, q.options.gpus,
+                                  q.options.step_batch, ev.time_s)
                 row: dict[str, Any] = {
                     "gpus": p, "batch": b, "feasible": True, "time_s": ev.time_s,
                     "samples_per_s": b / ev.time_s if ev.time_s else 0.0,
-                    "mfu": utilisation(q.network, q.cluster.device, q.options.gpus,
-                                       q.options.step_batch, ev.time_s)["mfu"],
+                    **({"tokens_per_s": b * q.network.input_shape[0] / ev.time_s}
+                       if q.network.input_kind == "tokens" and ev.time_s else {}),
+                    "tflops_per_device": use["tflops_per_device"], "mfu": use["mfu"],
                     "comm_s": ev.comm_s, "exposed_comm_s": ev.exposed_comm_s,
                     "peak_bytes": ev.memory.peak,
                     "layouts": _layout_summary(plan_doc(q, result, objective, False)),
@@ -1460,9 +1487,11 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                         row["zero_shard"] = q.options.zero_shard
                 if q.recompute_auto:
                     row["recompute"] = q.options.recompute
-                # null where data parallelism is not applicable (or does not fit)
-                row["speedup_vs_data"] = data_base.candidate.evaluation.time_s / ev.time_s \
-                    if data_base is not None and data_base.candidate is not None else None
+                # null where data parallelism is not applicable or does not fit (a
+                # baseline that runs out of memory is no alternative: found by an audit)
+                base = data_base.candidate if data_base is not None else None
+                row["speedup_vs_data"] = base.evaluation.time_s / ev.time_s \
+                    if base is not None and base.evaluation.memory.fits else None
                 rows.append(row)
             except NoFeasiblePlan as exc:
                 rows.append({"gpus": p, "batch": b, "feasible": False,
@@ -1472,16 +1501,53 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     finally:
         if progress is not None:
             progress.stop()
+    from . import __version__
     from .output import rounded
 
-    data = rounded({"network": network, "cluster": cluster, "objective": objective,
+    cl = load_cluster(cluster)
+    data = rounded({"planner": __version__, "network": network, "cluster": cluster,
+                    "device": cl.device.name, "objective": objective,
                     "problem": settings, "results": rows}, 4)
     if plot:
-        _plot(data["results"], plot, ins)
-    render_data(data, fmt, output, lambda: _sweep_table(data["results"]), ins)
+        _plot(data["results"], plot, ins, f"{_network_name(rows, network)} on {cl.name}")
+    if fmt == "csv":
+        emit(_sweep_csv(data["results"]), output, ins)
+    else:
+        render_data(data, fmt, output, lambda: _sweep_table(data["results"]), ins)
     if not any(r["feasible"] for r in rows):
         raise NoFeasiblePlan("planner: no device count and batch size of the sweep has a "
                              "feasible plan")
+
+
+#: the columns of ``sweep --format csv``, in order (an empty cell where a row has none)
+SWEEP_CSV = ("gpus", "batch", "feasible", "time_s", "samples_per_s", "tokens_per_s",
+             "tflops_per_device", "mfu", "comm_s", "exposed_comm_s", "peak_bytes", "zero",
+             "zero_shard", "recompute", "speedup_vs_data", "layouts", "reason")
+
+
+def _sweep_csv(rows: list[dict[str, Any]]) -> str:
+    """A sweep as CSV: a header, then a row a device count and batch size; a row's
+    layouts as ``count× layout`` joined by ``; ``."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(SWEEP_CSV)
+    for r in rows:
+        cells = []
+        for col in SWEEP_CSV:
+            v = r.get(col)
+            if col == "layouts" and isinstance(v, dict):
+                v = "; ".join(f"{n}× {k}" for k, n in v.items())
+            cells.append("" if v is None else str(v).lower() if isinstance(v, bool) else v)
+        out.writerow(cells)
+    return buf.getvalue()
+
+
+def _network_name(rows: list[dict[str, Any]], path: str) -> str:
+    """The network's file name without its folder and suffix (the plot's title)."""
+    return os.path.splitext(os.path.basename(path))[0] if path != "-" else "network"
 
 
 def _sweep_settings(q: Question, kw: dict[str, Any]) -> dict[str, Any]:
@@ -1515,10 +1581,10 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     from .units import format_bytes, format_time
 
     # the layouts on one line where the table fits, else one layout a line (a layout
-    # such as "3× model 32x2" is never broken) and samples/s (batch / iteration) and MFU
-    # left out
+    # such as "3× model 32x2" is never broken); samples/s (batch / iteration) and MFU
+    # whenever that fits (a scaling study reads them), not only with the layouts on a line
     t = FitTable(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False,
-                 wide=("samples/s", "MFU", "layouts"), narrow=("layouts-lines",))
+                 wide=("layouts",), narrow=("layouts-lines",), optional=("samples/s", "MFU"))
     auto = any("zero" in r for r in rows)  # --zero auto: the stage each plan uses
     rec = any("recompute" in r for r in rows)  # --recompute auto: the blocks recomputed
     extra = (("ZeRO",) if auto else ()) + (("recompute",) if rec else ())
@@ -1543,7 +1609,7 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
                  for k, n in r["layouts"].items()]
         vs = f"{r['speedup_vs_data']:.3g}x" if r.get("speedup_vs_data") is not None else "n/a"
         t.add_row(str(r["gpus"]), str(r["batch"]), format_time(r["time_s"]),
-                  f"{r['samples_per_s']:.4g}", f"{r['mfu']:.1%}",
+                  _rate(r["samples_per_s"]), f"{r['mfu']:.1%}",
                   format_time(r["exposed_comm_s"]), format_bytes(r["peak_bytes"]),
                   *((str(r["zero"]) + (" node" if r.get("zero_shard") == "node" else ""),)
                     if auto else ()),
@@ -1552,7 +1618,14 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     return t
 
 
-def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = ()) -> None:
+def _rate(x: float) -> str:
+    """A rate for the table: whole numbers with thousands separated from 100 up."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot, drawing off screen; a usage error naming the extra where it
+    is not installed."""
     os.environ.pop("MPLBACKEND", None)  # the plot is drawn off screen whatever it says
     try:
         import matplotlib
@@ -1562,6 +1635,15 @@ def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = ()) 
     except ImportError:
         raise UsageError("planner: error: --plot needs matplotlib: pip install "
                          "'planner[plot]'") from None
+    return plt
+
+
+def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = (),
+          title: str = "") -> None:
+    """Iteration time and throughput against the device count, a line a batch size;
+    the throughput panel's dotted lines are perfect scaling from each line's first
+    point (a strong-scaling study reads its efficiency off the gap)."""
+    plt = _pyplot()
     import io
 
     from .output import write_atomic
@@ -1571,18 +1653,25 @@ def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = ()) 
         pts = [r for r in rows if r["batch"] == b and r["feasible"]]
         if not pts:
             continue
-        ax1.plot([r["gpus"] for r in pts], [r["time_s"] * 1e3 for r in pts], "o-",
-                 label=f"batch {b}")
-        speedups = [r["speedup_vs_data"] for r in pts]
-        ax2.plot([r["gpus"] for r in pts], [float("nan") if x is None else x for x in speedups],
-                 "o-", label=f"batch {b}")
-    for ax, label in ((ax1, "iteration time (ms)"), (ax2, "speedup over data parallel")):
+        gpus = [r["gpus"] for r in pts]
+        ax1.plot(gpus, [r["time_s"] * 1e3 for r in pts], "o-", label=f"batch {b}")
+        line = ax2.plot(gpus, [r["samples_per_s"] for r in pts], "o-", label=f"batch {b}")
+        ideal = [pts[0]["samples_per_s"] * g / gpus[0] for g in gpus]
+        ax2.plot(gpus, ideal, ":", color=line[0].get_color())
+    counts = sorted({r["gpus"] for r in rows if r["feasible"]})
+    for ax, label in ((ax1, "iteration time (ms)"), (ax2, "samples/s (dotted: linear)")):
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        if counts:  # the device counts themselves on the axis, not powers of two
+            ax.set_xticks(counts, [f"{g:,}" for g in counts])
+            ax.minorticks_off()
         ax.set_xlabel("devices")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
         if ax.lines:  # no feasible point: an empty plot, without matplotlib's warning
             ax.legend()
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, metadata={"Software": None})

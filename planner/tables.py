@@ -22,13 +22,15 @@ from rich.table import Table
 
 class FitTable(Table):
     """A rich table with two column sets: ``wide`` shown when the table fits the
-    console, ``narrow`` shown instead when it does not."""
+    console, ``narrow`` shown instead when it does not; and ``optional`` columns, left
+    out only where even the narrow form does not fit."""
 
     def __init__(self, *args: Any, wide: tuple[str, ...] = (), narrow: tuple[str, ...] = (),
-                 **kwargs: Any) -> None:
+                 optional: tuple[str, ...] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.wide = wide
         self.narrow = narrow
+        self.optional = optional
 
     def add_column(self, *args: Any, key: str | None = None, **kwargs: Any) -> None:
         """As rich's, with ``key``: the name ``wide`` and ``narrow`` know the column by
@@ -70,6 +72,8 @@ def fit(console: Console, renderable: Any) -> int:
             if _natural(console, table) > console.width:
                 table.columns[:] = columns
                 _drop(table, table.wide)
+                if table.optional and _natural(console, table) > console.width:
+                    _drop(table, table.optional)
         opts = console.options.update_width(100_000)
         lo, hi = [], []
         for column in table.columns:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
+import pytest
 import yaml
 
 from .conftest import CLUSTERS, NETWORKS, ROOT, invoke
@@ -500,3 +502,47 @@ def test_a_table_too_wide_anyway_breaks_no_name(runner, monkeypatch):
     monkeypatch.setenv("COLUMNS", "88")
     out = invoke(runner, "show", net).stdout
     assert max(len(line) for line in out.splitlines()) <= 88
+
+
+def test_sweep_for_a_scaling_study(runner, tmp_path, monkeypatch):
+    """What a scaling study asked of sweep (found by an audit): no speedup over a data
+    parallelism that does not fit (Llama 3 8B on 64 GPUs at batch 64 with Adam: data
+    parallel needs 170 GB a GPU, and the row said 0.862x, as if it were faster);
+    samples/s and MFU at 120 columns (they were dropped with the one-line layouts);
+    tokens/s and TFLOP/s a device in the results; CSV for a spreadsheet, by --format or
+    the -o suffix; a --plot without matplotlib refused before anything is planned; the
+    planner's version and the device in the JSON."""
+    llama = ("sweep", NETWORKS / "llama3-8b.yaml", DGX, "-p", "64", "-b", "64",
+             "--optimizer", "adam")
+    r = invoke(runner, *llama, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["device"] == "H100-SXM" and doc["planner"]
+    row = doc["results"][0]
+    c = invoke(runner, "compare", *llama[1:], "--format", "json")
+    data = next(b for b in json.loads(c.stdout)["baselines"] if b["name"] == "data")
+    assert not data["fits"] and row["speedup_vs_data"] is None
+    assert row["tokens_per_s"] == pytest.approx(64 * 8192 / row["time_s"], rel=1e-3)
+    assert row["tflops_per_device"] == pytest.approx(row["mfu"] * 989.4, rel=2e-3)
+    gpt2 = NETWORKS / "gpt2-small.yaml"
+    args = ("sweep", gpt2, DGX, "-p", "16,32", "-b", "512", "--optimizer", "adam",
+            "--precision", "bf16")
+    monkeypatch.setenv("COLUMNS", "120")
+    table = invoke(runner, *args)
+    assert "samples/s" in table.stdout and "MFU" in table.stdout
+    csv_out = tmp_path / "s.csv"
+    r = invoke(runner, *args, "-o", csv_out)
+    assert r.exit_code == 0, r.stderr
+    lines = csv_out.read_text().splitlines()
+    assert lines[0].startswith("gpus,batch,feasible,time_s,samples_per_s,tokens_per_s,")
+    assert lines[1].startswith("16,512,true,") and len(lines) == 3
+    assert invoke(runner, *args, "--format", "csv").stdout == csv_out.read_text()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    import planner.cli_plan as cli_plan
+
+    def never(*a, **k):
+        raise AssertionError("planned before refusing the plot")
+
+    monkeypatch.setattr(cli_plan, "run_search", never)
+    r = invoke(runner, *args, "--plot", tmp_path / "s.png")
+    assert r.exit_code == 2 and "--plot needs matplotlib" in r.stderr
