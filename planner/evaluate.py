@@ -541,7 +541,8 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
         if layer.saves_output:
             key = (net.storage_of(layer.index), r.dist_out)
             if key not in kept:
-                kept[key] = local_elems(layer.out_elems, r.dist_out, batch) * e
+                kept[key] = local_elems(layer.out_elems, r.dist_out, batch) * \
+                    net.output_bytes(layer)
                 consumer[key] = layer.block if recomputed(layer, ctx) else None
                 first[key] = layer.index
             elif not recomputed(layer, ctx):

@@ -75,6 +75,9 @@ _ELEMENTWISE_FLOPS: dict[str, int] = {
     # gated linear units, per output element: the gate's activation and the product
     "glu": 5, "swiglu": 5, "geglu": 9,
 }
+#: Bytes per element of what the loss keeps: its probabilities in fp32 whatever the
+#: network's dtype (:meth:`Network.output_bytes`).
+LOSS_BYTES = 4
 #: Rotary position embeddings, per query and key element: ``x·cos + rot(x)·sin``.
 ROTARY_FLOPS = 3
 #: Gated linear units (Dauphin et al. 2017; Shazeer 2020): ``act(a) · b`` for the two
@@ -714,6 +717,17 @@ class Network:
         """Bytes per element of the network dtype."""
         return DTYPE_BYTES[self.dtype]
 
+    def output_bytes(self, layer: Layer) -> int:
+        """Bytes per element of ``layer``'s output as kept for backward: the network's
+        dtype, but at least fp32's 4 for the output the loss keeps (a softmax
+        cross-entropy upcasts 16-bit logits and keeps its fp32 probabilities: Megatron-
+        LM's vocabulary-parallel cross-entropy, PyTorch's and Hugging Face's losses on
+        ``logits.float()``; Korthikanti et al., MLSys 2023, count the loss's 4·s·b·v/t
+        bytes)."""
+        if self.loss and layer.index == len(self.layers) - 1:
+            return max(self.elem_bytes, LOSS_BYTES)
+        return self.elem_bytes
+
     def staged_by_layers(self) -> Network | None:
         """The network with pipeline stages starting only between copies of its
         top-level repeat groups (``--stage-boundaries layers``); None where it has no
@@ -801,8 +815,8 @@ class Network:
         """Bytes per sample kept for backward attributed to ``layer``: its output if
         anyone keeps it, its internal tensors, its masks and indices."""
         kept = self._saved
-        return (kept.get(layer.index, 0) + layer.saved_internal) * self.elem_bytes + \
-            layer.saved_bytes_extra
+        return kept.get(layer.index, 0) * self.output_bytes(layer) + \
+            layer.saved_internal * self.elem_bytes + layer.saved_bytes_extra
 
 
 # ---------------------------------------------------------------------------------------

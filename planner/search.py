@@ -360,8 +360,8 @@ class Space:
         kept = own_kept_bytes(layer, lay, input_dist(lay), batch, e) * \
             self._rebuilt_share(layer)
         if layer.saves_output:
-            kept += local_elems(layer.out_elems, lay.output_dist(), batch) * e * \
-                self._output_share(layer)
+            kept += local_elems(layer.out_elems, lay.output_dist(), batch) * \
+                self.ctx.network.output_bytes(layer) * self._output_share(layer)
         return kept * self.options.inflight
 
     def entry_memory(self, layer: Layer) -> np.ndarray:
@@ -521,7 +521,8 @@ class Space:
         if layer.saves_input and not (shared and work == dist):
             kept += kept_input_bytes(layer, None, work, batch, e) * in_share
         if layer.saves_output:
-            kept += local_elems(layer.out_elems, out, batch) * e * out_share
+            kept += local_elems(layer.out_elems, out, batch) * ctx.network.output_bytes(
+                layer) * out_share
         parts[_M] = layer.params * held(self.pb, self.options.zero, terms).total + \
             kept * self.options.inflight
         result = (parts, self._dist(out))

@@ -84,8 +84,8 @@ def test_json_format(runner, monkeypatch):
     # --batch 1080), recompute: auto among them
     speed = next(c for c in by_name["gpt2-oom"]["checks"] if c["check"] == "speed")
     assert "(recompute: auto: as few of the 24 as memory needs)" in speed["message"]
-    assert "about batch: 512," in speed["message"]
-    assert "devices (about gpus: 32," in speed["message"]
+    assert "about batch: 472," in speed["message"]
+    assert "devices (about gpus: 64," in speed["message"]
     assert "--" not in speed["message"]
 
 

@@ -127,6 +127,36 @@ def test_the_loss_keeps_the_networks_output():
     head = next(r for r in ev.layers if r.layer.name == "lm_head")
     assert head.layer.index == len(net.layers) - 1 and head.layer.saved_internal == 0
     assert head.activation_bytes == 8 * 1024 * 50257 * 4
+    # in bf16 the loss still keeps fp32 probabilities (it upcasts the logits: Megatron-
+    # LM's vocabulary-parallel cross-entropy, PyTorch's on logits.float(); Korthikanti
+    # et al. 2023 count 4·s·b·v/t), 4 bytes an element, not the network's 2 (found by a
+    # memory audit: 50% low); over a vocabulary split 8 ways (Megatron's column head), an
+    # eighth of them
+    from planner.inputs import load_network_text
+    bf16 = load_network_text((NETWORKS / "gpt2-small.yaml").read_text().replace(
+        "dtype: float32", "dtype: bfloat16"))
+    ev = _eval(bf16, cl, {lay.index: make_layout("data", 1, 8) for lay in bf16.layers
+                          if lay.has_weights}, 8, 64)
+    head = next(r for r in ev.layers if r.layer.name == "lm_head")
+    assert head.activation_bytes == 8 * 1024 * 50257 * 4
+    assert bf16.activation_bytes(head.layer) == 1024 * 50257 * 4
+    split = {lay.index: make_layout("data", 1, 8) for lay in bf16.layers if lay.has_weights}
+    split[head.layer.index] = make_layout("column", 8, 1)
+    ev = _eval(bf16, cl, split, 8, 64)
+    col = next(r for r in ev.layers if r.layer.name == "lm_head")
+    assert col.activation_bytes == pytest.approx(64 * 1024 * 50257 / 8 * 4, rel=1e-12)
+    body = bf16.by_name("h.0.mlp.c_fc")  # everything else in the network's 2 bytes
+    assert bf16.output_bytes(body) == 2
+    from planner.costs.layer import loss_cost
+    from planner.layout import Dist
+    ctx = make_context(bf16, cl, Options(gpus=8, batch=64))
+    kernels, _ = loss_cost(head.layer, Dist(8, (1, 8), None), ctx)
+    # per element: read the bf16 logits, write fp32 log-probabilities; backward: the
+    # dense gradient written, read, the saved output read (fp32), the input gradient
+    # written in bf16
+    elems = 8 * 1024 * 50257
+    assert kernels["forward"][0].bytes == elems * (2 + 4)
+    assert kernels["backward_data"][0].bytes == elems * (3 * 4 + 2)
 
 
 def test_uneven_splits_hold_the_busiest_share():

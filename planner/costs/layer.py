@@ -927,19 +927,20 @@ def loss_cost(layer: Layer, dist: Dist, ctx: Context,
               ) -> tuple[dict[str, list[Kernel]], list[CommTerm]]:
     """The loss over the network's output (``layer``, the last, on ``dist``): a softmax
     cross-entropy over its last dimension, two memory-bound passes forward (read the
-    logits, write their log-softmax) and four backward (the loss's dense gradient, then
-    the log-softmax's: read it and the saved output, write the input gradient), on the
-    elements this device holds. Logits split by features (a column layer last, as
+    logits, write their log-softmax, in fp32 at least: :meth:`Network.output_bytes`) and
+    four backward (the loss's dense gradient, then the log-softmax's: read it and the
+    saved output, write the input gradient in the network's dtype), on the elements
+    this device holds. Logits split by features (a column layer last, as
     Megatron's vocabulary-parallel cross-entropy) need each token's maximum, target
     logit and sum of exponentials from the whole row: three all-reduces of one fp32
     number per token over the feature group, forward (three calls: the maximum is needed
     before the exponentials are taken)."""
     b = _ceil_div(ctx.batch, dist.batch[1])
     elems = layer.out_elems * b / dist.split
-    e = ctx.elem_bytes
+    e, kept = ctx.elem_bytes, ctx.network.output_bytes(layer)
     kernels: dict[str, list[Kernel]] = {
-        "forward": [Elementwise(2.0 * elems * e, 5.0 * elems, "loss")],
-        "backward_data": [Elementwise(4.0 * elems * e, 2.0 * elems, "loss")],
+        "forward": [Elementwise(elems * (e + kept), 5.0 * elems, "loss")],
+        "backward_data": [Elementwise(elems * (3 * kept + e), 2.0 * elems, "loss")],
         "backward_weight": []}
     terms: list[CommTerm] = []
     if dist.feature is not None and not ctx.paper:
