@@ -254,16 +254,8 @@ def test_uneven_feature_blocks_are_refused_by_name(tmp_path):
     ``features // P_r`` rows, dropping two of them and training another network with
     exit 0. It stops, naming the layer."""
     plan = _plan(tmp_path, 3, ["--pin", "fc1=model:3x1", "--pin", "*=data"])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
-           "--master-port", str(29300 + (os.getpid() % 500)), str(TRAIN), "--plan",
-           str(plan), "--network", str(MLP), "--device", "cpu", "--backend", "gloo",
-           "--out", str(tmp_path / "run"), "--lr", "0.1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode != 0
-    assert "fc1: 32 features do not split 3 ways; this example needs equal blocks" in \
-        proc.stdout + proc.stderr
-    assert not (tmp_path / "run").exists()
+    _refused(tmp_path, plan, 3, 29300 + (os.getpid() % 500),
+             "fc1: 32 features do not split 3 ways; this example needs equal blocks")
 
 
 def test_pipeline_plans_are_refused_by_name(tmp_path):
@@ -272,13 +264,20 @@ def test_pipeline_plans_are_refused_by_name(tmp_path):
     did not hold them (found by an audit). Every rank stops before any work, naming
     the stages."""
     plan = _plan(tmp_path, 4, ["--pipeline", "2"], command="plan")
+    _refused(tmp_path, plan, 4, 29800 + (os.getpid() % 150),
+             "this example runs no pipeline stages; the plan has 2 (make it without "
+             "--pipeline)")
+
+
+def _refused(tmp_path: Path, plan: Path, procs: int, port: int, message: str) -> None:
+    """The example started on ``procs`` CPU processes stops with ``message``, nothing
+    written."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-           "--master-port", str(29800 + (os.getpid() % 150)), str(TRAIN), "--plan",
-           str(plan), "--network", str(MLP), "--device", "cpu", "--backend", "gloo",
-           "--out", str(tmp_path / "run"), "--lr", "0.1"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs),
+           "--master-port", str(port), str(TRAIN), "--plan", str(plan), "--network",
+           str(MLP), "--device", "cpu", "--backend", "gloo", "--out", str(tmp_path / "run"),
+           "--lr", "0.1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode != 0
-    assert "this example runs no pipeline stages; the plan has 2 (make it without " \
-        "--pipeline)" in proc.stdout + proc.stderr
+    assert message in proc.stdout + proc.stderr
     assert not (tmp_path / "run").exists()
