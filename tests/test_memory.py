@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from planner.costs.memory import param_bytes
@@ -9,7 +11,7 @@ from planner.evaluate import Options, evaluate, make_context
 from planner.inputs import load_cluster, load_network
 from planner.layout import make_layout
 
-from .conftest import CLUSTERS, NETWORKS
+from .conftest import CLUSTERS, NETWORKS, invoke
 from .helpers import FixedEstimator, cluster, mlp
 
 
@@ -187,3 +189,63 @@ def test_uneven_splits_hold_the_busiest_share():
         assert own_kept_bytes(attn, make_layout("model", pr, 1), None, 1, 2) == kept
     assert local_params(fc, make_layout("column", 4, 1)) == 3 * 769
     assert local_params(fc2, make_layout("row", 4, 1)) == 3 * 7 + 7
+
+
+#: one GPT-3 175B layer's shape (Brown et al. 2020; Korthikanti et al. 2023, Table 3):
+#: width 12,288, 96 heads, 2,048 tokens, pre-norm, a GELU MLP of 4h, dropout on the
+#: attention probabilities and both residual branches, 16-bit activations, no flash
+GPT3_LAYERS = """kind: network
+name: gpt3-layers
+input: [2048]
+dtype: float16
+layers:
+  - {name: wte, type: embedding, vocab: 51200, dim: 12288}
+  - {name: wpe, type: positional_embedding, positions: 2048}
+  - {name: drop, type: dropout, p: 0.1}
+  - repeat: 2
+    name: h
+    layers:
+      - name: attn
+        type: residual
+        body:
+          - {name: ln_1, type: layernorm}
+          - {name: attn, type: attention, heads: 96, causal: true, flash: false,
+             dropout: 0.1}
+          - {name: resid_drop, type: dropout, p: 0.1}
+      - name: mlp
+        type: residual
+        body:
+          - {name: ln_2, type: layernorm}
+          - {name: c_fc, type: linear, out_features: 49152}
+          - {name: gelu, type: gelu}
+          - {name: c_proj, type: linear, out_features: 12288}
+          - {name: drop, type: dropout, p: 0.1}
+  - {name: ln_f, type: layernorm}
+  - {name: lm_head, type: linear, out_features: 51200, bias: false, tie: wte}
+"""
+
+
+@pytest.mark.parametrize("mode, t", [("data", 1), ("megatron", 4), ("megatron", 8),
+                                     ("megatron-sp", 4), ("megatron-sp", 8)])
+def test_a_transformer_layer_keeps_korthikantis_table_2(runner, tmp_path, mode, t):
+    """Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+    Models", MLSys 2023, Table 2: bytes one transformer layer keeps for backward, 16-bit
+    activations with dropout masks, batch b, sequence s, width h, a heads, tensor
+    parallelism t: ``sbh(34 + 5as/h)`` with none, ``sbh(10 + 24/t + 5as/(ht))`` with
+    tensor parallelism, ``sbh/t · (34 + 5as/h)`` with sequence parallelism too. The
+    planner's layer (its two residual blocks) on a GPT-3 175B-shaped layer, b = 1: within
+    0.1% (its norms also keep an fp32 mean and reciprocal deviation a token, which the
+    paper leaves out: 16 bytes a token, 0.0006% here)."""
+    net = tmp_path / "gpt3.yaml"
+    net.write_text(GPT3_LAYERS)
+    args = ["-p", "1", "-b", "1"] if mode == "data" else \
+        ["-p", str(t), "-b", "1", "--grid", f"{t}x1", "--mode", mode]
+    r = invoke(runner, "cost", net, CLUSTERS / "dgx-h100.yaml", *args, "--format", "json")
+    assert r.exit_code in (0, 1), r.stderr
+    layers = json.loads(r.stdout)["layers"]
+    kept = sum(L["memory"]["activation_bytes"] for L in layers if L["name"].startswith("h.0."))
+    s, h, a = 2048, 12288, 96
+    want = {"data": s * h * (34 + 5 * a * s / h),
+            "megatron": s * h * (10 + 24 / t + 5 * a * s / (h * t)),
+            "megatron-sp": s * h / t * (34 + 5 * a * s / h)}[mode]
+    assert kept == pytest.approx(want, rel=1e-3)
