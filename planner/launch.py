@@ -655,9 +655,10 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
             *head,
             *([f"# {tasks - spec.world} surplus tasks on the last node exit at once"]
               if spec.uneven else []),
-            "# Each task sees all of its node's GPUs and takes LOCAL_RANK's; arguments given",
-            "# to this script are passed on to the training program, which runs as",
-            "# ${PYTHON:-python}.",
+            *(["# Each task sees all of its node's GPUs and takes LOCAL_RANK's."]
+              if spec.device_kind == "gpu" else []),
+            "# Arguments given to this script are passed on to the training program, which",
+            "# runs as ${PYTHON:-python}.",
             "set -euo pipefail",
             # sed reads every line (head would leave scontrol a broken pipe, which
             # pipefail makes an error)
