@@ -154,10 +154,9 @@ def _changed_inputs(data: Any) -> list[str]:
     """The network and cluster files a plan records, found where it says (relative to
     here, as the plan's scripts name paths), whose bytes are not the ones it was made
     from; a file not found here is not judged (the job may run elsewhere)."""
-    import hashlib
     from pathlib import Path
 
-    from .loading import input_bytes  # as plan.file_digest (which would load numpy)
+    from .loading import file_digest
 
     inputs = data.get("inputs") if isinstance(data, dict) else None
     out: list[str] = []
@@ -169,7 +168,7 @@ def _changed_inputs(data: Any) -> list[str]:
         if not (isinstance(name, str) and name not in ("", "-") and isinstance(want, str)):
             continue
         try:
-            if Path(name).is_file() and hashlib.sha256(input_bytes(name)).hexdigest() != want:
+            if Path(name).is_file() and file_digest(name) != want:
                 out.append(f"its {key} file {name}")
         except OSError:
             continue

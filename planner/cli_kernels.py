@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from dataclasses import replace
@@ -13,6 +12,7 @@ import click
 
 from .cli import READ_META, Finite, Whole, check_output, emit, render_data
 from .errors import UsageError, printable
+from .loading import file_digest
 
 TABLE_JSON = ("table", "json")
 models_dir_option = click.option(
@@ -545,7 +545,7 @@ def _digest(path: str) -> str | None:
     try:
         if path == "-" or not p.is_file() or not p.stat().st_size:
             return None
-        return hashlib.sha256(p.read_bytes()).hexdigest()
+        return file_digest(path)
     except OSError:
         return None
 

@@ -1442,7 +1442,8 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     from .plan import utilisation
 
     # a device count the cluster cannot hold is asked wrongly: before anything is planned
-    beyond_cluster(load_cluster(cluster), gpus_values, sweep=True)
+    cl = load_cluster(cluster)
+    beyond_cluster(cl, gpus_values, sweep=True)
     rows: list[dict[str, Any]] = []
     settings: dict[str, Any] = {}  # the question's settings, the same for every row
     combos = [(b, p) for b in batch_values for p in gpus_values]
@@ -1504,12 +1505,11 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     from . import __version__
     from .output import rounded
 
-    cl = load_cluster(cluster)
     data = rounded({"planner": __version__, "network": network, "cluster": cluster,
                     "device": cl.device.name, "objective": objective,
                     "problem": settings, "results": rows}, 4)
     if plot:
-        _plot(data["results"], plot, ins, f"{_network_name(rows, network)} on {cl.name}")
+        _plot(data["results"], plot, ins, f"{_network_name(network)} on {cl.name}")
     if fmt == "csv":
         emit(_sweep_csv(data["results"]), output, ins)
     else:
@@ -1545,7 +1545,7 @@ def _sweep_csv(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _network_name(rows: list[dict[str, Any]], path: str) -> str:
+def _network_name(path: str) -> str:
     """The network's file name without its folder and suffix (the plot's title)."""
     return os.path.splitext(os.path.basename(path))[0] if path != "-" else "network"
 

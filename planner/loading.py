@@ -16,6 +16,7 @@ every value and key came from. Building from events instead of ``yaml.load``:
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -179,6 +180,12 @@ def input_bytes(path: str | os.PathLike[str]) -> bytes:
     (for the digests a plan records)."""
     key = os.fspath(path)
     return _STREAMS[key] if key in _STREAMS else Path(path).read_bytes()
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of an input's bytes as they were read (plans record what they were made
+    from; standard input and pipes included)."""
+    return hashlib.sha256(input_bytes(path)).hexdigest()
 
 
 def _read_stream(fh: Any, name: str) -> bytes:

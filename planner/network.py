@@ -976,7 +976,7 @@ def _parse_entry(item: object, path: str, issues: list[Issue], depth: int) -> _S
     if not f.ok:
         return None
     name = f.opt_none("name", _layer_name)
-    if f.has("repeat"):
+    if "repeat" in f.data:  # present, not asked: a layer's hints do not offer it
         count = f.req("repeat", integer(1, MAX_LAYERS))
         start = f.opt("start", integer(0, 1_000_000), 0)
         if f.has("type"):
@@ -1013,9 +1013,7 @@ def _parse_entry(item: object, path: str, issues: list[Issue], depth: int) -> _S
         f.finish()
         return _Spec("residual", name, path, children=body, shortcut=shortcut,
                      activation=activation)
-    # an unknown key is named against this kind's keys ('repeat' was asked, not allowed)
-    f.what = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} layer"
-    f.seen.discard("repeat")
+    f.what = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} layer"  # unknown keys name it
     if kind == "attention":
         for key in ("window", "sliding_window"):
             if key in f.data:

@@ -48,8 +48,6 @@ files)::
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any
 
 from . import __version__
@@ -64,17 +62,10 @@ from .evaluate import (
     question_param_bytes,
     zero_label,
 )
+from .loading import file_digest
 from .network import DTYPE_PEAK_KEY, Network
 from .output import rounded
 from .units import count, format_bytes, format_time
-
-
-def file_digest(path: str | Path) -> str:
-    """sha256 of an input's bytes as they were read (plans record what they were made
-    from; standard input and pipes included)."""
-    from .loading import input_bytes
-
-    return hashlib.sha256(input_bytes(path)).hexdigest()
 
 
 def _term(t: CommTerm) -> dict[str, Any]:
