@@ -1126,8 +1126,8 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
                 ) -> Baseline:
         valid = [(label, a) for label, a in options if not isinstance(a, str)]
         if not valid:
-            reasons = [a for _, a in options if isinstance(a, str)]
-            return Baseline(name, desc, None, reasons[0] if reasons else "no grid applies")
+            return Baseline(name, desc, None, _no_grid(
+                [a for _, a in options if isinstance(a, str)]))
         # rank by the additive objective, score the most promising with the timeline
         ranked = sorted(valid, key=lambda x: (space.score(x[1], weights), x[0]))
         cands: list[Candidate] = []
@@ -1200,6 +1200,25 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
                                     layer, p, pr, pc, CONTEXT_MODE, "rows")))
                                for pr, pc in _grids(p) if pr > 1]))
     return result
+
+
+def _no_grid(reasons: list[str]) -> str:
+    """Why no grid of a baseline applies, from each grid's reason in grid order: the
+    small ``P_r`` fail alike (their batch split is larger than the batch), so past them
+    the reasons of the larger grids, where the layers themselves refuse (the heads a
+    split needs), are the ones that say what would have to change."""
+    distinct = list(dict.fromkeys(r.replace(" (cols)", "") for r in reasons))
+    if not distinct:
+        return "no grid applies"
+    other = [r for r in distinct if "batch split P_c=" not in r]
+    if len(distinct) == 1 or not other:
+        return distinct[0]
+    shown = other if len(other) <= 3 else [*other[:2], f"... ({len(other) - 3} more)",
+                                           other[-1]]
+    batch = "" if len(other) == len(distinct) else \
+        f"on the {len(distinct) - len(other)} of smaller P_r the batch split is larger than " \
+        "the batch; "
+    return f"no grid applies: {batch}" + "; ".join(shown)
 
 
 def _origins(space: Space) -> Sequence[int | None]:

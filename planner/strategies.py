@@ -57,6 +57,9 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False,
         what = _split_what(layer)
         if layout.pr > limit:
             return f"it has {limit} {what}, fewer than P_r={layout.pr}"
+        why = why_heads_split(layer, layout.pr)
+        if why is not None:
+            return why
     if layout.mode in SEQUENCE_MODES:
         why = _why_not_sequence(layer, layout, paper)
         if why is not None:
@@ -66,9 +69,11 @@ def why_invalid(layer: Layer, layout: Layout, batch: int, paper: bool = False,
     if layout.mode in EXPERT_MODES:
         return _why_not_expert(layer, layout, batch, paper, microbatched)
     mode = base_mode(layout.mode)
-    if layout.mode == "model-sp" and layout.pr > layer.model_split_limit:
-        return (f"it has {layer.model_split_limit} {_split_what(layer)}, fewer than "
-                f"P_r={layout.pr}")
+    if layout.mode == "model-sp":
+        if layout.pr > layer.model_split_limit:
+            return (f"it has {layer.model_split_limit} {_split_what(layer)}, fewer than "
+                    f"P_r={layout.pr}")
+        return why_heads_split(layer, layout.pr)
     if mode in ("column", "row"):
         if layer.linear is None:
             return (f"{layout.mode}-parallel layouts (Megatron's pair) split a linear layer; "
@@ -153,7 +158,33 @@ def _why_not_ulysses(layer: Layer, layout: Layout, paper: bool) -> str | None:
         return f"its sequence has {layer.attention.seq} tokens, fewer than P_r={layout.pr}"
     if layout.pr > layer.attention.heads:
         return f"it has {layer.attention.heads} heads, fewer than P_r={layout.pr}"
-    return None
+    return why_heads_split(layer, layout.pr, replicas=True)
+
+
+def why_heads_split(layer: Layer, pr: int, replicas: bool = False) -> str | None:
+    """Why ``pr`` devices cannot each take whole heads of an attention layer (None when
+    they can, or when ``layer`` is no attention). A head is never split: ``pr`` divides
+    the query heads, and the key/value heads too, as Megatron-LM's tensor parallelism
+    requires (``num_attention_heads`` and ``num_query_groups`` divisible by the tensor
+    size; a device holding the queries of two key/value groups would need both).
+    ``replicas`` (DeepSpeed-Ulysses, whose weights are whole on every device): ``pr``
+    may instead be a multiple of the key/value heads, each then sent to ``pr / kv``
+    devices."""
+    a = layer.attention
+    if a is None:
+        return None
+    if a.heads % pr:
+        return (f"P_r={pr} does not divide its {a.heads} heads (a head is not split, so "
+                "every device of the row group takes as many)")
+    kv = a.kv_heads
+    if kv % pr == 0 or (replicas and pr % kv == 0):
+        return None
+    if replicas:
+        return (f"P_r={pr} neither divides its {kv} key/value heads nor is a multiple of "
+                "them (each device needs the key/value heads of its own query heads)")
+    return (f"P_r={pr} does not divide its {kv} key/value heads (Megatron-LM's tensor "
+            "parallelism gives every device whole key/value groups; split the tokens "
+            "instead: ulysses or domain)")
 
 
 def _why_not_sequence(layer: Layer, layout: Layout, paper: bool) -> str | None:
@@ -219,16 +250,17 @@ def candidate_layouts(layer: Layer, gpus: int, batch: int, paper: bool = False,
         both = pc > 1
         tokens = not paper and pr <= _token_split_limit(layer)
         sp_placements = [pl for pl in sequence_placements if both or pl == "rows"]
-        if pr <= limit:
+        if pr <= limit and why_heads_split(layer, pr) is None:
             for pl in placements if both else ("rows",):
                 yield make_layout("model", pr, pc, pl)
             if tokens and (layer.attention is not None or layer.embedding is not None
                            or layer.moe is not None):
                 for pl in sp_placements:
                     yield make_layout("model-sp", pr, pc, pl)
-            if tokens and layer.attention is not None:
-                for pl in sp_placements:
-                    yield make_layout("ulysses", pr, pc, pl)
+        if tokens and layer.attention is not None and pr <= limit \
+                and why_heads_split(layer, pr, replicas=True) is None:
+            for pl in sp_placements:
+                yield make_layout("ulysses", pr, pc, pl)
         if lin is not None and megatron:
             for mode, most in (("column", lin.out_features), ("row", lin.in_features)):
                 if pr <= most and not (mode == "row" and lin.tied_to is not None):

@@ -302,10 +302,14 @@ def test_training_configuration_and_launch(runner, tmp_path):
     assert edited.exit_code == 2 and "tp_comm_overlap" in edited.stderr
 
 
-def test_a_note_names_what_cannot_overlap(runner):
-    """Tensor parallelism over 16 devices of 8-GPU nodes: the flag changes nothing, and
-    standard error says so (exit 0, the plan unchanged); within a node, no note."""
-    args = ("cost", LLAMA, DGX, "-p", "32", "-b", "32", "--grid", "16x2", "--mode",
+def test_a_note_names_what_cannot_overlap(runner, tmp_path):
+    """Tensor parallelism over 8 devices of 4-GPU nodes (the DGX H100's network with half
+    its GPUs a node; Llama 3's 8 key/value heads allow no more than 8): the flag changes
+    nothing, and standard error says so (exit 0, the plan unchanged); within a node, no
+    note."""
+    half = tmp_path / "dgx-4.yaml"
+    half.write_text(DGX.read_text().replace("devices_per_node: 8", "devices_per_node: 4"))
+    args = ("cost", LLAMA, half, "-p", "32", "-b", "32", "--grid", "8x4", "--mode",
             "megatron-sp", "--optimizer", "adam", "--format", "json")
     across = invoke(runner, *args, "--tp-comm-overlap")
     assert across.exit_code == 0
