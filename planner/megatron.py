@@ -194,6 +194,10 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
         raise _refuse(plan_path, f"{n} of its {len(kinds['tensor'])} tensor-parallel layers "
                                  "are sequence-parallel; Megatron-LM's --sequence-parallel "
                                  "is for all of them or none", data)
+    for lay in kinds["tensor"] + kinds["context"]:
+        why = _heads(lay)
+        if why is not None:
+            raise _refuse(plan_path, why, data)
     cp = []
     for lay in kinds["context"]:
         if lay.get("type") != "attention":
@@ -208,6 +212,28 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
                                  "context-parallel; Megatron-LM runs one or the other "
                                  "(--cp-comm-type a2a, or p2p / all_gather)", data)
     return t, c, e, sp == {True}, cp
+
+
+def _heads(lay: dict[str, Any]) -> str | None:
+    """Why Megatron-LM cannot split an attention layer's heads as the plan does (None
+    when it can, or the plan, from before plans recorded them, does not say): its tensor
+    parallelism and Transformer Engine's all-to-all context parallelism (``--cp-comm-type
+    a2a``) both give every device whole query and key/value heads, where the planner's
+    DeepSpeed-Ulysses may send each key/value head to several devices."""
+    heads, kv = lay.get("heads"), lay.get("kv_heads")
+    if lay.get("type") != "attention" or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (heads, kv)):
+        return None
+    assert isinstance(heads, int) and isinstance(kv, int)
+    pr = lay["grid"][0]
+    size = "context" if lay["mode"] in _CONTEXT else "tensor"
+    if lay["mode"] == "domain" or (heads % pr == 0 and kv % pr == 0):
+        return None
+    return (f"layer '{lay.get('name')}' is {lay['mode']} {pr}x{lay['grid'][1]} with "
+            f"{heads} query and {kv} key/value heads; Megatron-LM's {size}-parallel size "
+            f"must divide both (num_attention_heads and num_query_groups"
+            + (", which Transformer Engine's all-to-all checks" if size == "context" else "")
+            + f"), and {pr} does not divide {kv if heads % pr == 0 else heads}")
 
 
 def _pairing(layers: list[dict[str, Any]], tensor: list[dict[str, Any]]) -> str | None:

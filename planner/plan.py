@@ -92,10 +92,12 @@ def layer_record(r: LayerResult, pb: ParamBytes, zero: int = 0) -> dict[str, Any
     rec: dict[str, Any] = {
         "name": r.layer.name,
         "type": r.layer.type,
-        "mode": r.layout.mode,
-        "grid": [r.layout.pr, r.layout.pc],
-        "placement": r.layout.placement,
     }
+    a = r.layer.attention
+    if a is not None:  # what a launcher checks a head split against (whole heads)
+        rec["heads"], rec["kv_heads"] = a.heads, a.kv_heads
+    rec.update(mode=r.layout.mode, grid=[r.layout.pr, r.layout.pc],
+               placement=r.layout.placement)
     if r.follows is not None:
         rec["follows"] = r.follows
     rec["compute_s"] = c.compute_s

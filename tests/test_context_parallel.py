@@ -214,6 +214,74 @@ def test_ulysses_by_hand():
     assert "gholami2018" in why_invalid(sa, lay, B, paper=True)
 
 
+def _gqa(heads: int, kv: int):
+    """The test network with ``heads`` query and ``kv`` key/value heads of 8 each."""
+    text = _net_text().replace(f"heads: {HEADS}, kv_heads: {KV}",
+                               f"heads: {heads}, kv_heads: {kv}")
+    return load_network_text(text.replace(f"dim: {DIM}", f"dim: {heads * 8}")
+                             .replace(f"out_features: {DIM}", f"out_features: {heads * 8}"))
+
+
+@pytest.mark.parametrize("heads, kv, p, model, ulysses", [
+    # 12 heads (GPT-2's count) on 24 devices: whole heads over 2, 3, 4, 6, 12
+    (12, 12, 24, [2, 3, 4, 6, 12], [2, 3, 4, 6, 12]),
+    # 12 query heads in 4 groups: a model split divides both (2, 4); Ulysses may also
+    # send each key/value head to 3 or 6 devices (12 and 6 are multiples of 4, 3 is not:
+    # a device with 4 query heads of 2 groups needs both)
+    (12, 4, 24, [2, 4], [2, 4, 12]),
+    # Llama 3's 32 query heads in 8 groups on 64 devices: tensor 2-8, Ulysses to 32
+    (32, 8, 64, [2, 4, 8], [2, 4, 8, 16, 32]),
+])
+def test_heads_are_whole(heads, kv, p, model, ulysses):
+    """A head is never split between devices: ``model`` and ``model-sp`` need ``P_r`` to
+    divide the query and the key/value heads (Megatron-LM's ``num_attention_heads`` and
+    ``num_query_groups`` divisible by the tensor size), ``ulysses`` the query heads and
+    the key/value heads or a multiple of them. The search's candidates and the check of
+    a given layout (``--grid``, ``--pin``) agree, and say which count refuses it."""
+    sa = _gqa(heads, kv).by_name("attn.sa")
+    found = {m: sorted({lay.pr for lay in candidate_layouts(sa, p, p) if lay.mode == m})
+             for m in ("model", "model-sp", "ulysses")}
+    assert found == {"model": model, "model-sp": model, "ulysses": ulysses}
+    for pr in (d for d in range(2, p + 1) if p % d == 0):
+        for mode, allowed in (("model", model), ("model-sp", model), ("ulysses", ulysses)):
+            why = why_invalid(sa, make_layout(mode, pr, p // pr), p)
+            assert (why is None) == (pr in allowed), (mode, pr, why)
+            if why is not None and pr <= heads:
+                what = f"its {heads} heads" if heads % pr else f"its {kv} key/value heads"
+                assert f"P_r={pr} " in why and what in why, why
+
+
+def test_a_head_split_megatron_cannot_run(runner, tmp_path):
+    """Llama 3 8B at 131,072 tokens on 64 GPUs splits attention 16 ways by heads
+    (Ulysses, each of the 8 key/value heads on 2 devices). Megatron-LM's all-to-all
+    context parallelism (Transformer Engine's) needs whole key/value heads: the export
+    refuses it, naming the counts (exit 2), where it emitted ``--cp-comm-type a2a``
+    before. Every attention layer of a plan records its heads."""
+    net = EXAMPLES / "networks" / "llama3-8b-128k.yaml"
+    dgx = EXAMPLES / "clusters" / "dgx-h100.yaml"
+    out = invoke(runner, "plan", net, dgx, "-p", "64", "-b", "4", "--optimizer", "adam",
+                 "--zero", "1", "--format", "yaml", "-o", tmp_path / "plan.yaml")
+    assert out.exit_code == 0, out.output
+    import yaml
+
+    doc = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    attn = [lay for lay in doc["layers"] if lay["type"] == "attention"]
+    assert all((lay["heads"], lay["kv_heads"]) == (32, 8) for lay in attn)
+    assert not any("heads" in lay for lay in doc["layers"] if lay["type"] != "attention")
+    assert {(lay["mode"], tuple(lay["grid"])) for lay in attn} == {("ulysses", (16, 4))}
+    emit = invoke(runner, "launch", tmp_path / "plan.yaml", "--emit", "megatron")
+    assert emit.exit_code == 2 and not emit.stdout and "Traceback" not in emit.output
+    assert ("layer 'layers.0.attn.self_attn' is ulysses 16x4 with 32 query and 8 "
+            "key/value heads; Megatron-LM's context-parallel size must divide both") \
+        in emit.stderr
+    # a plan without the counts (written before plans recorded them) is not second-guessed
+    for lay in attn:
+        del lay["heads"], lay["kv_heads"]
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    old = invoke(runner, "launch", tmp_path / "old.yaml", "--emit", "megatron")
+    assert old.exit_code == 0 and "--cp-comm-type a2a" in old.stdout
+
+
 def test_llama_at_batch_16(runner):
     """Llama 3 8B on 64 H100s, 16 sequences of 8,192 tokens: attention splits the tokens
     four ways (its keys and values, 8 heads of 128, are a quarter of its input: context

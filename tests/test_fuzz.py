@@ -45,7 +45,7 @@ from planner.evaluate import Evaluation, Options, check_question, evaluate, make
 from planner.inputs import load_cluster_text, load_network_text
 from planner.output import to_yaml
 from planner.search import SearchResult, search
-from planner.strategies import candidate_layouts
+from planner.strategies import candidate_layouts, why_invalid
 
 from .fuzz_strategies import cluster_data, network_data, options
 
@@ -177,6 +177,9 @@ def test_any_valid_assignment_prices_finitely(net_data, cl_data, opts):
                                              q.ctx.paper))
             if not choices:
                 return  # no layout applies: the search says so (NoFeasiblePlan)
+            # the search's candidates are exactly what a given layout's check allows
+            assert all(why_invalid(layer, lay, q.options.batch, q.ctx.paper) is None
+                       for lay in choices), layer.name
             assignment[layer.index] = rng.choice(choices)
     ev = evaluate(q.ctx, q.options, assignment)
     _check_finite(ev)
