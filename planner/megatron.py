@@ -17,6 +17,8 @@ Mapping (each from the plan document alone):
   all ``domain`` over ``P_r = C`` → ``--context-parallel-size C`` with
   ``--cp-comm-type`` from the attention layers' terms (``p2p`` or ``all_gather``, one a
   layer where they differ), attention ``ulysses`` → ``a2a``; all ``data`` → neither;
+  ``T`` (and ``C`` under ``a2a``) divides every attention layer's query and key/value
+  heads, which the plan records (Megatron-LM's and Transformer Engine's checks);
 * mixtures of experts split like the rest (their experts' hidden features over ``T``,
   Megatron-LM's expert tensor parallelism), or ``expert`` over ``P_r = E`` with every
   other layer data parallel → ``--expert-model-parallel-size E`` (with the all-to-all
