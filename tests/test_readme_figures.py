@@ -197,10 +197,10 @@ CASES: list[Case] = [
     ("8B at 131,072 tokens",
      ["plan", str(NETWORKS / "llama3-8b-128k.yaml"), H100, "-p", "64", "-b", "4",
       "--optimizer", "adam", "--zero", "1"],
-     r"over 4, (?P<t>[\d.]+) s a step \(MFU (?P<mfu>[\d.]+)%\), against (?P<sp>[\d.]+) s "
-     r"for Megatron-LM's layouts with sequence parallelism",
+     r"over 4, (?P<t>[\d.]+) s a step \(MFU (?P<mfu>[\d.]+)%\)\. .*? the `megatron-cp` "
+     r"baseline, ring attention, prices at (?P<cp>[\d.]+) s",
      {"t": _s, "mfu": _mfu,
-      "sp": _baseline("megatron-sp", "time_s", 1.0)}),
+      "cp": _baseline("megatron-cp", "time_s", 1.0)}),
     ("Mixtral 8x7B",
      _moe("mixtral-8x7b.yaml"),
      r"cross nodes: (?P<t>[\d.]+) ms, (?P<m>[\d.]+) GiB\. With the expert groups",
