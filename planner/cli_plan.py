@@ -104,6 +104,13 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Activation recomputation: blocks keeps each residual block's "
                           "input and re-runs the block's forward in the backward pass; N "
                           "does so for the first N blocks; auto: as few as memory needs."),
+        click.option("--recompute-unit", type=click.Choice(("blocks", "layers")),
+                     default="blocks", show_default=True,
+                     help="What --recompute re-runs from one kept input: each residual "
+                          "block, or each copy of the network's repeat groups (a "
+                          "transformer layer's two blocks together, as Megatron-LM's full "
+                          "recomputation and torchtitan's full activation checkpointing "
+                          "keep); N then counts layers."),
         click.option("--microbatches", default="1", show_default=True,
                      callback=_microbatches_option, metavar="N|auto",
                      help="Gradient accumulation: forward and backward passes per step, "
@@ -189,7 +196,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                   precision: str | None = None, grad_precision: str | None = None,
                   microbatches: int | str = 1, tp_comm_overlap: bool = False,
                   cp_comm_type: str = "p2p", overlap_param_gather: bool = False,
-                  stage_boundaries: str = "blocks") -> Question:
+                  stage_boundaries: str = "blocks", recompute_unit: str = "blocks"
+                  ) -> Question:
     """Load both files, build the options and the cost context (``zero="auto"`` or
     ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
     from .evaluate import ZERO_STAGES, Options, check_question, make_context
@@ -250,6 +258,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     net = load_network(network).in_dtype(precision)
     if stage_boundaries == "layers":
         net = by_layers(net, network)
+    if recompute_unit == "layers":
+        net = recompute_by_layers(net, network)
     cl = load_cluster(cluster)
     stages = ZERO_STAGES if zero == "auto" else (int(zero),)
     # within nodes is the same as over all replicas while the devices fit in one node
@@ -263,7 +273,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                       zero=0 if auto else stages[0],
                       zero_shard="all" if auto else shards[0],
                       recompute="none" if rec_auto else
-                      canonical_recompute(recompute, len(net.blocks)),
+                      canonical_recompute(recompute, len(net.recompute_units)),
                       grad_dtype=DTYPE_ALIASES.get(grad_precision, grad_precision)
                       if grad_precision is not None else None,
                       tp_comm_overlap=tp_comm_overlap, cp_comm_type=cp_comm_type,
@@ -320,6 +330,17 @@ def by_layers(net: Any, network: str) -> Any:
                          f"between the copies of a repeat group, and {network} has no "
                          "repeat group; use --stage-boundaries blocks")
     return staged
+
+
+def recompute_by_layers(net: Any, network: str) -> Any:
+    """The network recomputing each copy of its repeat groups as one unit
+    (``--recompute-unit layers``); a usage error where it has none."""
+    units = net.recomputed_by_layers()
+    if units is None:
+        raise UsageError(f"planner: error: --recompute-unit layers recomputes each copy of "
+                         f"a repeat group as one, and {network} has no repeat group; use "
+                         "--recompute-unit blocks")
+    return units
 
 
 def inputs_of(network: str, cluster: str, kw: dict[str, Any]) -> tuple[str, ...]:

@@ -205,7 +205,8 @@ def _check_settings(options: Options, network: Network | None = None) -> None:
         raise UsageError(f"planner: error: ZeRO cannot shard over {options.zero_shard!r}; "
                          "use all or node")
     wrong = recompute_error(options.recompute,
-                            None if network is None else len(network.blocks))
+                            None if network is None else len(network.recompute_units),
+                            "blocks" if network is None else network.recompute_unit)
     if wrong:
         raise UsageError(f"planner: error: {wrong}")
     if options.recompute != "none" and options.cost_model == "gholami2018":
@@ -458,7 +459,7 @@ def _recomputed(ctx: Context, results: list[LayerResult],
     recomputed block, in the network's order, its working set and what is still kept
     when it is rebuilt."""
     net, e = ctx.network, ctx.elem_bytes
-    blocks = [blk for blk in net.blocks if blk.name in ctx.rebuilt]
+    blocks = ctx.rebuilt_units  # residual blocks, or repeat copies (--recompute-unit)
     dist_out = {r.layer.index: r.dist_out for r in results}
     checkpoints: dict[tuple[int, Dist | None], float] = {}
     for blk in blocks:
@@ -486,8 +487,9 @@ def _recomputed(ctx: Context, results: list[LayerResult],
     own = dict(per_layer)
     for r in results:
         if recomputed(r.layer, ctx):
-            assert r.layer.block is not None
-            work[r.layer.block] = work.get(r.layer.block, 0.0) + own[r.layer.index]
+            unit = ctx.unit(r.layer.block)
+            assert unit is not None
+            work[unit] = work.get(unit, 0.0) + own[r.layer.index]
             own[r.layer.index] = 0.0
     # where the backward pass frees each tensor kept: past its first keeper (a checkpoint
     # is kept for its block's whole backward, down to its first layer)
@@ -521,7 +523,7 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     else:
         owned = (params * pb.weights, grads, params * pb.optimizer)
     kept: dict[tuple[int, Dist | None], float] = {}
-    consumer: dict[tuple[int, Dist | None], str | None] = {}  # the block of its first keeper
+    consumer: dict[tuple[int, Dist | None], str | None] = {}  # its first keeper's unit
     first: dict[tuple[int, Dist | None], int] = {}  # the position of its first keeper
     per_layer: dict[int, float] = {}
     batch = ctx.batch
@@ -534,7 +536,7 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
             if key not in kept:
                 kept[key] = kept_input_bytes(layer, r.layout if layer.has_weights else None,
                                              r.dist_in, batch, e)
-                consumer[key] = layer.block if recomputed(layer, ctx) else None
+                consumer[key] = ctx.unit(layer.block) if recomputed(layer, ctx) else None
                 first[key] = layer.index
             elif not recomputed(layer, ctx):
                 consumer[key] = None  # a keeper outside recomputed blocks: it stays kept
@@ -543,7 +545,7 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
             if key not in kept:
                 kept[key] = local_elems(layer.out_elems, r.dist_out, batch) * \
                     net.output_bytes(layer)
-                consumer[key] = layer.block if recomputed(layer, ctx) else None
+                consumer[key] = ctx.unit(layer.block) if recomputed(layer, ctx) else None
                 first[key] = layer.index
             elif not recomputed(layer, ctx):
                 consumer[key] = None

@@ -35,7 +35,8 @@ Mapping (each from the plan document alone):
   collectives it overlaps);
 * recomputing every residual block → ``--recompute-granularity full
   --recompute-method uniform --recompute-num-layers 1``; the first ``2k`` of a chunk →
-  ``--recompute-method block --recompute-num-layers k``;
+  ``--recompute-method block --recompute-num-layers k`` (with ``--recompute-unit
+  layers`` the plan counts layers, and prices Megatron-LM's one checkpoint a layer);
 * bf16 / fp16 → ``--bf16`` / ``--fp16`` (over fp32 master weights), bf16 gradients →
   ``--grad-reduce-in-bf16`` (Megatron-LM's default for bf16 is fp32), fp32 gradients for
   either → ``--accumulate-allreduce-grads-in-fp32``; fp64, fp32 weights with half
@@ -447,10 +448,13 @@ def _recompute(data: dict[str, Any], prob: dict[str, Any], plan_path: str) -> li
     if settings == {"blocks"}:
         return ["--recompute-granularity full", "--recompute-method uniform",
                 "--recompute-num-layers 1"]
+    # counted in layers (--recompute-unit layers: what Megatron-LM keeps), or in residual
+    # blocks, two a layer (their checkpoints priced, one a block: the safe side)
+    per_layer = 1 if prob.get("recompute_unit") == "layers" else 2
     if len(settings) == 1 and next(iter(settings)).isdigit() \
-            and int(next(iter(settings))) % 2 == 0:
+            and int(next(iter(settings))) % per_layer == 0:
         return ["--recompute-granularity full", "--recompute-method block",
-                f"--recompute-num-layers {int(next(iter(settings))) // 2}"]
+                f"--recompute-num-layers {int(next(iter(settings))) // per_layer}"]
     raise _refuse(plan_path, f"it recomputes {', '.join(sorted(settings))} residual blocks "
                              "a chunk; Megatron-LM recomputes the same whole transformer "
                              "layers (two blocks each) in every chunk", data)

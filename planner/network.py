@@ -711,6 +711,54 @@ class Network:
     #: where pipeline stages may start: "blocks" (between residual blocks) or "layers"
     #: (between copies of a repeat group, ``--stage-boundaries``)
     stage_unit: str = "blocks"
+    #: what recomputation re-runs from one kept input: "blocks" (each residual block)
+    #: or "layers" (the blocks of one copy of a top-level repeat group together,
+    #: ``--recompute-unit``)
+    recompute_unit: str = "blocks"
+
+    @functools.cached_property
+    def _recompute_groups(self) -> tuple[tuple[Block, ...], ...]:
+        """The residual blocks of each recomputation unit, in order."""
+        groups: list[list[Block]] = []
+        last = -1
+        for blk in self.blocks:
+            copy = self.copies[blk.add] if self.recompute_unit == "layers" and \
+                self.copies else -1
+            if copy >= 0 and copy == last:
+                groups[-1].append(blk)
+            else:
+                groups.append([blk])
+            last = copy
+        return tuple(tuple(g) for g in groups)
+
+    @functools.cached_property
+    def recompute_units(self) -> tuple[Block, ...]:
+        """The units recomputation re-runs, in order, each keeping only its input
+        between the passes: every residual block, or under ``recompute_unit`` "layers"
+        the consecutive blocks of one copy of a top-level repeat group as one (a
+        transformer layer: what Megatron-LM's full recomputation keeps, and PyTorch's
+        checkpoint wrapper around each of torchtitan's transformer blocks). A unit is a
+        block spanning its blocks: the first's input and shortcut, every layer from the
+        first's body to the last's add as its body, and the name of the copy where it
+        has more than one block (``layers.3``)."""
+        return tuple(g[0] if len(g) == 1 else Block(
+            _common_name([b.name for b in g]), g[0].input,
+            tuple(i for i in range(g[0].body[0], g[-1].add) if i not in g[0].shortcut),
+            g[0].shortcut, g[-1].add) for g in self._recompute_groups)
+
+    @functools.cached_property
+    def unit_of(self) -> dict[str, str]:
+        """Each residual block's recomputation unit (:attr:`recompute_units`), by name."""
+        return {blk.name: unit.name for unit, group in zip(
+            self.recompute_units, self._recompute_groups, strict=True) for blk in group}
+
+    def recomputed_by_layers(self) -> Network | None:
+        """The network recomputing each copy of its top-level repeat groups as one unit
+        (``--recompute-unit layers``); None where it has no repeat group, which the
+        caller words as an input error."""
+        if not any(c >= 0 for c in self.copies):
+            return None
+        return dataclasses.replace(self, recompute_unit="layers")
 
     @property
     def elem_bytes(self) -> int:
@@ -1567,6 +1615,18 @@ def network_from_data(data: object, issues: list[Issue]) -> Network | None:
         copy_of.append(current)
     return Network(name=name, dtype=dtype, input_shape=shape, layers=tuple(b.layers),
                    blocks=tuple(b.blocks), input_kind=b.input_kind, copies=tuple(copy_of))
+
+
+def _common_name(names: list[str]) -> str:
+    """The dotted prefix ``names`` share (``layers.3`` of ``layers.3.attn`` and
+    ``layers.3.mlp``), or the first name where they share none."""
+    parts = [n.split(".") for n in names]
+    common = []
+    for column in zip(*parts, strict=False):
+        if len(set(column)) > 1:
+            break
+        common.append(column[0])
+    return ".".join(common) or names[0]
 
 
 def layer_summary(layer: Layer, network: Network, batch: int) -> dict[str, Any]:

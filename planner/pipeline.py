@@ -82,6 +82,7 @@ counts.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -189,7 +190,8 @@ def stage_network(network: Network, lo: int, hi: int) -> Network:
         {3: "image", 2: "sequence", 1: "features"}[len(shape)]
     return Network(name=f"{network.name}[{lo}:{hi}]", dtype=network.dtype,
                    input_shape=shape, layers=tuple(layers), blocks=blocks,
-                   input_kind=kind, loss=network.loss and hi == len(network.layers))
+                   input_kind=kind, loss=network.loss and hi == len(network.layers),
+                   copies=network.copies[lo:hi], recompute_unit=network.recompute_unit)
 
 
 def layer_seconds(network: Network, ctx: Any, batch: int) -> np.ndarray:
@@ -681,8 +683,11 @@ def chunk_signature(network: Network) -> tuple[Any, ...]:
         dataclasses.replace(layer.linear, tied_to=tie(layer.linear.tied_to)))
         for layer in network.layers)
     blocks = tuple(dataclasses.replace(b, name="") for b in network.blocks)
+    # which blocks recompute with the one before them
+    units = tuple(network.unit_of[b.name] == network.unit_of[a.name]
+                  for a, b in itertools.pairwise(network.blocks))
     return (network.dtype, network.input_shape, network.input_kind, network.loss, layers,
-            blocks)
+            blocks, units)
 
 
 def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
@@ -760,8 +765,8 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
             # nodes where stage 0's do not (ranks 6-11 of 8-GPU nodes: 2 + 4)
             sopts = dataclasses.replace(opts, gpus=size, first_rank=s * size,
                                         inflight=most[s][k],
-                                        recompute=chunk_recompute(opts.recompute,
-                                                                  len(sub.blocks)),
+                                        recompute=chunk_recompute(
+                                            opts.recompute, len(sub.recompute_units)),
                                         wgrad_deferred=schedule == ZERO_BUBBLE)
             ctx = context(sub, sopts)
             if virtual > 1:

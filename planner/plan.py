@@ -179,6 +179,8 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
         # ZeRO's sharding only where there is ZeRO (a plan without it reads the same)
         **({"zero_shard": options.zero_shard} if options.zero else {}),
         "recompute": options.recompute,
+        # what recomputation re-runs, where it is not each residual block
+        **({"recompute_unit": "layers"} if network.recompute_unit == "layers" else {}),
         # the overlap only where it is asked for (a plan without it reads the same)
         **({"tp_comm_overlap": True} if options.tp_comm_overlap else {}),
         **({"overlap_param_gather": True} if options.overlap_param_gather else {}),

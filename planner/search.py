@@ -300,13 +300,15 @@ class Space:
     # buffers and the busiest layer's workspace (maxima as well) are left out.
 
     @functools.cached_property
-    def _blocks(self) -> dict[str, Any]:
-        return {blk.name: blk for blk in self.ctx.network.blocks}
+    def _units(self) -> dict[str, Any]:
+        """The recomputation units by name (each residual block, or with
+        ``--recompute-unit layers`` a repeat group's copy)."""
+        return {unit.name: unit for unit in self.ctx.network.recompute_units}
 
     def _rebuilt_share(self, layer: Layer) -> float:
         """The weight of what a layer keeps: 1, or for a recomputed layer the inverse
         of the number of recomputed blocks."""
-        return 1.0 / len(self.ctx.rebuilt) if recomputed(layer, self.ctx) else 1.0
+        return 1.0 / len(self.ctx.rebuilt_units) if recomputed(layer, self.ctx) else 1.0
 
     def _input_share(self, layer: Layer) -> float:
         """The weight of the input a layer keeps (the network input stays kept)."""
@@ -317,8 +319,7 @@ class Space:
         """The weight of the output a layer keeps (none when recomputation checkpoints
         it: :meth:`checkpoint_memory` counts it)."""
         if recomputed(layer, self.ctx) and any(
-                b.input == layer.index and b.name in self.ctx.rebuilt
-                for b in self._blocks.values()):
+                u.input == layer.index for u in self.ctx.rebuilt_units):
             return 0.0
         return self._rebuilt_share(layer)
 
@@ -327,7 +328,8 @@ class Space:
         leaves it: not rebuilt by recomputation, or rebuilt with ``block``."""
         producer = self.layers[index]
         return self.ctx.network.storage_of(index) == index and producer.saves_output and (
-            not recomputed(producer, self.ctx) or producer.block == block)
+            not recomputed(producer, self.ctx)
+            or self.ctx.unit(producer.block) == self.ctx.unit(block))
 
     def _input_kept(self, layer: Layer) -> str | None:
         """Who keeps the layer's input where its producer left it anyway: "producer"
@@ -339,7 +341,7 @@ class Space:
         if self._keeps_output(src, layer.block):
             return "producer"
         if layer.block is not None and recomputed(layer, self.ctx) and \
-                self._blocks[layer.block].input == src:
+                self._units[self.ctx.network.unit_of[layer.block]].input == src:
             return "checkpoint"
         return None
 
@@ -394,8 +396,9 @@ class Space:
         """Under recomputation, the bytes of a block's input it keeps in each state
         (None: nothing to add: no recomputation, the network input, or a producer
         that keeps it anyway)."""
-        if blk.name not in self.ctx.rebuilt or blk.input < 0:
-            return None
+        if blk.name not in self.ctx.rebuilt or blk.input < 0 or \
+                self._units[self.ctx.network.unit_of[blk.name]].input != blk.input:
+            return None  # (the unit's input is its first block's: the one it keeps)
         hit = self._ckpt.get(blk.name)
         if hit is None or len(hit) != len(self.dists):
             if self._keeps_output(blk.input):
@@ -1432,7 +1435,7 @@ def with_recompute(ctx: Context, options: Options, count: int
     """The question recomputing the first ``count`` residual blocks."""
     import dataclasses
 
-    value = recompute_value(count, len(ctx.network.blocks))
+    value = recompute_value(count, len(ctx.network.recompute_units))
     return (dataclasses.replace(ctx, recompute=value),
             dataclasses.replace(options, recompute=value))
 
@@ -1465,7 +1468,7 @@ def price_least_recomputed(ctx: Context, options: Options,
     """A given layout under ``--recompute auto``: ``price`` at the fewest blocks (the
     first ones) recomputed with which ``fits`` holds (:func:`least_recomputed`), or at
     every block when none does; with every count priced on the way, by count."""
-    blocks = len(ctx.network.blocks)
+    blocks = len(ctx.network.recompute_units)
     priced: dict[int, T] = {}
 
     def holds(count: int) -> bool:
@@ -1506,7 +1509,7 @@ def search_recompute(ctx: Context, options: Options, inner: Searcher
     with 2): the counts between are searched for the fastest, taken to fall then rise
     with the count (:func:`unimodal_least`). ``inner`` searches one question (plain, or
     over the ZeRO stages) and returns the context and options it chose."""
-    blocks = len(ctx.network.blocks)
+    blocks = len(ctx.network.recompute_units)
     trials: dict[int, RecomputeTrial] = {}
     found: dict[int, tuple[SearchResult, Context, Options]] = {}
     failure: NoFeasiblePlan | None = None
@@ -1742,9 +1745,11 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     smaller = per_micro * opts.microbatches if per_micro is not None else None
     per_batch = mem.per_batch
     if per_batch > params:
-        if len(space.ctx.rebuilt) < len(net.blocks) and opts.cost_model == "exact":
-            tips.append("recomputing residual blocks (--recompute auto: as few of the "
-                        f"{len(net.blocks):,} as memory needs)")
+        units = len(net.recompute_units)
+        if len(space.ctx.rebuilt_units) < units and opts.cost_model == "exact":
+            what = "residual blocks" if net.recompute_unit == "blocks" else "layers"
+            tips.append(f"recomputing {what} (--recompute auto: as few of the "
+                        f"{units:,} as memory needs)")
         passes = _microbatches_that_fit(opts.step_batch, opts.microbatches, mem)
         if passes is not None:
             tips.append(f"more microbatches (about --microbatches {passes}: the same batch "

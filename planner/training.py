@@ -37,6 +37,8 @@ team chose: a plan file, one grid for every layer, or pins::
     recompute: none              # none | blocks | N | auto: residual blocks (or the first N)
                                  # re-run their forward in backward; auto: as few as
                                  # memory needs, for the strategy and the optimum alike
+    recompute_unit: blocks       # blocks | layers: recompute each residual block, or each
+                                 # copy of a repeat group as one (a transformer layer)
     algorithm: ring              # collective algorithm (default: the cluster file's)
     strategy:
       plan: plans/resnet50.yaml  # or: grid: 8x8 (+ mode: model|domain|megatron|
@@ -144,6 +146,8 @@ class TrainingConfig:
     stage_starts: list[str] | None = None
     #: where stages may start: between residual blocks or repeat copies (layers)
     stage_boundaries: str = "blocks"
+    #: what recomputation re-runs as one: residual blocks or repeat copies (layers)
+    recompute_unit: str = "blocks"
     #: the least model FLOPs utilisation the strategy may predict (None: no check)
     min_mfu: float | None = None
     #: the framework that must run the plan as planned ("megatron"; None: any)
@@ -331,6 +335,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
             f.error(key, f"{key}: {value} needs 'cost_model: exact': the paper's accounting "
                          f"(Gholami et al. 2018) has no {what}")
     recompute = f.opt("recompute", _recompute_setting, "none")
+    recompute_unit = f.opt("recompute_unit", choice(("blocks", "layers")), "blocks")
     if recompute != "none" and cost_model == "gholami2018":
         f.error("recompute", "recomputation needs 'cost_model: exact': the paper's accounting "
                              "(Gholami et al. 2018) keeps every activation")
@@ -403,7 +408,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           max_slowdown=slowdown, document=doc,
                           microbatches=microbatches, pipeline=pipeline,
                           virtual_stages=virtual, stage_starts=starts,
-                          stage_boundaries=boundaries,
+                          stage_boundaries=boundaries, recompute_unit=recompute_unit,
                           schedule=schedule or SCHEDULE, min_mfu=min_mfu,
                           launcher=launcher,
                           tp_comm_overlap=bool(tp_overlap), cp_comm_type=cp_comm,
@@ -487,6 +492,13 @@ def _network_for(cfg: TrainingConfig) -> tuple[Network, Cluster]:
                                 "pipeline stages between the copies of a repeat group, and "
                                 "the network has none; use blocks")
         net = staged
+    if cfg.recompute_unit == "layers":
+        units = net.recomputed_by_layers()
+        if units is None:
+            raise _config_error(cfg, "$.recompute_unit", "recompute_unit layers recomputes "
+                                "each copy of a repeat group as one, and the network has "
+                                "none; use blocks")
+        net = units
     cl = cluster_from_document(load_file(cfg.cluster_path, _display(cfg.cluster_path)))
     return net, cl
 
@@ -549,7 +561,8 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
 
     # a plan without gradient accumulation records no microbatches: compare them even so
     record = {"microbatches": 1, "tp_comm_overlap": False, "cp_comm_type": "p2p",
-              "overlap_param_gather": False, **rounded(problem_record(net, options), 4)}
+              "overlap_param_gather": False, "recompute_unit": "blocks",
+              **rounded(problem_record(net, options), 4)}
     if cfg.recompute == "auto":
         # the plan's own choice stands when it was made by --recompute auto: a pipeline
         # records auto (each chunk chose), a flat plan its count and the trials
@@ -562,7 +575,8 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
         had = prob.get(key, {"zero": 0, "zero_shard": "all", "recompute": "none",
                              "grad_dtype": prob.get("dtype"), "microbatches": 1,
                              "tp_comm_overlap": False, "cp_comm_type": "p2p",
-                             "overlap_param_gather": False}.get(key))
+                             "overlap_param_gather": False,
+                             "recompute_unit": "blocks"}.get(key))
         if key.endswith("_bytes") and _same_size(had, value):
             continue  # plans before 2026-11-23 rounded sizes to 4 digits
         if had != value:
@@ -833,7 +847,7 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                       optimizer=cfg.optimizer, master_weights=cfg.master_weights,
                       zero=cfg.zero, zero_shard=cfg.zero_shard,
                       recompute="none" if cfg.recompute == "auto" else
-                      canonical_recompute(cfg.recompute, len(net.blocks)),
+                      canonical_recompute(cfg.recompute, len(net.recompute_units)),
                       algorithm=cfg.algorithm, grad_dtype=cfg.grad_precision,
                       tp_comm_overlap=cfg.tp_comm_overlap, cp_comm_type=cfg.cp_comm_type,
                       overlap_param_gather=cfg.overlap_param_gather)
@@ -841,8 +855,8 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "
                                            f"({limit})")
-    wrong = None if cfg.recompute == "auto" else recompute_error(cfg.recompute,
-                                                                 len(net.blocks))
+    wrong = None if cfg.recompute == "auto" else recompute_error(
+        cfg.recompute, len(net.recompute_units), net.recompute_unit)
     if wrong:
         raise _config_error(cfg, "$.recompute", wrong)
     most = max_stages(net)

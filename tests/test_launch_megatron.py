@@ -120,6 +120,21 @@ def test_interleaved_pipeline_with_even_chunks(runner, tmp_path):
     assert "16 ranks: tensor 4 x context 1 x pipeline 2 x data 2" in text
 
 
+def test_recomputed_layers_are_megatrons_count(runner, tmp_path):
+    """With ``--recompute-unit layers`` a count is of transformer layers, as Megatron-LM's
+    ``--recompute-num-layers`` counts them: 3 is its block method over 3 layers (by
+    residual blocks, 3 is half a layer too many and refused; 6 is 3 layers)."""
+    common = ("cost", GPT2, DGX, "-p", "8", "-b", "8", "--grid", "4x2", "--mode", "megatron")
+    for extra, want in ((("--recompute", "3", "--recompute-unit", "layers"), "3"),
+                        (("--recompute", "6"), "3")):
+        args, _ = _args(runner, _plan(runner, tmp_path, *common, *extra))
+        assert args[-4:-1] == ["--recompute-granularity full", "--recompute-method block",
+                               f"--recompute-num-layers {want}"], extra
+    args, _ = _args(runner, _plan(runner, tmp_path, *common, "--recompute", "blocks",
+                                  "--recompute-unit", "layers"))
+    assert "--recompute-method uniform" in args
+
+
 def test_uneven_first_and_last_stages(runner, tmp_path):
     """Three stages of 2, 5 and 5 transformer layers (starts at h.2 and h.7) are
     Megatron-LM's uneven first and last stages (the middle ones share what is left

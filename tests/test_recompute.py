@@ -82,6 +82,71 @@ def test_memory_by_hand():
     assert _evaluate("blocks", text=text).memory.activations == 3072
 
 
+def _layered(text: str) -> str:
+    """``text`` with its residual blocks in one copy of a repeat group (a layer)."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("  - type: residual") and not inside:
+            out += ["  - repeat: 1", "    name: layer", "    layers:"]
+            inside = True
+        if inside and line.startswith("  - {name: head"):
+            inside = False
+        out.append("    " + line if inside else line)
+    return "\n".join(out) + "\n"
+
+
+def test_layer_unit_by_hand():
+    """``--recompute-unit layers``: the two blocks of one copy of a repeat group (a
+    transformer layer) are rebuilt as one from one kept input, as Megatron-LM's full
+    recomputation and a checkpoint wrapper around each transformer block keep. The
+    network of :func:`test_memory_by_hand` with both blocks in one copy: block 1's output
+    is no longer kept (block 2's input, rebuilt), so 8 · (64 + 64 + 64 + 10) = 1,616
+    stay kept (the input, fc0's output, block 2's output and the logits); the unit's
+    working set is both ReLU outputs and block 1's output, 8 · (256 + 64 + 256) =
+    4,608. When the backward pass reaches it the logits and the head's input are freed:
+    1,616 − 592 + 4,608 = 5,632, the peak (larger than block by block here, where the
+    saved checkpoint is small beside a second working set: with many layers it is the
+    other way round). The time is the same: the same layers' forward runs again."""
+    text = _layered(BLOCKS)
+    net = load_network_text(text)
+    assert [b.name for b in net.blocks] == ["layer.0.b1", "layer.0.b2"]
+    assert [u.name for u in net.recompute_units] == ["layer.0.b1", "layer.0.b2"]
+    net = net.recomputed_by_layers()
+    assert [u.name for u in net.recompute_units] == ["layer.0"]
+    assert net.unit_of == {"layer.0.b1": "layer.0", "layer.0.b2": "layer.0"}
+    opts = Options(gpus=2, batch=4, overlap="none", optimizer="adam", recompute="blocks")
+    ctx = make_context(net, cluster(per_node=8, algorithm="ring"), opts, FixedEstimator(1e-5))
+    ev = evaluate(ctx, opts, {x.index: make_layout("data", 1, 2)
+                              for x in net.layers if x.has_weights})
+    assert ev.memory.to_data()["recompute"] == {"kept_bytes": 1616,
+                                                "largest_rebuild_bytes": 4608, "blocks": 1}
+    assert ev.memory.activations == 5632
+    by = {r.layer.name: r.activation_bytes for r in ev.layers}
+    assert by["layer.0.b1.add"] == by["layer.0.b1.relu"] == 0 and by["fc0"] == 512
+    blocks = _evaluate("blocks", text=text)
+    assert ev.recompute_s == blocks.recompute_s and ev.time_s == blocks.time_s
+    # a network whose copies hold one block each recomputes as by blocks
+    one = load_network_text(_transformer_like_resnet())
+    assert [u.name for u in one.recomputed_by_layers().recompute_units] == \
+        [b.name for b in one.blocks]
+    # without a repeat group there is no layer to recompute
+    assert load_network_text(BLOCKS).recomputed_by_layers() is None
+
+
+def _transformer_like_resnet() -> str:
+    """A repeat group of single residual blocks (a ResNet stage's bottlenecks)."""
+    return """kind: network
+name: stage
+input: [64]
+layers:
+  - repeat: 3
+    name: s
+    layers:
+      - {type: residual, name: b, body: [{type: linear, out_features: 64}, {type: relu}]}
+  - {name: head, type: linear, out_features: 10}
+"""
+
+
 def test_time_by_hand():
     """Every kernel takes 10 µs. Each block's four layers (fc1, relu, fc2, add) run their
     forward again in the backward pass: 2 blocks × 4 kernels = 80 µs more backward, the
@@ -216,6 +281,54 @@ def test_command_line_plan_and_configuration(runner, tmp_path):
     out = invoke(runner, "check", str(path))
     assert out.exit_code == 2 and "train.yaml:8:12" in out.output, out.output
     assert "the network has 24 residual blocks" in out.output
+
+
+def test_layer_unit_on_the_command_line(runner, tmp_path):
+    """GPT-2 small (12 layers, 24 blocks) on 8 H100s at batch 64: recomputing by layers
+    keeps 12 checkpoints fewer, each a layer's middle (8 sequences a device × 1,024 × 768
+    × 4 bytes: 301,989,888 bytes in all) and takes the same time; the plan says so. A
+    count is of layers (12 at most; 12 reads as all), a network without a repeat group
+    has none (exit 2), and a configuration that asks for another unit than its plan's
+    finds the plan stale."""
+    net, cl = str(NETWORKS / "gpt2-small.yaml"), str(CLUSTERS / "dgx-h100.yaml")
+    base = ["cost", net, cl, "-p", "8", "-b", "64", "--optimizer", "adam", "--format", "json"]
+    blocks = json.loads(invoke(runner, *base, "--recompute", "blocks").stdout)
+    layers = json.loads(invoke(runner, *base, "--recompute", "blocks", "--recompute-unit",
+                               "layers").stdout)
+    assert "recompute_unit" not in blocks["problem"]
+    assert layers["problem"]["recompute_unit"] == "layers"
+    assert (blocks["memory"]["recompute"]["blocks"], layers["memory"]["recompute"]["blocks"]) \
+        == (24, 12)
+    assert blocks["memory"]["recompute"]["kept_bytes"] - \
+        layers["memory"]["recompute"]["kept_bytes"] == 12 * 8 * 1024 * 768 * 4
+    assert layers["iteration"]["time_s"] == blocks["iteration"]["time_s"]
+    twelve = json.loads(invoke(runner, *base, "--recompute", "12", "--recompute-unit",
+                               "layers").stdout)
+    assert twelve["problem"]["recompute"] == "blocks"
+    out = invoke(runner, *base, "--recompute", "13", "--recompute-unit", "layers")
+    assert out.exit_code == 2 and "cannot recompute 13 layers: the network has 12 layers" \
+        in out.stderr
+    flat = tmp_path / "flat.yaml"
+    flat.write_text(BLOCKS)
+    out = invoke(runner, "cost", flat, cl, "-p", "2", "-b", "4", "--recompute", "blocks",
+                 "--recompute-unit", "layers")
+    assert out.exit_code == 2 and "has no repeat group; use --recompute-unit blocks" \
+        in out.stderr and "Traceback" not in out.output
+    plan = tmp_path / "plan.json"
+    assert invoke(runner, "plan", *base[1:-2], "--recompute", "blocks", "-o",
+                  str(plan)).exit_code == 0
+    train = tmp_path / "train.yaml"
+    for unit, stale in (("blocks", False), ("layers", True)):
+        train.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\n"
+                         f"batch: 64\noptimizer: adam\nrecompute: blocks\n"
+                         f"recompute_unit: {unit}\nstrategy:\n  plan: {plan}\n")
+        out = invoke(runner, "check", train, "--format", "json").output
+        assert ("the plan is for recompute_unit=blocks, the configuration says layers"
+                in out) == stale, out
+    train.write_text(f"kind: training\nnetwork: {flat}\ncluster: {cl}\ngpus: 2\nbatch: 4\n"
+                     "recompute: blocks\nrecompute_unit: layers\nstrategy:\n  grid: 1x2\n")
+    out = invoke(runner, "check", train)
+    assert out.exit_code == 2 and "train.yaml:7:17" in out.output, out.output
 
 
 def test_recompute_auto_takes_the_fewest_blocks_that_fit(runner):

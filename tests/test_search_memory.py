@@ -39,7 +39,27 @@ def _networks():
         # identity shortcuts
         "resnet": _net([("conv", 8), ("relu", 0), ("res", 8), ("res", 8), ("relu", 0),
                         ("pool", 0), ("flatten", 0), ("linear", 10)], [3, 8, 8]),
+        # two transformer layers recomputed a layer (two blocks) at a time
+        "layers": load_network_text(LAYERED).recomputed_by_layers(),
     }
+
+
+#: two copies of a transformer layer (attention and MLP blocks) in a repeat group
+LAYERED = """kind: network
+name: layered
+input: [32]
+layers:
+  - {name: wte, type: embedding, vocab: 1024, dim: 64}
+  - repeat: 2
+    name: h
+    layers:
+      - {type: residual, name: attn, body: [{type: layernorm},
+         {type: attention, heads: 16, causal: true}]}
+      - {type: residual, name: mlp, body: [{type: layernorm},
+         {type: linear, out_features: 256}, {type: gelu}, {type: linear, out_features: 64}]}
+  - {type: layernorm}
+  - {name: head, type: linear, out_features: 1024, bias: false}
+"""
 
 
 PROJECTED = _net([("conv", 8), ("relu", 0), ("res", 8), ("resproj", 16), ("resproj", 16),

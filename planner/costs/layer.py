@@ -41,7 +41,7 @@ from ..layout import (
     node_group,
     redistribution,
 )
-from ..network import DTYPE_BYTES, GATED, Layer, Network, layer_kernels
+from ..network import DTYPE_BYTES, GATED, Block, Layer, Network, layer_kernels
 from ..ops import Elementwise, Gemm, Kernel
 from .comm import Collective, Group, collective_time, paper_all_gather, paper_all_reduce, paper_halo
 from .compute import Estimator, FloatArray
@@ -134,6 +134,16 @@ class Context:
         instance: every layer's cost asks."""
         return rebuilt_blocks(self.network, self.recompute)
 
+    @functools.cached_property
+    def rebuilt_units(self) -> tuple[Block, ...]:
+        """The recomputation units re-run (:attr:`Network.recompute_units`), in order."""
+        return tuple(u for u in self.network.recompute_units
+                     if any(self.network.unit_of[b] == u.name for b in self.rebuilt))
+
+    def unit(self, block: str | None) -> str | None:
+        """The recomputation unit of a residual block (None: outside every block)."""
+        return None if block is None else self.network.unit_of[block]
+
     @property
     def elem_bytes(self) -> int:
         """Bytes per activation / weight element."""
@@ -188,9 +198,11 @@ class LayerCost:
 RECOMPUTE = ("none", "blocks")
 
 
-def recompute_error(value: str, blocks: int | None = None) -> str | None:
+def recompute_error(value: str, blocks: int | None = None, unit: str = "blocks"
+                    ) -> str | None:
     """What is wrong with a recomputation setting (None: nothing); with ``blocks``, the
-    network's count of residual blocks, a count above it is wrong too."""
+    network's count of recomputation units (residual blocks, or under ``unit``
+    "layers" the copies of its repeat groups), a count above it is wrong too."""
     if value == "none" or (value.isdigit() and int(value) == 0):
         return None
     if value not in RECOMPUTE and not value.isdigit():
@@ -202,8 +214,13 @@ def recompute_error(value: str, blocks: int | None = None) -> str | None:
     if value in RECOMPUTE:
         return None
     if blocks is not None and int(value) > blocks:
-        return (f"cannot recompute {int(value)} residual blocks: the network has {blocks} "
-                f"residual blocks; use at most {blocks} (or blocks)")
+        if unit == "blocks":
+            what, have = "residual blocks", "residual blocks"
+        else:
+            what, have = "layers", "layers (copies of its repeat groups, which "\
+                "--recompute-unit layers recomputes as one)"
+        return (f"cannot recompute {int(value)} {what}: the network has {blocks} {have}; "
+                f"use at most {blocks} (or blocks)")
     return None
 
 
@@ -221,11 +238,14 @@ def canonical_recompute(value: str, blocks: int) -> str:
 
 
 def rebuilt_blocks(network: Network, value: str) -> frozenset[str]:
-    """The names of the blocks a recomputation setting re-runs."""
+    """The names of the blocks a recomputation setting re-runs: all, none, or those of
+    the first ``N`` recomputation units (:attr:`Network.recompute_units`: residual
+    blocks, or with ``--recompute-unit layers`` the copies of a repeat group)."""
     if value == "none":
         return frozenset()
-    names = [b.name for b in network.blocks]
-    return frozenset(names if value == "blocks" else names[:int(value)])
+    units = network.recompute_units
+    chosen = {u.name for u in (units if value == "blocks" else units[:int(value)])}
+    return frozenset(b.name for b in network.blocks if network.unit_of[b.name] in chosen)
 
 
 def recomputed(layer: Layer, ctx: Context) -> bool:
