@@ -89,7 +89,7 @@ def _torchtitan(network: str, recompute: str, per_gpu: int, setting: str,
             ["cost", str(NETWORKS / f"{network}.yaml"), str(CLUSTERS / "dgx-a100.yaml"),
              "-p", "64", "-b", str(64 * per_gpu), "--grid", "1x64", "--mode", "data",
              "--zero", "3", "--optimizer", "adam", "--grad-precision", "fp32",
-             "--recompute", recompute],
+             "--recompute", recompute, "--recompute-unit", "layers"],
             rf"\| {network} \| {per_gpu} \| {setting} \| {recompute} \| {measured} \| "
             r"(?P<w>[\d,]+) \|",
             {"w": lambda d: tokens / d["iteration"]["time_s"]})
@@ -219,7 +219,7 @@ CASES: list[Case] = [
      {"t": _ms("time_s"), "m": _gib, "mfu": _mfu}),
     *(_meta_405b(gpus, micro, meta) for gpus, micro, meta in ((8192, 32, 430),
                                                               (16384, 16, 400))),
-    *(_torchtitan(*run) for run in (("llama3-8b", "32", 1, "selective layer", "2,904"),
+    *(_torchtitan(*run) for run in (("llama3-8b", "16", 1, "selective layer", "2,904"),
                                      ("llama3-70b", "blocks", 1, "full", "331"),
                                      ("llama2-13b", "none", 2, "no", "2,162"),
                                      ("llama2-70b", "blocks", 2, "full", "353"))),

@@ -10,14 +10,14 @@ gradient reduction, AdamW, at 1 or 2 sequences a GPU (4,096 tokens for Llama 2, 
 Llama 3), with several activation-checkpointing settings (torchtitan, docs/performance.md,
 "Llama 3 performance numbers" and "Llama 2 performance numbers", 2024). This prices each
 run with ``planner cost`` (`--grid 1x64 --mode data --zero 3 --optimizer adam
---grad-precision fp32`) on ``examples/clusters/dgx-a100.yaml`` and prints a Markdown
+--grad-precision fp32 --recompute-unit layers`: torchtitan wraps each transformer block,
+attention and MLP, in one checkpoint) on ``examples/clusters/dgx-a100.yaml`` and prints a Markdown
 table of both. torchtitan's settings map to the planner's as:
 
-* ``full``: every block recomputed (``--recompute blocks``);
+* ``full``: every layer recomputed (``--recompute blocks``);
 * ``selective layer``: every second transformer layer (torchtitan's default
-  ``selective_ac_option`` of 2). A layer is two of the planner's residual blocks
-  (attention and MLP), so half the layers are ``--recompute L`` for L layers (the
-  planner recomputes the first blocks, which costs the same);
+  ``selective_ac_option`` of 2): ``--recompute N`` for N half the layers (the planner
+  recomputes the first N, which costs the same);
 * ``selective op``: torchtitan's policy keeps every operator's output except every
   second matrix product's, so it recomputes about half the forward GEMMs: priced as
   half the layers too, the same recomputed work (the memory it holds differs);
@@ -81,7 +81,7 @@ reserved_memory: 1 GiB
 
 def recompute(setting: str, layers: int) -> str:
     """The planner's ``--recompute`` for torchtitan's activation checkpointing."""
-    return {"full": "blocks", "no": "none"}.get(setting, str(layers))
+    return {"full": "blocks", "no": "none"}.get(setting, str(layers // 2))
 
 
 def price(net: str, layers: int, per_gpu: int, setting: str, cluster: Path,
@@ -90,7 +90,8 @@ def price(net: str, layers: int, per_gpu: int, setting: str, cluster: Path,
         [sys.executable, "-m", "planner", "cost", str(NETS / f"{net}.yaml"), str(cluster),
          "-p", str(gpus), "-b", str(gpus * per_gpu), "--grid", f"1x{gpus}", "--mode",
          "data", "--zero", "3", "--optimizer", "adam", "--grad-precision", "fp32",
-         "--recompute", recompute(setting, layers), "--format", "json"],
+         "--recompute", recompute(setting, layers), "--recompute-unit", "layers",
+         "--format", "json"],
         cwd=ROOT, capture_output=True, text=True)
     if out.returncode not in (0, 1):  # 1: priced, but it does not fit
         raise SystemExit(out.stderr)
