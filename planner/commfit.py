@@ -63,7 +63,7 @@ from .costs.comm import (
     nvls_time,
     ring_steps,
 )
-from .errors import InputError, Located, UsageError
+from .errors import InputError, Located, UsageError, whole_file
 from .loading import STDIN_CSV, decode
 
 OPS: tuple[Collective, ...] = ("all_reduce", "all_gather", "reduce_scatter")
@@ -508,16 +508,16 @@ def read_samples(paths: Sequence[str | Path], notes: list[str] | None = None
     for p in paths:
         display = str(p)
         if display == "-":
-            problems.append(Located(display, 1, 1, STDIN_CSV, "$"))
+            problems.append(whole_file(display, STDIN_CSV))
             continue
         try:
             raw = Path(p).read_bytes()
         except FileNotFoundError:
-            problems.append(Located(display, 1, 1, "no such file", "$"))
+            problems.append(whole_file(display, "no such file"))
             continue
         except OSError as exc:
-            problems.append(Located(display, 1, 1, f"cannot read the file: "
-                                    f"{exc.strerror or exc}", "$"))
+            problems.append(whole_file(display, "cannot read the file: "
+                                              f"{exc.strerror or exc}"))
             continue
         try:
             text = decode(raw, display, "CSV" if display.lower().endswith(".csv") else

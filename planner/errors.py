@@ -42,7 +42,8 @@ class Issue:
 
 @dataclass(frozen=True)
 class Located:
-    """An issue resolved to a position in a file (1-based line and column)."""
+    """An issue resolved to a position in a file (1-based line and column; line 0: the
+    file as a whole, :func:`whole_file`)."""
 
     file: str
     line: int
@@ -56,6 +57,9 @@ class Located:
 
         Control characters from the file are shown as U+FFFD: a hostile file must not
         send escape sequences (or a bell) to the terminal."""
+        if self.line == 0:  # the file itself (missing, unreadable, empty): no position
+            at = "" if self.path == "$" else f" (at {self.path})"
+            return printable(f"{self.file}: error: {self.message}{at}")
         head = printable(f"{self.file}:{self.line}:{self.column}: error: {self.message} "
                           f"(at {self.path})")
         if not snippet or self.source_line is None:
@@ -69,6 +73,13 @@ class Located:
             caret_at = self.column - 1
         caret_at = max(0, min(caret_at, len(line)))
         return f"{head}\n    {line}\n    {' ' * caret_at}^"
+
+
+def whole_file(file: str, message: str) -> Located:
+    """An issue with a file as a whole (it is missing, a folder, unreadable, empty, too
+    large, or named twice): shown as ``FILE: error: MESSAGE``, where a line and column
+    would point at nothing."""
+    return Located(file, 0, 0, message, "$")
 
 
 _CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f"

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from .errors import MAX_ISSUES, InputError, Issue, Located, UsageError
+from .errors import MAX_ISSUES, InputError, Issue, Located, UsageError, whole_file
 
 # Bounds that keep any input file within about a second and 150 MB (the hostile-input
 # tests hold the planner to 2 s and 200 MB): a 20,000-layer network written out layer by
@@ -103,6 +103,11 @@ class Document:
 
     def locate(self, issue: Issue) -> Located:
         """Resolve an issue's path to a file position (nearest known ancestor)."""
+        if self.data is None and all(not ln.strip() or ln.lstrip().startswith("#")
+                                     for ln in self.text.splitlines()):
+            # empty, or comments alone: nothing to point at
+            return whole_file(self.file, issue.message) if issue.path == "$" else \
+                Located(self.file, 0, 0, issue.message, issue.path)
         mark = self.find_mark(issue.path, issue.at_key)
         return Located(self.file, mark.line + 1, mark.column + 1, issue.message, issue.path,
                        self.line(mark.line))
@@ -155,6 +160,11 @@ def parent_path(path: str) -> str | None:
     return path[:cut] if cut > 0 else "$"
 
 
+def _whole(file: str, message: str) -> InputError:
+    """An error about the file itself (missing, unreadable, too large, not text)."""
+    return InputError([whole_file(file, message)])
+
+
 def _fail(file: str, line: int, col: int, message: str, text: str = "") -> InputError:
     lines = text.splitlines()
     src = lines[line] if text and 0 <= line < len(lines) else None
@@ -193,7 +203,7 @@ def _read_stream(fh: Any, name: str) -> bytes:
     limit = MAX_PLAN_FILE_BYTES if _PLAN_HEAD.match(head) else MAX_FILE_BYTES
     raw = head + fh.read(limit + 1 - len(head))
     if len(raw) > limit:
-        raise _fail(name, 0, 0, f"input is too large; input files are limited to "
+        raise _whole(name, f"input is too large; input files are limited to "
                     f"{limit // 2**20} MiB{' (plans)' if limit == MAX_PLAN_FILE_BYTES else ''}")
     return bytes(raw)
 
@@ -214,9 +224,9 @@ def _read_pipe(p: Path, name: str) -> bytes:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise _fail(name, 0, 0, _read_error(exc)) from None
+        raise _whole(name, _read_error(exc)) from None
     if not raw:
-        raise _fail(name, 0, 0, "is a pipe that nothing writes to, expected YAML")
+        raise _whole(name, "is a pipe that nothing writes to, expected YAML")
     return raw
 
 
@@ -235,12 +245,12 @@ def read_text(path: str | os.PathLike[str], display: str | None = None) -> tuple
             import sys
 
             if sys.stdin is None or sys.stdin.isatty():
-                raise _fail(name, 0, 0, "standard input is a terminal; pipe the YAML in "
+                raise _whole(name, "standard input is a terminal; pipe the YAML in "
                                         "(generate | planner ... -) or name a file")
             try:
                 _STREAMS[key] = _read_stream(sys.stdin.buffer, name)
             except OSError as exc:
-                raise _fail(name, 0, 0, _read_error(exc)) from None
+                raise _whole(name, _read_error(exc)) from None
         return name, decode(_STREAMS[key], name)
     p = Path(path)
     name = display if display is not None else str(path)
@@ -252,32 +262,32 @@ def read_text(path: str | os.PathLike[str], display: str | None = None) -> tuple
     try:
         st = p.stat()
     except FileNotFoundError:
-        raise _fail(name, 0, 0, "no such file") from None
+        raise _whole(name, "no such file") from None
     except OSError as exc:
-        raise _fail(name, 0, 0, _read_error(exc)) from None
+        raise _whole(name, _read_error(exc)) from None
     if stat.S_ISDIR(st.st_mode):
-        raise _fail(name, 0, 0, "is a directory, expected a YAML file") from None
+        raise _whole(name, "is a directory, expected a YAML file") from None
     if stat.S_ISFIFO(st.st_mode):  # a pipe: <(generate-network) in bash
         _STREAMS[key] = _read_pipe(p, name)
         return name, decode(_STREAMS[key], name)
     if not stat.S_ISREG(st.st_mode):
-        raise _fail(name, 0, 0, "is not a regular file or a pipe, expected a YAML file") \
+        raise _whole(name, "is not a regular file or a pipe, expected a YAML file") \
             from None
     try:
         with p.open("rb") as fh:
             head = fh.read(64)
             limit = MAX_PLAN_FILE_BYTES if _PLAN_HEAD.match(head) else MAX_FILE_BYTES
             if st.st_size > limit:
-                raise _fail(
-                    name, 0, 0,
+                raise _whole(
+                    name,
                     f"file is too large ({st.st_size:,} bytes); input files are limited to "
                     f"{limit // 2**20} MiB{' (plans)' if limit == MAX_PLAN_FILE_BYTES else ''}",
                 )
             raw = head + fh.read(limit + 1 - len(head))
     except OSError as exc:
-        raise _fail(name, 0, 0, _read_error(exc)) from None
+        raise _whole(name, _read_error(exc)) from None
     if len(raw) > limit:
-        raise _fail(name, 0, 0, f"file is too large; input files are limited to "
+        raise _whole(name, f"file is too large; input files are limited to "
                     f"{limit // 2**20} MiB")
     return name, decode(raw, name)
 
@@ -298,7 +308,7 @@ def decode(raw: bytes, name: str, what: str | None = None) -> str:
     for bom, encoding in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
                           (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
         if raw.startswith(bom):
-            raise _fail(name, 0, 0, f"the file is {encoding} text; save it as UTF-8")
+            raise _whole(name, f"the file is {encoding} text; save it as UTF-8")
     nul = raw.find(b"\x00", 0, 8192)
     if nul >= 0:
         line = raw.count(b"\n", 0, nul)

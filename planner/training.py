@@ -1067,7 +1067,8 @@ def report_data(reports: list[CheckReport], errors: list[InputError]) -> dict[st
             "checks": [{"check": x.check, "ok": x.ok, "message": x.message,
                         "line": r.config.mark(x.key).line + 1, **x.data}
                        for x in r.findings]})
-    out["errors"] = [{"file": p.file, "line": p.line, "column": p.column,
+    # line and column null: about the file itself (missing, unreadable, empty)
+    out["errors"] = [{"file": p.file, "line": p.line or None, "column": p.column or None,
                       "message": p.message, "path": p.path}
                      for e in errors for p in e.problems]
     return rounded(out, 4)  # type: ignore[no-any-return]
@@ -1081,6 +1082,8 @@ def github_lines(reports: list[CheckReport], errors: list[InputError]) -> list[s
         # standard input is no file of the repository: an annotation without a place
         if file == "<stdin>":
             return ""
+        if line == 0:  # the file itself: an annotation on the file, not a line
+            return f"file={prop(file)},"
         return f"file={prop(file)},line={line},col={column},"
 
     def esc(text: str) -> str:

@@ -67,6 +67,22 @@ def test_github_annotations(runner, monkeypatch):
     assert any("line=10" in x and "grid 16x16 has 256 devices" in x for x in broken)
 
 
+def test_a_missing_file_has_no_position(runner, tmp_path):
+    """An error about a file itself (here, it does not exist) points at no line: the
+    text says ``FILE: error: ...``, JSON gives null line and column, and the GitHub
+    annotation is on the file, with no line (``line=1,col=1`` pointed at nothing)."""
+    missing = tmp_path / "missing.yaml"
+    text = invoke(runner, "check", missing)
+    assert text.exit_code == 2 and text.stderr == f"{missing}: error: no such file\n"
+    data = json.loads(invoke(runner, "check", missing, "--format", "json").stdout)
+    assert data["errors"] == [{"file": str(missing), "line": None, "column": None,
+                               "message": "no such file", "path": "$"}]
+    gh = invoke(runner, "check", missing, "--format", "github")
+    assert gh.exit_code == 2
+    assert gh.stdout == (f"::error file={missing},title=planner%3A invalid input::no such "
+                         "file\n")
+
+
 def test_json_format(runner, monkeypatch):
     monkeypatch.chdir(ROOT)
     result = invoke(runner, "check", "--format", "json", "examples/ci/resnet50-dgx.yaml",

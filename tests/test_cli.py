@@ -90,7 +90,8 @@ def test_plan_files_are_recognised(runner, tmp_path):
 def test_validate_missing_file(runner, tmp_path):
     result = invoke(runner, "validate", tmp_path / "missing.yaml")
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"{tmp_path / 'missing.yaml'}:1:1: error: no such file")
+    # about the file itself: no line or column, no YAML path
+    assert result.stderr == f"{tmp_path / 'missing.yaml'}: error: no such file\n"
 
 
 def test_show_json(runner):
@@ -338,7 +339,7 @@ def test_inputs_from_standard_input_and_pipes(tmp_path):
     assert code == 0 and out.startswith(b"::notice title=planner check%3A plan::")
     assert b"file=" not in out
     code, _, err = _fed(["check", "-"], b"", timeout=60)
-    assert code == 2 and b"<stdin>:1:1: error: the file is empty" in err, err
+    assert code == 2 and b"<stdin>: error: the file is empty" in err, err
     # a pipe, as bash's <(cat network.yaml) gives
     code, out, err = _piped(["validate"], text)
     assert code == 0 and b": ok (network 'alexnet'" in out, err

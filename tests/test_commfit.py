@@ -371,7 +371,7 @@ def test_comm_fit_cluster_may_lack_the_tier_the_fit_supplies(runner, tmp_path):
     empty.write_text("")
     r = invoke(runner, "comm", "fit", multi, "--cluster", empty)
     assert r.exit_code == 2
-    assert f"{empty}:1:1: error: the file is empty: expected a YAML mapping with " \
+    assert f"{empty}: error: the file is empty: expected a YAML mapping with " \
            "'kind: cluster'" in r.stderr
 
 

@@ -54,7 +54,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..cluster import Device, lookup_device, suggest_device
-from ..errors import InputError, Located
+from ..errors import InputError, Located, whole_file
 from ..loading import STDIN_CSV, decode
 from ..units import count
 
@@ -365,22 +365,21 @@ def _open_csv(path: str | Path) -> tuple[str, str]:
     p = Path(path)
     display = str(path)
     if display == "-":
-        raise InputError([Located(display, 1, 1, STDIN_CSV, "$")])
+        raise InputError([whole_file(display, STDIN_CSV)])
     try:
         if p.is_dir():
-            raise InputError([Located(display, 1, 1, "is a directory, expected a CSV file",
-                                      "$")])
+            raise InputError([whole_file(display, "is a directory, expected a CSV file")])
         size = p.stat().st_size
         if size > MAX_CSV_BYTES:
-            raise InputError([Located(display, 1, 1, f"file is too large ({size:,} bytes); "
-                                      f"CSV files are limited to {MAX_CSV_BYTES // 2**20} "
-                                      "MiB", "$")])
+            raise InputError([whole_file(display, f"file is too large ({size:,} bytes); "
+                                         f"CSV files are limited to "
+                                         f"{MAX_CSV_BYTES // 2**20} MiB")])
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise InputError([Located(display, 1, 1, "no such file", "$")]) from None
+        raise InputError([whole_file(display, "no such file")]) from None
     except OSError as exc:
-        raise InputError([Located(display, 1, 1, f"cannot read the file: "
-                                  f"{exc.strerror or exc}", "$")]) from None
+        raise InputError([whole_file(display, f"cannot read the file: "
+                                             f"{exc.strerror or exc}")]) from None
     return display, decode(raw, display)
 
 
@@ -397,8 +396,8 @@ def parse_csv(text: str, display: str, shapes_only: bool = False) -> Dataset:
     try:
         header = [h.strip() for h in next(rows)]
     except StopIteration:
-        raise InputError([Located(display, 1, 1, "empty file, expected a CSV header row",
-                                  "$")]) from None
+        raise InputError([whole_file(display, "empty file, expected a CSV header row")]) \
+            from None
     except csv.Error as exc:
         raise InputError([Located(display, 1, 1, f"not valid CSV: {exc}", "$")]) from None
     seen: set[str] = set()
@@ -652,8 +651,7 @@ def read_files(paths: Iterable[str | Path], shapes_only: bool = False) -> Datase
     for p in paths:
         where = Path(p).resolve()
         if where in given:  # its rows would count twice in the fit and the errors
-            problems.append(Located(str(p), 1, 1, "this file is named twice; name it once",
-                                    "$"))
+            problems.append(whole_file(str(p), "this file is named twice; name it once"))
             continue
         given.add(where)
         try:
@@ -662,9 +660,9 @@ def read_files(paths: Iterable[str | Path], shapes_only: bool = False) -> Datase
             if "\n" in body:  # a copy (or a file concatenated into another's name)
                 digest = hashlib.sha256(body.encode()).hexdigest()
                 if digest in contents:
-                    problems.append(Located(display, 1, 1, "has the same contents as "
-                                            f"{contents[digest]}: its rows would count "
-                                            "twice; name one of them", "$"))
+                    problems.append(whole_file(display, "has the same contents as "
+                                               f"{contents[digest]}: its rows would count "
+                                               "twice; name one of them"))
                     continue
                 contents[digest] = display
             ds = parse_csv(text, display, shapes_only)
