@@ -1418,8 +1418,12 @@ SWEEP_FORMATS = (*FORMATS, "csv")
 @click.option("--gpus", "-p", "gpus_list", required=True, metavar="P1,P2,...",
               help="Device counts, e.g. 8,32,128,512 (planned in increasing order, each "
                    "once).")
-@click.option("--batch", "-b", "batch_list", required=True, metavar="B1,B2,...",
-              help="Batch sizes, e.g. 512,2048 (in increasing order, each once).")
+@click.option("--batch", "-b", "batch_list", default=None, metavar="B1,B2,...",
+              help="Batch sizes, e.g. 512,2048 (in increasing order, each once): strong "
+                   "scaling, the same batch on more devices.")
+@click.option("--batch-per-device", "per_device_list", default=None, metavar="B1,B2,...",
+              help="Samples a device, e.g. 4,16, in place of --batch: weak scaling, each "
+                   "device count planned at that many times its devices.")
 @objective_option
 @pin_option
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
@@ -1430,20 +1434,34 @@ SWEEP_FORMATS = (*FORMATS, "csv")
                    "count and batch size, for a spreadsheet or a plot. Default: what the "
                    "-o file's suffix says (.json, .yaml, .yml, .csv), else table.")
 @output_option
-def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective: str,
-          pins: tuple[str, ...], plot: str | None, fmt: str | None, output: str | None,
-          **kw: Any) -> None:
-    """Plan for every combination of device counts and batch sizes."""
+def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
+          per_device_list: str | None, objective: str, pins: tuple[str, ...],
+          plot: str | None, fmt: str | None, output: str | None, **kw: Any) -> None:
+    """Plan for every combination of device counts and batch sizes (strong scaling), or
+    of device counts and samples a device (weak scaling)."""
     import time
 
     from .errors import NoFeasiblePlan
 
+    if (batch_list is None) == (per_device_list is None):
+        raise UsageError("planner: error: sweep needs --batch (strong scaling: the same "
+                         "batches on every device count) or --batch-per-device (weak "
+                         "scaling: the batch grows with the devices), one of them")
     gpus_values = _int_list(gpus_list, "--gpus", MAX_GPUS)
-    batch_values = _int_list(batch_list, "--batch", MAX_BATCH)
+    weak = per_device_list is not None
+    batch_values = _int_list(str(per_device_list), "--batch-per-device", MAX_BATCH) \
+        if weak else _int_list(str(batch_list), "--batch", MAX_BATCH)
+    what = "samples a device" if weak else "batch sizes"
     if len(gpus_values) * len(batch_values) > MAX_SWEEP:
         raise click.BadParameter(
-            f"{len(gpus_values)} device counts × {len(batch_values)} batch sizes is more than "
-            f"{MAX_SWEEP:,} plans; split the sweep", param_hint="'--gpus' / '--batch'")
+            f"{len(gpus_values)} device counts × {len(batch_values)} {what} is more than "
+            f"{MAX_SWEEP:,} plans; split the sweep",
+            param_hint="'--gpus' / '--batch-per-device'" if weak else "'--gpus' / '--batch'")
+    if weak and max(gpus_values) * max(batch_values) > MAX_BATCH:
+        raise click.BadParameter(
+            f"{max(batch_values)} samples a device on {max(gpus_values):,} devices is a batch "
+            f"of {max(gpus_values) * max(batch_values):,}, more than {MAX_BATCH:,}",
+            param_hint="'--batch-per-device'")
     ins = inputs_of(network, cluster, kw)
     check_output(output, ins)
     if plot:
@@ -1467,7 +1485,9 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     beyond_cluster(cl, gpus_values, sweep=True)
     rows: list[dict[str, Any]] = []
     settings: dict[str, Any] = {}  # the question's settings, the same for every row
-    combos = [(b, p) for b in batch_values for p in gpus_values]
+    # (batch, devices, samples a device under weak scaling)
+    combos = [(b * p if weak else b, p, b if weak else None)
+              for b in batch_values for p in gpus_values]
     start = time.monotonic()
     progress = None
     task = None
@@ -1476,7 +1496,8 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
     # a progress bar only for a person watching (on a log it left a stray newline)
     show_progress = console(stderr=True).is_terminal
     try:
-        for i, (b, p) in enumerate(combos):
+        for i, (b, p, per) in enumerate(combos):
+            each = {} if per is None else {"batch_per_device": per}
             if progress is None and show_progress and time.monotonic() - start > 1.0 and \
                     i < len(combos):
                 from rich.progress import Progress
@@ -1494,7 +1515,7 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                 use = utilisation(q.network, q.cluster.device, q.options.gpus,
                                   q.options.step_batch, ev.time_s)
                 row: dict[str, Any] = {
-                    "gpus": p, "batch": b, "feasible": True, "time_s": ev.time_s,
+                    "gpus": p, "batch": b, **each, "feasible": True, "time_s": ev.time_s,
                     "samples_per_s": b / ev.time_s if ev.time_s else 0.0,
                     **({"tokens_per_s": b * q.network.input_shape[0] / ev.time_s}
                        if q.network.input_kind == "tokens" and ev.time_s else {}),
@@ -1516,7 +1537,7 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
                     if base is not None and base.evaluation.memory.fits else None
                 rows.append(row)
             except NoFeasiblePlan as exc:
-                rows.append({"gpus": p, "batch": b, "feasible": False,
+                rows.append({"gpus": p, "batch": b, **each, "feasible": False,
                              "reason": str(exc).removeprefix("planner: ")})
             if progress is not None and task is not None:
                 progress.update(task, completed=i + 1)
@@ -1528,6 +1549,7 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
 
     data = rounded({"planner": __version__, "network": network, "cluster": cluster,
                     "device": cl.device.name, "objective": objective,
+                    "scaling": "weak" if weak else "strong",
                     "problem": settings, "results": rows}, 4)
     if plot:
         _plot(data["results"], plot, ins, f"{_network_name(network)} on {cl.name}")
@@ -1541,9 +1563,10 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str, objective
 
 
 #: the columns of ``sweep --format csv``, in order (an empty cell where a row has none)
-SWEEP_CSV = ("gpus", "batch", "feasible", "time_s", "samples_per_s", "tokens_per_s",
-             "tflops_per_device", "mfu", "comm_s", "exposed_comm_s", "peak_bytes", "zero",
-             "zero_shard", "recompute", "speedup_vs_data", "layouts", "reason")
+SWEEP_CSV = ("gpus", "batch", "batch_per_device", "feasible", "time_s", "samples_per_s",
+             "tokens_per_s", "tflops_per_device", "mfu", "comm_s", "exposed_comm_s",
+             "peak_bytes", "zero", "zero_shard", "recompute", "speedup_vs_data", "layouts",
+             "reason")
 
 
 def _sweep_csv(rows: list[dict[str, Any]]) -> str:
@@ -1609,7 +1632,10 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     auto = any("zero" in r for r in rows)  # --zero auto: the stage each plan uses
     rec = any("recompute" in r for r in rows)  # --recompute auto: the blocks recomputed
     extra = (("ZeRO",) if auto else ()) + (("recompute",) if rec else ())
-    for col in ("devices", "batch", "iteration", "samples/s", "MFU", "exposed", "memory",
+    weak = any("batch_per_device" in r for r in rows)  # --batch-per-device
+    per = ("a device",) if weak else ()
+    for col in ("devices", *per, "batch", "iteration", "samples/s", "MFU", "exposed",
+                "memory",
                 *extra,
                 "vs data"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -1618,7 +1644,8 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     for r in rows:
         if not r["feasible"]:
             reason = r["reason"].split(";")[0].replace("planner: ", "")
-            t.add_row(str(r["gpus"]), str(r["batch"]), "no plan", "", "", "", "",
+            t.add_row(str(r["gpus"]), *((str(r["batch_per_device"]),) if weak else ()),
+                      str(r["batch"]), "no plan", "", "", "", "",
                       *(("",) * len(extra)), "", reason,
                       textwrap.fill(reason, 16, break_long_words=False))
             continue
@@ -1629,7 +1656,8 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
                                                        else "")
                  for k, n in r["layouts"].items()]
         vs = f"{r['speedup_vs_data']:.3g}x" if r.get("speedup_vs_data") is not None else "n/a"
-        t.add_row(str(r["gpus"]), str(r["batch"]), format_time(r["time_s"]),
+        t.add_row(str(r["gpus"]), *((str(r["batch_per_device"]),) if weak else ()),
+                  str(r["batch"]), format_time(r["time_s"]),
                   _rate(r["samples_per_s"]), f"{r['mfu']:.1%}",
                   format_time(r["exposed_comm_s"]), format_bytes(r["peak_bytes"]),
                   *((str(r["zero"]) + (" node" if r.get("zero_shard") == "node" else ""),)
@@ -1670,13 +1698,16 @@ def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = (),
     from .output import write_atomic
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for b in sorted({r["batch"] for r in rows}):
-        pts = [r for r in rows if r["batch"] == b and r["feasible"]]
+    # a line a batch (strong scaling), or a line a batch per device (weak)
+    key = "batch_per_device" if any("batch_per_device" in r for r in rows) else "batch"
+    for b in sorted({r[key] for r in rows}):
+        pts = [r for r in rows if r[key] == b and r["feasible"]]
         if not pts:
             continue
         gpus = [r["gpus"] for r in pts]
-        ax1.plot(gpus, [r["time_s"] * 1e3 for r in pts], "o-", label=f"batch {b}")
-        line = ax2.plot(gpus, [r["samples_per_s"] for r in pts], "o-", label=f"batch {b}")
+        label = f"batch {b}" if key == "batch" else f"{b} a device"
+        ax1.plot(gpus, [r["time_s"] * 1e3 for r in pts], "o-", label=label)
+        line = ax2.plot(gpus, [r["samples_per_s"] for r in pts], "o-", label=label)
         ideal = [pts[0]["samples_per_s"] * g / gpus[0] for g in gpus]
         ax2.plot(gpus, ideal, ":", color=line[0].get_color())
     counts = sorted({r["gpus"] for r in rows if r["feasible"]})

@@ -256,6 +256,41 @@ def test_sweep_bad_list(runner):
     assert "expected comma-separated integers" in result.stderr
 
 
+def test_sweep_weak_scaling(runner, tmp_path, monkeypatch):
+    """``--batch-per-device`` (weak scaling): each device count is planned at that many
+    samples a device, row for row the plans of ``--batch`` at those totals; the rows,
+    the table (a column of its own), the CSV and the plot (a line a per-device batch)
+    say it, and the document says ``scaling: weak``. One of --batch and
+    --batch-per-device is required (exit 2 on neither and on both)."""
+    gpt2 = NETWORKS / "gpt2-small.yaml"
+    common = ("sweep", gpt2, DGX, "-p", "8,16", "--optimizer", "adam", "--format", "json")
+    weak = json.loads(invoke(runner, *common, "--batch-per-device", "4,8").stdout)
+    assert weak["scaling"] == "weak"
+    got = [(r["gpus"], r["batch_per_device"], r["batch"]) for r in weak["results"]]
+    assert got == [(8, 4, 32), (16, 4, 64), (8, 8, 64), (16, 8, 128)]
+    strong = json.loads(invoke(runner, *common, "-b", "32,64,128").stdout)
+    assert strong["scaling"] == "strong"
+    by = {(r["gpus"], r["batch"]): r for r in strong["results"]}
+    for r in weak["results"]:
+        twin = by[(r["gpus"], r["batch"])]
+        assert "batch_per_device" not in twin
+        assert {k: v for k, v in r.items() if k != "batch_per_device"} == twin
+    monkeypatch.setenv("COLUMNS", "160")
+    table = invoke(runner, *common[:-2], "--batch-per-device", "4").stdout
+    assert table.split("\n")[0].split()[:3] == ["devices", "a", "device"]
+    csv_text = invoke(runner, *common[:-2], "--batch-per-device", "4", "--format",
+                      "csv").stdout.splitlines()
+    assert csv_text[1].startswith("8,32,4,true,") and csv_text[2].startswith("16,64,4,true,")
+    png = tmp_path / "weak.png"
+    r = invoke(runner, *common[:-2], "--batch-per-device", "4", "--plot", png)
+    assert r.exit_code == 0 and png.read_bytes()[:4] == b"\x89PNG"
+    for extra in ((), ("-b", "32", "--batch-per-device", "4")):
+        r = invoke(runner, *common[:-2], *extra)
+        assert r.exit_code == 2 and "sweep needs --batch" in r.stderr, r.output
+    r = invoke(runner, *common[:-2], "--batch-per-device", str(2**37))
+    assert r.exit_code == 2 and "is a batch of 2,199,023,255,552" in r.stderr
+
+
 def test_help_for_every_command(runner):
     for cmd in ("plan", "compare", "sweep", "cost"):
         result = invoke(runner, cmd, "--help")
@@ -534,8 +569,9 @@ def test_sweep_for_a_scaling_study(runner, tmp_path, monkeypatch):
     r = invoke(runner, *args, "-o", csv_out)
     assert r.exit_code == 0, r.stderr
     lines = csv_out.read_text().splitlines()
-    assert lines[0].startswith("gpus,batch,feasible,time_s,samples_per_s,tokens_per_s,")
-    assert lines[1].startswith("16,512,true,") and len(lines) == 3
+    assert lines[0].startswith("gpus,batch,batch_per_device,feasible,time_s,samples_per_s,"
+                               "tokens_per_s,")
+    assert lines[1].startswith("16,512,,true,") and len(lines) == 3
     assert invoke(runner, *args, "--format", "csv").stdout == csv_out.read_text()
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     import planner.cli_plan as cli_plan
