@@ -1424,6 +1424,14 @@ SWEEP_FORMATS = (*FORMATS, "csv")
 @click.option("--batch-per-device", "per_device_list", default=None, metavar="B1,B2,...",
               help="Samples a device, e.g. 4,16, in place of --batch: weak scaling, each "
                    "device count planned at that many times its devices.")
+@click.option("--pipeline", default="1", show_default=True, callback=_pipeline_option,
+              metavar="S|auto",
+              help="As plan's: S pipeline stages in every plan, or auto, the fastest "
+                   "stage count that fits for each device count and batch.")
+@click.option("--virtual-stages", "virtual", default="1", show_default=True,
+              callback=_virtual_option, metavar="V|auto",
+              help="As plan's: model chunks a pipeline stage (interleaved 1F1B).")
+@schedule_option(auto=True)
 @objective_option
 @pin_option
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
@@ -1435,8 +1443,9 @@ SWEEP_FORMATS = (*FORMATS, "csv")
                    "-o file's suffix says (.json, .yaml, .yml, .csv), else table.")
 @output_option
 def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
-          per_device_list: str | None, objective: str, pins: tuple[str, ...],
-          plot: str | None, fmt: str | None, output: str | None, **kw: Any) -> None:
+          per_device_list: str | None, pipeline: int | str, virtual: int | str,
+          schedule: str, objective: str, pins: tuple[str, ...], plot: str | None,
+          fmt: str | None, output: str | None, **kw: Any) -> None:
     """Plan for every combination of device counts and batch sizes (strong scaling), or
     of device counts and samples a device (weak scaling)."""
     import time
@@ -1448,6 +1457,16 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
                          "batches on every device count) or --batch-per-device (weak "
                          "scaling: the batch grows with the devices), one of them")
     gpus_values = _int_list(gpus_list, "--gpus", MAX_GPUS)
+    if virtual != 1 and pipeline == 1:
+        raise UsageError(f"planner: error: --virtual-stages {virtual} interleaves the "
+                         "stages of a pipeline; give --pipeline 2 or more, or auto")
+    schedule_option_check(schedule, pipeline, virtual, auto=True)
+    auto_micro = kw["microbatches"] == "auto"
+    if auto_micro:
+        microbatches_auto_check(kw["cost_model"], objective)
+    # each row planned as `plan` plans it (stages, microbatch counts tried); else the
+    # search alone
+    as_plan = auto_micro or pipeline != 1
     weak = per_device_list is not None
     batch_values = _int_list(str(per_device_list), "--batch-per-device", MAX_BATCH) \
         if weak else _int_list(str(batch_list), "--batch", MAX_BATCH)
@@ -1506,9 +1525,19 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
                 progress.start()
                 task = progress.add_task("planning", total=len(combos), completed=i)
             try:
-                q = load_question(network, cluster, p, b, **kw)
+                q = load_question(network, cluster, p, b,
+                                  **{**kw, "microbatches": 1} if auto_micro else kw)
+                q.schedule = schedule
                 if not settings:
                     settings = _sweep_settings(q, kw)
+                    if pipeline != 1:
+                        settings["pipeline"] = pipeline
+                    if auto_micro:
+                        settings["microbatches"] = "auto"
+                if as_plan:
+                    rows.append(_planned_row(q, p, b, each, pipeline, virtual, objective,
+                                             pins, auto_micro))
+                    continue
                 result = run_search(q, objective, pins)
                 ev = result.best.evaluation
                 data_base = next((x for x in result.baselines if x.name == "data"), None)
@@ -1562,11 +1591,49 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
                              "feasible plan")
 
 
+def _planned_row(q: Question, p: int, b: int, each: dict[str, Any], pipeline: int | str,
+                 virtual: int | str, objective: str, pins: tuple[str, ...],
+                 auto_micro: bool) -> dict[str, Any]:
+    """A sweep's row as ``plan`` plans it (``--pipeline``, ``--microbatches auto``): its
+    document's figures, with the stages and microbatches it chose."""
+    if auto_micro:
+        doc = microbatches_auto(q, pipeline, objective, pins, False, virtual)
+    else:
+        doc = plan_for(q, pipeline, objective, pins, False, virtual)
+    it, prob = doc["iteration"], doc["problem"]
+    t = float(it["time_s"])
+    row: dict[str, Any] = {
+        "gpus": p, "batch": b, **each, "feasible": True, "time_s": t,
+        "samples_per_s": it["samples_per_s"],
+        **({"tokens_per_s": b * q.network.input_shape[0] / t}
+           if q.network.input_kind == "tokens" and t else {}),
+        "tflops_per_device": it["tflops_per_device"], "mfu": it["mfu"],
+        "comm_s": it["comm_s"], "exposed_comm_s": it["exposed_comm_s"],
+        "peak_bytes": doc["memory"]["peak_bytes"], "layouts": _layout_summary(doc),
+    }
+    pipe = prob.get("pipeline") or {}
+    if pipeline != 1:
+        row["pipeline"] = pipe.get("stages", 1)
+    if auto_micro:
+        row["microbatches"] = prob.get("microbatches", 1)
+    if q.zero_auto:
+        row["zero"] = prob["zero"]
+        if len(q.zero_shards) > 1:
+            row["zero_shard"] = prob.get("zero_shard", "all")
+    if q.recompute_auto:
+        row["recompute"] = prob["recompute"]
+    # the data-parallel baseline on all the devices, where it applies and fits
+    data = next((x for x in doc.get("baselines", []) if x["name"] == "data"), None)
+    row["speedup_vs_data"] = data["time_s"] / t if data is not None and \
+        data.get("applicable", True) and data.get("fits") else None
+    return row
+
+
 #: the columns of ``sweep --format csv``, in order (an empty cell where a row has none)
 SWEEP_CSV = ("gpus", "batch", "batch_per_device", "feasible", "time_s", "samples_per_s",
              "tokens_per_s", "tflops_per_device", "mfu", "comm_s", "exposed_comm_s",
-             "peak_bytes", "zero", "zero_shard", "recompute", "speedup_vs_data", "layouts",
-             "reason")
+             "peak_bytes", "pipeline", "microbatches", "zero", "zero_shard", "recompute",
+             "speedup_vs_data", "layouts", "reason")
 
 
 def _sweep_csv(rows: list[dict[str, Any]]) -> str:
@@ -1631,7 +1698,11 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
                  wide=("layouts",), narrow=("layouts-lines",), optional=("samples/s", "MFU"))
     auto = any("zero" in r for r in rows)  # --zero auto: the stage each plan uses
     rec = any("recompute" in r for r in rows)  # --recompute auto: the blocks recomputed
-    extra = (("ZeRO",) if auto else ()) + (("recompute",) if rec else ())
+    # --pipeline, --microbatches auto: the stages and microbatches each plan took
+    staged = any("pipeline" in r for r in rows)
+    micro = any("microbatches" in r for r in rows)
+    extra = (("stages",) if staged else ()) + (("micro",) if micro else ()) + \
+        (("ZeRO",) if auto else ()) + (("recompute",) if rec else ())
     weak = any("batch_per_device" in r for r in rows)  # --batch-per-device
     per = ("a device",) if weak else ()
     for col in ("devices", *per, "batch", "iteration", "samples/s", "MFU", "exposed",
@@ -1660,6 +1731,8 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
                   str(r["batch"]), format_time(r["time_s"]),
                   _rate(r["samples_per_s"]), f"{r['mfu']:.1%}",
                   format_time(r["exposed_comm_s"]), format_bytes(r["peak_bytes"]),
+                  *((str(r["pipeline"]),) if staged else ()),
+                  *((str(r["microbatches"]),) if micro else ()),
                   *((str(r["zero"]) + (" node" if r.get("zero_shard") == "node" else ""),)
                     if auto else ()),
                   *((str(r["recompute"]),) if rec else ()), vs,

@@ -291,6 +291,40 @@ def test_sweep_weak_scaling(runner, tmp_path, monkeypatch):
     assert r.exit_code == 2 and "is a batch of 2,199,023,255,552" in r.stderr
 
 
+def test_sweep_plans_stages_and_microbatches_as_plan_does(runner, monkeypatch):
+    """``sweep --pipeline S|auto --microbatches auto`` plans each row as ``plan`` does
+    with the same options: its time, memory, MFU and layouts are the plan's, and the row
+    says the stages and microbatches chosen (columns in the table and the CSV). Before,
+    sweep had neither option (a scaling study of a model that needs stages could not be
+    swept). --virtual-stages without --pipeline is refused as plan refuses it."""
+    gpt2 = NETWORKS / "gpt2-small.yaml"
+    common = (gpt2, DGX, "--optimizer", "adam", "--format", "json")
+    for extra in (("--pipeline", "2", "--microbatches", "4"),
+                  ("--pipeline", "auto", "--microbatches", "auto")):
+        swept = json.loads(invoke(runner, "sweep", *common, "-p", "8,16", "-b", "32",
+                                  *extra).stdout)
+        assert str(swept["problem"]["pipeline"]) == extra[1]
+        for row in swept["results"]:
+            doc = json.loads(invoke(runner, "plan", *common, "-p", str(row["gpus"]), "-b",
+                                    "32", *extra).stdout)
+            pipe = doc["problem"].get("pipeline") or {}
+            assert row["pipeline"] == pipe.get("stages", 1)
+            if extra[-1] == "auto":
+                assert row["microbatches"] == doc["problem"].get("microbatches", 1)
+                assert [t["microbatches"] for t in doc["microbatches_auto"]][:2] == [1, 2]
+            else:
+                assert "microbatches" not in row and pipe["stages"] == 2
+            assert (row["time_s"], row["peak_bytes"], row["mfu"]) == (
+                doc["iteration"]["time_s"], doc["memory"]["peak_bytes"],
+                doc["iteration"]["mfu"])
+    monkeypatch.setenv("COLUMNS", "200")
+    table = invoke(runner, "sweep", gpt2, DGX, "-p", "8", "-b", "32", "--pipeline", "2",
+                   "--microbatches", "auto").stdout
+    assert "stages" in table.split("\n")[0] and "micro" in table.split("\n")[0]
+    r = invoke(runner, "sweep", gpt2, DGX, "-p", "8", "-b", "32", "--virtual-stages", "2")
+    assert r.exit_code == 2 and "give --pipeline 2 or more" in r.stderr
+
+
 def test_help_for_every_command(runner):
     for cmd in ("plan", "compare", "sweep", "cost"):
         result = invoke(runner, cmd, "--help")
