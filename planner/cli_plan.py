@@ -256,10 +256,10 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     from .costs.layer import canonical_recompute
 
     net = load_network(network).in_dtype(precision)
-    if stage_boundaries == "layers":
-        net = by_layers(net, network)
-    if recompute_unit == "layers":
-        net = recompute_by_layers(net, network)
+    for key, unit in (("stage_boundaries", stage_boundaries),
+                      ("recompute_unit", recompute_unit)):
+        if unit == "layers":
+            net = by_layers(net, network, key)
     cl = load_cluster(cluster)
     stages = ZERO_STAGES if zero == "auto" else (int(zero),)
     # within nodes is the same as over all replicas while the devices fit in one node
@@ -321,26 +321,18 @@ def _defaults_notes(net: Any, options: Any) -> None:
             click.echo(f"planner: note: {note}", err=True)
 
 
-def by_layers(net: Any, network: str) -> Any:
-    """The network with pipeline stages starting only between copies of its repeat
-    groups (``--stage-boundaries layers``); a usage error where it has none."""
-    staged = net.staged_by_layers()
-    if staged is None:
-        raise UsageError(f"planner: error: --stage-boundaries layers starts pipeline stages "
-                         f"between the copies of a repeat group, and {network} has no "
-                         "repeat group; use --stage-boundaries blocks")
-    return staged
+def by_layers(net: Any, network: str, key: str) -> Any:
+    """The network with ``key`` (``stage_boundaries``: ``--stage-boundaries``,
+    ``recompute_unit``: ``--recompute-unit``) at layers, the copies of its repeat groups;
+    a usage error where it has none."""
+    from .network import BY_LAYERS
 
-
-def recompute_by_layers(net: Any, network: str) -> Any:
-    """The network recomputing each copy of its repeat groups as one unit
-    (``--recompute-unit layers``); a usage error where it has none."""
-    units = net.recomputed_by_layers()
-    if units is None:
-        raise UsageError(f"planner: error: --recompute-unit layers recomputes each copy of "
-                         f"a repeat group as one, and {network} has no repeat group; use "
-                         "--recompute-unit blocks")
-    return units
+    out = net.by_layers(key)
+    if out is None:
+        option = "--" + key.replace("_", "-")
+        raise UsageError(f"planner: error: {option} layers {BY_LAYERS[key]}, and {network} "
+                         f"has no repeat group; use {option} blocks")
+    return out
 
 
 def inputs_of(network: str, cluster: str, kw: dict[str, Any]) -> tuple[str, ...]:

@@ -691,6 +691,14 @@ class Block:
     add: int
 
 
+#: the settings whose "layers" means the copies of a network's top-level repeat groups,
+#: and what each does with them (for messages where the network has none)
+BY_LAYERS = {
+    "stage_boundaries": "starts pipeline stages between the copies of a repeat group",
+    "recompute_unit": "recomputes each copy of a repeat group as one",
+}
+
+
 @dataclass(frozen=True)
 class Network:
     """A network after expansion and shape inference."""
@@ -752,14 +760,6 @@ class Network:
         return {blk.name: unit.name for unit, group in zip(
             self.recompute_units, self._recompute_groups, strict=True) for blk in group}
 
-    def recomputed_by_layers(self) -> Network | None:
-        """The network recomputing each copy of its top-level repeat groups as one unit
-        (``--recompute-unit layers``); None where it has no repeat group, which the
-        caller words as an input error."""
-        if not any(c >= 0 for c in self.copies):
-            return None
-        return dataclasses.replace(self, recompute_unit="layers")
-
     @property
     def elem_bytes(self) -> int:
         """Bytes per element of the network dtype."""
@@ -776,13 +776,15 @@ class Network:
             return max(self.elem_bytes, LOSS_BYTES)
         return self.elem_bytes
 
-    def staged_by_layers(self) -> Network | None:
-        """The network with pipeline stages starting only between copies of its
-        top-level repeat groups (``--stage-boundaries layers``); None where it has no
-        repeat group, which the caller words as an input error."""
+    def by_layers(self, key: str) -> Network | None:
+        """The network with ``key`` (a :data:`BY_LAYERS` setting: ``stage_boundaries``,
+        ``recompute_unit``) at "layers", the copies of its top-level repeat groups; None
+        where it has no repeat group, which the caller words as an input error."""
         if not any(c >= 0 for c in self.copies):
             return None
-        return dataclasses.replace(self, stage_unit="layers")
+        if key == "stage_boundaries":
+            return dataclasses.replace(self, stage_unit="layers")
+        return dataclasses.replace(self, recompute_unit="layers")
 
     def in_dtype(self, dtype: str | None) -> Network:
         """The network with its weights and activations in ``dtype`` (a name or a short

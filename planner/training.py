@@ -107,7 +107,7 @@ from .layout import (
     parse_pin,
 )
 from .loading import Document, Mark, load_file
-from .network import DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
+from .network import BY_LAYERS, DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
 from .plan import DEFAULT_ALGORITHM
 from .schedules import SCHEDULE, SCHEDULES, ZERO_BUBBLE
 from .strategies import GRID_MODES, StrategyError, fixed_assignment, why_invalid
@@ -485,20 +485,13 @@ def _rel(path: Path, config: TrainingConfig) -> str:
 def _network_for(cfg: TrainingConfig) -> tuple[Network, Cluster]:
     net = network_from_document(load_file(cfg.network_path, _display(cfg.network_path)))
     net = net.in_dtype(cfg.precision)
-    if cfg.stage_boundaries == "layers":
-        staged = net.staged_by_layers()
-        if staged is None:
-            raise _config_error(cfg, "$.stage_boundaries", "stage_boundaries layers starts "
-                                "pipeline stages between the copies of a repeat group, and "
-                                "the network has none; use blocks")
-        net = staged
-    if cfg.recompute_unit == "layers":
-        units = net.recomputed_by_layers()
-        if units is None:
-            raise _config_error(cfg, "$.recompute_unit", "recompute_unit layers recomputes "
-                                "each copy of a repeat group as one, and the network has "
-                                "none; use blocks")
-        net = units
+    for key, doing in BY_LAYERS.items():  # stage_boundaries, recompute_unit
+        if getattr(cfg, key) == "layers":
+            by = net.by_layers(key)
+            if by is None:
+                raise _config_error(cfg, f"$.{key}", f"{key} layers {doing}, and the network "
+                                    "has none; use blocks")
+            net = by
     cl = cluster_from_document(load_file(cfg.cluster_path, _display(cfg.cluster_path)))
     return net, cl
 

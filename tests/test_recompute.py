@@ -111,7 +111,7 @@ def test_layer_unit_by_hand():
     net = load_network_text(text)
     assert [b.name for b in net.blocks] == ["layer.0.b1", "layer.0.b2"]
     assert [u.name for u in net.recompute_units] == ["layer.0.b1", "layer.0.b2"]
-    net = net.recomputed_by_layers()
+    net = net.by_layers("recompute_unit")
     assert [u.name for u in net.recompute_units] == ["layer.0"]
     assert net.unit_of == {"layer.0.b1": "layer.0", "layer.0.b2": "layer.0"}
     opts = Options(gpus=2, batch=4, overlap="none", optimizer="adam", recompute="blocks")
@@ -127,10 +127,10 @@ def test_layer_unit_by_hand():
     assert ev.recompute_s == blocks.recompute_s and ev.time_s == blocks.time_s
     # a network whose copies hold one block each recomputes as by blocks
     one = load_network_text(_transformer_like_resnet())
-    assert [u.name for u in one.recomputed_by_layers().recompute_units] == \
+    assert [u.name for u in one.by_layers("recompute_unit").recompute_units] == \
         [b.name for b in one.blocks]
     # without a repeat group there is no layer to recompute
-    assert load_network_text(BLOCKS).recomputed_by_layers() is None
+    assert load_network_text(BLOCKS).by_layers("recompute_unit") is None
 
 
 def _transformer_like_resnet() -> str:

@@ -40,7 +40,7 @@ def _networks():
         "resnet": _net([("conv", 8), ("relu", 0), ("res", 8), ("res", 8), ("relu", 0),
                         ("pool", 0), ("flatten", 0), ("linear", 10)], [3, 8, 8]),
         # two transformer layers recomputed a layer (two blocks) at a time
-        "layers": load_network_text(LAYERED).recomputed_by_layers(),
+        "layers": load_network_text(LAYERED).by_layers("recompute_unit"),
     }
 
 
