@@ -107,10 +107,10 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--recompute-unit", type=click.Choice(("blocks", "layers")),
                      default="blocks", show_default=True,
                      help="What --recompute re-runs from one kept input: each residual "
-                          "block, or each copy of the network's repeat groups (a "
-                          "transformer layer's two blocks together, as Megatron-LM's full "
-                          "recomputation and torchtitan's full activation checkpointing "
-                          "keep); N then counts layers."),
+                          "block, or each transformer layer (its attention and MLP blocks "
+                          "together, as Megatron-LM's full recomputation and torchtitan's "
+                          "full activation checkpointing keep; needs a repeat group); N "
+                          "then counts layers."),
         click.option("--microbatches", default="1", show_default=True,
                      callback=_microbatches_option, metavar="N|auto",
                      help="Gradient accumulation: forward and backward passes per step, "
@@ -1522,8 +1522,12 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
                 q.schedule = schedule
                 if not settings:
                     settings = _sweep_settings(q, kw)
-                    if pipeline != 1:
-                        settings["pipeline"] = pipeline
+                    if pipeline != 1:  # as a plan records its pipeline (auto: per row)
+                        settings["pipeline"] = {
+                            "stages": pipeline, "virtual_stages": virtual,
+                            "schedule": schedule,
+                            **({"boundaries": "layers"}
+                               if q.network.stage_unit == "layers" else {})}
                     if auto_micro:
                         settings["microbatches"] = "auto"
                 if as_plan:
@@ -1606,6 +1610,10 @@ def _planned_row(q: Question, p: int, b: int, each: dict[str, Any], pipeline: in
     pipe = prob.get("pipeline") or {}
     if pipeline != 1:
         row["pipeline"] = pipe.get("stages", 1)
+        if virtual == "auto":
+            row["virtual_stages"] = pipe.get("virtual_stages", 1)
+        if q.schedule == AUTO_SCHEDULE:
+            row["schedule"] = pipe.get("schedule", SCHEDULE)
     if auto_micro:
         row["microbatches"] = prob.get("microbatches", 1)
     if q.zero_auto:
@@ -1624,8 +1632,8 @@ def _planned_row(q: Question, p: int, b: int, each: dict[str, Any], pipeline: in
 #: the columns of ``sweep --format csv``, in order (an empty cell where a row has none)
 SWEEP_CSV = ("gpus", "batch", "batch_per_device", "feasible", "time_s", "samples_per_s",
              "tokens_per_s", "tflops_per_device", "mfu", "comm_s", "exposed_comm_s",
-             "peak_bytes", "pipeline", "microbatches", "zero", "zero_shard", "recompute",
-             "speedup_vs_data", "layouts", "reason")
+             "peak_bytes", "pipeline", "virtual_stages", "schedule", "microbatches", "zero",
+             "zero_shard", "recompute", "speedup_vs_data", "layouts", "reason")
 
 
 def _sweep_csv(rows: list[dict[str, Any]]) -> str:
@@ -1670,6 +1678,8 @@ def _sweep_settings(q: Question, kw: dict[str, Any]) -> dict[str, Any]:
             rec[k] = v
     if q.recompute_auto:
         rec["recompute"] = "auto"
+    if q.network.recompute_unit == "layers" and rec.get("recompute") != "none":
+        rec["recompute_unit"] = "layers"
     rec["estimator"] = q.estimator_name
     rec["algorithm"] = q.options.algorithm or DEFAULT_ALGORITHM
     return rec

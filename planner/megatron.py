@@ -455,6 +455,8 @@ def _recompute(data: dict[str, Any], prob: dict[str, Any], plan_path: str) -> li
             and int(next(iter(settings))) % per_layer == 0:
         return ["--recompute-granularity full", "--recompute-method block",
                 f"--recompute-num-layers {int(next(iter(settings))) // per_layer}"]
-    raise _refuse(plan_path, f"it recomputes {', '.join(sorted(settings))} residual blocks "
-                             "a chunk; Megatron-LM recomputes the same whole transformer "
-                             "layers (two blocks each) in every chunk", data)
+    what = "layers" if per_layer == 1 else "residual blocks"
+    raise _refuse(plan_path, f"it recomputes {', '.join(sorted(settings))} {what} a chunk; "
+                             "Megatron-LM recomputes the same number of whole transformer "
+                             "layers" + (" (two blocks each)" if per_layer == 2 else "")
+                  + " in every chunk", data)

@@ -728,14 +728,23 @@ class Network:
     def _recompute_groups(self) -> tuple[tuple[Block, ...], ...]:
         """The residual blocks of each recomputation unit, in order."""
         groups: list[list[Block]] = []
-        last = -1
+        if self.recompute_unit != "layers" or not self.copies:
+            return tuple((blk,) for blk in self.blocks)
+        last, opened_by_attention = None, False
         for blk in self.blocks:
-            copy = self.copies[blk.add] if self.recompute_unit == "layers" and \
-                self.copies else -1
-            if copy >= 0 and copy == last:
+            copy = self.copies[blk.add]
+            attention = any(self.layers[i].attention is not None for i in blk.body)
+            # a transformer layer opens with its attention block; the blocks after it
+            # join it while they are in the same copy of a repeat group, or, outside
+            # the repeat groups (DeepSeek-MoE's dense first layer), after an attention
+            # block; a copy without attention (a ResNet stage's bottleneck) is a unit
+            join = bool(groups) and not attention and copy == last and (
+                copy >= 0 or opened_by_attention)
+            if join:
                 groups[-1].append(blk)
             else:
                 groups.append([blk])
+                opened_by_attention = attention
             last = copy
         return tuple(tuple(g) for g in groups)
 
@@ -743,9 +752,11 @@ class Network:
     def recompute_units(self) -> tuple[Block, ...]:
         """The units recomputation re-runs, in order, each keeping only its input
         between the passes: every residual block, or under ``recompute_unit`` "layers"
-        the consecutive blocks of one copy of a top-level repeat group as one (a
-        transformer layer: what Megatron-LM's full recomputation keeps, and PyTorch's
-        checkpoint wrapper around each of torchtitan's transformer blocks). A unit is a
+        each transformer layer's blocks as one (what Megatron-LM's full recomputation
+        keeps, and PyTorch's checkpoint wrapper around each of torchtitan's transformer
+        blocks): a block with attention opens a layer, and the blocks after it join it
+        within one copy of a top-level repeat group (or, outside them, after attention);
+        a copy without attention is one unit a copy. A unit is a
         block spanning its blocks: the first's input and shortcut, every layer from the
         first's body to the last's add as its body, and the name of the copy where it
         has more than one block (``layers.3``)."""

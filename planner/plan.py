@@ -179,8 +179,9 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
         # ZeRO's sharding only where there is ZeRO (a plan without it reads the same)
         **({"zero_shard": options.zero_shard} if options.zero else {}),
         "recompute": options.recompute,
-        # what recomputation re-runs, where it is not each residual block
-        **({"recompute_unit": "layers"} if network.recompute_unit == "layers" else {}),
+        # what recomputation re-runs, where it re-runs anything and not by residual block
+        **({"recompute_unit": "layers"} if network.recompute_unit == "layers"
+           and options.recompute != "none" else {}),
         # the overlap only where it is asked for (a plan without it reads the same)
         **({"tp_comm_overlap": True} if options.tp_comm_overlap else {}),
         **({"overlap_param_gather": True} if options.overlap_param_gather else {}),
@@ -247,11 +248,14 @@ def _count(value: str, trials: list[dict[str, Any]]) -> int:
     return int(value)
 
 
-def _recomputing(value: str) -> str:
-    """How the table names a recomputation: every block, or the first N."""
+def _recomputing(value: str, unit: str = "blocks") -> str:
+    """How the table names a recomputation: every block (or layer, ``unit`` "layers"),
+    or the first N."""
     if value == "auto":  # a pipeline's stages, each its own count
-        return "each stage's blocks as its memory needs"
-    return "blocks" if value == "blocks" else f"{value} blocks"
+        return f"each stage's {unit} as its memory needs"
+    if value == "blocks":
+        return "blocks" if unit == "blocks" else "every layer"
+    return f"{value} {unit}" if value != "1" else f"1 {unit[:-1]}"
 
 
 def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
@@ -265,6 +269,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     it = doc["iteration"]
     mem = doc["memory"]
     prob = doc["problem"]
+    unit = str(prob.get("recompute_unit", "blocks"))  # what a count of recomputed counts
     head = Text()
     head.append(f"{doc['inputs']['network']['name']} on {doc['inputs']['cluster']['name']}: ",
                 style="bold")
@@ -281,7 +286,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 + (f", context parallelism {prob['cp_comm_type']}"
                    if prob.get("cp_comm_type", "p2p") != "p2p" else "")
                 + (f", ZeRO {setting}" if zero else "")
-                + (f", recomputing {_recomputing(str(prob['recompute']))} "
+                + (f", recomputing {_recomputing(str(prob['recompute']), unit)} "
                    f"({format_time(it.get('recompute_s', 0.0))} a step)"
                    if str(prob.get("recompute", "none")) not in ("none", "0")
                    and (prob["recompute"] != "auto" or it.get("recompute_s")) else "")
@@ -310,7 +315,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
         chosen = str(prob.get("recompute", "none"))
         head.append("recompute auto ", style="bold")
         head.append("  ".join(
-            f"{t['blocks']} block{'' if t['blocks'] == 1 else 's'}: "
+            f"{t['blocks']} {unit[:-1] if t['blocks'] == 1 else unit}: "
             + (t["outcome"] if t["time_s"] is None else
                format_time(t["time_s"]) + ("" if t["outcome"] in ("plan", "fits")
                                            else f" ({t['outcome']})"))

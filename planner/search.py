@@ -1545,7 +1545,8 @@ def search_recompute(ctx: Context, options: Options, inner: Searcher
     count = min(found, key=lambda n: (found[n][0].best.score(found[n][0].objective), n))
     res, c, o = found[count]
     res.recompute_trials = [trials[n] for n in sorted(trials)]
-    res.notes.append(f"--recompute auto chose {count} of {blocks} residual blocks")
+    what = "residual blocks" if ctx.network.recompute_unit == "blocks" else "layers"
+    res.notes.append(f"--recompute auto chose {count} of {blocks} {what}")
     return res, c, o
 
 

@@ -554,14 +554,19 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
 
     # a plan without gradient accumulation records no microbatches: compare them even so
     record = {"microbatches": 1, "tp_comm_overlap": False, "cp_comm_type": "p2p",
-              "overlap_param_gather": False, "recompute_unit": "blocks",
-              **rounded(problem_record(net, options), 4)}
+              "overlap_param_gather": False, **rounded(problem_record(net, options), 4)}
     if cfg.recompute == "auto":
         # the plan's own choice stands when it was made by --recompute auto: a pipeline
         # records auto (each chunk chose), a flat plan its count and the trials
         record["recompute"] = "auto"
         if prob.get("recompute") != "auto" and data.get("recompute_auto"):
             record["recompute"] = prob.get("recompute")
+    # the unit says what a count of recomputed units counts: nothing where none is
+    if record.get("recompute", "none") == "none" or (
+            cfg.recompute == "auto" and prob.get("recompute", "none") == "none"):
+        record.pop("recompute_unit", None)
+    else:
+        record["recompute_unit"] = cfg.recompute_unit
     for key, value in record.items():
         # a plan made before ZeRO was modelled had none
         # (and before gradients had a dtype of their own, the weights')

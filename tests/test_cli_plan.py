@@ -303,7 +303,9 @@ def test_sweep_plans_stages_and_microbatches_as_plan_does(runner, monkeypatch):
                   ("--pipeline", "auto", "--microbatches", "auto")):
         swept = json.loads(invoke(runner, "sweep", *common, "-p", "8,16", "-b", "32",
                                   *extra).stdout)
-        assert str(swept["problem"]["pipeline"]) == extra[1]
+        assert swept["problem"]["pipeline"] == {"stages": int(extra[1]) if extra[1] != "auto"
+                                                else "auto", "virtual_stages": 1,
+                                                "schedule": "1f1b"}
         for row in swept["results"]:
             doc = json.loads(invoke(runner, "plan", *common, "-p", str(row["gpus"]), "-b",
                                     "32", *extra).stdout)
@@ -323,6 +325,16 @@ def test_sweep_plans_stages_and_microbatches_as_plan_does(runner, monkeypatch):
     assert "stages" in table.split("\n")[0] and "micro" in table.split("\n")[0]
     r = invoke(runner, "sweep", gpt2, DGX, "-p", "8", "-b", "32", "--virtual-stages", "2")
     assert r.exit_code == 2 and "give --pipeline 2 or more" in r.stderr
+    # what auto chose is in each row (found by an audit: three schedules read alike)
+    row = json.loads(invoke(runner, "sweep", *common, "-p", "8", "-b", "64", "--pipeline",
+                            "2", "--microbatches", "4", "--schedule", "auto",
+                            "--virtual-stages", "auto").stdout)["results"][0]
+    doc = json.loads(invoke(runner, "plan", *common, "-p", "8", "-b", "64", "--pipeline",
+                            "2", "--microbatches", "4", "--schedule", "auto",
+                            "--virtual-stages", "auto").stdout)
+    pipe = doc["problem"]["pipeline"]
+    assert (row["virtual_stages"], row["schedule"], row["time_s"]) == (
+        pipe.get("virtual_stages", 1), pipe.get("schedule", "1f1b"), doc["iteration"]["time_s"])
 
 
 def test_help_for_every_command(runner):

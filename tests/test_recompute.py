@@ -131,6 +131,15 @@ def test_layer_unit_by_hand():
         [b.name for b in one.blocks]
     # without a repeat group there is no layer to recompute
     assert load_network_text(BLOCKS).by_layers("recompute_unit") is None
+    # a transformer layer outside the repeat groups (DeepSeek-MoE's dense first layer) is
+    # one unit too: 28 layers, as Megatron-LM's --num-layers counts them (found by an
+    # audit: its two blocks were two units, and --recompute 2 one layer, not two)
+    from planner.inputs import load_network
+
+    deepseek = load_network(NETWORKS / "deepseek-moe-16b.yaml")
+    units = deepseek.by_layers("recompute_unit").recompute_units
+    assert len(deepseek.blocks) == 56 and len(units) == 28
+    assert [u.name for u in units[:2]] == ["dense", "moe_layers.0"]
 
 
 def _transformer_like_resnet() -> str:
@@ -325,6 +334,24 @@ def test_layer_unit_on_the_command_line(runner, tmp_path):
         out = invoke(runner, "check", train, "--format", "json").output
         assert ("the plan is for recompute_unit=blocks, the configuration says layers"
                 in out) == stale, out
+    # with nothing recomputed the unit is no question (found by an audit: a plan made
+    # with --recompute-unit layers alone was stale for a configuration that says none)
+    bare = tmp_path / "bare.json"
+    assert invoke(runner, "plan", *base[1:-2], "--recompute-unit", "layers", "-o",
+                  str(bare)).exit_code == 0
+    assert "recompute_unit" not in json.loads(bare.read_text())["problem"]
+    train.write_text(f"kind: training\nnetwork: {net}\ncluster: {cl}\ngpus: 8\nbatch: 64\n"
+                     f"optimizer: adam\nstrategy:\n  plan: {bare}\n")
+    out = invoke(runner, "check", train)
+    assert out.exit_code == 0, out.output
+    # the table and the search's note count layers
+    auto = invoke(runner, "plan", net, cl, "-p", "8", "-b", "512", "--optimizer", "adam",
+                  "--recompute", "auto", "--recompute-unit", "layers")
+    assert "recomputing 7 layers" in auto.stdout and "7 layers: " in auto.stdout
+    doc = json.loads(invoke(runner, "plan", net, cl, "-p", "8", "-b", "512", "--optimizer",
+                            "adam", "--recompute", "auto", "--recompute-unit", "layers",
+                            "--format", "json").stdout)
+    assert "--recompute auto chose 7 of 12 layers" in doc["search"]["notes"]
     train.write_text(f"kind: training\nnetwork: {flat}\ncluster: {cl}\ngpus: 2\nbatch: 4\n"
                      "recompute: blocks\nrecompute_unit: layers\nstrategy:\n  grid: 1x2\n")
     out = invoke(runner, "check", train)
