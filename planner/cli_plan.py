@@ -1770,6 +1770,8 @@ def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = (),
     plt = _pyplot()
     import io
 
+    from matplotlib.ticker import LogFormatter
+
     from .output import write_atomic
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -1791,7 +1793,14 @@ def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = (),
         ax.set_yscale("log")
         if counts:  # the device counts themselves on the axis, not powers of two
             ax.set_xticks(counts, [f"{g:,}" for g in counts])
-            ax.minorticks_off()
+            # the x axis alone: within a decade the y axis's labels are its minor ticks
+            # (found by an audit: a weak-scaling plot's flat lines had no y labels)
+            ax.xaxis.set_minor_locator(plt.NullLocator())
+        # plain numbers (91.6, not 9.16 × 10^1); the minor ticks labelled only where
+        # the axis spans less than a decade, as matplotlib's log formatter does
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:,.4g}"))
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False,
+                                                  minor_thresholds=(1, 0.4)))
         ax.set_xlabel("devices")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
