@@ -997,10 +997,12 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
         counts = [stages]
     context = stage_context(q)
     flat_q = dataclasses.replace(q)
+    flat_bases: list[dict[str, Any]] = []  # priced even where nothing fits without stages
     try:
         flat = run_search(flat_q, objective, pins)
-    except NoFeasiblePlan:
+    except NoFeasiblePlan as exc:
         flat = None
+        flat_bases = exc.baselines or []
     trials: list[dict[str, Any]] = []
     chunk_trials: list[dict[str, Any]] = []
     schedule_trials: list[dict[str, Any]] = []
@@ -1040,7 +1042,7 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
         raise NoFeasiblePlan("planner: no feasible plan with any pipeline stage count",
                              None)
     bases = plan_doc(flat_q, flat, objective, False)["baselines"] if flat is not None \
-        else []
+        else flat_bases
     if best[1] == 1:
         doc = plan_doc(flat_q, flat, objective, expand)
         if stages == "auto":

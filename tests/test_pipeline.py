@@ -715,3 +715,23 @@ def test_a_stage_that_does_not_begin_a_node_is_priced_where_it_runs(runner):
     assert (cols[1]["per_node"], cols[1]["nodes"], cols[1]["spans_nodes"]) == (3, 1, False)
     assert (cols[2]["per_node"], cols[2]["nodes"], cols[2]["spans_nodes"]) == (1, 2, True)
     assert stages[2]["tail_s"] > 2 * stages[1]["tail_s"]
+
+
+def test_flat_baselines_are_listed_where_nothing_fits_without_stages(runner):
+    """Llama 3 70B on 256 H100s, 16 microbatches of 8, 4 stages: without stages nothing
+    fits (attention's 8 key/value heads keep its weights whole), and the plan still lists
+    the baselines priced on all devices, each applicable or with why not, where it
+    listed only "nothing fits without a pipeline" (found by an audit): megatron-cp is
+    priced and does not fit; Megatron-LM's tensor parallelism does not apply."""
+    r = invoke(runner, "plan", ROOT / "examples" / "networks" / "llama3-70b.yaml",
+               ROOT / "examples" / "clusters" / "dgx-h100.yaml", "-p", "256", "-b", "128",
+               "--optimizer", "adam", "--microbatches", "16", "--pipeline", "4",
+               "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    base = {b["name"]: b for b in json.loads(r.stdout)["baselines"]}
+    assert base["no pipeline"]["applicable"] is False
+    assert {"data", "model", "single-grid", "gholami", "megatron", "megatron-sp",
+            "megatron-cp"} <= set(base)
+    cp = base["megatron-cp"]
+    assert cp["applicable"] is True and cp["fits"] is False and cp["time_s"] > 0
+    assert "P_r=32 does not divide its 8 key/value heads" in base["megatron-sp"]["reason"]
