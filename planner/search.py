@@ -1218,6 +1218,13 @@ def _no_grid(reasons: list[str]) -> str:
         return distinct[0]
     shown = other if len(other) <= 3 else [*other[:2], f"... ({len(other) - 3} more)",
                                            other[-1]]
+    said: set[str] = set()  # a hint in parentheses once, not after every grid's reason
+    for i, r in enumerate(shown):
+        cut = r.rfind(" (")
+        hint = r[cut:] if cut > 0 and r.endswith(")") else ""
+        if hint and hint in said:
+            shown[i] = r[:cut]
+        said.add(hint)
     batch = "" if len(other) == len(distinct) else \
         f"on the {len(distinct) - len(other)} of smaller P_r the batch split is larger than " \
         "the batch; "
