@@ -137,8 +137,8 @@ class Context:
     @functools.cached_property
     def rebuilt_units(self) -> tuple[Block, ...]:
         """The recomputation units re-run (:attr:`Network.recompute_units`), in order."""
-        return tuple(u for u in self.network.recompute_units
-                     if any(self.network.unit_of[b] == u.name for b in self.rebuilt))
+        chosen = {self.network.unit_of[b] for b in self.rebuilt}
+        return tuple(u for u in self.network.recompute_units if u.name in chosen)
 
     def unit(self, block: str | None) -> str | None:
         """The recomputation unit of a residual block (None: outside every block)."""
