@@ -197,8 +197,13 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
         raise _refuse(plan_path, f"{n} of its {len(kinds['tensor'])} tensor-parallel layers "
                                  "are sequence-parallel; Megatron-LM's --sequence-parallel "
                                  "is for all of them or none", data)
-    for lay in kinds["tensor"] + kinds["context"]:
-        why = _heads(lay)
+    by_heads = kinds["tensor"] + kinds["context"]
+    known = _network_heads(data) if any(
+        lay.get("type") == "attention" and "heads" not in lay for lay in by_heads) else {}
+    for lay in by_heads:
+        counts = known.get(str(lay.get("name")))
+        recorded = {"heads": counts[0], "kv_heads": counts[1]} if counts else {}
+        why = _heads({**recorded, **lay})
         if why is not None:
             raise _refuse(plan_path, why, data)
     cp = []
@@ -215,6 +220,33 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
                                  "context-parallel; Megatron-LM runs one or the other "
                                  "(--cp-comm-type a2a, or p2p / all_gather)", data)
     return t, c, e, sp == {True}, cp
+
+
+def _network_heads(data: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Each attention layer's query and key/value heads, by name, from the network file
+    the plan names, for a plan that does not record them (made before 2026-11-28): where
+    the file is found here (as the launch scripts name paths) and is still the one the
+    plan was made from (its sha256); empty otherwise, and then nothing is checked."""
+    from pathlib import Path
+
+    from .errors import PlannerError
+    from .inputs import load_network
+    from .loading import file_digest
+
+    inputs = data.get("inputs")
+    entry = inputs.get("network") if isinstance(inputs, dict) else None
+    name = entry.get("file") if isinstance(entry, dict) else None
+    want = entry.get("sha256") if isinstance(entry, dict) else None
+    if not (isinstance(name, str) and name not in ("", "-") and isinstance(want, str)):
+        return {}
+    try:
+        if not Path(name).is_file() or file_digest(name) != want:
+            return {}
+        network = load_network(name)
+    except (OSError, PlannerError):
+        return {}
+    return {layer.name: (layer.attention.heads, layer.attention.kv_heads)
+            for layer in network.layers if layer.attention is not None}
 
 
 def _heads(lay: dict[str, Any]) -> str | None:

@@ -256,7 +256,8 @@ def test_a_head_split_megatron_cannot_run(runner, tmp_path):
     (Ulysses, each of the 8 key/value heads on 2 devices). Megatron-LM's all-to-all
     context parallelism (Transformer Engine's) needs whole key/value heads: the export
     refuses it, naming the counts (exit 2), where it emitted ``--cp-comm-type a2a``
-    before. Every attention layer of a plan records its heads."""
+    before. Every attention layer of a plan records its heads; a plan from before that
+    is checked against the network file it names."""
     net = EXAMPLES / "networks" / "llama3-8b-128k.yaml"
     dgx = EXAMPLES / "clusters" / "dgx-h100.yaml"
     out = invoke(runner, "plan", net, dgx, "-p", "64", "-b", "4", "--optimizer", "adam",
@@ -274,12 +275,18 @@ def test_a_head_split_megatron_cannot_run(runner, tmp_path):
     assert ("layer 'layers.0.attn.self_attn' is ulysses 16x4 with 32 query and 8 "
             "key/value heads; Megatron-LM's context-parallel size must divide both") \
         in emit.stderr
-    # a plan without the counts (written before plans recorded them) is not second-guessed
+    # a plan without the counts (written before plans recorded them) takes them from the
+    # network file it names, where that is found here unchanged (found by an audit);
+    # where it is not, nothing is second-guessed
     for lay in attn:
         del lay["heads"], lay["kv_heads"]
     (tmp_path / "old.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     old = invoke(runner, "launch", tmp_path / "old.yaml", "--emit", "megatron")
-    assert old.exit_code == 0 and "--cp-comm-type a2a" in old.stdout
+    assert old.exit_code == 2 and "with 32 query and 8 key/value heads" in old.stderr
+    doc["inputs"]["network"]["file"] = str(tmp_path / "elsewhere.yaml")
+    (tmp_path / "moved.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    moved = invoke(runner, "launch", tmp_path / "moved.yaml", "--emit", "megatron")
+    assert moved.exit_code == 0 and "--cp-comm-type a2a" in moved.stdout
 
 
 def test_llama_at_batch_16(runner):
