@@ -1541,22 +1541,16 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
                 data_base = next((x for x in result.baselines if x.name == "data"), None)
                 use = utilisation(q.network, q.cluster.device, q.options.gpus,
                                   q.options.step_batch, ev.time_s)
+                doc = plan_doc(q, result, objective, False)
                 row: dict[str, Any] = {
                     "gpus": p, "batch": b, **each, "feasible": True, "time_s": ev.time_s,
                     "samples_per_s": b / ev.time_s if ev.time_s else 0.0,
-                    **({"tokens_per_s": b * q.network.input_shape[0] / ev.time_s}
-                       if q.network.input_kind == "tokens" and ev.time_s else {}),
+                    **_tokens_per_s(q, b, ev.time_s),
                     "tflops_per_device": use["tflops_per_device"], "mfu": use["mfu"],
                     "comm_s": ev.comm_s, "exposed_comm_s": ev.exposed_comm_s,
-                    "peak_bytes": ev.memory.peak,
-                    "layouts": _layout_summary(plan_doc(q, result, objective, False)),
+                    "peak_bytes": ev.memory.peak, "layouts": _layout_summary(doc),
+                    **_auto_choices(q, doc["problem"]),
                 }
-                if q.zero_auto:
-                    row["zero"] = q.options.zero
-                    if len(q.zero_shards) > 1:
-                        row["zero_shard"] = q.options.zero_shard
-                if q.recompute_auto:
-                    row["recompute"] = q.options.recompute
                 # null where data parallelism is not applicable or does not fit (a
                 # baseline that runs out of memory is no alternative: found by an audit)
                 base = data_base.candidate if data_base is not None else None
@@ -1602,9 +1596,7 @@ def _planned_row(q: Question, p: int, b: int, each: dict[str, Any], pipeline: in
     t = float(it["time_s"])
     row: dict[str, Any] = {
         "gpus": p, "batch": b, **each, "feasible": True, "time_s": t,
-        "samples_per_s": it["samples_per_s"],
-        **({"tokens_per_s": b * q.network.input_shape[0] / t}
-           if q.network.input_kind == "tokens" and t else {}),
+        "samples_per_s": it["samples_per_s"], **_tokens_per_s(q, b, t),
         "tflops_per_device": it["tflops_per_device"], "mfu": it["mfu"],
         "comm_s": it["comm_s"], "exposed_comm_s": it["exposed_comm_s"],
         "peak_bytes": doc["memory"]["peak_bytes"], "layouts": _layout_summary(doc),
@@ -1618,17 +1610,32 @@ def _planned_row(q: Question, p: int, b: int, each: dict[str, Any], pipeline: in
             row["schedule"] = pipe.get("schedule", SCHEDULE)
     if auto_micro:
         row["microbatches"] = prob.get("microbatches", 1)
-    if q.zero_auto:
-        row["zero"] = prob["zero"]
-        if len(q.zero_shards) > 1:
-            row["zero_shard"] = prob.get("zero_shard", "all")
-    if q.recompute_auto:
-        row["recompute"] = prob["recompute"]
+    row.update(_auto_choices(q, prob))
     # the data-parallel baseline on all the devices, where it applies and fits
     data = next((x for x in doc.get("baselines", []) if x["name"] == "data"), None)
     row["speedup_vs_data"] = data["time_s"] / t if data is not None and \
         data.get("applicable", True) and data.get("fits") else None
     return row
+
+
+def _tokens_per_s(q: Question, batch: int, time_s: float) -> dict[str, float]:
+    """A sweep row's tokens a second, for a network of tokens (else nothing)."""
+    if q.network.input_kind != "tokens" or not time_s:
+        return {}
+    return {"tokens_per_s": batch * q.network.input_shape[0] / time_s}
+
+
+def _auto_choices(q: Question, prob: dict[str, Any]) -> dict[str, Any]:
+    """What ``--zero auto`` and ``--recompute auto`` chose for a sweep's row, from its
+    plan's ``problem``."""
+    out: dict[str, Any] = {}
+    if q.zero_auto:
+        out["zero"] = prob["zero"]
+        if len(q.zero_shards) > 1:
+            out["zero_shard"] = prob.get("zero_shard", "all")
+    if q.recompute_auto:
+        out["recompute"] = prob["recompute"]
+    return out
 
 
 #: the columns of ``sweep --format csv``, in order (an empty cell where a row has none)

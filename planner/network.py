@@ -695,7 +695,8 @@ class Block:
 #: and what each does with them (for messages where the network has none)
 BY_LAYERS = {
     "stage_boundaries": "starts pipeline stages between the copies of a repeat group",
-    "recompute_unit": "recomputes each copy of a repeat group as one",
+    "recompute_unit": "recomputes each transformer layer (an attention block and the "
+                      "blocks after it in one copy of a repeat group) as one",
 }
 
 
@@ -720,7 +721,7 @@ class Network:
     #: (between copies of a repeat group, ``--stage-boundaries``)
     stage_unit: str = "blocks"
     #: what recomputation re-runs from one kept input: "blocks" (each residual block)
-    #: or "layers" (the blocks of one copy of a top-level repeat group together,
+    #: or "layers" (each transformer layer's blocks together, :attr:`recompute_units`;
     #: ``--recompute-unit``)
     recompute_unit: str = "blocks"
 

@@ -305,6 +305,11 @@ class Space:
         ``--recompute-unit layers`` a repeat group's copy)."""
         return {unit.name: unit for unit in self.ctx.network.recompute_units}
 
+    @functools.cached_property
+    def _checkpointed(self) -> frozenset[int]:
+        """The layers whose output a recomputed unit keeps as its input (checkpoint)."""
+        return frozenset(u.input for u in self.ctx.rebuilt_units)
+
     def _rebuilt_share(self, layer: Layer) -> float:
         """The weight of what a layer keeps: 1, or for a recomputed layer the inverse
         of the number of recomputed blocks."""
@@ -318,8 +323,7 @@ class Space:
     def _output_share(self, layer: Layer) -> float:
         """The weight of the output a layer keeps (none when recomputation checkpoints
         it: :meth:`checkpoint_memory` counts it)."""
-        if recomputed(layer, self.ctx) and any(
-                u.input == layer.index for u in self.ctx.rebuilt_units):
+        if recomputed(layer, self.ctx) and layer.index in self._checkpointed:
             return 0.0
         return self._rebuilt_share(layer)
 

@@ -202,7 +202,7 @@ def recompute_error(value: str, blocks: int | None = None, unit: str = "blocks"
                     ) -> str | None:
     """What is wrong with a recomputation setting (None: nothing); with ``blocks``, the
     network's count of recomputation units (residual blocks, or under ``unit``
-    "layers" the copies of its repeat groups), a count above it is wrong too."""
+    "layers" its transformer layers), a count above it is wrong too."""
     if value == "none" or (value.isdigit() and int(value) == 0):
         return None
     if value not in RECOMPUTE and not value.isdigit():
@@ -217,8 +217,8 @@ def recompute_error(value: str, blocks: int | None = None, unit: str = "blocks"
         if unit == "blocks":
             what, have = "residual blocks", "residual blocks"
         else:
-            what, have = "layers", "layers (copies of its repeat groups, which "\
-                "--recompute-unit layers recomputes as one)"
+            what, have = "layers", "layers (an attention block and the blocks after "\
+                "it, which --recompute-unit layers recomputes as one)"
         return (f"cannot recompute {int(value)} {what}: the network has {blocks} {have}; "
                 f"use at most {blocks} (or blocks)")
     return None
@@ -240,7 +240,7 @@ def canonical_recompute(value: str, blocks: int) -> str:
 def rebuilt_blocks(network: Network, value: str) -> frozenset[str]:
     """The names of the blocks a recomputation setting re-runs: all, none, or those of
     the first ``N`` recomputation units (:attr:`Network.recompute_units`: residual
-    blocks, or with ``--recompute-unit layers`` the copies of a repeat group)."""
+    blocks, or with ``--recompute-unit layers`` transformer layers)."""
     if value == "none":
         return frozenset()
     units = network.recompute_units
