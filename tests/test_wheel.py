@@ -34,14 +34,14 @@ def test_wheel_contains_models_and_only_their_training_data(wheel):
     want = {"planner/_models/manifest.yaml"} | {
         f"planner/_models/{rec['file']}" for rec in manifest["models"].values()}
     assert want <= names
-    # the seven files the manifest lists (models/data/... -> planner/_models/data/...),
+    # the eleven files the manifest lists (models/data/... -> planner/_models/data/...),
     # each beside the README giving its source and licence, and no other measurement
     training = {"planner/_models/" + rec["file"].removeprefix("models/")
                 for rec in manifest["training_data"]}
-    assert len(training) == 7
+    assert len(training) == 11
     assert {n for n in names if n.endswith(".csv")} == training
     assert {n for n in names if n.startswith("planner/_models/data/")} == training | {
-        f"planner/_models/data/{d}/README.md" for d in ("neusight", "deepbench", "h100")}
+        f"planner/_models/data/{d}/README.md" for d in ("neusight", "deepbench", "h100", "h200")}
 
 
 def test_installed_wheel_finds_and_uses_its_models(wheel, tmp_path):
@@ -92,7 +92,7 @@ def test_installed_wheel_refits_with_its_shipped_data(wheel, tmp_path):
             "--max-iter", "3", "-o", str(tmp_path / "cal"), "--format", "json")
     fitted = yaml.safe_load((tmp_path / "cal" / "manifest.yaml").read_text())
     shipped = [dict(r, shipped=True) for r in manifest["training_data"]]
-    assert fitted["training_data"][:7] == shipped
-    assert fitted["training_data"][7]["file"] == "mine.csv"
+    assert fitted["training_data"][:11] == shipped
+    assert fitted["training_data"][11]["file"] == "mine.csv"
     assert fitted["accuracy"]["command"].startswith(
         "planner kernels eval --shipped-data mine.csv --split test")
