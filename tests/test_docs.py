@@ -148,7 +148,7 @@ def test_quickstart_prose_names_the_layouts_shown():
 def test_predict_bands_quoted_are_current(runner):
     """The three 4096³ GEMM bands *Error bands* quotes are what `kernels predict` prints."""
     text = " ".join(_current().split())
-    for device, dtype in (("H200", "float32"), ("H100-SXM", "float32"),
+    for device, dtype in (("H100-PCIe", "float32"), ("H100-SXM", "float32"),
                           ("H100-SXM", "bf16")):
         r = invoke(runner, "kernels", "predict", "--device", device, "--gemm",
                    "4096,4096,4096", "--dtype", dtype)

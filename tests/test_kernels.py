@@ -1726,8 +1726,10 @@ def test_achieved_with_no_gemm_is_an_error(runner):
 
 
 def test_achieved_matches_the_catalog(runner):
-    r = invoke(runner, "kernels", "achieved", LINEAR, DB_GEMM, H100[0], "--format", "json")
+    r = invoke(runner, "kernels", "achieved", LINEAR, DB_GEMM, H100[0], HOPPER[2], "--format",
+               "json")
     assert r.exit_code == 0, r.stderr
+    assert "H200" in {rec["device"] for rec in json.loads(r.stdout)["devices"]}
     for rec in json.loads(r.stdout)["devices"]:
         dev = lookup_device(rec["device"])
         # devices.yaml cites this command's output (rounded to 3 decimals; capped at 1.0)

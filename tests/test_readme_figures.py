@@ -255,3 +255,20 @@ def test_quoted_shortfall_is_current(runner):
                "--optimizer", "adam", "--microbatches", "16")
     assert r.exit_code == 1, r.output
     assert f"the leanest layout found needs {found.group('m')} GiB per device" in r.stderr
+
+
+def test_h200_step_table_is_current():
+    """*One GPU, measured*: the table of whole training steps on an H200 against `planner
+    cost` is what ``tests/benchmarks/train_step.py compare`` prints today for the committed
+    measurements (the planner's columns move with the kernel models and the cost model)."""
+    import importlib.util
+
+    path = ROOT / "tests" / "benchmarks" / "train_step.py"
+    spec = importlib.util.spec_from_file_location("train_step", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = module.table(ROOT / "tests" / "benchmarks" / "data" / "h200_steps.csv")
+    assert len(table.splitlines()) == 14  # header, rule, 12 configurations
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert table in text
