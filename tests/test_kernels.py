@@ -792,9 +792,10 @@ def test_leave_one_gpu_out(runner, tmp_path, gpu):
     assert row["n"] == 335
     assert row["mape"] <= 20.0
     # README "Error bands": on a GPU it has not seen, fewer rows than the 90% of the
-    # held-out ones fall in their band (measured 28.4% on the T4, 80.6% on the V100-PCIe;
-    # 3 points allowed for another CPU's rounding in the fit)
-    assert row["in_band"] == pytest.approx({"T4": 28.4, "V100-PCIe": 80.6}[gpu], abs=3.0)
+    # held-out ones fall in their band (measured 23.6% on the T4, 74.3% on the V100-PCIe;
+    # 28.4 and 80.6% before the H200's rows; 3 points allowed for another CPU's rounding
+    # in the fit)
+    assert row["in_band"] == pytest.approx({"T4": 23.6, "V100-PCIe": 74.3}[gpu], abs=3.0)
 
 
 def _run_benchmark(script: str, *args: str, env: dict[str, str] | None = None) -> str:
