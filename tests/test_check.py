@@ -680,7 +680,7 @@ def test_launch_scripts_cannot_be_injected_through_names(runner, tmp_path):
     ("  batch: 2048\n", "  batch: 2048\n  pipeline: 2\n",
      "expected the pipeline as a mapping (stages: S, ...), got 2"),
     ("  - grid: [1, 64]\n", "  - grid: [1.5, 64]\n", "two whole numbers >= 1, got [1.5, 64]"),
-    ("    layers: [layer4.1.conv2, ", "    layers: [nope, layer4.1.conv2, ",
+    ("    layers:\n    - conv1\n", "    layers:\n    - nope\n    - conv1\n",
      "lists 'nope', which is not among the plan's layers"),
     ("\nlayers:\n- name: conv1\n", "\nlayers:\n- name: conv1\n  type: conv2d\n"
      "  mode: data\n  grid: [1, 64]\n  placement: rows\n- name: conv1\n",
