@@ -28,7 +28,10 @@ DATA = Path(__file__).resolve().parents[2] / "models" / "data" / "h100"
 OPS = ("gemm", "bmm", "conv_fwd", "conv_bwd_data", "conv_bwd_filter")
 
 
-def times(path: Path) -> dict[tuple[object, ...], float]:
+Times = dict[tuple[object, ...], float]
+
+
+def times(path: Path) -> Times:
     """(op, shape) → milliseconds, as `planner kernels fit` reads the file."""
     data = read_files([str(path)])
     return {(op, shape): sec * 1e3 for tab in (data.gemm, data.conv)

@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+from h100_profile import Times, times  # the same reading of a profile (run as a script)
 
 from planner.kernels.data import read_files
 from planner.kernels.evaluate import predict_table
@@ -27,15 +28,6 @@ H200, H100 = ROOT / "h200", ROOT / "h100"
 OPS = ("gemm", "bmm", "conv_fwd", "conv_bwd_data", "conv_bwd_filter")
 FILES = ("h200_fp32.csv", "h200_bf16.csv", "h200_deepbench_conv_fp32.csv",
          "h200_deepbench_conv_bf16.csv")
-
-Times = dict[tuple[object, ...], float]
-
-
-def times(path: Path) -> Times:
-    """(op, shape) → milliseconds, as `planner kernels fit` reads the file."""
-    data = read_files([str(path)])
-    return {(op, shape): sec * 1e3 for tab in (data.gemm, data.conv)
-            for op, shape, sec in zip(tab.op, tab.shape, tab.seconds, strict=True)}
 
 
 def spread(a: Times, b: Times, op: str) -> str:
