@@ -38,14 +38,16 @@ def times(path: Path) -> Times:
             for op, shape, sec in zip(tab.op, tab.shape, tab.seconds, strict=True)}
 
 
-def spread(a: dict[tuple[object, ...], float], b: dict[tuple[object, ...], float], op: str,
-           ) -> str:
+def spread(a: Times, b: Times, op: str) -> str:
+    """Absolute difference of the same shape's times in two runs (percent of ``b``'s)."""
     d = np.array([abs(a[k] - b[k]) / b[k] for k in a if k[0] == op and k in b]) * 100
-    return f"mean {d.mean():.2f}%, p90 {np.percentile(d, 90):.2f}%, max {d.max():.1f}%"
+    if not len(d):
+        return "no rows"
+    return (f"mean {d.mean():.2f}%, median {np.median(d):.2f}%, p90 "
+            f"{np.percentile(d, 90):.2f}%, max {d.max():.1f}% (n={len(d)})")
 
 
-def ratio(a: dict[tuple[object, ...], float], b: dict[tuple[object, ...], float], op: str,
-          min_ms: float = 0.0) -> str:
+def ratio(a: Times, b: Times, op: str, min_ms: float = 0.0) -> str:
     r = np.array([a[k] / b[k] for k in a if k[0] == op and k in b and b[k] >= min_ms])
     if not len(r):
         return "no rows"

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from h100_profile import Times, times  # the same reading of a profile (run as a script)
+from h100_profile import ratio, spread, times  # one reading of a profile (run as a script)
 
 from planner.kernels.data import read_files
 from planner.kernels.evaluate import predict_table
@@ -28,22 +28,6 @@ H200, H100 = ROOT / "h200", ROOT / "h100"
 OPS = ("gemm", "bmm", "conv_fwd", "conv_bwd_data", "conv_bwd_filter")
 FILES = ("h200_fp32.csv", "h200_bf16.csv", "h200_deepbench_conv_fp32.csv",
          "h200_deepbench_conv_bf16.csv")
-
-
-def spread(a: Times, b: Times, op: str) -> str:
-    d = np.array([abs(a[k] - b[k]) / b[k] for k in a if k[0] == op and k in b]) * 100
-    if not len(d):
-        return "no rows"
-    return (f"mean {d.mean():.2f}%, median {np.median(d):.2f}%, p90 "
-            f"{np.percentile(d, 90):.2f}%, max {d.max():.1f}% (n={len(d)})")
-
-
-def ratio(a: Times, b: Times, op: str) -> str:
-    r = np.array([a[k] / b[k] for k in a if k[0] == op and k in b])
-    if not len(r):
-        return "no rows"
-    return (f"median {np.median(r):.3f} (10th-90th {np.percentile(r, 10):.3f}-"
-            f"{np.percentile(r, 90):.3f}; n={len(r)})")
 
 
 def main() -> None:

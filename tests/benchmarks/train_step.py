@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,8 @@ def _resnet50(nn: Any) -> Any:
 def _gpt2(nn: Any, F: Any, fused: bool, seq: int = 1024) -> Any:
     """GPT-2 small as in examples/networks/gpt2-small.yaml: pre-norm blocks, 12 heads,
     dropout 0.1, the output head tied to the token embedding."""
+    import torch
+
     dim, heads, vocab = 768, 12, 50257
 
     class Attention(nn.Module):  # type: ignore[name-defined,misc]
@@ -85,8 +88,8 @@ def _gpt2(nn: Any, F: Any, fused: bool, seq: int = 1024) -> Any:
             super().__init__()
             self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
             self.drop = nn.Dropout(0.1)
-            self.register_buffer("mask", ~__import__("torch").ones(
-                seq, seq, dtype=__import__("torch").bool).tril(), persistent=False)
+            self.register_buffer("mask", ~torch.ones(seq, seq, dtype=torch.bool).tril(),
+                                 persistent=False)
 
         def forward(self, x: Any) -> Any:
             b, s, _ = x.shape
@@ -121,7 +124,7 @@ def _gpt2(nn: Any, F: Any, fused: bool, seq: int = 1024) -> Any:
             self.ln_f = nn.LayerNorm(dim)
 
         def forward(self, idx: Any) -> Any:
-            pos = __import__("torch").arange(idx.shape[1], device=idx.device)
+            pos = torch.arange(idx.shape[1], device=idx.device)
             x = self.h(self.drop(self.wte(idx) + self.wpe(pos)))
             return self.ln_f(x) @ self.wte.weight.t()  # tied head
 
@@ -210,7 +213,6 @@ def measure(path: Path, device: str, quick: bool) -> None:
                 b.synchronize()
                 times.append(a.elapsed_time(b))
             else:
-                import time
                 t0 = time.perf_counter()
                 step()
                 times.append((time.perf_counter() - t0) * 1e3)
@@ -262,7 +264,6 @@ def where(path: Path, device: str, quick: bool) -> None:
         if cuda:
             torch.cuda.synchronize()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        import time
         with profile(activities=acts) as prof:
             t0 = time.perf_counter()
             for _ in range(steps):
@@ -307,29 +308,36 @@ def where(path: Path, device: str, quick: bool) -> None:
 
 # --- compare -----------------------------------------------------------------------------
 
-def _network(net: str, attention: str) -> Path:
+def _network(net: str, attention: str, folder: Path) -> Path:
+    """The network file of a row: the example's, or with fused attention a copy in
+    ``folder`` whose attention is ``flash: true`` (written once)."""
     path = NETWORKS / f"{net}.yaml"
     if attention != "fused":
         return path
-    text = path.read_text().replace("causal: true,", "causal: true, flash: true,")
-    assert "flash: true" in text
-    tmp = Path(tempfile.mkdtemp()) / f"{net}-flash.yaml"
-    tmp.write_text(text)
+    tmp = folder / f"{net}-flash.yaml"
+    if not tmp.exists():
+        text = path.read_text().replace("causal: true,", "causal: true, flash: true,")
+        assert "flash: true" in text
+        tmp.write_text(text)
     return tmp
 
 
-def _cluster(device: str) -> Path:
-    tmp = Path(tempfile.mkdtemp()) / "one-gpu.yaml"
-    tmp.write_text(f"kind: cluster\nname: one-{device}\nnodes: 1\ndevices_per_node: 1\n"
-                   f"device: {device}\nnetwork:\n  intra_node: {{latency: 1 us, bandwidth: "
-                   f"100 GB/s}}\n  inter_node: {{latency: 1 us, bandwidth: 100 GB/s}}\n")
+def _cluster(device: str, folder: Path) -> Path:
+    """One GPU of ``device``, as a cluster file in ``folder`` (written once)."""
+    tmp = folder / f"one-{device.replace(' ', '_')}.yaml"
+    if not tmp.exists():
+        tmp.write_text(f"kind: cluster\nname: one-{device}\nnodes: 1\ndevices_per_node: 1\n"
+                       f"device: {device}\nnetwork:\n  intra_node: {{latency: 1 us, "
+                       f"bandwidth: 100 GB/s}}\n  inter_node: {{latency: 1 us, bandwidth: "
+                       f"100 GB/s}}\n")
     return tmp
 
 
-def predict(row: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "planner", "cost", str(_network(row["network"],
-                                                                 row["attention"])),
-           str(_cluster(row["device"])), "-p", "1", "-b", row["batch"], "--grid", "1x1",
+def predict(row: dict[str, str], folder: Path) -> dict[str, Any]:
+    """``planner cost`` of a measured row on one GPU (its input files go in ``folder``)."""
+    cmd = [sys.executable, "-m", "planner", "cost",
+           str(_network(row["network"], row["attention"], folder)),
+           str(_cluster(row["device"], folder)), "-p", "1", "-b", row["batch"], "--grid", "1x1",
            "--optimizer", row["optimizer"], "--precision", row["dtype"],
            "--no-master-weights", "--format", "json"]  # PyTorch's pure bf16: no fp32 copy
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -346,14 +354,15 @@ def table(path: Path) -> str:
     out = ["| network | attention | dtype | batch | measured step | planner | measured / "
            "planner | measured peak | planner's memory | measured / planner |",
            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        doc = predict(row)
-        t = float(doc["iteration"]["time_s"]) * 1e3
-        mem = float(doc["memory"]["peak_bytes"])
-        ms, peak = float(row["step_ms"]), float(row["peak_bytes"])
-        out.append(f"| {row['network']} | {row['attention'] or '—'} | {row['dtype']} | "
-                   f"{row['batch']} | {ms:,.1f} ms | {t:,.1f} ms | {ms / t:.3f} | "
-                   f"{peak / 2**30:.2f} GiB | {mem / 2**30:.2f} GiB | {peak / mem:.3f} |")
+    with tempfile.TemporaryDirectory() as folder:
+        for row in rows:
+            doc = predict(row, Path(folder))
+            t = float(doc["iteration"]["time_s"]) * 1e3
+            mem = float(doc["memory"]["peak_bytes"])
+            ms, peak = float(row["step_ms"]), float(row["peak_bytes"])
+            out.append(f"| {row['network']} | {row['attention'] or '—'} | {row['dtype']} | "
+                       f"{row['batch']} | {ms:,.1f} ms | {t:,.1f} ms | {ms / t:.3f} | "
+                       f"{peak / 2**30:.2f} GiB | {mem / 2**30:.2f} GiB | {peak / mem:.3f} |")
     return "\n".join(out)
 
 
