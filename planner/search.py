@@ -32,6 +32,7 @@ returned is never slower than a baseline that fits.
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -1648,7 +1649,14 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
     stop) or a new vertex, which replaces ``A`` or ``B`` by whether it fits (the
     evaluation's peak decides). The last ``B`` is the hull vertex nearest the constraint
     on the side that fits (Handler & Zang, "A dual algorithm for the constrained shortest
-    path problem", Networks 10, 1980). When even the leanest answer does not fit, no
+    path problem", Networks 10, 1980). That would be the answer if fitting were monotone
+    in the program's memory; it is not (the evaluation's peak adds the largest buffer and
+    counts some tensors once that the program counts twice), so a vertex with more of the
+    program's memory than one that does not fit can fit. After the walk, the segments
+    between two answers that do not fit are split the same way, the one nearest the
+    constraint first, while their faster end is faster than the best answer that fits
+    (every vertex between is slower than that end), within :data:`FIT_BUDGET` runs of the
+    program. When even the leanest answer does not fit, no
     weight is tried: the program's memory is the evaluation's up to what the module's
     memory notes list, and the transient collective buffers: the program's memory is a
     sum over layers, the evaluation's peak adds the largest buffer. Where the leanest
@@ -1681,24 +1689,43 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
     if leanest is None or not leanest.evaluation.memory.fits:
         return found
     found.append(leanest)
-    (t_a, m_a), (t_b, m_b) = point(fastest), point(lean)
-    for _ in range(FIT_BUDGET):
-        if m_a <= m_b:
-            break  # the answer that fits is no larger: nothing in between
+    # segments of the hull still to split, as (priority, order, faster end, leaner end);
+    # an end is (time, memory, fits). Priority 0: the faster end does not fit and the
+    # leaner does (the walk); 1: neither fits (explored after the walk, the leanest
+    # first, while faster than the best that fits: "fits" is the evaluation's peak,
+    # which is not monotone in the program's memory)
+    t_f, m_f = point(fastest)
+    t_l, m_l = point(lean)
+    best_t = t_l
+    heap: list[tuple[int, float, int, tuple[float, float, bool], tuple[float, float, bool]]]
+    heap = [(0, 0.0, 0, (t_f, m_f, False), (t_l, m_l, True))]
+    order = itertools.count(1)
+    runs = 0
+    while heap and runs < FIT_BUDGET:
+        _, _, _, (t_a, m_a, _fa), (t_b, m_b, fits_b) = heapq.heappop(heap)
+        if m_a <= m_b or t_a >= best_t * (1 - 1e-12):
+            continue  # nothing in between, or nothing in between faster than a fit
         lam = max((t_b - t_a) / (m_a - m_b), 0.0)
+        runs += 1
         mid = solve(space, Weights(base.compute, base.activation, base.gradient, lam,
                                    buffer_cap=cap, step_share=base.step_share))[1]
         t_c, m_c = point(mid)
         if t_c + lam * m_c >= (t_a + lam * m_a) * (1 - 1e-12):
-            break  # on the segment: the hull edge between A and B
+            continue  # on the segment: the hull edge between the two
         cand = consider("search", mid)
         if cand is None:
-            break
-        if cand.evaluation.memory.fits:
+            continue
+        fits = cand.evaluation.memory.fits
+        c = (t_c, m_c, fits)
+        if fits:
             found.append(cand)
-            t_b, m_b = t_c, m_c
-        else:
-            t_a, m_a = t_c, m_c
+            best_t = min(best_t, t_c)
+        # the half on the fitting side of a fit is slower than it: left out
+        for lo, hi in (((t_a, m_a, False), c), (c, (t_b, m_b, fits_b))):
+            if lo[2]:
+                continue
+            prio = 0 if hi[2] else 1
+            heapq.heappush(heap, (prio, -lo[0] if prio else 0.0, next(order), lo, hi))
     return found
 
 
