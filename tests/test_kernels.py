@@ -765,6 +765,31 @@ def test_unseen_board_of_a_measured_die_gets_its_sustained_flops(est, name, sibl
     assert pred.sustained_fraction == pytest.approx(want, rel=1e-12)
 
 
+def test_a_board_without_a_base_clock_takes_its_same_clock_siblings():
+    """The base/boost floor of the unseen-GPU prior: the catalog's own base clock where it
+    has one; the H200 SXM has none we could confirm and takes the H100 SXM's (one GH100
+    die at 1,980 MHz boost and 700 W: 1,590 / 1,980, datasheet); a board with no such
+    sibling stays unknown."""
+    import dataclasses
+    import math
+
+    from planner.kernels.features import clock_ratio
+
+    assert clock_ratio(lookup_device("A100-SXM-80GB")) == pytest.approx(1275 / 1410, rel=1e-12)
+    assert lookup_device("H200").base_clock_hz is None
+    assert clock_ratio(lookup_device("H200")) == pytest.approx(1590 / 1980, rel=1e-12)
+    h200 = lookup_device("H200")
+    # more power than the sibling: still its floor; less power, or another boost clock,
+    # or no die named: no sibling
+    assert clock_ratio(dataclasses.replace(h200, tdp_w=1000.0)) == pytest.approx(1590 / 1980)
+    # at the H100 PCIe's boost clock (350 W, base 1,125 MHz): its ratio
+    assert clock_ratio(dataclasses.replace(h200, clock_hz=1755e6)) == pytest.approx(1125 / 1755)
+    for other in (dataclasses.replace(h200, tdp_w=600.0),
+                  dataclasses.replace(h200, clock_hz=1800e6),
+                  dataclasses.replace(h200, chip="")):
+        assert math.isnan(clock_ratio(other))
+
+
 def test_catalog_clocks_and_power_are_consistent():
     from planner.cluster import catalog
 

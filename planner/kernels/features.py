@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from ..cluster import Device
+from ..cluster import Device, catalog
 from ..network import DTYPE_BYTES, DTYPE_PEAK_KEY
 
 FloatArray = NDArray[np.float64]
@@ -131,12 +131,29 @@ def spec_row(device: Device, dtype: str) -> tuple[float, ...]:
     """(peak, peak_fp32, bandwidth, SMs, L2, memory, element bytes, TDP, base/boost) of a
     device (NaN for the last two where the catalog does not say)."""
     nan = float("nan")
-    ratio = nan
-    if device.base_clock_hz and device.clock_hz:
-        ratio = min(device.base_clock_hz / device.clock_hz, 1.0)
     return (device.peak(DTYPE_PEAK_KEY[dtype]), device.peak("fp32"), device.memory_bandwidth,
             float(device.sm_count), max(device.l2_bytes, 1.0), max(device.memory_bytes, 1.0),
-            float(DTYPE_BYTES[dtype]), float(device.tdp_w) if device.tdp_w else nan, ratio)
+            float(DTYPE_BYTES[dtype]), float(device.tdp_w) if device.tdp_w else nan,
+            clock_ratio(device))
+
+
+def clock_ratio(device: Device) -> float:
+    """Base over boost clock of a device (at most 1), NaN where unknown.
+
+    A board without a base clock takes the lowest ratio of the catalog's boards of the same
+    die at the same boost clock and no higher power limit, which run the same silicon at
+    the same clock on no more power (the H200 SXM: the H100 SXM's 1,590 / 1,980 MHz at
+    700 W). An inference, not a datasheet figure: where the catalog has two such boards
+    with their own base clocks, the later one's is as high or higher (A100 SXM4 40 and
+    80 GB, 1,095 and 1,275 MHz, both 1,410 MHz boost at 400 W)."""
+    if device.base_clock_hz and device.clock_hz:
+        return min(device.base_clock_hz / device.clock_hz, 1.0)
+    if not (device.chip and device.clock_hz and device.tdp_w):
+        return float("nan")
+    ratios = [d.base_clock_hz / d.clock_hz for d in catalog().values()
+              if d.chip == device.chip and d.base_clock_hz and d.clock_hz == device.clock_hz
+              and d.tdp_w and d.tdp_w <= device.tdp_w]
+    return min(min(ratios), 1.0) if ratios else float("nan")
 
 
 def _log2(x: FloatArray) -> FloatArray:
