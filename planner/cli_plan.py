@@ -77,6 +77,16 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "values: p2p, a ring of sends overlapped with attention; "
                           "allgather, gathered before it; auto, the cheaper a layer "
                           "(Megatron-LM's --cp-comm-type)."),
+        # evaluate.CROSS_ENTROPY (not imported here: the CLI starts without numpy)
+        click.option("--cross-entropy",
+                     type=click.Choice(("fused", "eager", "eager-no-upcast")),
+                     default="fused", show_default=True,
+                     help="How the loss's softmax cross-entropy runs: fused keeps its fp32 "
+                          "probabilities and writes their gradient over them (Megatron-LM's "
+                          "vocabulary-parallel loss); eager is PyTorch's cross_entropy on "
+                          "fp32 logits (torchtitan, Hugging Face, autocast), whose backward "
+                          "holds two more logits-sized fp32 tensors; eager-no-upcast, on "
+                          "16-bit logits as they come (a pure bf16 script)."),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS),
                      default="momentum", show_default=True,
                      help="Optimizer state kept per parameter."),
@@ -196,8 +206,8 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                   precision: str | None = None, grad_precision: str | None = None,
                   microbatches: int | str = 1, tp_comm_overlap: bool = False,
                   cp_comm_type: str = "p2p", overlap_param_gather: bool = False,
-                  stage_boundaries: str = "blocks", recompute_unit: str = "blocks"
-                  ) -> Question:
+                  stage_boundaries: str = "blocks", recompute_unit: str = "blocks",
+                  cross_entropy: str = "fused") -> Question:
     """Load both files, build the options and the cost context (``zero="auto"`` or
     ``zero_shard="auto"``: stage 0 over all replicas until the search picks one)."""
     from .evaluate import ZERO_STAGES, Options, check_question, make_context
@@ -255,7 +265,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                          "--recompute or the cost model")
     from .costs.layer import canonical_recompute
 
-    net = load_network(network).in_dtype(precision)
+    net = load_network(network).in_dtype(precision).with_cross_entropy(cross_entropy)
     for key, unit in (("stage_boundaries", stage_boundaries),
                       ("recompute_unit", recompute_unit)):
         if unit == "layers":
@@ -277,7 +287,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
                       grad_dtype=DTYPE_ALIASES.get(grad_precision, grad_precision)
                       if grad_precision is not None else None,
                       tp_comm_overlap=tp_comm_overlap, cp_comm_type=cp_comm_type,
-                      overlap_param_gather=overlap_param_gather)
+                      overlap_param_gather=overlap_param_gather, cross_entropy=cross_entropy)
     check_question(net, cl, options)
     _defaults_notes(net, options)
     est = make_estimator(estimator, models_dir, cl.device)

@@ -57,6 +57,8 @@ from .layout import EXPERT_MODES, WHOLE_MODES, Dist, Layout, base_mode, input_di
 from .network import DTYPE_BYTES, Layer, Network
 
 ZERO_STAGES = (0, 1, 2, 3)
+#: how the loss's softmax cross-entropy runs (``--cross-entropy``; :attr:`Options.cross_entropy`)
+CROSS_ENTROPY = ("fused", "eager", "eager-no-upcast")
 #: over whom ZeRO shards: all of a layer's data-parallel replicas, or those inside one
 #: node, replicated across nodes (hybrid sharding)
 ZERO_SHARDS = ("all", "node")
@@ -105,6 +107,12 @@ class Options:
     #: overlapped with attention, or an all-gather before it (Megatron-LM's
     #: ``--cp-comm-type``; :func:`~planner.costs.layer.overlap_context`)
     cp_comm_type: str = "p2p"
+    #: how the loss's softmax cross-entropy runs (:data:`CROSS_ENTROPY`): "fused" keeps
+    #: its fp32 probabilities and writes their gradient over them; "eager" is PyTorch's
+    #: ``log_softmax`` and ``nll_loss`` on fp32 logits, whose backward holds three
+    #: logits-sized tensors; "eager-no-upcast" the same on 16-bit logits as they come
+    #: (the network's :meth:`~planner.network.Network.with_cross_entropy` says which)
+    cross_entropy: str = "fused"
     #: the rank of the first device: a pipeline stage's (its groups cross nodes where
     #: that rank does not begin a node; :attr:`~planner.costs.layer.Context.rank_offset`)
     first_rank: int = 0
@@ -504,6 +512,23 @@ def _recomputed(ctx: Context, results: list[LayerResult],
     return staying, own, tuple(work.get(blk.name, 0.0) for blk in blocks), live
 
 
+def eager_loss_workspace(net: Network, last: LayerResult, batch: int) -> float:
+    """What an eager softmax cross-entropy holds besides what is kept, at the moment its
+    backward runs: PyTorch's ``cross_entropy`` is ``log_softmax`` then ``nll_loss``;
+    ``log_softmax`` keeps its output (the kept log-probabilities,
+    :meth:`~planner.network.Network.output_bytes`), ``nll_loss``'s backward writes their
+    dense gradient, and ``log_softmax``'s backward reads both and writes the logits'
+    gradient: two more tensors of the logits' size, in the loss's dtype (fp32 at least:
+    the logits are upcast as torchtitan, Hugging Face's models and autocast do, except
+    under ``eager-no-upcast``: :meth:`~planner.network.Network.output_bytes`). A fused
+    loss (Megatron-LM's vocabulary-parallel cross-entropy) writes the gradient over its
+    kept probabilities instead, and the busiest layer's gradients in flight are all it
+    adds. (The logits themselves, if the training script still holds them, are on top:
+    ``tests/benchmarks/train_step.py``'s step does.)"""
+    return 2.0 * local_elems(last.layer.out_elems, last.dist_out, batch) * \
+        net.output_bytes(last.layer)
+
+
 def sharded_gradients(ctx: Context, options: Options) -> bool:
     """Whether each microbatch of a step reduces its weight gradients (ZeRO stages 2
     and 3 under gradient accumulation: a device keeps only its shard of them)."""
@@ -574,6 +599,9 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     # the busiest layer's gradients in flight: its output gradient and input gradient
     workspace = max((local_elems(r.layer.out_elems, r.dist_out, batch)
                      + local_elems(r.layer.in_elems, r.dist_in, batch)) * e for r in results)
+    if net.loss and options.cross_entropy != "fused" and results and \
+            results[-1].layer.index == len(net.layers) - 1:
+        workspace = max(workspace, eager_loss_workspace(net, results[-1], batch))
     largest = max((t.bytes for r in results for t in r.cost.terms), default=0.0)
     if prefetches(ctx, options):
         # prefetched gathers land while a layer holds its own: under a bucket of them,

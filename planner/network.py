@@ -724,6 +724,9 @@ class Network:
     #: or "layers" (each transformer layer's blocks together, :attr:`recompute_units`;
     #: ``--recompute-unit``)
     recompute_unit: str = "blocks"
+    #: whether the loss casts 16-bit logits to fp32 (:meth:`output_bytes`; False under
+    #: ``--cross-entropy eager-no-upcast``: a pure 16-bit script's ``cross_entropy``)
+    loss_upcast: bool = True
 
     @functools.cached_property
     def _recompute_groups(self) -> tuple[tuple[Block, ...], ...]:
@@ -784,9 +787,16 @@ class Network:
         LM's vocabulary-parallel cross-entropy, PyTorch's and Hugging Face's losses on
         ``logits.float()``; Korthikanti et al., MLSys 2023, count the loss's 4·s·b·v/t
         bytes)."""
-        if self.loss and layer.index == len(self.layers) - 1:
+        if self.loss and layer.index == len(self.layers) - 1 and self.loss_upcast:
             return max(self.elem_bytes, LOSS_BYTES)
         return self.elem_bytes
+
+    def with_cross_entropy(self, kind: str) -> Network:
+        """The network whose loss runs as ``--cross-entropy`` ``kind`` says: every kind
+        upcasts 16-bit logits to fp32 but ``eager-no-upcast``."""
+        upcast = kind != "eager-no-upcast"
+        return self if upcast == self.loss_upcast else \
+            dataclasses.replace(self, loss_upcast=upcast)
 
     def by_layers(self, key: str) -> Network | None:
         """The network with ``key`` (a :data:`BY_LAYERS` setting: ``stage_boundaries``,

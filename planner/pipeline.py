@@ -191,7 +191,8 @@ def stage_network(network: Network, lo: int, hi: int) -> Network:
     return Network(name=f"{network.name}[{lo}:{hi}]", dtype=network.dtype,
                    input_shape=shape, layers=tuple(layers), blocks=blocks,
                    input_kind=kind, loss=network.loss and hi == len(network.layers),
-                   copies=network.copies[lo:hi], recompute_unit=network.recompute_unit)
+                   copies=network.copies[lo:hi], recompute_unit=network.recompute_unit,
+                   loss_upcast=network.loss_upcast)
 
 
 def layer_seconds(network: Network, ctx: Any, batch: int) -> np.ndarray:
@@ -686,8 +687,8 @@ def chunk_signature(network: Network) -> tuple[Any, ...]:
     # which blocks recompute with the one before them
     units = tuple(network.unit_of[b.name] == network.unit_of[a.name]
                   for a, b in itertools.pairwise(network.blocks))
-    return (network.dtype, network.input_shape, network.input_kind, network.loss, layers,
-            blocks, units)
+    return (network.dtype, network.input_shape, network.input_kind, network.loss,
+            network.loss_upcast, layers, blocks, units)
 
 
 def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],

@@ -13,7 +13,8 @@ files)::
     problem: {gpus, batch, dtype, cost_model, overlap, bucket_bytes, optimizer,
               master_weights, grad_dtype, zero, zero_shard (with zero 1-3: all|node), recompute,
               tp_comm_overlap, overlap_param_gather (when true), cp_comm_type
-              (allgather|auto; p2p when absent),
+              (allgather|auto; p2p when absent), cross_entropy (eager|eager-no-upcast;
+              fused when absent),
               estimator, algorithm, nodes}
     iteration: {time_s, compute_s, comm_s, exposed_comm_s, forward_s, backward_s,
                 optimizer_s, weight_grad_s, activation_comm_s, parameters_comm_s,
@@ -187,6 +188,9 @@ def problem_record(network: Network, options: Options) -> dict[str, Any]:
         **({"overlap_param_gather": True} if options.overlap_param_gather else {}),
         # context parallelism's method where it is not Megatron-LM's default ring
         **({"cp_comm_type": options.cp_comm_type} if options.cp_comm_type != "p2p" else {}),
+        # the loss's memory where it is not the fused default (a plan without it reads the same)
+        **({"cross_entropy": options.cross_entropy}
+           if options.cross_entropy != "fused" else {}),
     }
 
 
@@ -285,6 +289,8 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
                 + (" and parameter gathers" if prob.get("overlap_param_gather") else "")
                 + (f", context parallelism {prob['cp_comm_type']}"
                    if prob.get("cp_comm_type", "p2p") != "p2p" else "")
+                + (f", {prob['cross_entropy']} cross-entropy"
+                   if prob.get("cross_entropy", "fused") != "fused" else "")
                 + (f", ZeRO {setting}" if zero else "")
                 + (f", recomputing {_recomputing(str(prob['recompute']), unit)} "
                    f"({format_time(it.get('recompute_s', 0.0))} a step)"

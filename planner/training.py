@@ -32,6 +32,9 @@ team chose: a plan file, one grid for every layer, or pins::
                                  # the next step's forward (--overlap-param-gather)
     cp_comm_type: p2p            # p2p | allgather | auto: context parallelism's keys
                                  # and values (Megatron-LM's --cp-comm-type)
+    cross_entropy: fused         # fused | eager | eager-no-upcast: the loss's memory
+                                 # (eager: PyTorch's cross_entropy on fp32 logits, as
+                                 # torchtitan runs it; no-upcast: on 16-bit logits)
     zero: 0                      # ZeRO stage 0-3: optimizer state / + gradients / + weights sharded
     zero_shard: all              # all | node: over all replicas, or within nodes (hybrid)
     recompute: none              # none | blocks | N | auto: residual blocks (or the first N)
@@ -77,6 +80,7 @@ from .costs.layer import CP_COMM_TYPES, RECOMPUTE, canonical_recompute, recomput
 from .costs.memory import OPTIMIZERS
 from .errors import InputError, Issue, NoFeasiblePlan, PlannerError, printable
 from .evaluate import (
+    CROSS_ENTROPY,
     DEFAULT_BUCKET_BYTES,
     ZERO_SHARDS,
     Evaluation,
@@ -156,6 +160,8 @@ class TrainingConfig:
     tp_comm_overlap: bool = False
     #: how context parallelism moves the keys and values (``--cp-comm-type``)
     cp_comm_type: str = "p2p"
+    #: how the loss's cross-entropy runs (``--cross-entropy``)
+    cross_entropy: str = "fused"
     #: ZeRO 1-2's gathers under the next forward (``--overlap-param-gather``)
     overlap_param_gather: bool = False
 
@@ -289,6 +295,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     tp_overlap = f.opt("tp_comm_overlap", boolean, False)
     cp_comm = f.opt("cp_comm_type", choice(CP_COMM_TYPES), "p2p")
     param_gather = f.opt("overlap_param_gather", boolean, False)
+    cross_entropy = f.opt("cross_entropy", choice(CROSS_ENTROPY), "fused")
     bucket = f.opt("bucket_size", bucket_size, float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(COST_MODELS), "exact")
     # `plan --zero auto` searches the setting; a launch runs one, which CI must check
@@ -412,7 +419,8 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           schedule=schedule or SCHEDULE, min_mfu=min_mfu,
                           launcher=launcher,
                           tp_comm_overlap=bool(tp_overlap), cp_comm_type=cp_comm,
-                          overlap_param_gather=bool(param_gather))
+                          overlap_param_gather=bool(param_gather),
+                          cross_entropy=cross_entropy)
 
 
 def _dtype(value: object) -> str:
@@ -484,7 +492,7 @@ def _rel(path: Path, config: TrainingConfig) -> str:
 
 def _network_for(cfg: TrainingConfig) -> tuple[Network, Cluster]:
     net = network_from_document(load_file(cfg.network_path, _display(cfg.network_path)))
-    net = net.in_dtype(cfg.precision)
+    net = net.in_dtype(cfg.precision).with_cross_entropy(cfg.cross_entropy)
     for key, doing in BY_LAYERS.items():  # stage_boundaries, recompute_unit
         if getattr(cfg, key) == "layers":
             by = net.by_layers(key)
@@ -554,7 +562,7 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
 
     # a plan without gradient accumulation records no microbatches: compare them even so
     record = {"microbatches": 1, "tp_comm_overlap": False, "cp_comm_type": "p2p",
-              "overlap_param_gather": False, **rounded(problem_record(net, options), 4)}
+              "overlap_param_gather": False, "cross_entropy": "fused", **rounded(problem_record(net, options), 4)}
     if cfg.recompute == "auto":
         # the plan's own choice stands when it was made by --recompute auto: a pipeline
         # records auto (each chunk chose), a flat plan its count and the trials
@@ -573,7 +581,7 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
         had = prob.get(key, {"zero": 0, "zero_shard": "all", "recompute": "none",
                              "grad_dtype": prob.get("dtype"), "microbatches": 1,
                              "tp_comm_overlap": False, "cp_comm_type": "p2p",
-                             "overlap_param_gather": False,
+                             "overlap_param_gather": False, "cross_entropy": "fused",
                              "recompute_unit": "blocks"}.get(key))
         if key.endswith("_bytes") and _same_size(had, value):
             continue  # plans before 2026-11-23 rounded sizes to 4 digits
@@ -848,7 +856,8 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
                       canonical_recompute(cfg.recompute, len(net.recompute_units)),
                       algorithm=cfg.algorithm, grad_dtype=cfg.grad_precision,
                       tp_comm_overlap=cfg.tp_comm_overlap, cp_comm_type=cfg.cp_comm_type,
-                      overlap_param_gather=cfg.overlap_param_gather)
+                      overlap_param_gather=cfg.overlap_param_gather,
+                      cross_entropy=cfg.cross_entropy)
     limit = cl.max_devices()
     if limit is not None and cfg.gpus > limit:
         raise _config_error(cfg, "$.gpus", f"gpus={cfg.gpus} is more than the cluster has "

@@ -199,4 +199,6 @@ def options(draw: st.DrawFn, gpus: st.SearchStrategy[int] = GPUS,
         "tp_comm_overlap": draw(st.booleans()),
         # context parallelism's keys and values (exact accounting only)
         "cp_comm_type": draw(st.sampled_from(["p2p", "allgather", "auto"])),
+        # the loss's cross-entropy (its memory)
+        "cross_entropy": draw(st.sampled_from(["fused", "eager", "eager-no-upcast"])),
     }

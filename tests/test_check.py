@@ -182,6 +182,8 @@ def test_plan_for_another_question_fails(runner, tmp_path):
     ("master_weights: true", "the plan is for master_weights=false, the configuration says "
                              "true"),
     ("algorithm: tree", "the plan is for algorithm=auto, the configuration says tree"),
+    ("cross_entropy: eager", "the plan is for cross_entropy=fused, the configuration says "
+                             "eager"),
 ])
 def test_plan_for_another_training_setup_is_stale(runner, tmp_path, setting, said):
     """The committed plan answers the defaults (momentum, the network's float32, exact,

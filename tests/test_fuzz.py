@@ -71,9 +71,11 @@ def _pins(net: Any, opts: dict[str, Any]) -> tuple[str, ...]:
 
 def _question(net_data: dict[str, Any], cl_data: dict[str, Any], opts: dict[str, Any],
               ) -> tuple[Question, tuple[str, ...]]:
-    net = load_network_text(to_yaml(net_data), "network.yaml")
+    net = load_network_text(to_yaml(net_data), "network.yaml").with_cross_entropy(
+        opts["cross_entropy"])
     cl = load_cluster_text(to_yaml(cl_data), "cluster.yaml")
     o = Options(gpus=opts["gpus"], batch=opts["batch"], cost_model=opts["cost_model"],
+                cross_entropy=opts["cross_entropy"],
                 overlap=opts["overlap"], bucket_bytes=opts["bucket_bytes"],
                 optimizer=opts["optimizer"],
                 tp_comm_overlap=opts["tp_comm_overlap"] and opts["cost_model"] == "exact",
@@ -218,7 +220,8 @@ def test_cli_plan_and_cost_agree(net_data, cl_data, opts):
                   *(["--tp-comm-overlap"] if opts["tp_comm_overlap"]
                     and opts["cost_model"] == "exact" else []),
                   *(["--cp-comm-type", opts["cp_comm_type"]]
-                    if opts["cost_model"] == "exact" else [])]
+                    if opts["cost_model"] == "exact" else []),
+                  "--cross-entropy", opts["cross_entropy"]]
         result = CliRunner().invoke(cli, ["plan", *common, "--objective", opts["objective"]])
         assert result.exit_code in (0, 1, 2), result.output
         assert "Traceback" not in result.stderr and "internal error" not in result.stderr

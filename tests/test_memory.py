@@ -161,6 +161,38 @@ def test_the_loss_keeps_the_networks_output():
     assert kernels["backward_data"][0].bytes == elems * (3 * 4 + 2)
 
 
+@pytest.mark.parametrize(("dtype", "kind", "kept", "workspace"), [
+    # fused (Megatron-LM's vocabulary-parallel loss): fp32 probabilities kept, the
+    # gradient written over them; the head's output and input gradients in flight
+    ("float32", "fused", 4, 4), ("bfloat16", "fused", 4, 2),
+    # eager (PyTorch's cross_entropy on fp32 logits): log-probabilities kept, their
+    # gradient and the logits' gradient written while both are live, all fp32
+    ("float32", "eager", 4, 2 * 4), ("bfloat16", "eager", 4, 2 * 4),
+    # the same on bf16 logits as they come: all three in bf16
+    ("bfloat16", "eager-no-upcast", 2, 2 * 2),
+])
+def test_the_cross_entropy_s_memory_by_hand(dtype, kind, kept, workspace):
+    """GPT-2 small, 8 sequences of 1,024 tokens a device, 50,257 classes: L = 8 · 1,024 ·
+    50,257 logits. Kept for backward: L at the loss's bytes; the busiest moment's
+    workspace: the loss's (L times the bytes given, per test_memory_torch's count of
+    autograd) or the head's gradients in flight (L + 8 · 1,024 · 768 at the network's
+    bytes), whichever is larger."""
+    from planner.inputs import load_network_text
+
+    net = load_network_text((NETWORKS / "gpt2-small.yaml").read_text().replace(
+        "dtype: float32", f"dtype: {dtype}")).with_cross_entropy(kind)
+    cl = load_cluster(CLUSTERS / "dgx-h100.yaml")
+    layouts = {lay.index: make_layout("data", 1, 8) for lay in net.layers if lay.has_weights}
+    ev = _eval(net, cl, layouts, 8, 64, cross_entropy=kind)
+    logits = 8 * 1024 * 50257
+    head = next(r for r in ev.layers if r.layer.name == "lm_head")
+    assert head.activation_bytes == logits * kept
+    e = 4 if dtype == "float32" else 2
+    assert ev.memory.workspace == max(logits * workspace, (logits + 8 * 1024 * 768) * e)
+    # the loss's elementwise kernels read and write at the loss's bytes too
+    assert net.output_bytes(head.layer) == kept
+
+
 def test_uneven_splits_hold_the_busiest_share():
     """A split that does not divide the heads, channels or features leaves the busiest
     device the rounded-up share, for memory as for time: 12 heads over 8 devices put 2 on

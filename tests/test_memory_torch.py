@@ -142,3 +142,87 @@ def test_attention_dropout_keeps_its_output_and_mask():
     d_mask = nets[0.1].layers[0].saved_bytes_extra - nets[0.0].layers[0].saved_bytes_extra
     assert d_internal == d_mask == heads * seq * seq
     assert kept[0.1] - kept[0.0] == B * 4 * (d_internal + d_mask)
+
+
+class _LiveBytes:
+    """The bytes of the tensors PyTorch allocates while it is active and that are still
+    alive, and their maximum: every operator's outputs (forward and backward) counted
+    once a storage, released when the storage is freed (a dispatch mode sees what the
+    CUDA allocator would hand out, on the CPU)."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in torch.utils._pytree.tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor):
+                        outer.add(t)
+                return out
+
+        self.mode = Mode()
+        self.live: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def add(self, t: torch.Tensor) -> None:
+        import weakref
+
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if not key or key in self.live:
+            return
+        self.live[key] = storage.nbytes()
+        self.now += storage.nbytes()
+        self.peak = max(self.peak, self.now)
+
+        def free(k: int = key) -> None:
+            self.now -= self.live.pop(k, 0)
+
+        weakref.finalize(storage, free)
+
+
+@pytest.mark.parametrize(("dtype", "kind"), [
+    ("float32", "eager"), ("bfloat16", "eager"), ("bfloat16", "eager-no-upcast")])
+def test_eager_cross_entropy_peak_matches_autograd(dtype, kind):
+    """PyTorch's ``cross_entropy`` (``log_softmax`` then ``nll_loss``) over a head's
+    logits, the caller's reference to them dropped before backward as torchtitan's
+    training step does: the most its forward and backward hold at once is what the
+    planner adds for it, the kept log-probabilities and the eager loss's workspace (three
+    logits-sized tensors in the loss's dtype: fp32 when the logits are upcast), within
+    0.5% (the head's small weight and input gradients)."""
+    from planner.evaluate import Options, evaluate, make_context
+    from planner.layout import make_layout
+
+    from .helpers import FixedEstimator, cluster
+
+    tokens, dim, vocab = 2048, 4, 8192
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    head = nn.Linear(dim, vocab, bias=False).to(dt)
+    x = torch.randn(1, tokens, dim, dtype=dt, requires_grad=True)
+    y = torch.randint(0, vocab, (tokens,))
+    live = _LiveBytes()
+    with live.mode:
+        logits = head(x)
+        flat = logits.flatten(0, 1)
+        loss = nn.functional.cross_entropy(flat.float() if kind == "eager" else flat, y)
+        del logits, flat
+        loss.backward()
+    net = load_network_text(f"""
+kind: network
+dtype: {dtype}
+input: [{tokens}, {dim}]
+layers:
+  - {{type: linear, out_features: {vocab}, bias: false}}
+""").with_cross_entropy(kind)
+    opts = Options(gpus=1, batch=1, overlap="none", cross_entropy=kind)
+    ctx = make_context(net, cluster(), opts, FixedEstimator(1e-6))
+    ev = evaluate(ctx, opts, {0: make_layout("data", 1, 1)})
+    # the head's input, kept by the linear layer, was allocated before: not in the count
+    loss_bytes = ev.memory.activations - tokens * dim * net.elem_bytes + ev.memory.workspace
+    per = 4 if kind == "eager" else net.elem_bytes
+    assert loss_bytes == 3 * tokens * vocab * per
+    assert live.peak == pytest.approx(loss_bytes, rel=0.005)

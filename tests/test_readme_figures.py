@@ -272,3 +272,10 @@ def test_h200_step_table_is_current():
     assert len(table.splitlines()) == 14  # header, rule, 12 configurations
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert table in text
+    # GPT-2's peaks with the step's own logits added and its gradients taken away (a
+    # table inside a list item: indented two spaces)
+    acct = module.memory_accounting(ROOT / "tests" / "benchmarks" / "data" / "h200_steps.csv")
+    assert len(acct.splitlines()) == 10  # header, rule, 8 GPT-2 configurations
+    assert "\n".join("  " + line for line in acct.splitlines()) in text
+    ratios = [float(line.rsplit("|", 2)[1]) for line in acct.splitlines()[2:]]
+    assert all(1.0 <= r <= 1.02 for r in ratios), ratios  # README: within 0.2-1.6%

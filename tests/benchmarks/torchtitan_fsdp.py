@@ -10,8 +10,9 @@ gradient reduction, AdamW, at 1 or 2 sequences a GPU (4,096 tokens for Llama 2, 
 Llama 3), with several activation-checkpointing settings (torchtitan, docs/performance.md,
 "Llama 3 performance numbers" and "Llama 2 performance numbers", 2024). This prices each
 run with ``planner cost`` (`--grid 1x64 --mode data --zero 3 --optimizer adam
---grad-precision fp32 --recompute-unit layers`: torchtitan wraps each transformer block,
-attention and MLP, in one checkpoint) on ``examples/clusters/dgx-a100.yaml`` and prints a Markdown
+--grad-precision fp32 --recompute-unit layers --cross-entropy eager`: torchtitan wraps
+each transformer block, attention and MLP, in one checkpoint, and its loss is PyTorch's
+``cross_entropy`` on the logits cast to fp32) on ``examples/clusters/dgx-a100.yaml`` and prints a Markdown
 table of both. torchtitan's settings map to the planner's as:
 
 * ``full``: every layer recomputed (``--recompute blocks``);
@@ -91,7 +92,7 @@ def price(net: str, layers: int, per_gpu: int, setting: str, cluster: Path,
          "-p", str(gpus), "-b", str(gpus * per_gpu), "--grid", f"1x{gpus}", "--mode",
          "data", "--zero", "3", "--optimizer", "adam", "--grad-precision", "fp32",
          "--recompute", recompute(setting, layers), "--recompute-unit", "layers",
-         "--format", "json"],
+         "--cross-entropy", "eager", "--format", "json"],
         cwd=ROOT, capture_output=True, text=True)
     if out.returncode not in (0, 1):  # 1: priced, but it does not fit
         raise SystemExit(out.stderr)
