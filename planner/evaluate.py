@@ -186,6 +186,8 @@ def make_context(network: Network, cluster: Cluster, options: Options,
                  estimator: Estimator | None = None) -> Context:
     """The cost context of a question."""
     _check_settings(options, network)
+    # the loss's dtype follows the setting however the network was loaded
+    network = network.with_cross_entropy(options.cross_entropy)
     return Context(network=network, cluster=cluster, gpus=options.gpus, batch=options.batch,
                    estimator=estimator or Roofline(), cost_model=options.cost_model,
                    algorithm=options.algorithm, zero=options.zero,
@@ -212,6 +214,9 @@ def _check_settings(options: Options, network: Network | None = None) -> None:
     if options.zero_shard not in ZERO_SHARDS:
         raise UsageError(f"planner: error: ZeRO cannot shard over {options.zero_shard!r}; "
                          "use all or node")
+    if options.cross_entropy not in CROSS_ENTROPY:
+        raise UsageError(f"planner: error: no cross-entropy {options.cross_entropy!r}; use "
+                         + ", ".join(CROSS_ENTROPY))
     wrong = recompute_error(options.recompute,
                             None if network is None else len(network.recompute_units),
                             "blocks" if network is None else network.recompute_unit)
