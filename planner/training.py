@@ -562,7 +562,8 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
 
     # a plan without gradient accumulation records no microbatches: compare them even so
     record = {"microbatches": 1, "tp_comm_overlap": False, "cp_comm_type": "p2p",
-              "overlap_param_gather": False, "cross_entropy": "fused", **rounded(problem_record(net, options), 4)}
+              "overlap_param_gather": False, "cross_entropy": "fused",
+              **rounded(problem_record(net, options), 4)}
     if cfg.recompute == "auto":
         # the plan's own choice stands when it was made by --recompute auto: a pipeline
         # records auto (each chunk chose), a flat plan its count and the trials

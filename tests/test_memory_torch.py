@@ -7,9 +7,13 @@ with ``Network.saved_tensors`` and each layer's masks and indices."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from planner.inputs import load_network_text
 
@@ -144,33 +148,25 @@ def test_attention_dropout_keeps_its_output_and_mask():
     assert kept[0.1] - kept[0.0] == B * 4 * (d_internal + d_mask)
 
 
-class _LiveBytes:
-    """The bytes of the tensors PyTorch allocates while it is active and that are still
-    alive, and their maximum: every operator's outputs (forward and backward) counted
-    once a storage, released when the storage is freed (a dispatch mode sees what the
-    CUDA allocator would hand out, on the CPU)."""
+class _LiveBytes(TorchDispatchMode):
+    """The bytes of the tensors PyTorch allocates while this mode is active and that are
+    still alive, and their maximum: every operator's outputs (forward and backward)
+    counted once a storage, released when the storage is freed (what the CUDA allocator
+    would hand out, seen on the CPU)."""
 
     def __init__(self) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        outer = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                for t in torch.utils._pytree.tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor):
-                        outer.add(t)
-                return out
-
-        self.mode = Mode()
+        super().__init__()
         self.live: dict[int, int] = {}
         self.now = self.peak = 0
 
-    def add(self, t: torch.Tensor) -> None:
-        import weakref
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._add(t.untyped_storage())
+        return out
 
-        storage = t.untyped_storage()
+    def _add(self, storage: torch.UntypedStorage) -> None:
         key = storage.data_ptr()
         if not key or key in self.live:
             return
@@ -205,7 +201,7 @@ def test_eager_cross_entropy_peak_matches_autograd(dtype, kind):
     x = torch.randn(1, tokens, dim, dtype=dt, requires_grad=True)
     y = torch.randint(0, vocab, (tokens,))
     live = _LiveBytes()
-    with live.mode:
+    with live:
         logits = head(x)
         flat = logits.flatten(0, 1)
         loss = nn.functional.cross_entropy(flat.float() if kind == "eager" else flat, y)

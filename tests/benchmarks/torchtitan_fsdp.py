@@ -12,8 +12,8 @@ Llama 3), with several activation-checkpointing settings (torchtitan, docs/perfo
 run with ``planner cost`` (`--grid 1x64 --mode data --zero 3 --optimizer adam
 --grad-precision fp32 --recompute-unit layers --cross-entropy eager`: torchtitan wraps
 each transformer block, attention and MLP, in one checkpoint, and its loss is PyTorch's
-``cross_entropy`` on the logits cast to fp32) on ``examples/clusters/dgx-a100.yaml`` and prints a Markdown
-table of both. torchtitan's settings map to the planner's as:
+``cross_entropy`` on the logits cast to fp32) on ``examples/clusters/dgx-a100.yaml`` and
+prints a Markdown table of both. torchtitan's settings map to the planner's as:
 
 * ``full``: every layer recomputed (``--recompute blocks``);
 * ``selective layer``: every second transformer layer (torchtitan's default

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -350,27 +351,34 @@ def predict(row: dict[str, str], folder: Path) -> dict[str, Any]:
     return doc
 
 
+def _priced(path: Path, network: str | None = None) -> Iterator[tuple[dict[str, str],
+                                                                     dict[str, Any]]]:
+    """Each measured row of ``path`` (of ``network`` only, if given) with its ``planner
+    cost`` document, the inputs written once to one temporary folder."""
+    with path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if network in (None, r["network"])]
+    with tempfile.TemporaryDirectory() as folder:
+        for row in rows:
+            yield row, predict(row, Path(folder))
+
+
 def table(path: Path) -> str:
     """The Markdown table ``compare`` prints: each measured step against ``planner cost``."""
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
     out = ["| network | attention | dtype | batch | measured step | planner | measured / "
            "planner | measured peak | planner's memory | measured / planner |",
            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    with tempfile.TemporaryDirectory() as folder:
-        for row in rows:
-            doc = predict(row, Path(folder))
-            t = float(doc["iteration"]["time_s"]) * 1e3
-            mem = float(doc["memory"]["peak_bytes"])
-            ms, peak = float(row["step_ms"]), float(row["peak_bytes"])
-            out.append(f"| {row['network']} | {row['attention'] or '—'} | {row['dtype']} | "
-                       f"{row['batch']} | {ms:,.1f} ms | {t:,.1f} ms | {ms / t:.3f} | "
-                       f"{peak / 2**30:.2f} GiB | {mem / 2**30:.2f} GiB | {peak / mem:.3f} |")
+    for row, doc in _priced(path):
+        t = float(doc["iteration"]["time_s"]) * 1e3
+        mem = float(doc["memory"]["peak_bytes"])
+        ms, peak = float(row["step_ms"]), float(row["peak_bytes"])
+        out.append(f"| {row['network']} | {row['attention'] or '—'} | {row['dtype']} | "
+                   f"{row['batch']} | {ms:,.1f} ms | {t:,.1f} ms | {ms / t:.3f} | "
+                   f"{peak / 2**30:.2f} GiB | {mem / 2**30:.2f} GiB | {peak / mem:.3f} |")
     return "\n".join(out)
 
 
-#: GPT-2's vocabulary: the logits of one token
-VOCAB = 50257
+#: GPT-2's vocabulary and sequence: the logits of one sequence
+VOCAB, SEQ = 50257, 1024
 
 
 def memory_accounting(path: Path) -> str:
@@ -379,20 +387,18 @@ def memory_accounting(path: Path) -> str:
     (``out``) through the backward pass (one logits tensor in the step's dtype, 1,024 ·
     50,257 elements a sequence) and has no gradient yet when the loss's backward runs
     (``zero_grad(set_to_none=True)``), where the planner counts them all."""
-    with path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["network"] == "gpt2-small"]
+    from planner.network import DTYPE_BYTES
+
     out = ["| attention | dtype | batch | planner's memory | + the step's logits − gradients "
            "| measured peak | measured / adjusted |", "|---|---|---:|---:|---:|---:|---:|"]
-    with tempfile.TemporaryDirectory() as folder:
-        for row in rows:
-            mem = predict(row, Path(folder))["memory"]
-            elem = 4 if row["dtype"] == "float32" else 2
-            logits = int(row["batch"]) * 1024 * VOCAB * elem
-            adjusted = mem["peak_bytes"] + logits - mem["breakdown"]["gradients"]
-            peak = float(row["peak_bytes"])
-            out.append(f"| {row['attention']} | {row['dtype']} | {row['batch']} | "
-                       f"{mem['peak_bytes'] / 2**30:.2f} GiB | {adjusted / 2**30:.2f} GiB | "
-                       f"{peak / 2**30:.2f} GiB | {peak / adjusted:.3f} |")
+    for row, doc in _priced(path, "gpt2-small"):
+        mem = doc["memory"]
+        logits = int(row["batch"]) * SEQ * VOCAB * DTYPE_BYTES[row["dtype"]]
+        adjusted = mem["peak_bytes"] + logits - mem["breakdown"]["gradients"]
+        peak = float(row["peak_bytes"])
+        out.append(f"| {row['attention']} | {row['dtype']} | {row['batch']} | "
+                   f"{mem['peak_bytes'] / 2**30:.2f} GiB | {adjusted / 2**30:.2f} GiB | "
+                   f"{peak / 2**30:.2f} GiB | {peak / adjusted:.3f} |")
     return "\n".join(out)
 
 
