@@ -1,12 +1,15 @@
 """The same inputs give byte-identical output: across runs, across ``PYTHONHASHSEED``
 values (0, 1, 2**32 - 1, random) and locales (``LC_ALL`` and ``LANG`` set to C, POSIX,
 C.UTF-8 and de_DE.UTF-8 — the last falls back to C where it is not installed, which is
-tested too), as ``python -m planner`` processes; and within one process, run after run
-(caches must not change what is printed)."""
+tested too), across the CPU code paths of the numerical libraries (OpenBLAS's kernels
+for older CPUs, numpy's loops without AVX2 or AVX-512), as ``python -m planner``
+processes; and within one process, run after run (caches must not change what is
+printed)."""
 
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -40,10 +43,22 @@ VARIANTS = {
 }
 
 
+#: the code paths another machine may take: OpenBLAS picks its kernels for the CPU it
+#: finds (``OPENBLAS_CORETYPE`` forces one; Prescott's SSE3 kernels run on any x86-64),
+#: numpy its SIMD loops (``NPY_DISABLE_CPU_FEATURES`` turns the AVX2 and AVX-512 ones
+#: off; features the CPU lacks are ignored)
+CPU_PATHS = {
+    "SSE3 BLAS": {"OPENBLAS_CORETYPE": "Prescott"},
+    "numpy without AVX2": {"NPY_DISABLE_CPU_FEATURES": "X86_V3,X86_V4,AVX512_ICL,AVX512_SPR"},
+    "both": {"OPENBLAS_CORETYPE": "Prescott",
+             "NPY_DISABLE_CPU_FEATURES": "X86_V3,X86_V4,AVX512_ICL,AVX512_SPR"},
+}
+
+
 def _run(args: list[str], extra: dict[str, str]) -> tuple[int, bytes, bytes]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PLANNER_", "LC_", "LANG", "PYTHONHASHSEED", "PYTHONIOENCODING",
-                                "PYTHONUTF8"))}
+                                "PYTHONUTF8", "OPENBLAS_CORETYPE", "NPY_DISABLE_CPU"))}
     env.update({"COLUMNS": "120", **extra})
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-m", "planner", *args], cwd=ROOT, env=env,
@@ -81,6 +96,23 @@ def test_byte_identical_across_hash_seeds_and_locales(name):
         assert result[1] == reference[1], f"stdout differs under {variant}"
         if name == "errors":
             assert result[2] == reference[2], f"stderr differs under {variant}"
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="the code paths forced are x86-64 ones")
+def test_byte_identical_across_cpu_code_paths():
+    """Llama 3 8B at batch 16 has layouts that tie exactly (the same kernels, the same
+    collectives); before kernel times kept 24 significant bits the search chose among
+    them by the last bits of the networks' arithmetic, and OpenBLAS's default and
+    Prescott kernels gave two different plans on one machine."""
+    args = ["plan", "examples/networks/llama3-8b.yaml", "examples/clusters/dgx-h100.yaml",
+            "-p", "64", "-b", "16", "--optimizer", "adam", "--format", "json"]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda env: _run(args, env), [{}, *CPU_PATHS.values()]))
+    assert runs[0][0] == 0, runs[0][2].decode()
+    for name, result in zip(CPU_PATHS, runs[1:], strict=True):
+        assert result[0] == 0, result[2].decode()
+        assert result[1] == runs[0][1], f"the plan differs with {name}"
 
 
 def test_same_process_prints_the_same_every_time(runner):

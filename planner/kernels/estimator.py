@@ -377,6 +377,24 @@ class Prediction:
 
 
 _MEMO_ENTRIES = 1 << 20
+#: significant bits a kernel time keeps (:func:`reproducible`): a float32's
+TIME_BITS = 24
+
+
+def reproducible(seconds: FloatArray) -> FloatArray:
+    """Kernel times rounded up to :data:`TIME_BITS` significant bits (less than 1.2 parts
+    in 10⁷ added; never below the roofline, which they were at or above).
+
+    The networks' matrix products (BLAS) and ``tanh``/``exp`` (numpy's SIMD loops) round
+    their last bits differently on different CPUs, and two layouts that run the same
+    kernels can tie exactly: a search that compared the unrounded times chose between
+    them by those bits, so the same inputs gave another plan on another machine (Llama 3
+    8B on 64 H100s at batch 16: OpenBLAS's Haswell, SkylakeX and Sandybridge kernels gave
+    three plans). Rounded, two machines' times differ only where a rounding step falls
+    between them: about one time in 10⁷ (their last bits differ by some 10⁻¹⁵)."""
+    mantissa, exponent = np.frexp(seconds)
+    out: FloatArray = np.ldexp(np.ceil(mantissa * 2.0 ** TIME_BITS), exponent - TIME_BITS)
+    return out
 
 
 class LearnedEstimator:
@@ -472,7 +490,7 @@ class LearnedEstimator:
             flops, nbytes = kernel_arrays(sub_k, DTYPE_BYTES[dtype])
             where = np.asarray(fallback)
             secs[where] = roofline_seconds(flops, nbytes, device, dtype) + floor[where]
-        return KernelTimes(secs, tuple(source))
+        return KernelTimes(reproducible(secs), tuple(source))
 
     def explain(self, kernel: Gemm | Conv, device: Device, dtype: str) -> Prediction:
         """One kernel's time with the parts that made it."""
