@@ -892,7 +892,28 @@ def plan_for(q: Question, pipeline: int | str, objective: str, pins: tuple[str, 
     """The plan document of ``planner plan`` for one count of microbatches."""
     if pipeline != 1:
         return pipeline_plan(q, pipeline, objective, pins, expand, virtual)
-    return plan_doc(q, run_search(q, objective, pins), objective, expand)
+    return plan_doc(q, search_flat(q, objective, pins), objective, expand)
+
+
+def search_flat(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
+    """:func:`run_search` for a plan without pipeline stages: where nothing fits in memory
+    and the network can be cut into stages, the message also suggests ``--pipeline
+    auto`` (each stage keeps its layers' weights and state only)."""
+    from .errors import NoFeasiblePlan, Shortfall
+    from .pipeline import max_stages
+
+    try:
+        return run_search(q, objective, pins)
+    except NoFeasiblePlan as exc:
+        short = exc.shortfall
+        if short is None or objective != "time" or q.options.cost_model != "exact" \
+                or q.options.gpus < 2 or max_stages(q.network) < 2:
+            raise
+        tip = ("pipeline stages (--pipeline auto: each stage keeps only its layers' "
+               "weights, gradients and optimizer state)")
+        raise NoFeasiblePlan(f"{exc} or {tip}", Shortfall(
+            short.needed_bytes, short.capacity_bytes, [*short.suggestions, tip]),
+            exc.baselines) from exc
 
 
 #: ``--microbatches auto`` stops after this many counts in a row slower than the best
@@ -1353,7 +1374,7 @@ def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
     check_output(output, ins)
     q = load_question(network, cluster, gpus, batch, **kw)
     try:
-        result = run_search(q, objective, pins)
+        result = search_flat(q, objective, pins)
     except NoFeasiblePlan as exc:
         if exc.baselines is None or exc.shortfall is None:
             raise

@@ -1755,6 +1755,22 @@ def _microbatches_that_fit(batch: int, microbatches: int, mem: MemoryReport) -> 
                 None) if need <= batch else None
 
 
+def _state_tips(space: Space) -> list[str]:
+    """What shrinks the parameters, gradients and optimizer state a device keeps: ZeRO's
+    next stage or sharding over all replicas, a lighter optimizer."""
+    opts, tips = space.options, []
+    if opts.zero and opts.zero_shard == "node" and space.ctx.gpus > space.ctx.per_node:
+        tips.append("--zero-shard all (shards over all the data-parallel replicas, not "
+                    "those in one node)")
+    if opts.zero < 3 and opts.cost_model == "exact" and space.ctx.gpus > 1:
+        what = ("the optimizer state", "the gradients too", "the weights too")[opts.zero]
+        tips.append(f"--zero {opts.zero + 1} (shards {what} over the data-parallel "
+                    "replicas)")
+    if opts.optimizer == "adam":
+        tips.append("a lighter optimizer (--optimizer momentum or sgd)")
+    return tips
+
+
 def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoFeasiblePlan:
     everything = cands + [b.candidate for b in bases if b.candidate is not None]
     least = min(everything, key=lambda c: c.evaluation.memory.peak)
@@ -1802,18 +1818,13 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
             "; a smaller batch alone cannot fit: the peak less its activations and "
             f"workspace is {format_bytes(mem.peak - per_batch)}")
         tips.append(f"more devices ({more}{alone})")
+        if mem.peak - per_batch > mem.capacity:
+            # what no batch changes does not fit either: what shrinks it helps too
+            tips += _state_tips(space)
     else:
         tips.append(f"more devices ({more}; parameters, gradients and optimizer state "
                     f"take {format_bytes(params)})")
-        if opts.zero and opts.zero_shard == "node" and space.ctx.gpus > space.ctx.per_node:
-            tips.append("--zero-shard all (shards over all the data-parallel replicas, not "
-                        "those in one node)")
-        if opts.zero < 3 and opts.cost_model == "exact" and space.ctx.gpus > 1:
-            what = ("the optimizer state", "the gradients too", "the weights too")[opts.zero]
-            tips.append(f"--zero {opts.zero + 1} (shards {what} over the data-parallel "
-                        "replicas)")
-        if opts.optimizer == "adam":
-            tips.append("a lighter optimizer (--optimizer momentum or sgd)")
+        tips += _state_tips(space)
         if smaller is not None:
             tips.append(f"a smaller batch (about --batch {smaller})")
     ctx = space.ctx

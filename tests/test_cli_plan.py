@@ -104,6 +104,7 @@ def test_no_plan_exits_1(runner, tmp_path):
     # 223.6 GiB on 15.5 GiB: 14.4x → 16 × 2 devices, more than the one node of 8 holds
     assert "more devices (a larger cluster: about 32 devices, if memory per device falls " \
            "in proportion; this one holds 8;" in result.stderr
+    assert "--pipeline" not in result.stderr  # one layer: no stages to cut it into
 
 
 def test_compare(runner):
@@ -154,6 +155,29 @@ def test_no_plan_advice_counts_the_step_batch(runner):
     assert "more microbatches (about --microbatches 16: the same batch of 4,096 in 16 " \
            "passes" in r.stderr, r.stderr
     assert "a smaller batch (about --batch 544," in r.stderr
+
+
+def test_no_plan_advice_names_what_shrinks_the_model_state(runner):
+    """Llama 3 70B in bf16 with Adam on 64 H100s at batch 256: activations are most of the
+    leanest layout's 1.194 TiB, but what no batch changes, 526.7 GiB, is beyond the
+    78.65 GiB too, so neither recomputation nor a smaller batch fits it alone. The advice
+    also names ZeRO, a lighter optimizer and pipeline stages (an audit found it named
+    none of them: only recomputation and more devices)."""
+    r = invoke(runner, "plan", NETWORKS / "llama3-70b.yaml", DGX, "-p", "64", "-b", "256",
+               "--optimizer", "adam", "--precision", "bf16")
+    assert r.exit_code == 1
+    assert "a smaller batch alone cannot fit: the peak less its activations and workspace " \
+           "is 526.7 GiB" in r.stderr, r.stderr
+    for tip in ("or --zero 1 (shards the optimizer state over the data-parallel replicas)",
+                "or a lighter optimizer (--optimizer momentum or sgd)",
+                "or pipeline stages (--pipeline auto: "):
+        assert tip in r.stderr, r.stderr
+    # compare advises the same; at ZeRO stage 3 (714.1 GiB, 695.6 of them activations
+    # and workspace) no ZeRO stage is left to name
+    r = invoke(runner, "compare", NETWORKS / "llama3-70b.yaml", DGX, "-p", "64", "-b", "256",
+               "--optimizer", "adam", "--precision", "bf16", "--zero", "3")
+    assert r.exit_code == 1 and "or pipeline stages (--pipeline auto: " in r.stderr
+    assert "--zero" not in r.stderr and "about --microbatches 16" in r.stderr, r.stderr
 
 
 def test_compare_when_nothing_fits(runner, tmp_path):
