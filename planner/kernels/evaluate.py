@@ -71,6 +71,21 @@ def predict_table(model: Ensemble, table: Table) -> tuple[FloatArray, NDArray[np
 def _predict(model: Ensemble, table: Table,
              ) -> tuple[FloatArray, NDArray[np.bool_], FloatArray]:
     """:func:`predict_table` and each row's error-band variable (:mod:`.bands`)."""
+    logs, ok, times, bound = _member_logs(model, table)
+    out: FloatArray = np.exp(np.mean(logs, axis=0))
+    return out, ok, band_variable(variable_for(model), times, bound)
+
+
+def member_log_times(model: Ensemble, table: Table) -> tuple[FloatArray, NDArray[np.bool_]]:
+    """Each member's log of the predicted measured time of every row (members × rows,
+    harness overhead and drift included), and in-range: what :func:`predict_table`
+    averages."""
+    logs, ok, _, _ = _member_logs(model, table)
+    return logs, ok
+
+
+def _member_logs(model: Ensemble, table: Table,
+                 ) -> tuple[FloatArray, NDArray[np.bool_], list[FloatArray], FloatArray]:
     spec = DeviceSpecs.build(table.devices(), table.dtype)
     times, bound, ok = model.member_times(table.shape_array(), table.op, spec, table.device,
                                           table.dtype, table.harness)
@@ -88,8 +103,7 @@ def _predict(model: Ensemble, table: Table,
             secs[rows] = secs[rows] * member.drift_factor(sw, d, pos[rows])
             over[rows] = over[rows] * member.drift_factor(sw, d, pos[rows], overhead=True)
         logs.append(np.log(secs + over))
-    out: FloatArray = np.exp(np.mean(logs, axis=0))
-    return out, ok, band_variable(variable_for(model), times, bound)
+    return np.asarray(logs), ok, times, bound
 
 
 def ape(pred: FloatArray, actual: FloatArray) -> FloatArray:
