@@ -3,8 +3,11 @@ commands added by :mod:`planner.search`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +195,8 @@ class Question:
     zero_shards: tuple[str, ...] = ()
     #: the pipeline schedule (``--schedule``): 1F1B, or ZB-H1's deferred weight gradients
     schedule: str = SCHEDULE
+    #: told what an ``auto`` search tries now (what, value): ``("microbatches", "16")``
+    progress: Callable[[str, str], None] | None = None
 
     @property
     def zero_auto(self) -> bool:
@@ -870,10 +875,11 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
                          "stages of a pipeline; give --pipeline 2 or more, or auto")
     schedule_option_check(schedule, pipeline, virtual, auto=True)
     q.schedule = schedule
-    if auto:
-        doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks, virtual)
-    else:
-        doc = plan_for(q, pipeline, objective, pins, expand_ranks, virtual)
+    with searching() as q.progress:
+        if auto:
+            doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks, virtual)
+        else:
+            doc = plan_for(q, pipeline, objective, pins, expand_ranks, virtual)
 
     def table() -> Any:
         from rich.console import Group
@@ -885,6 +891,55 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
 
     render_data(doc, fmt, output, table, ins)
     overlap_note(doc)
+
+
+#: seconds a search runs before a terminal is shown that it is running
+SEARCHING_AFTER_S = 1.0
+
+
+@contextlib.contextmanager
+def searching(stream: Any = None, after_s: float = SEARCHING_AFTER_S
+              ) -> Iterator[Callable[[str, str], None]]:
+    """While the block runs, a line on a terminal's stderr that a search is running, for
+    how long, and what its ``auto`` options try now (``planning: 16 microbatches, 4
+    pipeline stages · 1:23``), shown after ``after_s`` seconds and removed at the end:
+    a plan with ``--pipeline auto --recompute auto`` takes minutes. Nothing on a log or
+    a pipe. Yields the callable that is told what is tried."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    from .cli import console
+
+    con = console(stderr=True) if stream is None else Console(
+        file=stream, force_terminal=True, width=120)
+    trying: dict[str, str] = {}
+
+    def tell(what: str, value: str) -> None:
+        trying[what] = value
+
+    if not con.is_terminal:
+        yield tell
+        return
+    start = time.monotonic()
+
+    class _Line:
+        def __rich__(self) -> Text:
+            took = int(time.monotonic() - start)
+            now = ", ".join(f"{v} {k}" for k, v in trying.items())
+            return Text(f"planning{': ' + now if now else ''} · {took // 60}:{took % 60:02d}",
+                        style="dim")
+
+    live = Live(_Line(), console=con, transient=True, refresh_per_second=4)
+    timer = threading.Timer(after_s, live.start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield tell
+    finally:
+        timer.cancel()
+        timer.join()
+        live.stop()
 
 
 def plan_for(q: Question, pipeline: int | str, objective: str, pins: tuple[str, ...],
@@ -968,6 +1023,8 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
     error: NoFeasiblePlan | None = None
     slower = 0
     for m in counts:
+        if q.progress is not None:
+            q.progress("microbatches", f"{m:,}")
         try:
             doc = plan_for(with_microbatches(q, m), pipeline, objective, pins, expand,
                            virtual)
@@ -1040,6 +1097,8 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
     best: Any = None  # (time, stage count, result)
     error: NoFeasiblePlan | None = None
     for s in counts:
+        if q.progress is not None and stages == "auto":
+            q.progress("pipeline stages", f"{s:,}")
         if s == 1:
             if flat is None:
                 trials.append({"stages": 1, "time_s": None, "outcome": "no plan"})
@@ -1473,7 +1532,6 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
           fmt: str | None, output: str | None, **kw: Any) -> None:
     """Plan for every combination of device counts and batch sizes (strong scaling), or
     of device counts and samples a device (weak scaling)."""
-    import time
 
     from .errors import NoFeasiblePlan
 

@@ -652,3 +652,29 @@ def test_sweep_for_a_scaling_study(runner, tmp_path, monkeypatch):
     monkeypatch.setattr(cli_plan, "run_search", never)
     r = invoke(runner, *args, "--plot", tmp_path / "s.png")
     assert r.exit_code == 2 and "--plot needs matplotlib" in r.stderr
+
+
+def test_a_long_search_says_so_on_a_terminal_only(capsys):
+    """A search shows on a terminal's stderr that it runs, for how long and what its
+    auto options try (a plan with --pipeline auto --recompute auto takes minutes), and
+    removes the line at the end; on a pipe or a log, nothing."""
+    import io
+    import time
+
+    from planner.cli_plan import searching
+
+    term = io.StringIO()
+    with searching(term, after_s=0.0) as tell:
+        tell("microbatches", "16")
+        tell("pipeline stages", "4")
+        time.sleep(0.6)
+    shown = term.getvalue()
+    assert "planning: 16 microbatches, 4 pipeline stages · 0:00" in shown
+    assert shown.endswith("\r\x1b[1A\x1b[2K")  # the cursor back up, the line erased
+    quick = io.StringIO()
+    with searching(quick, after_s=5.0):
+        pass  # over before the line is due: nothing shown
+    assert quick.getvalue() == ""
+    with searching() as tell:  # stderr captured by pytest: not a terminal
+        tell("microbatches", "2")
+    assert capsys.readouterr().err == ""
