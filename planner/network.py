@@ -216,6 +216,21 @@ class AttentionGeom:
     rotary: bool = False
     #: a bias on the output projection (None: as ``bias``; Qwen2's ``bias: qkv`` has none)
     out_bias: bool | None = None
+    #: sliding-window attention (Mistral 7B, Jiang et al. 2023; Gemma 2's local layers):
+    #: each query meets the ``window`` most recent keys, its own included (None: all
+    #: keys up to it; causal only)
+    window: int | None = None
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the window leaves out keys a causal query would meet."""
+        return self.window is not None and self.window < self.seq
+
+    def window_pairs(self) -> int:
+        """Query-key pairs of a windowed sequence: query ``i`` (from 0) meets
+        ``min(i + 1, W)`` keys, ``s·W − W·(W − 1)/2`` in all."""
+        w = self.window if self.window is not None else self.seq
+        return self.seq * w - w * (w - 1) // 2
 
     def held(self, split: int) -> tuple[int, int]:
         """Query and key/value heads on the busiest of ``split`` devices (rounded up:
@@ -553,6 +568,10 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         # of 2·P_r, so its queries meet half the keys too); an unfused one computes the
         # whole score matrix and masks it
         sk = -(-a.seq // 2) if a.causal and a.flash else a.seq
+        if a.windowed and a.flash:
+            # a windowed flash kernel skips the tiles outside the band too: each query
+            # meets its share of the band's pairs (an unfused one masks the whole matrix)
+            sk = -(-a.window_pairs() // a.seq)
         sk = -(-sk // max(1, key_split))
         scores, mix = Gemm(sq, sk, a.head_dim, bh), Gemm(sq, a.head_dim, sk, bh)
         # rotary embeddings: one memory-bound pass over the queries and keys (read,
@@ -1008,6 +1027,7 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
         p["flash"] = f.opt("flash", boolean, False)
         p["dropout"] = f.opt("dropout", number(0.0, 1.0), 0.0)
         p["rotary"] = f.opt("rotary", boolean, False)
+        p["window"] = f.opt_none("window", integer(1))
     elif kind == "moe":
         p["experts"] = f.req("experts", integer(1, 1_000_000))
         p["top_k"] = f.opt("top_k", integer(1, 1_000_000), 2)
@@ -1086,13 +1106,10 @@ def _parse_entry(item: object, path: str, issues: list[Issue], depth: int) -> _S
         return _Spec("residual", name, path, children=body, shortcut=shortcut,
                      activation=activation)
     f.what = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} layer"  # unknown keys name it
-    if kind == "attention":
-        for key in ("window", "sliding_window"):
-            if key in f.data:
-                f.error(key, "sliding-window attention is not modelled: remove the key, and "
-                             "attention is priced over the whole sequence (more than a "
-                             "window's work: an upper bound)")
-                f.seen.add(key)
+    if kind == "attention" and "sliding_window" in f.data:
+        f.error("sliding_window", "the key is 'window': the most recent keys each query "
+                                  "meets, its own included (causal attention)")
+        f.seen.add("sliding_window")
     params = _read_layer_params(kind, f)
     f.finish()
     return _Spec(kind, name, path, params=params)
@@ -1493,18 +1510,29 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
                               f"layer '{name}': rotary embeddings turn pairs of a head's "
                               f"features, and head_dim={hd} is odd")
         q_out, kv_out = h * hd, kv * hd
+        if p["window"] is not None and not p["causal"]:
+            raise _ShapeError(child_path(path, "window"),
+                              f"layer '{name}': a window is the most recent keys each "
+                              "query meets, which needs causal: true (bidirectional local "
+                              "attention is not modelled)")
         att = AttentionGeom(seq, d, h, kv, hd, p["bias"] != "none", p["causal"], p["flash"],
-                            float(p["dropout"]), p["rotary"], out_bias=p["bias"] == "qkv+out")
+                            float(p["dropout"]), p["rotary"], out_bias=p["bias"] == "qkv+out",
+                            window=p["window"])
         wts = att.weights()
         proj_macs = seq * d * (q_out + 2 * kv_out) + seq * q_out * d
         attn_macs = 2 * h * seq * seq * hd
+        sm = 5 * h * seq * seq
         if p["causal"]:
             # the model needs the scores of the keys up to each query: half the matrix,
             # which a causal flash kernel computes and an unfused one computes whole and
             # masks (its time counts that: layer_kernels); the model's FLOPs, and so
             # MFU, do not depend on the kernel
             attn_macs //= 2
-        sm = 5 * h * seq * seq
+        if att.windowed:
+            # within a window: its band of query-key pairs (and the softmax's 5 FLOPs a
+            # score over twice the band, as the causal count's is over twice the half)
+            attn_macs = 2 * h * att.window_pairs() * hd
+            sm = 10 * h * att.window_pairs()
         if p["rotary"]:
             sm += ROTARY_FLOPS * seq * (q_out + kv_out)
         internal, extra = att.saved()

@@ -97,6 +97,8 @@ def layer_record(r: LayerResult, pb: ParamBytes, zero: int = 0) -> dict[str, Any
     a = r.layer.attention
     if a is not None:  # what a launcher checks a head split against (whole heads)
         rec["heads"], rec["kv_heads"] = a.heads, a.kv_heads
+        if a.windowed:
+            rec["window"] = a.window
     rec.update(mode=r.layout.mode, grid=[r.layout.pr, r.layout.pc],
                placement=r.layout.placement)
     if r.follows is not None:

@@ -118,10 +118,13 @@ def network_data(draw: st.DrawFn, wide: bool | None = None) -> dict[str, Any]:
                     moe["load_imbalance"] = 1.5
                 layers.append(moe)
             elif choice == "attention":
-                layers.append({"type": "attention",
-                               "heads": _maybe_wild(draw, st.sampled_from([1, 2, 4, 8, 3])),
-                               "causal": draw(st.booleans()), "flash": draw(st.booleans()),
-                               "rotary": draw(st.booleans())})
+                att = {"type": "attention",
+                       "heads": _maybe_wild(draw, st.sampled_from([1, 2, 4, 8, 3])),
+                       "causal": draw(st.booleans()), "flash": draw(st.booleans()),
+                       "rotary": draw(st.booleans())}
+                if att["causal"] and draw(st.booleans()):  # sliding-window attention
+                    att["window"] = draw(st.integers(1, 2 * seq))
+                layers.append(att)
             elif choice == "gated":  # a Llama MLP: fused gate and up, SwiGLU, down
                 layers += [{"type": "linear", "out_features": 2 * dim},
                            {"type": draw(st.sampled_from(["swiglu", "geglu", "glu"]))},

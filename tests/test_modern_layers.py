@@ -242,3 +242,70 @@ def test_llama3_70b():
     attn = net.by_name("layers.0.attn.self_attn")
     assert attn.params == 150_994_944
     assert attn.attention.heads == 64 and attn.attention.kv_heads == 8
+
+
+def test_mistral_7b_and_its_sliding_window():
+    """Mistral 7B (Jiang et al. 2023, Table 1): Llama 3 8B's block (width 4,096, 32 query
+    and 8 key/value heads of 128, FFN 14,336) with a 32,000-token vocabulary and a
+    sliding window of 4,096 keys on 8,192-token sequences. By hand: 218,112,000 a block,
+    ×32, plus 2 · 32,000 · 4096 and 4096: 7,241,732,096 parameters. Query i (from 0) meets
+    min(i + 1, 4096) keys: 4096 · 4097 / 2 + 4096 · 4096 = 8192 · 4096 − 4096 · 4095 / 2 =
+    25,167,872 pairs, where causal attention over 8,192 counts 8192² / 2 = 33,554,432. So a
+    layer's core is 2 · 32 · 25,167,872 · 128 MACs (with its projections 8192 · 4096 ·
+    10,240: 549,772,591,104 in all), and its flash kernels meet ⌈25,167,872 / 8192⌉ =
+    3,073 keys a query, against Llama's 4,096."""
+    net = load_network(NETWORKS / "mistral-7b.yaml")
+    assert net.params == 32 * 218_112_000 + 2 * 32_000 * 4096 + 4096 == 7_241_732_096
+    attn = net.by_name("layers.0.attn.self_attn")
+    a = attn.attention
+    assert (a.window, a.windowed, a.window_pairs()) == (4096, True, 25_167_872)
+    assert attn.macs == 8192 * 4096 * 10_240 + 2 * 32 * 25_167_872 * 128 == 549_772_591_104
+    scores = _core(layer_kernels(attn, 1, 2)["forward"])
+    assert (scores.m, scores.n, scores.k, scores.batch) == (8192, 3073, 128, 32)
+    # the softmax's 5 FLOPs a score over twice the band (as causal attention's count is
+    # over twice its half), and the rotary pass's 3 an element of the queries and keys
+    assert attn.flops == 2 * attn.macs + 10 * 32 * 25_167_872 + 3 * 8192 * (4096 + 1024) \
+        == 1_107_724_730_368
+    # Llama 3 8B's layer has the same projections; its causal core is 4/3 of Mistral's...
+    llama = load_network(NETWORKS / "llama3-8b.yaml").by_name("layers.0.attn.self_attn")
+    assert llama.macs - 8192 * 4096 * 10_240 == 2 * 32 * 8192 * 8192 * 128 // 2
+    # ...and a window as long as the sequence leaves it causal attention, kernels too
+    same = _net("  - {type: attention, heads: 4, causal: true, flash: true, window: 16}\n")
+    full = _net("  - {type: attention, heads: 4, causal: true, flash: true}\n")
+    s_lay, f_lay = same.layers[0], full.layers[0]
+    assert not s_lay.attention.windowed and s_lay.macs == f_lay.macs
+    assert layer_kernels(s_lay, 2, 4) == layer_kernels(f_lay, 2, 4)
+
+
+def _core(kernels):
+    """The first product over the heads (Q·Kᵀ) among a layer's kernels."""
+    return next(k for k in kernels if isinstance(k, Gemm) and k.batch > 1)
+
+
+def test_a_window_without_flash_masks_the_whole_matrix():
+    """An unfused kernel computes every score and masks those outside the window, as it
+    does causal attention's upper half: its products and its memory are the whole
+    16 × 16 matrix a head (4 heads, 16 keys a query), while the model's MACs count the
+    band: window 4 on 16 tokens, 16 · 4 − 4 · 3 / 2 = 58 pairs, 2 · 4 · 58 · 16 MACs for
+    the core (head_dim 64 / 4 = 16) besides the projections' 16 · 64 · 4 · 64."""
+    net = _net("  - {type: attention, heads: 4, causal: true, window: 4}\n")
+    lay = net.layers[0]
+    assert lay.attention.window_pairs() == 58
+    assert lay.macs == 16 * 64 * 4 * 64 + 2 * 4 * 58 * 16
+    scores = _core(layer_kernels(lay, 1, 4)["forward"])
+    assert (scores.m, scores.n, scores.k, scores.batch) == (16, 16, 16, 4)
+    whole = _net("  - {type: attention, heads: 4, causal: true}\n").layers[0]
+    assert lay.saved_internal == whole.saved_internal  # the probabilities, 16 × 16 a head
+
+
+def test_a_window_needs_causal_attention():
+    with pytest.raises(InputError) as err:
+        _net("  - {type: attention, heads: 4, window: 8}\n")
+    assert "a window is the most recent keys each query meets, which needs causal: true" \
+        in str(err.value)
+    with pytest.raises(InputError) as err:
+        _net("  - {type: attention, heads: 4, causal: true, sliding_window: 8}\n")
+    assert "the key is 'window'" in str(err.value)
+    with pytest.raises(InputError) as err:
+        _net("  - {type: attention, heads: 4, causal: true, window: 0}\n")
+    assert "window" in str(err.value)

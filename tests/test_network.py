@@ -294,12 +294,14 @@ def test_what_cannot_be_written_says_so():
     assert "did you mean" not in msg
     msg = _refusal("[3, 8, 8]", "  - {type: conv1d, out_channels: 4, kernel: 3}\n")
     assert "write a conv2d on an image of height 1 (input [C, 1, L], kernel [1, k])" in msg
+    # a sliding window is the most recent keys (Mistral's, Gemma's): causal attention
     msg = _refusal(seq, "  - {type: attention, heads: 4, window: 4096}\n")
-    assert "sliding-window attention is not modelled" in msg
+    assert "a window is the most recent keys each query meets, which needs causal: true " \
+        "(bidirectional local attention is not modelled)" in msg
     # an unknown key is named against the layer's own keys, without the group's 'repeat'
     msg = _refusal(seq, "  - {type: attention, heads: 4, relative_bias: true}\n")
     assert "unknown key 'relative_bias' in an attention layer; expected one of: bias, " \
-        "causal, dropout, flash, head_dim, heads, kv_heads, name, rotary, type" in msg
+        "causal, dropout, flash, head_dim, heads, kv_heads, name, rotary, type, window" in msg
     # relu6 and leaky_relu cost as relu does: read as relu
     net = load_network_text("kind: network\ninput: [16]\nlayers:\n"
                             "  - {type: linear, out_features: 8}\n  - {type: relu6}\n"

@@ -98,6 +98,12 @@ def _torchtitan(network: str, recompute: str, per_gpu: int, setting: str,
 #: (name, command, README pattern (whitespace as any run of it), figure -> how to read it
 #: from the command's JSON). A pattern's groups are the quoted figures.
 CASES: list[Case] = [
+    ("Mistral 7B, a sliding window (Network)",
+     ["plan", str(NETWORKS / "mistral-7b.yaml"), H100, "-p", "64", "-b", "64", "--optimizer",
+      "adam"],
+     r"examples/clusters/dgx-h100.yaml -p 64 -b 64 --optimizer adam` gives (?P<t>[\d.]+) ms, "
+     r"(?P<m>[\d.]+) GiB a GPU",
+     {"t": _ms("time_s"), "m": _gib}),
     ("8B at batch 16 and its Megatron baselines (Network)", LLAMA8_B16,
      r"Megatron-style\): (?P<t>[\d.]+) ms for 131,072 tokens, (?P<m>[\d.]+) GiB a GPU, "
      r"against (?P<mt>[\d.]+) ms and (?P<mm>[\d.]+) GiB for Megatron's layouts at 4 × 16 "
