@@ -309,3 +309,23 @@ def test_a_window_needs_causal_attention():
     with pytest.raises(InputError) as err:
         _net("  - {type: attention, heads: 4, causal: true, window: 0}\n")
     assert "window" in str(err.value)
+
+
+def test_gemma2_9b_alternates_local_and_global_attention():
+    """Gemma 2 9B (Gemma Team 2024; the released configuration): 42 blocks of 3,584, 16
+    query heads of 256 and 8 key/value heads, a GeGLU MLP of 14,336, four RMSNorms a
+    block, a 256,000-token vocabulary tied to the head. By hand: 3584 · (4096 + 2 · 2048)
+    + 4096 · 3584 = 44,040,192 in attention, 3 · 3584 · 14,336 = 154,140,672 in the MLP,
+    4 · 3584 in norms, 198,195,200 a block; ×42, plus 256,000 · 3584 once (tied) and 3584:
+    9,241,705,984. Even blocks are local (a 4,096-key window on 8,192 tokens: 25,167,872
+    pairs a head), odd ones global (8192² / 2 = 33,554,432): the two cores differ by
+    8,386,560 pairs · 2 · 16 · 256 = 68,702,699,520 MACs."""
+    net = load_network(NETWORKS / "gemma2-9b.yaml")
+    assert net.params == 42 * 198_195_200 + 256_000 * 3584 + 3584 == 9_241_705_984
+    atts = [lay for lay in net.layers if lay.attention is not None]
+    assert [a.attention.window for a in atts] == [4096, None] * 21
+    local, glob = atts[0], atts[1]
+    assert (local.name, glob.name) == ("layers.0.local.self_attn", "layers.0.global.self_attn")
+    assert glob.macs - local.macs == (33_554_432 - 25_167_872) * 2 * 16 * 256 \
+        == 68_702_699_520
+    assert net.by_name("lm_head").tied_to == "embed_tokens"
