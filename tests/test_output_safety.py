@@ -374,9 +374,11 @@ def test_yaml_writer_matches_pyyaml_on_real_documents(runner, network):
     # 2,048 images of 2048x2048 do not fit 64 GPUs (exit 1, no document): 64 images do;
     # nor do 2,048 sequences of 8,192 tokens for Llama 3 8B: 64 do (for 70B, 8; for
     # Mixtral 8x7B and DeepSeekMoE 16B 64 of 4,096 tokens, with ZeRO stage 1; for Llama
-    # 3 8B at 131,072 tokens, 4 with Adam and ZeRO stage 1; Llama 2 13B 64, 70B 8)
+    # 3 8B at 131,072 tokens, 4 with Adam and ZeRO stage 1; Llama 2 13B 64, 70B 8;
+    # Mistral 7B and Gemma 2 9B 64)
     batch = "64" if network.stem in ("segmentation-2048", "llama3-8b", "mixtral-8x7b",
-                                     "deepseek-moe-16b", "llama2-13b", "qwen2-7b") \
+                                     "deepseek-moe-16b", "llama2-13b", "qwen2-7b",
+                                     "mistral-7b", "gemma2-9b") \
         else "8" if network.stem in ("llama3-70b", "llama2-70b") \
         else "4" if network.stem == "llama3-8b-128k" else "2048"
     extra = ["--optimizer", "adam", "--zero", "1"] if network.stem in (
