@@ -1532,7 +1532,6 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
           fmt: str | None, output: str | None, **kw: Any) -> None:
     """Plan for every combination of device counts and batch sizes (strong scaling), or
     of device counts and samples a device (weak scaling)."""
-
     from .errors import NoFeasiblePlan
 
     if (batch_list is None) == (per_device_list is None):
