@@ -47,12 +47,10 @@ VARIANTS = {
 #: finds (``OPENBLAS_CORETYPE`` forces one; Prescott's SSE3 kernels run on any x86-64),
 #: numpy its SIMD loops (``NPY_DISABLE_CPU_FEATURES`` turns the AVX2 and AVX-512 ones
 #: off; features the CPU lacks are ignored)
-CPU_PATHS = {
-    "SSE3 BLAS": {"OPENBLAS_CORETYPE": "Prescott"},
-    "numpy without AVX2": {"NPY_DISABLE_CPU_FEATURES": "X86_V3,X86_V4,AVX512_ICL,AVX512_SPR"},
-    "both": {"OPENBLAS_CORETYPE": "Prescott",
-             "NPY_DISABLE_CPU_FEATURES": "X86_V3,X86_V4,AVX512_ICL,AVX512_SPR"},
-}
+_SSE3_BLAS = {"OPENBLAS_CORETYPE": "Prescott"}
+_NO_AVX2 = {"NPY_DISABLE_CPU_FEATURES": "X86_V3,X86_V4,AVX512_ICL,AVX512_SPR"}
+CPU_PATHS = {"SSE3 BLAS": _SSE3_BLAS, "numpy without AVX2": _NO_AVX2,
+             "both": {**_SSE3_BLAS, **_NO_AVX2}}
 
 
 def _run(args: list[str], extra: dict[str, str]) -> tuple[int, bytes, bytes]:
