@@ -411,6 +411,16 @@ class Layer:
     block: str | None = None  #: the residual block this layer belongs to
     role: str | None = None  #: 'body', 'shortcut' or 'add' inside a residual block
     tied_to: str | None = None
+    #: its input is a pipeline stage's, made by a layer of the stage before: although it
+    #: is the stage network's input, its gradient is computed and sent back
+    stage_input: bool = False
+
+    @property
+    def input_grad(self) -> bool:
+        """Whether its backward pass computes its input's gradient: not for the
+        network's input, which nothing upstream waits for, but for a pipeline stage's
+        (the stage before runs its backward pass on it)."""
+        return self.inputs != (-1,) or self.stage_input
 
     @property
     def has_weights(self) -> bool:
@@ -536,7 +546,7 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
             h_in, pad_h = (reach - 2 * pad_h, pad_h) if reach > 2 * pad_h else (reach, 0)
         for phase, key in (("fwd", "forward"), ("bwd_data", "backward_data"),
                            ("bwd_filter", "backward_weight")):
-            if phase == "bwd_data" and layer.inputs == (-1,):
+            if phase == "bwd_data" and not layer.input_grad:
                 continue  # the network input needs no gradient
             out[key].append(c.problem(batch, phase, out_channels=k_local, in_height=h_in,
                                       groups=g_local, in_channels=c_local, pad_height=pad_h))
@@ -547,7 +557,7 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         n_local = -(-lin.out_features // ms)
         k_local = -(-lin.in_features // max(1, input_split))
         out["forward"].append(Gemm(t, n_local, k_local, role="fprop"))
-        if layer.inputs != (-1,):
+        if layer.input_grad:
             out["backward_data"].append(Gemm(t, k_local, n_local, role="dgrad"))
         out["backward_weight"].append(Gemm(n_local, k_local, t, role="wgrad"))
         return out
@@ -604,7 +614,7 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         return out
     if layer.moe is not None:
         return _moe_kernels(layer.moe, batch * -(-layer.moe.tokens // max(1, height_split)),
-                            elem_bytes, ms, max(1, expert_split), layer.inputs != (-1,))
+                            elem_bytes, ms, max(1, expert_split), layer.input_grad)
     if layer.embedding is not None:
         e = layer.embedding
         d_local = -(-e.dim // ms)

@@ -176,6 +176,8 @@ def stage_network(network: Network, lo: int, hi: int) -> Network:
     for layer in network.layers[lo:hi]:
         changes: dict[str, Any] = {"index": layer.index - lo,
                                    "inputs": tuple(index(i) for i in layer.inputs)}
+        if any(0 <= i < lo for i in layer.inputs):  # made by the stage before
+            changes["stage_input"] = True
         if layer.tied_to is not None and layer.tied_to not in names:
             changes["tied_to"] = None
             changes["params"] = layer.weight_elems

@@ -279,7 +279,8 @@ def cost_signature(layer: Layer, ctx: Context) -> tuple[object, ...]:
     does)."""
     return (layer.type, layer.input_shape, layer.output_shape, layer.params,
             layer.weight_elems, layer.conv, layer.pool, layer.linear, layer.attention,
-            layer.embedding, layer.moe, layer.inputs == (-1,), layer.saves_input,
+            layer.embedding, layer.moe, layer.inputs == (-1,), layer.stage_input,
+            layer.saves_input,
             layer.saves_output, layer.saved_internal, layer.saved_bytes_extra,
             # an embedding's forward depends on whether a head shares its table (few
             # embeddings: none shares another's costs)
@@ -330,7 +331,7 @@ def _add(terms: list[CommTerm], t: CommTerm | None) -> None:
 
 
 def _needs_input_grad(layer: Layer) -> bool:
-    return layer.inputs != (-1,) and layer.embedding is None
+    return layer.input_grad and layer.embedding is None
 
 
 def weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
