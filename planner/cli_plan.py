@@ -943,11 +943,70 @@ def searching(stream: Any = None, after_s: float = SEARCHING_AFTER_S
 
 
 def plan_for(q: Question, pipeline: int | str, objective: str, pins: tuple[str, ...],
-             expand: bool, virtual: int | str = 1) -> dict[str, Any]:
-    """The plan document of ``planner plan`` for one count of microbatches."""
+             expand: bool, virtual: int | str = 1, beat: float | None = None
+             ) -> dict[str, Any]:
+    """The plan document of ``planner plan`` for one count of microbatches (raises
+    :class:`Beaten` when no step at this count can be faster than ``beat``)."""
+    from .bounds import beaten
+
     if pipeline != 1:
-        return pipeline_plan(q, pipeline, objective, pins, expand, virtual)
+        return pipeline_plan(q, pipeline, objective, pins, expand, virtual, beat)
+    if beat is not None:
+        bound = count_bounds(q, [1], virtual)[1]
+        if beaten(bound, beat):
+            raise Beaten(bound)
     return plan_doc(q, search_flat(q, objective, pins), objective, expand)
+
+
+class Beaten(Exception):
+    """No step of a question can beat a plan in hand: its lower bound (seconds)."""
+
+    def __init__(self, bound_s: float) -> None:
+        super().__init__(bound_s)
+        self.bound_s = bound_s
+
+
+def bound_trial(bound_s: float, **keys: Any) -> dict[str, Any]:
+    """An ``auto`` option's record of a count not searched: its step's lower bound is
+    no faster than the best found (:mod:`planner.bounds`)."""
+    return {**keys, "time_s": None, "outcome": "bound", "bound_s": bound_s}
+
+
+def stage_floor(q: Question, stages: int) -> Any:
+    """:func:`~planner.bounds.compute_floor` of ``q``'s network on a stage's devices at
+    the microbatch (recomputation only adds kernels: the floor recomputes nothing)."""
+    import dataclasses
+
+    from .bounds import compute_floor
+    from .evaluate import make_context
+
+    opts = dataclasses.replace(q.options, gpus=q.options.gpus // stages, recompute="none")
+    return compute_floor(make_context(q.network, q.cluster, opts, q.ctx.estimator))
+
+
+def count_bounds(q: Question, counts: list[int], virtual: int | str) -> dict[int, float]:
+    """For each stage count, no step of ``q`` in that many stages is faster: the least
+    of :func:`~planner.bounds.step_floor` over the schedules and chunk counts its search
+    tries (``--schedule auto``: both; ``--virtual-stages auto``: one chunk and, where
+    the microbatches allow, several)."""
+    from .bounds import step_floor
+    from .pipeline import max_stages
+    from .schedules import INTERLEAVED, ZERO_BUBBLE
+
+    m = q.options.microbatches
+    schedules = (SCHEDULE, ZERO_BUBBLE) if q.schedule == AUTO_SCHEDULE else (q.schedule,)
+    out: dict[int, float] = {}
+    for s in counts:
+        floor = stage_floor(q, s)
+        if s == 1:
+            out[s] = step_floor(floor, 1, m)
+            continue
+        chunks = [virtual] if isinstance(virtual, int) else \
+            [1, *([2] if m % s == 0 and max_stages(q.network) >= 2 * s else [])]
+        out[s] = min(step_floor(floor, s, m, v, INTERLEAVED) if v > 1 else
+                     min(step_floor(floor, s, m, 1, name) for name in schedules)
+                     for v in chunks)
+    return out
 
 
 def search_flat(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
@@ -1027,10 +1086,16 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
             q.progress("microbatches", f"{m:,}")
         try:
             doc = plan_for(with_microbatches(q, m), pipeline, objective, pins, expand,
-                           virtual)
+                           virtual, None if best is None else best[0])
         except NoFeasiblePlan as exc:
             error = error or exc
             trials.append({"microbatches": m, "time_s": None, "outcome": _why(exc)})
+            continue
+        except Beaten as exc:  # no faster than the best: as a slower count
+            trials.append(bound_trial(exc.bound_s, microbatches=m))
+            slower += 1
+            if slower >= MICROBATCH_PATIENCE:
+                break
             continue
         t = float(doc["iteration"]["time_s"])
         pipe = doc["problem"].get("pipeline") or {}
@@ -1056,13 +1121,19 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
 
 
 def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[str, ...],
-                  expand: bool, virtual: int | str = 1) -> dict[str, Any]:
+                  expand: bool, virtual: int | str = 1, beat: float | None = None
+                  ) -> dict[str, Any]:
     """The plan document of ``--pipeline`` (``auto``: every stage count that divides the
     devices and the network's boundaries allow, 1 included; the fastest that fits;
     with ``virtual`` chunks a stage, the counts the interleaved schedule allows;
-    ``virtual="auto"``: :func:`best_interleaving` for each count)."""
+    ``virtual="auto"``: :func:`best_interleaving` for each count). A stage count whose
+    step's lower bound (:func:`count_bounds`) is no faster than the best count so far
+    is not searched (``bound`` in ``pipeline_auto``); when no count's is faster than
+    ``beat`` (another microbatch count's step), nothing is searched and
+    :class:`Beaten` is raised."""
     import dataclasses
 
+    from .bounds import beaten
     from .errors import NoFeasiblePlan
     from .pipeline import max_stages, virtual_check
 
@@ -1083,6 +1154,9 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
         if isinstance(virtual, int):
             virtual_check(q.network, stages, virtual, m)
         counts = [stages]
+    bounds = count_bounds(q, counts, virtual)
+    if beat is not None and all(beaten(b, beat) for b in bounds.values()):
+        raise Beaten(min(bounds.values()))
     context = stage_context(q)
     flat_q = dataclasses.replace(q)
     flat_bases: list[dict[str, Any]] = []  # priced even where nothing fits without stages
@@ -1107,6 +1181,9 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
             trials.append({"stages": 1, "time_s": t, "outcome": "plan"})
             if best is None or t < best[0]:
                 best = (t, 1, flat)
+            continue
+        if best is not None and beaten(bounds[s], best[0]):
+            trials.append(bound_trial(bounds[s], stages=s))
             continue
         try:
             if virtual == "auto":
@@ -1164,6 +1241,7 @@ def best_schedule(q: Question, stages: int, objective: str, pins: tuple[str, ...
     NoFeasiblePlan when none fits."""
     import dataclasses
 
+    from .bounds import beaten, step_floor
     from .errors import NoFeasiblePlan
     from .pipeline import search_pipeline
     from .schedules import ZERO_BUBBLE
@@ -1174,7 +1252,14 @@ def best_schedule(q: Question, stages: int, objective: str, pins: tuple[str, ...
                                SCHEDULE if q.schedule == AUTO_SCHEDULE else q.schedule)
     best: Any = None
     error: NoFeasiblePlan | None = None
+    floor = None
     for name in (SCHEDULE, ZERO_BUBBLE):
+        if best is not None:
+            floor = floor or stage_floor(q, stages)
+            bound = step_floor(floor, stages, q.options.microbatches, 1, name)
+            if beaten(bound, best.time_s):
+                trials.append(bound_trial(bound, stages=stages, schedule=name))
+                continue
         try:
             res = search_pipeline(dataclasses.replace(q), stages, objective, pins,
                                   run_search, context, virtual, name)
@@ -1202,8 +1287,10 @@ def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str,
     slower or do not fit; the fastest (the fewer chunks on a tie). Each count is planned
     by :func:`best_schedule` (which appends to ``schedule_trials``). Appends each count's
     outcome to ``trials``; raises the first NoFeasiblePlan when none fits."""
+    from .bounds import beaten, step_floor
     from .errors import NoFeasiblePlan
     from .pipeline import max_stages
+    from .schedules import INTERLEAVED
 
     most = max_stages(q.network) // stages
     counts = [v for v in range(1, most + 1)
@@ -1212,6 +1299,15 @@ def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str,
     error: NoFeasiblePlan | None = None
     slower = 0
     for v in counts:
+        if best is not None and v > 1:  # every chunk count has one bound
+            bound = step_floor(stage_floor(q, stages), stages, q.options.microbatches, v,
+                               INTERLEAVED)
+            if beaten(bound, best.time_s):  # as a slower count
+                trials.append(bound_trial(bound, stages=stages, virtual_stages=v))
+                slower += 1
+                if slower >= VIRTUAL_PATIENCE:
+                    break
+                continue
         try:
             res = best_schedule(q, stages, objective, pins, context, v, schedule_trials)
         except NoFeasiblePlan as exc:

@@ -264,6 +264,16 @@ def _recomputing(value: str, unit: str = "blocks") -> str:
     return f"{value} {unit}" if value != "1" else f"1 {unit[:-1]}"
 
 
+def _tried(trial: dict[str, Any]) -> str:
+    """What an ``auto`` option's trial gave, for the table: its step, the lower bound
+    that spared its search (``≥ 1.2 s (bound)``), or ``no plan``."""
+    if trial["time_s"] is not None:
+        return format_time(trial["time_s"])
+    if trial.get("outcome") == "bound":
+        return f"≥ {format_time(trial['bound_s'])} (bound)"
+    return "no plan"
+
+
 def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     """A person's view of a plan document: summary, per-layer breakdown, memory."""
     from rich import box
@@ -335,7 +345,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
         head.append("pipeline auto ", style="bold")
         head.append("  ".join(
             f"{t['stages']} stage{'' if t['stages'] == 1 else 's'}: "
-            + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
+            + _tried(t)
             + (" (chosen)" if t["stages"] == picked else "") for t in trials) + "\n")
     chunks = doc.get("virtual_auto")
     if chunks:
@@ -345,7 +355,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
         head.append("virtual stages auto ", style="bold")
         head.append("  ".join(
             (f"{t['stages']}x" if several else "") + f"{t['virtual_stages']}: "
-            + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
+            + _tried(t)
             + (" (chosen)" if (t["stages"], t["virtual_stages"]) == picked_at else "")
             for t in chunks) + "\n")
     runs = doc.get("schedule_auto")
@@ -357,7 +367,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
         head.append("schedule auto ", style="bold")
         head.append("  ".join(
             (f"{t['stages']} stages " if several else "") + f"{t['schedule']}: "
-            + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
+            + _tried(t)
             + (" (chosen)" if (t["stages"], 1, t["schedule"]) == picked_run else "")
             for t in runs) + "\n")
     tried = doc.get("microbatches_auto")
@@ -366,7 +376,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
         head.append("microbatches auto ", style="bold")
         head.append("  ".join(
             f"{t['microbatches']}: "
-            + (format_time(t["time_s"]) if t["time_s"] is not None else "no plan")
+            + _tried(t)
             + (f" ({t['stages']} stage{'' if t['stages'] == 1 else 's'})"
                if "stages" in t else "")
             + (" (chosen)" if t["microbatches"] == picked else "") for t in tried) + "\n")
