@@ -512,9 +512,28 @@ def _recomputed(ctx: Context, results: list[LayerResult],
         if src >= 0:
             key = (src, dist_out[blk.input])
             release[key] = min(release[key], *blk.body, *blk.shortcut)
-    live = tuple(sum(size for key, size in staying.items() if release[key] <= blk.add)
-                 + sum(size for i, size in own.items() if i <= blk.add) for blk in blocks)
+    adds = [blk.add for blk in blocks]
+    live = tuple(a + b for a, b in zip(
+        _sums_up_to(adds, [(release[key], size) for key, size in staying.items()]),
+        _sums_up_to(adds, list(own.items())), strict=True))
     return staying, own, tuple(work.get(blk.name, 0.0) for blk in blocks), live
+
+
+def _sums_up_to(points: list[int], items: list[tuple[int, float]]) -> list[float]:
+    """For each point, the sum of the sizes of the items at or before it (positions,
+    sizes): one pass over both sorted, where summing every item for every point took
+    a 70B network's 160 recomputed blocks 41 thousand steps an evaluation. The sizes
+    are whole bytes (below 2⁵³), so the order they are added in does not change the
+    sums: the plans are the bytes they were."""
+    ordered = sorted(items, key=lambda item: item[0])
+    at: dict[int, float] = {}
+    total, k = 0.0, 0
+    for point in sorted(set(points)):
+        while k < len(ordered) and ordered[k][0] <= point:
+            total += ordered[k][1]
+            k += 1
+        at[point] = total
+    return [at[point] for point in points]
 
 
 def eager_loss_workspace(net: Network, last: LayerResult, batch: int) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from planner.costs.memory import param_bytes
 from planner.evaluate import Options, evaluate, make_context
@@ -313,3 +315,16 @@ def test_full_recomputation_keeps_korthikantis_checkpoint(runner, tmp_path, mode
         if unit == "layers":
             rebuilt = doc["memory"]["recompute"]["largest_rebuild_bytes"]
             assert rebuilt == pytest.approx(table2 - 2 * s * h / split, rel=1e-3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hst.lists(hst.integers(-1, 40), min_size=1, max_size=12),
+       hst.lists(hst.tuples(hst.integers(-1, 40), hst.integers(0, 2**40)), max_size=60))
+def test_sums_up_to_each_point_are_the_direct_sums(points, items):
+    """What the recomputed blocks still keep when each is rebuilt, summed in one sorted
+    pass (``evaluate._sums_up_to``), is the direct sum for every point, exactly: the
+    sizes are whole bytes."""
+    from planner.evaluate import _sums_up_to
+
+    expected = [float(sum(size for pos, size in items if pos <= p)) for p in points]
+    assert _sums_up_to(points, [(pos, float(size)) for pos, size in items]) == expected
