@@ -1065,7 +1065,9 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
     planned as asked (``--pipeline`` included), until :data:`MICROBATCH_PATIENCE` counts
     in a row are slower than the best so far; the fastest plan (the fewer microbatches
     on a tie), with the counts tried as ``microbatches_auto``. Interleaved stages with a
-    given stage count try the multiples of that count."""
+    given stage count try the multiples of that count. A count whose every stage count's
+    lower bound is no faster than the best so far is not searched (:class:`Beaten`,
+    ``bound`` in the record) and counts as a slower one."""
     from .errors import NoFeasiblePlan
     from .output import rounded
 
