@@ -163,8 +163,10 @@ def chunk_recompute(value: str, blocks: int) -> str:
 
 def stage_network(network: Network, lo: int, hi: int) -> Network:
     """Layers ``lo`` to ``hi − 1`` as a network of their own: its input is layer
-    ``lo − 1``'s output, its loss only where it ends the network. A layer tied to one in
-    another stage keeps a copy of the weight (it owns its parameters here)."""
+    ``lo − 1``'s output, whose gradient its layers compute for the stage before
+    (:attr:`~planner.network.Layer.stage_input`), its loss only where it ends the
+    network. A layer tied to one in another stage keeps a copy of the weight (it owns
+    its parameters here)."""
     if not 0 <= lo < hi <= len(network.layers):
         raise ValueError(f"no stage {lo}:{hi}")
     names = {layer.name for layer in network.layers[lo:hi]}
