@@ -37,6 +37,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planner.bounds import compute_floor
 from planner.cli import cli
 from planner.cli_plan import Question, pin_candidates
 from planner.costs.compute import Roofline
@@ -186,6 +187,12 @@ def test_any_valid_assignment_prices_finitely(net_data, cl_data, opts):
     ev = evaluate(q.ctx, q.options, assignment)
     _check_finite(ev)
     assert ev.memory.fits == (ev.memory.peak <= ev.memory.capacity)
+    # no layout computes a layer faster than the floor of the lower bounds
+    # (planner.bounds) allows, nor a step: the layers with weights, summed
+    floor = compute_floor(q.ctx).total_s
+    spent = math.fsum(r.cost.forward_s + r.cost.backward_s for r in ev.layers
+                      if r.layer.has_weights)
+    assert floor <= spent * (1 + 1e-9) and floor <= ev.time_s * (1 + 1e-9)
 
 
 # ---------------------------------------------------------------------------------------
