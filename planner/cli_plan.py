@@ -1257,7 +1257,8 @@ def best_schedule(q: Question, stages: int, objective: str, pins: tuple[str, ...
     floor = None
     for name in (SCHEDULE, ZERO_BUBBLE):
         if best is not None:
-            floor = floor or stage_floor(q, stages)
+            if floor is None:
+                floor = stage_floor(q, stages)
             bound = step_floor(floor, stages, q.options.microbatches, 1, name)
             if beaten(bound, best.time_s):
                 trials.append(bound_trial(bound, stages=stages, schedule=name))
@@ -1300,10 +1301,12 @@ def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str,
     best: Any = None
     error: NoFeasiblePlan | None = None
     slower = 0
+    floor = None
     for v in counts:
         if best is not None and v > 1:  # every chunk count has one bound
-            bound = step_floor(stage_floor(q, stages), stages, q.options.microbatches, v,
-                               INTERLEAVED)
+            if floor is None:
+                floor = stage_floor(q, stages)
+            bound = step_floor(floor, stages, q.options.microbatches, v, INTERLEAVED)
             if beaten(bound, best.time_s):  # as a slower count
                 trials.append(bound_trial(bound, stages=stages, virtual_stages=v))
                 slower += 1
