@@ -18,6 +18,7 @@ The core raises these exceptions and never prints; ``cli.py`` formats them once.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,17 +175,50 @@ class Shortfall:
 
 
 class NoFeasiblePlan(PlannerError):
-    """A valid question with no answer: nothing fits in device memory."""
+    """A valid question with no answer: nothing fits in device memory.
+
+    ``shortfall`` says how far the leanest layout misses; ``baselines`` are the baselines
+    as priced (plain data, as a plan document lists them), for ``compare`` to show what
+    did not fit. :meth:`deferred` makes one whose parts are worked out when first read."""
 
     exit_code = EXIT_CHECK_FAILED
 
     def __init__(self, message: str, shortfall: Shortfall | None = None,
                  baselines: list[dict[str, Any]] | None = None) -> None:
-        self.shortfall = shortfall
-        #: the baselines as priced (plain data, as a plan document lists them), for
-        #: ``compare`` to show what did not fit
-        self.baselines = baselines
+        self._parts: tuple[str, Shortfall | None, list[dict[str, Any]] | None] | None = \
+            (message, shortfall, baselines)
+        self._explain: Callable[[], NoFeasiblePlan] | None = None
         super().__init__(message)
+
+    @classmethod
+    def deferred(cls, explain: Callable[[], NoFeasiblePlan]) -> NoFeasiblePlan:
+        """A failure whose message, shortfall and baselines are ``explain()``'s, worked
+        out when first read: the ``auto`` options search many settings and drop the
+        failures of all but the last, and saying why one failed prices every baseline
+        grid that did not fit."""
+        out = cls("")
+        out._parts, out._explain = None, explain
+        return out
+
+    def _resolved(self) -> tuple[str, Shortfall | None, list[dict[str, Any]] | None]:
+        if self._parts is None:
+            assert self._explain is not None
+            done = self._explain()
+            self._parts, self._explain = (str(done), done.shortfall, done.baselines), None
+        return self._parts
+
+    @property
+    def shortfall(self) -> Shortfall | None:
+        """How far the leanest layout misses, and what would help."""
+        return self._resolved()[1]
+
+    @property
+    def baselines(self) -> list[dict[str, Any]] | None:
+        """The baselines as priced, or None."""
+        return self._resolved()[2]
+
+    def __str__(self) -> str:
+        return self._resolved()[0]
 
 
 class CheckFailed(PlannerError):

@@ -305,6 +305,16 @@ def time_and_comm(ctx: Context, options: Options, assignment: dict[int, Layout],
     return ev.time_s, ev.comm_s
 
 
+def evaluate_fitting(ctx: Context, options: Options, assignment: dict[int, Layout],
+                     cache: EvalCache) -> tuple[MemoryReport, Evaluation | None]:
+    """The memory report of :func:`evaluate`, and the evaluation itself only when the
+    assignment fits (the baselines time their grids that fit; of those that do not, only
+    the few that are ever shown or compared)."""
+    results = _layer_results(ctx, assignment, cache)
+    memory = memory_report(ctx, options, results)
+    return memory, _timeline(ctx, options, results, memory, cache) if memory.fits else None
+
+
 #: stands in for the memory report where only times are wanted (never shown)
 _UNREPORTED = MemoryReport(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 

@@ -67,6 +67,7 @@ from .evaluate import (
     Evaluation,
     Options,
     evaluate,
+    evaluate_fitting,
     kept_input_bytes,
     local_elems,
     own_kept_bytes,
@@ -998,21 +999,85 @@ class Candidate:
 
 
 @dataclass
+class Unfitted:
+    """A baseline family none of whose grids fits in memory, its grids not yet timed:
+    the baseline is the fastest of them, found when it is first shown
+    (:meth:`fastest`). Whether any of them is faster than a plan, which the search
+    asks of each family, is answered by timing them in order until one is
+    (:meth:`any_below`): a search short of memory asked that of every family, and
+    timed every grid of each to answer it."""
+
+    name: str
+    #: (description, assignment) of each grid, ranked by the additive objective
+    grids: list[tuple[str, dict[int, Layout]]]
+    ctx: Context
+    options: Options
+    cache: EvalCache
+    objective: str
+    scores: dict[int, float] = field(default_factory=dict)
+
+    def any_below(self, score: float) -> bool:
+        """Whether one of the grids scores below ``score`` (as fast as the fastest of
+        them being below it)."""
+        for i, (_, assignment) in enumerate(self.grids):
+            if i not in self.scores:
+                t, c = time_and_comm(self.ctx, self.options, assignment, self.cache)
+                self.scores[i] = c if self.objective == "comm" else t
+            if self.scores[i] < score:
+                return True
+        return False
+
+    def fastest(self) -> Candidate:
+        """The grid the baseline shows: the fastest (on a tie rows before cols, then by
+        description)."""
+        cands = [Candidate(self.name, a, evaluate(self.ctx, self.options, a, self.cache), d)
+                 for d, a in self.grids]
+        return min(cands, key=lambda c: _baseline_order(c, self.objective))
+
+
+def _baseline_order(c: Candidate, objective: str) -> tuple[float, bool, str]:
+    return c.score(objective), "(cols)" in c.description, c.description
+
+
+@dataclass
 class Baseline:
     """A reference strategy, scored like the plan (or why it does not apply)."""
 
     name: str
     description: str
-    candidate: Candidate | None = None
+    chosen: Candidate | None = None
     reason: str = ""
+    #: none of the family's grids fits: the one to show is found when first asked for
+    unfitted: Unfitted | None = None
+
+    @property
+    def candidate(self) -> Candidate | None:
+        """The grid the baseline stands for (None: no grid applies)."""
+        if self.unfitted is not None:
+            self.chosen, self.unfitted = self.unfitted.fastest(), None
+        return self.chosen
+
+    @property
+    def fits(self) -> bool:
+        """It applies and fits in memory (without timing the grids that do not)."""
+        return self.unfitted is None and self.chosen is not None and \
+            self.chosen.evaluation.memory.fits
+
+    def faster_unfitting(self, score: float, objective: str) -> bool:
+        """It does not fit and scores below ``score``."""
+        if self.unfitted is not None:
+            return self.unfitted.any_below(score)
+        c = self.chosen
+        return c is not None and not c.evaluation.memory.fits and c.score(objective) < score
 
     def to_data(self) -> dict[str, Any]:
         """Plain data for the plan document."""
-        if self.candidate is None:
+        cand = self.candidate
+        if cand is None:
             return {"name": self.name, "description": self.description, "applicable": False,
                     "reason": self.reason}
-        ev = self.candidate.evaluation
-        return {"name": self.name, "description": self.candidate.description or
+        ev = cand.evaluation
+        return {"name": self.name, "description": cand.description or
                 self.description, "applicable": True, "time_s": ev.time_s,
                 "comm_s": ev.comm_s, "exposed_comm_s": ev.exposed_comm_s,
                 "peak_bytes": ev.memory.peak, "fits": ev.memory.fits}
@@ -1127,26 +1192,32 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
     p = opts.gpus
     result: list[Baseline] = []
 
-    def run(name: str, assignment: dict[int, Layout], desc: str) -> Candidate:
-        return Candidate(name, assignment, evaluate(ctx, opts, assignment, space.cache), desc)
-
     def best_of(name: str, desc: str, options: list[tuple[str, dict[int, Layout] | str]],
                 ) -> Baseline:
         valid = [(label, a) for label, a in options if not isinstance(a, str)]
         if not valid:
             return Baseline(name, desc, None, _no_grid(
                 [a for _, a in options if isinstance(a, str)]))
-        # rank by the additive objective, score the most promising with the timeline
+        # rank by the additive objective, score the most promising with the timeline:
+        # the grids in order until three are known and one of them fits, the fastest
+        # that fits kept (the grids that do not are timed only if ever asked for:
+        # Unfitted)
         ranked = sorted(valid, key=lambda x: (space.score(x[1], weights), x[0]))
-        cands: list[Candidate] = []
+        known: list[tuple[str, dict[int, Layout]]] = []
+        fitting: list[Candidate] = []
         pinned = ", pins kept" if space.pinned else ""
         for label, a in ranked:
-            cands.append(run(name, a, label + pinned))
-            if len(cands) >= 3 and any(c.evaluation.memory.fits for c in cands):
+            known.append((label + pinned, a))
+            _, ev = evaluate_fitting(ctx, opts, a, space.cache)
+            if ev is not None:
+                fitting.append(Candidate(name, a, ev, label + pinned))
+            if len(known) >= 3 and fitting:
                 break
-        fitting = [c for c in cands if c.evaluation.memory.fits] or cands
-        return Baseline(name, desc, min(fitting, key=lambda c: (
-            c.score(objective), "(cols)" in c.description, c.description)))
+        if fitting:
+            return Baseline(name, desc, min(fitting,
+                                            key=lambda c: _baseline_order(c, objective)))
+        return Baseline(name, desc, unfitted=Unfitted(name, known, ctx, opts, space.cache,
+                                                      objective))
 
     data = _assign(space, lambda layer: make_layout("data", 1, p))
     result.append(best_of("data", f"every layer data parallel (1x{p})", [(f"data 1x{p}", data)]))
@@ -1352,10 +1423,10 @@ def search(ctx: Context, options: Options, objective: str = "time",
         if fitting:
             notes.append("the unconstrained optimum does not fit in memory; the plan trades "
                          "time for memory (Lagrangian search)")
-    pool = fitting + [b.candidate for b in bases
-                      if b.candidate is not None and b.candidate.evaluation.memory.fits]
+    pool = fitting + [b.chosen for b in bases if b.fits and b.chosen is not None]
     if not pool:
-        raise _no_plan(space, cands, bases)
+        # why, when asked: of the many settings the auto options search, most fail
+        raise NoFeasiblePlan.deferred(lambda: _no_plan(space, cands, bases))
     best = min(pool, key=lambda c: (c.score(objective), c.name != "search", c.name))
     moves = 0
     blocked = False
@@ -1370,8 +1441,8 @@ def search(ctx: Context, options: Options, objective: str = "time",
         notes.append(f"the {best.name} baseline was best; the plan uses it")
     score = best.score(objective)
     blocked = blocked or constrained or any(
-        not c.evaluation.memory.fits and c.score(objective) < score
-        for c in [*cands, *(b.candidate for b in bases if b.candidate is not None)])
+        not c.evaluation.memory.fits and c.score(objective) < score for c in cands) or any(
+        b.faster_unfitting(score, objective) for b in bases)
     return SearchResult(best, bases, objective, len(cands) + moves, notes, lower,
                         constrained, blocked)
 

@@ -499,3 +499,66 @@ def test_a_microbatch_carries_its_share_of_the_optimizer_step(microbatches, monk
                         lambda sp, w, *a, **k: seen.append(w) or real(sp, w, *a, **k))
     search(ctx, opts)
     assert seen and all(w.step_share == 1 / microbatches for w in seen)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blocks=st.sampled_from([1, 2]), p=st.sampled_from([2, 4, 8]),
+       batch=st.sampled_from([8, 64]), room=st.sampled_from([0.2, 0.8, 0.95, 1.05, 1e3]),
+       zero=st.sampled_from([0, 3]))
+def test_baselines_time_the_grids_that_do_not_fit_only_when_asked(blocks, p, batch, room,
+                                                                 zero):
+    """A baseline family none of whose grids fits keeps them untimed (``Unfitted``); what
+    it answers is what timing every one gives: the grid it shows is the fastest (rows
+    before cols, then by description, on a tie), and one of them is faster than a
+    score exactly when the fastest is. ``room`` sets the memory to a multiple of the peak
+    of every layer data parallel: from none of the 7 families fitting to all of them."""
+    net = load_network_text(_transformer_text(blocks))
+    base = cluster(per_node=4)
+    opts = Options(gpus=p, batch=batch, optimizer="adam", zero=zero)
+    probe = make_context(net, base, opts)
+    need = evaluate(probe, opts, {i: make_layout("data", 1, p) for i in
+                                  range(len(net.layers)) if net.layers[i].has_weights}
+                    ).memory.peak
+    cl = dataclasses.replace(base, reserved_memory=max(
+        0.0, base.device.memory_bytes - room * need))
+    ctx = make_context(net, cl, opts)
+    space = Space(ctx, opts, {}, "time")
+    unfitted = 0
+    for b in search_module.baselines(space, "time", Weights(gradient=1.0)):
+        if b.unfitted is None:  # a family with a grid that fits shows the fastest that fits
+            assert b.chosen is None or b.chosen.evaluation.memory.fits
+            continue
+        unfitted += 1
+        grids = b.unfitted.grids
+        evals = [evaluate(ctx, opts, a) for _, a in grids]
+        assert grids and not any(ev.memory.fits for ev in evals)
+        times = sorted(ev.time_s for ev in evals)
+        for score in (times[0] * 0.999, times[0], times[0] * 1.001, times[-1] * 2):
+            assert b.faster_unfitting(score, "time") == (times[0] < score)
+        assert not b.fits
+        shown = b.candidate
+        assert b.unfitted is None and shown is not None
+        want = min(((ev.time_s, "(cols)" in d, d) for (d, _), ev in zip(grids, evals)))
+        assert (shown.evaluation.time_s, "(cols)" in shown.description,
+                shown.description) == want
+        assert shown.evaluation == evals[[d for d, _ in grids].index(shown.description)]
+    if room == 1e3:
+        assert unfitted == 0
+
+
+def test_a_deferred_failure_is_explained_once_and_only_when_read():
+    from planner.errors import Shortfall
+
+    calls = []
+
+    def explain():
+        calls.append(1)
+        return NoFeasiblePlan("planner: no plan fits", Shortfall(3.0, 2.0, ["more"]),
+                              [{"name": "data"}])
+
+    exc = NoFeasiblePlan.deferred(explain)
+    assert not calls
+    assert str(exc) == "planner: no plan fits" and calls == [1]
+    assert exc.shortfall == Shortfall(3.0, 2.0, ["more"])
+    assert exc.baselines == [{"name": "data"}]
+    assert f"{exc}" == "planner: no plan fits" and calls == [1]
