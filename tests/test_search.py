@@ -562,3 +562,41 @@ def test_a_deferred_failure_is_explained_once_and_only_when_read():
     assert exc.shortfall == Shortfall(3.0, 2.0, ["more"])
     assert exc.baselines == [{"name": "data"}]
     assert f"{exc}" == "planner: no plan fits" and calls == [1]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.sampled_from(["transformer", "resnet50"]), start=st.integers(1, 6),
+       p=st.sampled_from([2, 4, 8]), batch=st.sampled_from([4, 16]),
+       per_node=st.sampled_from([2, 8]),
+       weights=st.sampled_from([(1.0, 0.0), (0.0, 0.0), (0.5, 1e-9), (0.0, 1.0)]))
+def test_one_run_over_the_origins_equals_one_run_each(which, start, p, batch, per_node,
+                                                      weights):
+    """A stage that opens with a block holding its first layer with weights (a
+    transformer's norm then attention, a ResNet's convolution) is solved in one run,
+    its origin held in the block's carry (``BY_ENTRY``): the optimum and the layouts
+    are those of one run per input distribution, the lowest origin kept on a tie."""
+    from planner.pipeline import stage_network, stage_starts
+
+    net = load_network_text(_transformer_text(4)) if which == "transformer" else \
+        load_network(NETWORKS / "resnet50.yaml")
+    cuts = stage_starts(net)
+    lo = cuts[min(start, len(cuts) - 1) - 1]
+    sub = stage_network(net, lo, len(net.layers))
+    opts = Options(gpus=p, batch=batch, optimizer="adam")
+    ctx = make_context(sub, cluster(per_node=per_node), opts)
+    space = Space(ctx, opts, {}, "time")
+    space.prepare_transitions()
+    assert search_module._origins(space) == [search_module.BY_ENTRY]
+    each = search_module._origins(space, merged=False)
+    assert len(each) > 1
+    gradient, memory = weights
+    w = Weights(gradient=gradient) if memory == 0.0 else \
+        Weights(0.0 if memory == 1.0 else 1.0, 0.0 if memory == 1.0 else 1.0,
+                gradient, memory)
+    merged = search_module._solve_origins(space, w, {})
+    best = (math.inf, {})
+    for origin in each:
+        value, assignment = search_module.dynamic_program(space, w, origin)
+        if value < best[0]:
+            best = (value, assignment)
+    assert merged == best
