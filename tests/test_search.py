@@ -538,7 +538,8 @@ def test_baselines_time_the_grids_that_do_not_fit_only_when_asked(blocks, p, bat
         assert not b.fits
         shown = b.candidate
         assert b.unfitted is None and shown is not None
-        want = min(((ev.time_s, "(cols)" in d, d) for (d, _), ev in zip(grids, evals)))
+        want = min(((ev.time_s, "(cols)" in d, d) for (d, _), ev in
+                    zip(grids, evals, strict=True)))
         assert (shown.evaluation.time_s, "(cols)" in shown.description,
                 shown.description) == want
         assert shown.evaluation == evals[[d for d, _ in grids].index(shown.description)]
