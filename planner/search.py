@@ -738,9 +738,7 @@ def _start(space: Space, origin: int | None) -> np.ndarray:
     if origin is None:
         cost[0, :] = 0.0
     elif origin == BY_ENTRY:  # every input distribution of the first layer with weights
-        first = space.structure[2]
-        cost[0, sorted({space.index[input_dist(lay)] for lay in space.candidates[first]})] \
-            = 0.0
+        cost[0, _input_dists(space, space.structure[2])] = 0.0
     else:
         cost[0, origin] = 0.0
     return cost
@@ -1335,7 +1333,12 @@ def _origins(space: Space, merged: bool = True) -> Sequence[int | None]:
         return [None]
     if merged and _entry_carries_origin(space, first.index):
         return [BY_ENTRY]
-    return [*sorted({space.index[input_dist(lay)] for lay in space.candidates[first.index]})]
+    return _input_dists(space, first.index)
+
+
+def _input_dists(space: Space, first: int) -> list[int]:
+    """The input distributions of layer ``first``'s candidates, by index."""
+    return sorted({space.index[input_dist(lay)] for lay in space.candidates[first]})
 
 
 def _entry_carries_origin(space: Space, first: int) -> bool:
