@@ -1215,9 +1215,10 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
         pinned = ", pins kept" if space.pinned else ""
         for label, a in ranked:
             known.append((label + pinned, a))
-            _, ev = evaluate_fitting(ctx, opts, a, space.cache)
-            if ev is not None:
-                fitting.append(Candidate(name, a, ev, label + pinned))
+            if _state_floor(space, a) <= ctx.cluster.capacity_bytes:
+                _, ev = evaluate_fitting(ctx, opts, a, space.cache)
+                if ev is not None:
+                    fitting.append(Candidate(name, a, ev, label + pinned))
             if len(known) >= 3 and fitting:
                 break
         if fitting:
@@ -1286,6 +1287,22 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
                                     layer, p, pr, pc, CONTEXT_MODE, "rows")))
                                for pr, pc in _grids(p) if pr > 1]))
     return result
+
+
+def _state_floor(space: Space, assignment: dict[int, Layout]) -> float:
+    """Bytes of parameter state a device surely holds under ``assignment``: its
+    parameter elements of the layers with weights times the bytes per element the ZeRO
+    stage does not shard. Every other part of the memory report (the parameters of the
+    layers without weights, what ZeRO's shards keep, activations, buffers, workspace)
+    is non-negative, so an assignment whose floor is over the capacity does not fit, and
+    the baselines skip its memory check (which builds every layer's result)."""
+    pb, zero = space.pb, space.options.zero
+    per = (pb.weights if zero < 3 else 0.0) + (pb.gradients if zero < 2 else 0.0) + \
+        (pb.optimizer if zero < 1 else 0.0)
+    layers = space.layers
+    # the margin keeps a floor equal to the capacity (in another order of rounding) checked
+    return per * math.fsum(local_params(layers[i], lay) for i, lay in assignment.items()) \
+        / (1.0 + 1e-12)
 
 
 def _no_grid(reasons: list[str]) -> str:

@@ -547,6 +547,36 @@ def test_baselines_time_the_grids_that_do_not_fit_only_when_asked(blocks, p, bat
         assert unfitted == 0
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.sampled_from([2, 4, 8]), zero=st.sampled_from([0, 1, 2, 3]),
+       optimizer=st.sampled_from(["sgd", "adam"]), microbatches=st.sampled_from([1, 2]),
+       picks=st.lists(st.integers(0, 10**6), min_size=8, max_size=8))
+def test_the_state_floor_never_exceeds_the_memory_it_bounds(p, zero, optimizer,
+                                                            microbatches, picks):
+    """The baselines skip the memory check of a grid whose parameter state alone is over
+    the capacity (``_state_floor``): that is sound only if the floor is at most the peak
+    the check would report, for any assignment. It is also the whole of the unsharded
+    state of the layers with weights (derived from the report's own per-layer
+    parameters: ZeRO stage ``z`` leaves the weights whole below 3, the gradients below 2,
+    the optimizer state at 0; Rajbhandari et al., SC'20, §5), so a floor that drops a
+    part fails too."""
+    net = load_network_text(_transformer_text(2))
+    opts = Options(gpus=p, batch=8, optimizer=optimizer, zero=zero,
+                   microbatches=microbatches)
+    ctx = make_context(net, cluster(per_node=4), opts)
+    space = Space(ctx, opts, {}, "time")
+    layouts = {i: lays[picks[n % len(picks)] % len(lays)]
+               for n, (i, lays) in enumerate(sorted(space.candidates.items()))}
+    floor = search_module._state_floor(space, layouts)
+    ev = evaluate(ctx, opts, layouts)
+    assert floor <= ev.memory.peak
+    pb = space.pb
+    per = (pb.weights if zero < 3 else 0.0) + (pb.gradients if zero < 2 else 0.0) + \
+        (pb.optimizer if zero < 1 else 0.0)
+    whole = sum(r.cost.params_local for r in ev.layers if r.layer.has_weights) * per
+    assert floor == pytest.approx(whole, rel=1e-11) and (zero == 3 or floor > 0)
+
+
 def test_a_deferred_failure_is_explained_once_and_only_when_read():
     from planner.errors import Shortfall
 
