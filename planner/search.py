@@ -59,7 +59,7 @@ from .costs.layer import (
     weighted_kernels,
     weighted_terms,
 )
-from .costs.memory import MemoryReport
+from .costs.memory import MemoryReport, sharded
 from .errors import NoFeasiblePlan, Shortfall, UsageError
 from .evaluate import (
     ZERO_STAGES,
@@ -1296,9 +1296,8 @@ def _state_floor(space: Space, assignment: dict[int, Layout]) -> float:
     layers without weights, what ZeRO's shards keep, activations, buffers, workspace)
     is non-negative, so an assignment whose floor is over the capacity does not fit, and
     the baselines skip its memory check (which builds every layer's result)."""
-    pb, zero = space.pb, space.options.zero
-    per = (pb.weights if zero < 3 else 0.0) + (pb.gradients if zero < 2 else 0.0) + \
-        (pb.optimizer if zero < 1 else 0.0)
+    # ZeRO's shards over ever more replicas: what it leaves whole
+    per = sharded(space.pb, space.options.zero, math.inf).total
     layers = space.layers
     # the margin keeps a floor equal to the capacity (in another order of rounding) checked
     return per * math.fsum(local_params(layers[i], lay) for i, lay in assignment.items()) \

@@ -54,7 +54,7 @@ class ParamBytes:
         return 2 * self.weights + self.gradients + 2 * self.optimizer
 
 
-def sharded(pb: ParamBytes, zero: int, replicas: int) -> ParamBytes:
+def sharded(pb: ParamBytes, zero: int, replicas: float) -> ParamBytes:
     """The bytes per parameter element one device keeps when ZeRO stage ``zero`` shards
     them over the ``replicas`` devices that hold the same parameters (Rajbhandari et al.,
     SC'20, §5): stage 1 the optimizer state, stage 2 the gradients too, stage 3 the
