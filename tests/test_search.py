@@ -631,3 +631,46 @@ def test_one_run_over_the_origins_equals_one_run_each(which, start, p, batch, pe
         if value < best[0]:
             best = (value, assignment)
     assert merged == best
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.sampled_from(["transformer", "cnn"]), p=st.sampled_from([2, 4, 8]),
+       zero=st.sampled_from([0, 1, 2, 3]), microbatches=st.sampled_from([1, 2, 4]),
+       overlap=st.sampled_from(["gradients", "none"]), recompute=st.booleans(),
+       tp_overlap=st.booleans(), param_gather=st.booleans(), deferred=st.booleans(),
+       bucket=st.sampled_from([1e3, 25 * 2**20]),
+       picks=st.lists(st.integers(0, 10**6), min_size=8, max_size=8))
+def test_the_critical_path_bounds_the_step_of_any_assignment(
+        which, p, zero, microbatches, overlap, recompute, tp_overlap, param_gather,
+        deferred, bucket, picks):
+    """The local search skips a move whose critical path alone, ``M`` microbatches of
+    compute and activation traffic plus one optimizer step (``M`` times the program's
+    objective with the gradient term at zero and the step's share ``1/M``), is no faster
+    than the plan: sound only if that never exceeds the timeline's step, for any
+    assignment and setting. The step runs ``M - 1`` microbatches without reductions and
+    a last one with them, each at least its compute and critical-path traffic, then the
+    optimizer step (the timeline of *Compute, memory, overlap*)."""
+    net = load_network_text(_transformer_text(2)) if which == "transformer" else \
+        _net(CNNS[1], [3, 8, 8])
+    opts = Options(gpus=p, batch=8, optimizer="adam", zero=zero, microbatches=microbatches,
+                   overlap=overlap, recompute="blocks" if recompute else "none",
+                   tp_comm_overlap=tp_overlap, wgrad_deferred=deferred, bucket_bytes=bucket,
+                   overlap_param_gather=param_gather and 1 <= zero <= 2)
+    ctx = make_context(net, cluster(per_node=4), opts, FixedEstimator(1e-5) if picks[0] % 2
+                       else None)
+    space = Space(ctx, opts, {}, "time")
+    space.prepare_transitions()
+    layouts = {i: lays[picks[n % len(picks)] % len(lays)]
+               for n, (i, lays) in enumerate(sorted(space.candidates.items()))}
+    for group in space.ties:  # a shared weight is held alike (else both data parallel)
+        alike = [[c for c in space.candidates[t] if holds_alike(layouts[group[0]], c)]
+                 for t in group[1:]]
+        if not all(alike):
+            alike = [[make_layout("data", 1, p)]] * (len(group) - 1)
+            layouts[group[0]] = alike[0][0]
+        for t, cands in zip(group[1:], alike, strict=True):
+            layouts[t] = cands[0]
+    bound = microbatches * space.score(layouts, Weights(gradient=0.0,
+                                                        step_share=1.0 / microbatches))
+    ev = evaluate(ctx, opts, layouts)
+    assert 0 < bound <= ev.time_s * (1 + 1e-12)
