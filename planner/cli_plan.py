@@ -768,9 +768,11 @@ def run_search(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
 
     pinned = pin_candidates(q, pins)
 
-    def inner(ctx: Any, options: Any) -> tuple[Any, Any, Any]:
+    def inner(ctx: Any, options: Any, recomputed: int = 0, no_plan: Any = None
+              ) -> tuple[Any, Any, Any]:
         if q.zero_auto:
-            return search_zero(ctx, options, objective, pinned, q.zero_stages, q.zero_shards)
+            return search_zero(ctx, options, objective, pinned, q.zero_stages, q.zero_shards,
+                               recomputed, no_plan)
         return search(ctx, options, objective, pinned), ctx, options
 
     if q.recompute_auto:

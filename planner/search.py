@@ -1502,7 +1502,8 @@ def search(ctx: Context, options: Options, objective: str = "time",
 
 def search_zero(ctx: Context, options: Options, objective: str = "time",
                 pins: dict[int, list[Layout]] | None = None,
-                stages: tuple[int, ...] = ZERO_STAGES, shards: tuple[str, ...] = ("all",)
+                stages: tuple[int, ...] = ZERO_STAGES, shards: tuple[str, ...] = ("all",),
+                recomputed: int = 0, no_plan: NoPlanAt | None = None,
                 ) -> tuple[SearchResult, Context, Options]:
     """``--zero auto`` (and ``--zero-shard auto``): the best plan over the ZeRO stages
     (and over sharding across all replicas or within nodes), with the context and
@@ -1520,6 +1521,13 @@ def search_zero(ctx: Context, options: Options, objective: str = "time",
     be, and it is always searched. Each way of sharding runs through the stages alone.
     The fastest plan wins (on a tie the lower stage, then sharding over all replicas,
     which keeps less); when no setting fits, the error is the last one's.
+
+    Under ``--recompute auto`` (``recomputed`` blocks, ``no_plan`` shared by the counts
+    it searches, and filled in here), a setting that had no plan with more blocks
+    recomputed is not searched: recomputing fewer keeps more, and memory falls as the
+    count grows (the rule the count's bisection itself follows). Its trial says
+    ``no plan with N recomputed``; where every setting is such, the error is the last
+    one's at its count.
     """
     import dataclasses
 
@@ -1530,8 +1538,14 @@ def search_zero(ctx: Context, options: Options, objective: str = "time",
     for stage, shard in zero_settings(stages, shards):
         prev = trials[-1] if trials and trials[-1].shard == shard and \
             trials[-1].stage == stage - 1 else None
+        more = no_plan.get((stage, shard)) if no_plan is not None else None
+        if more is not None and more[0] > recomputed:
+            failure = more[1]
+            trials.append(ZeroTrial(stage, f"no plan with {more[0]} recomputed",
+                                    shard=shard))
+            continue
         if stage >= 2 and not (stage == 3 and prefetch) and prev is not None \
-                and prev.outcome != "no plan" \
+                and not prev.outcome.startswith("no plan") \
                 and not (prev.outcome == "plan" and found[-1][0].memory_bound):
             # the stage before had nothing faster that did not fit (or was itself
             # skipped): keeping less would find the same plan
@@ -1546,6 +1560,8 @@ def search_zero(ctx: Context, options: Options, objective: str = "time",
         except NoFeasiblePlan as exc:
             failure = exc
             trials.append(ZeroTrial(stage, "no plan", shard=shard))
+            if no_plan is not None:  # searched: no count above this one left it without
+                no_plan[(stage, shard)] = (recomputed, exc)
             continue
         ev = res.best.evaluation
         trials.append(ZeroTrial(stage, "plan", ev.time_s, ev.comm_s, ev.memory.peak, shard))
@@ -1576,7 +1592,13 @@ def with_recompute(ctx: Context, options: Options, count: int
             dataclasses.replace(options, recompute=value))
 
 
-Searcher = Callable[[Context, Options], tuple[SearchResult, Context, Options]]
+#: ``--zero auto`` under ``--recompute auto``: each ZeRO setting ``(stage, shard)`` that
+#: had no plan, the most blocks recomputed with which it had none, and why
+NoPlanAt = dict[tuple[int, str], tuple[int, NoFeasiblePlan]]
+#: one question searched with ``count`` blocks recomputed (the context and options say
+#: so too), told what :data:`NoPlanAt` the counts before found, and filling it in
+Searcher = Callable[[Context, Options, int, NoPlanAt],
+                    tuple[SearchResult, Context, Options]]
 
 
 def least_recomputed(blocks: int, fits: Callable[[int], bool]) -> int | None:
@@ -1649,12 +1671,13 @@ def search_recompute(ctx: Context, options: Options, inner: Searcher
     trials: dict[int, RecomputeTrial] = {}
     found: dict[int, tuple[SearchResult, Context, Options]] = {}
     failure: NoFeasiblePlan | None = None
+    no_plan: NoPlanAt = {}
 
     def run(count: int) -> bool:
         """Search with ``count`` blocks recomputed; whether its optimum fits."""
         nonlocal failure
         try:
-            res, c, o = inner(*with_recompute(ctx, options, count))
+            res, c, o = inner(*with_recompute(ctx, options, count), count, no_plan)
         except NoFeasiblePlan as exc:
             failure = exc
             trials[count] = RecomputeTrial(count, "no plan")

@@ -931,7 +931,7 @@ def _search_auto(ctx: Any, options: Options, auto: bool) -> tuple[Any, Any, Opti
 
     if not auto:
         return search(ctx, options), ctx, options
-    return search_recompute(ctx, options, lambda c, o: (search(c, o), c, o))
+    return search_recompute(ctx, options, lambda c, o, *_: (search(c, o), c, o))
 
 
 def _pipeline_check(prep: Prepared, cfg: TrainingConfig, ctx: Any

@@ -456,9 +456,10 @@ def test_recompute_auto_searches_between_when_every_count_trades():
     ctx = make_context(net, cluster(per_node=2), opts, FixedEstimator(1e-5))
     searched: list[int] = []
 
-    def inner(c, o):
+    def inner(c, o, count, no_plan):
         n = {"none": 0, "blocks": blocks}.get(o.recompute)
         n = int(o.recompute) if n is None else n
+        assert n == count and no_plan == {}
         searched.append(n)
         t = 1 + (n - 3) ** 2 / 100
         best = SimpleNamespace(score=lambda objective, t=t: t,

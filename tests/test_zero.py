@@ -8,6 +8,7 @@ what an all-reduce moves, stage 3 1.5 times that)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -810,3 +811,69 @@ def test_lower_bound_holds_at_every_stage(runner, zero):
         assert res.exit_code == 0, res.stderr
         doc = json.loads(res.stdout)
         assert doc["search"]["lower_bound_s"] <= doc["iteration"]["time_s"], args[0]
+
+
+def _zero_and_recompute(memory: float, p: int, batch: int, share: bool):
+    """``--zero auto --recompute auto`` on a four-block transformer whose devices hold
+    ``memory`` bytes; ``share``: the counts tell one another which ZeRO settings had no
+    plan (as ``plan`` does), else each count searches every setting."""
+    import dataclasses
+
+    from planner.search import ZERO_STAGES, search_recompute, search_zero
+
+    cl = cluster(per_node=4)
+    cl = dataclasses.replace(cl, device=dataclasses.replace(cl.device, memory_bytes=memory),
+                             reserved_memory=0.0)
+    opts = Options(gpus=p, batch=batch, optimizer="adam")
+    ctx = make_context(load_network_text(_transformer_text(4)), cl, opts)
+
+    def inner(c, o, count, no_plan):
+        return search_zero(c, o, "time", {}, ZERO_STAGES, ("all",), count,
+                           no_plan if share else {})
+
+    try:
+        return search_recompute(ctx, opts, inner)
+    except NoFeasiblePlan as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("memory,p,batch", [(8e6, 4, 64), (12e6, 4, 64), (16e6, 4, 64),
+                                            (10e6, 2, 32), (14e6, 4, 32), (4e6, 4, 64)])
+def test_a_zero_stage_without_a_plan_is_not_searched_with_fewer_blocks_recomputed(
+        memory, p, batch, monkeypatch):
+    """Under ``--zero auto --recompute auto`` a ZeRO stage that had no plan with N blocks
+    recomputed is not searched with fewer (they keep more): on questions where stages
+    fail at some counts and plan at others (8-16 MB devices; 4 MB: nothing fits), the
+    same plan, count, stage and trials as searching every stage at every count, the
+    skipped ones recorded as ``no plan with N recomputed`` where the full search found
+    no plan."""
+    import planner.search as search_module
+
+    calls: list[int] = []
+    plain = search_module.search
+
+    def counted(ctx, *args, **kwargs):
+        calls.append(ctx.zero)
+        return plain(ctx, *args, **kwargs)
+
+    monkeypatch.setattr(search_module, "search", counted)
+    shared = _zero_and_recompute(memory, p, batch, True)
+    searched = len(calls)
+    full = _zero_and_recompute(memory, p, batch, False)
+    assert searched <= len(calls) - searched
+    if isinstance(full, str):
+        assert shared == full and memory == 4e6
+        return
+    (res, c, o), (fres, fc, fo) = shared, full
+    assert o == fo
+    assert (res.best.assignment, c.zero, c.recompute, res.best.evaluation) == \
+        (fres.best.assignment, fc.zero, fc.recompute, fres.best.evaluation)
+    assert res.recompute_trials == fres.recompute_trials
+    for t, ft in zip(res.zero_trials, fres.zero_trials, strict=True):
+        if t.outcome.startswith("no plan with "):
+            assert ft.outcome == "no plan" and int(t.outcome.split()[3]) > 0
+            assert dataclasses.replace(t, outcome="no plan") == ft
+        else:
+            assert t == ft
+    if memory == 8e6:  # stages fail at 6 of 8 blocks and at every count below
+        assert searched < len(calls) - searched
