@@ -1526,8 +1526,8 @@ def search_zero(ctx: Context, options: Options, objective: str = "time",
     it searches, and filled in here), a setting that had no plan with more blocks
     recomputed is not searched: recomputing fewer keeps more, and memory falls as the
     count grows (the rule the count's bisection itself follows). Its trial says
-    ``no plan with N recomputed``; where every setting is such, the error is the last
-    one's at its count.
+    ``no plan with N recomputed`` (the count is kept, not the error, which holds its
+    search's space).
     """
     import dataclasses
 
@@ -1539,10 +1539,8 @@ def search_zero(ctx: Context, options: Options, objective: str = "time",
         prev = trials[-1] if trials and trials[-1].shard == shard and \
             trials[-1].stage == stage - 1 else None
         more = no_plan.get((stage, shard)) if no_plan is not None else None
-        if more is not None and more[0] > recomputed:
-            failure = more[1]
-            trials.append(ZeroTrial(stage, f"no plan with {more[0]} recomputed",
-                                    shard=shard))
+        if more is not None and more > recomputed:
+            trials.append(ZeroTrial(stage, f"no plan with {more} recomputed", shard=shard))
             continue
         if stage >= 2 and not (stage == 3 and prefetch) and prev is not None \
                 and not prev.outcome.startswith("no plan") \
@@ -1561,14 +1559,17 @@ def search_zero(ctx: Context, options: Options, objective: str = "time",
             failure = exc
             trials.append(ZeroTrial(stage, "no plan", shard=shard))
             if no_plan is not None:  # searched: no count above this one left it without
-                no_plan[(stage, shard)] = (recomputed, exc)
+                no_plan[(stage, shard)] = recomputed
             continue
         ev = res.best.evaluation
         trials.append(ZeroTrial(stage, "plan", ev.time_s, ev.comm_s, ev.memory.peak, shard))
         found.append((res, sctx, opts))
     if not found:
-        assert failure is not None
-        raise failure
+        # (every setting skipped: the bisection met this count after fewer and more,
+        # and says no plan of it; the question's error comes from a count searched)
+        raise failure or NoFeasiblePlan(
+            f"planner: no plan fits in memory with {recomputed} blocks recomputed: no ZeRO "
+            "stage had one with more")
     res, sctx, opts = min(found, key=lambda f: (f[0].best.score(objective), f[2].zero,
                                                 f[2].zero_shard != "all"))
     res.zero_trials = trials
@@ -1593,8 +1594,8 @@ def with_recompute(ctx: Context, options: Options, count: int
 
 
 #: ``--zero auto`` under ``--recompute auto``: each ZeRO setting ``(stage, shard)`` that
-#: had no plan, the most blocks recomputed with which it had none, and why
-NoPlanAt = dict[tuple[int, str], tuple[int, NoFeasiblePlan]]
+#: had no plan, and the most blocks recomputed with which it had none
+NoPlanAt = dict[tuple[int, str], int]
 #: one question searched with ``count`` blocks recomputed (the context and options say
 #: so too), told what :data:`NoPlanAt` the counts before found, and filling it in
 Searcher = Callable[[Context, Options, int, NoPlanAt],
