@@ -1755,7 +1755,7 @@ def improve(space: Space, start: Candidate, objective: str,
     # optimizer step: M times the program's objective with the gradient term at zero
     # and the step's share 1/M (a hypothesis test checks it against the timeline), and
     # a move whose bound is over the score is skipped unpriced: the same moves, the same
-    # result, at a few in ten of the timelines (0.2-0.9 ms against 1.3-5.8 ms each)
+    # result, at a fifth to a half of the timelines (0.2-0.9 ms against 1.3-5.8 ms each)
     timed, m = objective == "time", options.microbatches
     path = Weights(gradient=0.0, step_share=1.0 / m)
     # passes alternate direction, from the output back first (the order in which the
