@@ -492,7 +492,9 @@ def schedule_option(auto: bool = False) -> Callable[[Any], Any]:
                    "--virtual-stages) start, in order, in place of the balanced ones "
                    "(e.g. Megatron-LM's uneven first and last stages).")
 @expand_option
-@click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
+@click.option("--all-layers", is_flag=True,
+              help="Table: list every layer (those without communication, and each of "
+              "the alike copies of a repeat group shown as one row).")
 @format_option
 @output_option
 def cost(network: str, cluster: str, gpus: int, batch: int, grid: str | None,
@@ -848,7 +850,9 @@ def _virtual_option(ctx: click.Context, param: click.Parameter, value: str) -> i
                    "--microbatches a multiple of S. auto: the fastest V that fits.")
 @schedule_option(auto=True)
 @expand_option
-@click.option("--all-layers", is_flag=True, help="Table: list layers without communication.")
+@click.option("--all-layers", is_flag=True,
+              help="Table: list every layer (those without communication, and each of "
+              "the alike copies of a repeat group shown as one row).")
 @format_option
 @output_option
 def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,

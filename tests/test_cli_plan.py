@@ -678,3 +678,64 @@ def test_a_long_search_says_so_on_a_terminal_only(capsys):
     with searching() as tell:  # stderr captured by pytest: not a terminal
         tell("microbatches", "2")
     assert capsys.readouterr().err == ""
+
+
+def _rows(*spec):
+    from planner.plan import _Row
+
+    return [_Row(name, (cell,), dim) for name, cell, dim in spec]
+
+
+def test_alike_consecutive_copies_are_one_row_each_layer():
+    """A run of two or more consecutive copies whose rows read alike shows once, the copy
+    number a range; a copy that differs (or a gap in the numbers, another prefix, a
+    name without a copy number) ends the run, and nothing else changes."""
+    from planner.plan import collapse_copies
+
+    rows = _rows(("embed", "a", False),
+                 *((f"layers.{k}.{part}", cell, False) for k in range(5)
+                   for part, cell in (("attn", "x"), ("mlp", "y"))),
+                 ("layers.5.attn", "x", False), ("layers.5.mlp", "z", False),  # differs
+                 ("layers.6.attn", "x", False), ("layers.6.mlp", "z", False),
+                 ("layers.8.attn", "x", False), ("layers.8.mlp", "z", False),  # a gap
+                 ("other.9.attn", "x", False), ("other.10.attn", "x", True),  # dim differs
+                 ("blocks.0.layers.0.f", "w", False), ("blocks.0.layers.1.f", "w", False),
+                 ("blocks.1.layers.0.f", "w", False), ("blocks.1.layers.1.f", "w", False),
+                 ("head", "a", False))
+    out = collapse_copies(rows)
+    assert [(r.name, r.cells[0]) for r in out] == [
+        ("embed", "a"), ("layers.0-4.attn", "x"), ("layers.0-4.mlp", "y"),
+        ("layers.5-6.attn", "x"), ("layers.5-6.mlp", "z"),
+        ("layers.8.attn", "x"), ("layers.8.mlp", "z"),
+        ("other.9.attn", "x"), ("other.10.attn", "x"),
+        ("blocks.0-1.layers.0.f", "w"), ("blocks.0-1.layers.1.f", "w"), ("head", "a")]
+    assert collapse_copies(rows[:3]) == rows[:3]  # one copy: as it was
+    assert collapse_copies([]) == []
+
+
+def test_the_table_shows_a_repeat_group_once_for_each_run_of_alike_copies(runner):
+    """Llama 3 8B with its first five residual blocks recomputed (copies 0 and 1 whole,
+    copy 2's attention block) and every layer data parallel: copies 0-1, 2 and 3-31
+    read differently (a recomputed block's layers run their forward twice), so the table
+    has three rows for each of the copy's layers; --all-layers lists all 32."""
+    args = ("plan", NETWORKS / "llama3-8b.yaml", DGX, "-p", "64", "-b", "64", "--optimizer",
+            "adam", "--zero", "1", "--recompute", "5", "--pin", "*=data:1x64")
+    result = invoke(runner, *args)
+    assert result.exit_code == 0, result.stderr
+    names = re.findall(r"^ (layers\.\S+)", result.stdout, re.M)
+    assert names == [f"layers.{k}.{part}" for k in ("0-1", "2", "3-31")
+                     for part in ("attn.self_attn", "mlp.gate_up_proj", "mlp.down_proj")]
+    assert "N-M in a name: one row stands for copies N to M of a repeat group" in \
+        " ".join(result.stdout.split())
+    doc = json.loads(invoke(runner, *args, "--format", "json").stdout)
+    def compute(part):
+        return [rec["compute_s"] for rec in doc["layers"]
+                if re.fullmatch(rf"layers\.\d+\.{part}", rec["name"])]
+
+    attn, down = compute(r"attn\.self_attn"), compute(r"mlp\.down_proj")
+    assert len(attn) == len(down) == 32
+    assert attn[0] == attn[1] == attn[2] > attn[3] == attn[31]
+    assert down[0] == down[1] > down[2] == down[3] == down[31]
+    every = invoke(runner, *args, "--all-layers")
+    listed = re.findall(r"^ (layers\.\S+)", every.stdout, re.M)
+    assert "layers.17.mlp.down_proj" in listed and not any("-" in n for n in listed)
