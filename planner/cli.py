@@ -410,9 +410,13 @@ def _describe(kind: str, obj: Any) -> str:
 @click.argument("network", type=click.Path(dir_okay=True))
 @click.option("--batch", "-b", type=Whole(1, 2**40), default=1, show_default=True,
               help="Batch size for the product shapes (counts stay per sample).")
+@click.option("--all-layers", is_flag=True,
+              help="Table: list each of the alike copies of a repeat group (shown as one "
+              "row).")
 @format_option
 @output_option
-def show(network: str, batch: int, fmt: str | None, output: str | None) -> None:
+def show(network: str, batch: int, all_layers: bool, fmt: str | None,
+         output: str | None) -> None:
     """Show a network layer by layer: shapes, parameters, forward FLOPs.
 
     FLOPs count 2 per multiply-accumulate plus elementwise arithmetic; MACs count the
@@ -425,7 +429,7 @@ def show(network: str, batch: int, fmt: str | None, output: str | None) -> None:
     check_output(output, (network,))
     net = load_network(network)
     data = show_data(net, batch)
-    render_data(data, fmt, output, lambda: network_table(net, data), (network,))
+    render_data(data, fmt, output, lambda: network_table(net, data, all_layers), (network,))
 
 
 @cli.command()

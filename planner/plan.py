@@ -49,8 +49,6 @@ files)::
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Any
 
 from . import __version__
@@ -276,73 +274,13 @@ def _tried(trial: dict[str, Any]) -> str:
     return "no plan"
 
 
-@dataclass(frozen=True)
-class _Row:
-    """One line of the per-layer table: the layer's name, its cells after the name, and
-    whether its layout is a neighbour's (shown dim)."""
-
-    name: str
-    cells: tuple[str, ...]
-    dim: bool
-
-
-#: a name's first all-digit component, as a repeat group numbers its copies
-#: (``layers.12.mlp.down_proj``: ``layers.``, ``12``, ``.mlp.down_proj``)
-_COPY = re.compile(r"^((?:[^.]+\.)*?)(\d+)(\..+)$")
-
-
-def collapse_copies(rows: list[_Row]) -> list[_Row]:
-    """The rows with each run of two or more consecutive copies of a repeat group that
-    read alike (the same layers, with the same cells) shown once, their names'
-    copy number a range: ``layers.0.attn``, ``layers.1.attn`` … ``layers.31.attn`` alike
-    become ``layers.0-31.attn``. A copy is the consecutive rows whose names share a
-    prefix and a copy number (the first all-digit component); copies are consecutive
-    when their numbers are. Rows whose cells differ (another layout, a recomputed block,
-    another stage, the first copy receiving the embedding's output) end a run."""
-    units: list[tuple[str | None, int, list[_Row]]] = []
-    for row in rows:
-        m = _COPY.match(row.name)
-        key = (m.group(1), int(m.group(2))) if m else (None, -1)
-        if m and units and units[-1][:2] == key:
-            units[-1][2].append(row)
-        else:
-            units.append((*key, [row]))
-
-    def template(rows: list[_Row]) -> list[tuple[str, tuple[str, ...], bool]]:
-        out = []
-        for r in rows:
-            m = _COPY.match(r.name)
-            assert m is not None
-            out.append((m.group(3), r.cells, r.dim))
-        return out
-
-    out: list[_Row] = []
-    i = 0
-    while i < len(units):
-        prefix, first, members = units[i]
-        j = i + 1
-        if prefix is not None:
-            shape = template(members)
-            while j < len(units) and units[j][0] == prefix and \
-                    units[j][1] == first + (j - i) and template(units[j][2]) == shape:
-                j += 1
-        if j - i < 2:
-            out.extend(members)
-        else:
-            last = first + (j - i) - 1
-            out.extend(_Row(f"{prefix}{first}-{last}{suffix}", cells, dim)
-                       for suffix, cells, dim in template(members))
-        i = j
-    return out
-
-
 def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     """A person's view of a plan document: summary, per-layer breakdown, memory."""
     from rich import box
     from rich.console import Group as RichGroup
     from rich.text import Text
 
-    from .tables import FitTable
+    from .tables import COPIES_CAPTION, FitTable, Row, collapse_copies
 
     it = doc["iteration"]
     mem = doc["memory"]
@@ -470,7 +408,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     if staged:  # a pipeline's stages: which stage runs each layer
         t.add_column("stage", justify="right", no_wrap=True)
     hidden = [0, 0.0, 0.0, 0.0, 0.0]
-    rows: list[_Row] = []
+    rows: list[Row] = []
     for rec in doc["layers"]:
         c = rec["comm"]
         gathers = c.get("parameters_s", 0.0)
@@ -487,7 +425,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
         layout = f"{rec['mode']} {rec['grid'][0]}x{rec['grid'][1]}"
         if rec["placement"] == "cols":
             layout += " c"
-        rows.append(_Row(rec["name"], (
+        rows.append(Row(rec["name"], (
             rec["type"], layout, _ms(rec["compute_s"]), _ms(c["forward_s"]),
             _ms(c["backward_data_s"]), _ms(c["weight_grad_s"]), _ms(c["redistribute_s"]),
             *((_ms(gathers),) if zero else ()), _ms(comm), _ms(total),
@@ -500,8 +438,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
         t.add_row(row.name, *cells)
     captions = []
     if len(shown) < len(rows):
-        captions.append("N-M in a name: one row stands for copies N to M of a repeat group, "
-                        "alike in layout and times; --all-layers lists every layer")
+        captions.append(COPIES_CAPTION.format(alike="in layout and times"))
     if hidden[0]:
         others = f"({count(int(hidden[0]), 'other')})"
         captions.append(f"{others}: layers that follow a neighbour's layout and move no "

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from .cluster import Device
 from .network import Network, layer_summary
+from .tables import COPIES_CAPTION, Row, collapse_copies
 from .units import count, format_bytes, format_si
 
 
@@ -48,18 +49,26 @@ def _shape(s: list[int]) -> str:
     return "×".join(str(d) for d in s)
 
 
-def network_table(net: Network, data: dict[str, Any]) -> Any:
-    """A per-layer table with totals (per sample counts)."""
+def network_table(net: Network, data: dict[str, Any], all_layers: bool = False) -> Any:
+    """A per-layer table with totals (per sample counts); alike consecutive copies of a
+    repeat group show once unless ``all_layers``."""
     t = Table(box=box.SIMPLE_HEAD, title=f"{net.name}  ({net.dtype}, input "
                                          f"{_shape(list(net.input_shape))}, per sample)",
               title_justify="left", pad_edge=False, padding=(0, 1))
     t.add_column("layer", overflow="fold", min_width=12)
     for col in ("type", "input", "output", "params", "FLOPs"):
         t.add_column(col, justify="left" if col == "type" else "right", no_wrap=True)
-    for rec in data["layers"]:
-        t.add_row(rec["name"], rec["type"], _shape(rec["input_shape"]),
-                  _shape(rec["output_shape"]), f"{rec['params']:,}" if rec["params"] else "",
-                  human_count(rec["flops_forward"]) if rec["flops_forward"] else "")
+    rows = [Row(rec["name"], (
+        rec["type"], _shape(rec["input_shape"]), _shape(rec["output_shape"]),
+        f"{rec['params']:,}" if rec["params"] else "",
+        human_count(rec["flops_forward"]) if rec["flops_forward"] else ""), False)
+        for rec in data["layers"]]
+    shown = rows if all_layers else collapse_copies(rows)
+    for row in shown:
+        t.add_row(row.name, *row.cells)
+    if len(shown) < len(rows):
+        t.caption = COPIES_CAPTION.format(alike="in type, shapes, parameters and FLOPs")
+        t.caption_justify = "left"
     tot = data["totals"]
     t.add_section()
     t.add_row(Text("total", style="bold"), count(tot["layers"], "layer"), "", "",

@@ -12,7 +12,9 @@ and the terminal wraps the lines.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console, Group
@@ -105,3 +107,68 @@ def fit(console: Console, renderable: Any) -> int:
                 column.width = w
         need = max(need, sum(widths) + overhead)
     return need
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a per-layer table: the layer's name, its cells after the name, and
+    whether the second cell is shown dim (a layout taken from a neighbour)."""
+
+    name: str
+    cells: tuple[str, ...]
+    dim: bool
+
+
+#: a name's first all-digit component, as a repeat group numbers its copies
+#: (``layers.12.mlp.down_proj``: ``layers.``, ``12``, ``.mlp.down_proj``)
+_COPY = re.compile(r"^((?:[^.]+\.)*?)(\d+)(\..+)$")
+
+
+def collapse_copies(rows: list[Row]) -> list[Row]:
+    """The rows with each run of two or more consecutive copies of a repeat group that
+    read alike (the same layers, with the same cells) shown once, their names'
+    copy number a range: ``layers.0.attn``, ``layers.1.attn`` … ``layers.31.attn`` alike
+    become ``layers.0-31.attn``. A copy is the consecutive rows whose names share a
+    prefix and a copy number (the first all-digit component); copies are consecutive
+    when their numbers are. Rows whose cells differ (another layout, a recomputed block,
+    another stage, the first copy receiving the embedding's output) end a run."""
+    units: list[tuple[str | None, int, list[Row]]] = []
+    for row in rows:
+        m = _COPY.match(row.name)
+        key = (m.group(1), int(m.group(2))) if m else (None, -1)
+        if m and units and units[-1][:2] == key:
+            units[-1][2].append(row)
+        else:
+            units.append((*key, [row]))
+
+    def template(rows: list[Row]) -> list[tuple[str, tuple[str, ...], bool]]:
+        out = []
+        for r in rows:
+            m = _COPY.match(r.name)
+            assert m is not None
+            out.append((m.group(3), r.cells, r.dim))
+        return out
+
+    out: list[Row] = []
+    i = 0
+    while i < len(units):
+        prefix, first, members = units[i]
+        j = i + 1
+        if prefix is not None:
+            shape = template(members)
+            while j < len(units) and units[j][0] == prefix and \
+                    units[j][1] == first + (j - i) and template(units[j][2]) == shape:
+                j += 1
+        if j - i < 2:
+            out.extend(members)
+        else:
+            last = first + (j - i) - 1
+            out.extend(Row(f"{prefix}{first}-{last}{suffix}", cells, dim)
+                       for suffix, cells, dim in template(members))
+        i = j
+    return out
+
+
+#: the caption of a table with collapsed copies (``alike``: in what they are alike)
+COPIES_CAPTION = ("N-M in a name: one row stands for copies N to M of a repeat group, alike "
+                  "{alike}; --all-layers lists every layer")

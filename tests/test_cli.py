@@ -121,6 +121,24 @@ def test_show_table(runner):
     assert "conv1" in out and "fc8" in out and "60,965,224" in out
 
 
+def test_show_table_shows_alike_copies_once(runner):
+    """ResNet-50's bottlenecks: in each stage the first copy (which downsamples) reads
+    differently from the rest, which read alike and show once; --all-layers lists them,
+    and the total counts every layer either way."""
+    result = invoke(runner, "show", NETWORKS / "resnet50.yaml")
+    assert result.exit_code == 0
+    names = re.findall(r"^ (layer\d\.\S+)\.conv1 ", result.stdout, re.M)
+    assert names == ["layer1.0", "layer1.1-2", "layer2.0", "layer2.1-3", "layer3.0",
+                     "layer3.1-5", "layer4.0", "layer4.1-2"]
+    every = invoke(runner, "show", NETWORKS / "resnet50.yaml", "--all-layers")
+    listed = re.findall(r"^ (layer\d\.\S+)\.conv1 ", every.stdout, re.M)
+    assert len(listed) == 16 and listed[-1] == "layer4.2"
+    for out in (result.stdout, every.stdout):
+        assert re.search(r"^ total\s+(\d+) layers", out, re.M).group(1) == \
+            str(len(json.loads(invoke(runner, "show", NETWORKS / "resnet50.yaml",
+                                      "--format", "json").stdout)["layers"]))
+
+
 def test_show_to_file_and_refuse_overwriting_input(runner, tmp_path):
     out = tmp_path / "show.json"
     result = invoke(runner, "show", NETWORKS / "alexnet.yaml", "--format", "json", "-o", out)

@@ -681,16 +681,16 @@ def test_a_long_search_says_so_on_a_terminal_only(capsys):
 
 
 def _rows(*spec):
-    from planner.plan import _Row
+    from planner.tables import Row
 
-    return [_Row(name, (cell,), dim) for name, cell, dim in spec]
+    return [Row(name, (cell,), dim) for name, cell, dim in spec]
 
 
 def test_alike_consecutive_copies_are_one_row_each_layer():
     """A run of two or more consecutive copies whose rows read alike shows once, the copy
     number a range; a copy that differs (or a gap in the numbers, another prefix, a
     name without a copy number) ends the run, and nothing else changes."""
-    from planner.plan import collapse_copies
+    from planner.tables import collapse_copies
 
     rows = _rows(("embed", "a", False),
                  *((f"layers.{k}.{part}", cell, False) for k in range(5)
