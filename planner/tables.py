@@ -119,9 +119,10 @@ class Row:
     dim: bool
 
 
-#: a name's first all-digit component, as a repeat group numbers its copies
+#: a name's first component that is a number as a repeat group writes its copies' (no
+#: leading zero, so that the range shown reads as the names do)
 #: (``layers.12.mlp.down_proj``: ``layers.``, ``12``, ``.mlp.down_proj``)
-_COPY = re.compile(r"^((?:[^.]+\.)*?)(\d+)(\..+)$")
+_COPY = re.compile(r"^((?:[^.]+\.)*?)(0|[1-9][0-9]*)(\..+)$")
 
 
 def collapse_copies(rows: list[Row]) -> list[Row]:
@@ -129,7 +130,7 @@ def collapse_copies(rows: list[Row]) -> list[Row]:
     read alike (the same layers, with the same cells) shown once, their names'
     copy number a range: ``layers.0.attn``, ``layers.1.attn`` … ``layers.31.attn`` alike
     become ``layers.0-31.attn``. A copy is the consecutive rows whose names share a
-    prefix and a copy number (the first all-digit component); copies are consecutive
+    prefix and a copy number (the first component that is a number); copies are consecutive
     when their numbers are. Rows whose cells differ (another layout, a recomputed block,
     another stage, the first copy receiving the embedding's output) end a run."""
     units: list[tuple[str | None, int, list[Row]]] = []

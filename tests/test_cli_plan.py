@@ -699,6 +699,7 @@ def test_alike_consecutive_copies_are_one_row_each_layer():
                  ("layers.6.attn", "x", False), ("layers.6.mlp", "z", False),
                  ("layers.8.attn", "x", False), ("layers.8.mlp", "z", False),  # a gap
                  ("other.9.attn", "x", False), ("other.10.attn", "x", True),  # dim differs
+                 ("b.01.f", "v", False), ("b.02.f", "v", False),  # not copy numbers
                  ("blocks.0.layers.0.f", "w", False), ("blocks.0.layers.1.f", "w", False),
                  ("blocks.1.layers.0.f", "w", False), ("blocks.1.layers.1.f", "w", False),
                  ("head", "a", False))
@@ -707,7 +708,7 @@ def test_alike_consecutive_copies_are_one_row_each_layer():
         ("embed", "a"), ("layers.0-4.attn", "x"), ("layers.0-4.mlp", "y"),
         ("layers.5-6.attn", "x"), ("layers.5-6.mlp", "z"),
         ("layers.8.attn", "x"), ("layers.8.mlp", "z"),
-        ("other.9.attn", "x"), ("other.10.attn", "x"),
+        ("other.9.attn", "x"), ("other.10.attn", "x"), ("b.01.f", "v"), ("b.02.f", "v"),
         ("blocks.0-1.layers.0.f", "w"), ("blocks.0-1.layers.1.f", "w"), ("head", "a")]
     assert collapse_copies(rows[:3]) == rows[:3]  # one copy: as it was
     assert collapse_copies([]) == []
