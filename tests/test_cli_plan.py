@@ -740,3 +740,21 @@ def test_the_table_shows_a_repeat_group_once_for_each_run_of_alike_copies(runner
     every = invoke(runner, *args, "--all-layers")
     listed = re.findall(r"^ (layers\.\S+)", every.stdout, re.M)
     assert "layers.17.mlp.down_proj" in listed and not any("-" in n for n in listed)
+
+
+def test_a_pipelined_table_says_each_rows_stage_and_runs_stop_at_a_stage(runner):
+    """With stages, the table has a stage column, and a collapsed row stands only for
+    copies on its stage: every copy its range names runs on the stage it shows, as the
+    plan document says."""
+    args = ("plan", NETWORKS / "llama3-8b.yaml", DGX, "-p", "64", "-b", "64", "--optimizer",
+            "adam", "--pipeline", "2", "--microbatches", "8")
+    result = invoke(runner, *args)
+    assert result.exit_code == 0, result.stderr
+    assert re.search(r"^ layer .* total +stage$", result.stdout, re.M)
+    doc = json.loads(invoke(runner, *args, "--format", "json").stdout)
+    stage = {rec["name"]: rec["stage"] for rec in doc["layers"]}
+    ranges = re.findall(r"^ layers\.(\d+)-(\d+)(\.\S+) .* (\d+)$", result.stdout, re.M)
+    assert {s for *_, s in ranges} == {"0", "1"}
+    for lo, hi, suffix, shown in ranges:
+        assert {stage[f"layers.{k}{suffix}"] for k in range(int(lo), int(hi) + 1)} == \
+            {int(shown)}
