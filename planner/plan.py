@@ -560,8 +560,9 @@ def pipeline_table(doc: dict[str, Any]) -> Any:
     does once a step, and memory."""
     from rich import box
     from rich.console import Group as RichGroup
-    from rich.table import Table
     from rich.text import Text
+
+    from .tables import FitTable
 
     pipe = doc["pipeline"]
     head = Text()
@@ -574,16 +575,17 @@ def pipeline_table(doc: dict[str, Any]) -> Any:
                 "step)"
                 + (f", tied weights' reductions {format_time(pipe['tied_allreduce_s'])}"
                    if pipe["tied_allreduce_s"] else "") + "\n")
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title="stages",
-              title_justify="left")
+    t = FitTable(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title="stages",
+                 title_justify="left")
     # each stage's passes: F / B, or ZB-H1's F / B / W (none in plans made before)
     kinds = list(pipe["stage_plans"][0].get("passes_s", {}))
     label = " / ".join({"forward": "F", "weight_grad": "W"}.get(k, "B") for k in kinds)
     for col in ("stage", *(("chunk",) if v > 1 else ()), "layers", "ranks", "in flight",
                 "microbatch", *((label,) if kinds else ()), "sends", "step end",
                 "memory"):
+        # the layer names fold; the numbers keep their cells whole
         t.add_column(col, justify="left" if col in ("layers", "ranks") else "right",
-                     overflow="fold")
+                     overflow="fold", no_wrap=col != "layers")
     for st in pipe["stage_plans"]:
         mem = format_bytes(st["peak_bytes"]) + ("" if st["fits"] else " (does not fit)")
         passes = st.get("passes_s", {})

@@ -599,14 +599,17 @@ def test_a_table_too_wide_anyway_breaks_no_name(runner, monkeypatch):
     """At 60 columns `show`'s table cannot fit whatever its names fold to, so it prints at
     its natural width with every name whole (it broke "h.0.attn.resid_drop" after 16
     characters and still printed wider than 60); at 88 columns folding a few names makes it
-    fit, and it does."""
+    fit, and it does. The same holds with the twelve alike blocks shown once (their names
+    a range, ``h.0-11.attn.resid_drop``) and with every layer listed."""
     net = NETWORKS / "gpt2-small.yaml"
-    monkeypatch.setenv("COLUMNS", "60")
-    out = invoke(runner, "show", net).stdout
-    assert " h.0.attn.resid_drop " in out and "\n rop " not in out
-    monkeypatch.setenv("COLUMNS", "88")
-    out = invoke(runner, "show", net).stdout
-    assert max(len(line) for line in out.splitlines()) <= 88
+    for name, every in ((" h.0-11.attn.resid_drop ", ()), (" h.0.attn.resid_drop ",
+                                                             ("--all-layers",))):
+        monkeypatch.setenv("COLUMNS", "60")
+        out = invoke(runner, "show", net, *every).stdout
+        assert name in out and "\n rop " not in out
+        monkeypatch.setenv("COLUMNS", "88")
+        out = invoke(runner, "show", net, *every).stdout
+        assert max(len(line) for line in out.splitlines()) <= 88
 
 
 def test_sweep_for_a_scaling_study(runner, tmp_path, monkeypatch):
