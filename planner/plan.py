@@ -525,6 +525,7 @@ def placement_record(ev: Evaluation, gpus: int, per_node: int, expand: bool,
 def baselines_table(doc: dict[str, Any]) -> Any:
     """The plan against each baseline."""
     from rich import box
+    from rich.console import Group as RichGroup
     from rich.table import Table
     from rich.text import Text
 
@@ -541,9 +542,14 @@ def baselines_table(doc: dict[str, Any]) -> Any:
         t.add_row(Text("plan (searched)", style="bold"), format_time(it["time_s"]),
                   format_time(it["comm_s"]), format_time(it["exposed_comm_s"]),
                   format_bytes(doc["memory"]["peak_bytes"]), "")
+    notes: list[str] = []  # reasons too long for the column, said under the table
     for b in doc.get("baselines", []):
         if not b["applicable"]:
-            t.add_row(Text(f"{b['name']}: not applicable ({b['reason']})", style="dim"),
+            reason = b["reason"]
+            if len(reason) > REASON_INLINE:
+                notes.append(f"{b['name']} is not applicable: {reason}")
+                reason = "below"
+            t.add_row(Text(f"{b['name']}: not applicable ({reason})", style="dim"),
                       "", "", "", "", "")
             continue
         mem = format_bytes(b["peak_bytes"]) + ("" if b["fits"] else " (does not fit)")
@@ -552,7 +558,14 @@ def baselines_table(doc: dict[str, Any]) -> Any:
             speed = f"{b['speedup']:.2f}x" if b["speedup"] < 10 else f"{b['speedup']:.3g}x"
         t.add_row(f"{b['name']}: {b['description']}", format_time(b["time_s"]),
                   format_time(b["comm_s"]), format_time(b["exposed_comm_s"]), mem, speed)
-    return t
+    if not notes:
+        return t
+    return RichGroup(t, Text("\n".join(notes), style="dim"))
+
+
+#: the longest reason a baseline's row says inline (longer ones fold the strategy column
+#: into a dozen lines; they go under the table, at its full width)
+REASON_INLINE = 60
 
 
 def pipeline_table(doc: dict[str, Any]) -> Any:

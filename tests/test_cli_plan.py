@@ -761,3 +761,21 @@ def test_a_pipelined_table_says_each_rows_stage_and_runs_stop_at_a_stage(runner)
     for lo, hi, suffix, shown in ranges:
         assert {stage[f"layers.{k}{suffix}"] for k in range(int(lo), int(hi) + 1)} == \
             {int(shown)}
+
+
+def test_a_long_reason_a_baseline_does_not_apply_is_said_under_the_table(runner):
+    """GPT-2 on 5 devices: no model split divides its 12 heads. The reasons (80-110
+    characters) used to fold the strategy column into a dozen lines; the rows now say
+    "(below)" and each reason follows the table whole, as the plan document has it."""
+    args = ("plan", NETWORKS / "gpt2-small.yaml", DGX, "-p", "5", "-b", "10")
+    result = invoke(runner, *args)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(invoke(runner, *args, "--format", "json").stdout)
+    skipped = [b for b in doc["baselines"] if not b["applicable"]]
+    assert {b["name"] for b in skipped} == {"model", "megatron", "megatron-sp"}
+    flat = " ".join(result.stdout.split())
+    for b in skipped:
+        assert len(b["reason"]) > 60
+        assert f"{b['name']}: not applicable (below)" in flat
+        assert f"{b['name']} is not applicable: {b['reason']}" in flat
+    assert flat.index("megatron-cp: context parallel") < flat.index("model is not applicable")
