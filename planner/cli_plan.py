@@ -1753,8 +1753,12 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
                     if base is not None and base.evaluation.memory.fits else None
                 rows.append(row)
             except NoFeasiblePlan as exc:
+                short = exc.shortfall
                 rows.append({"gpus": p, "batch": b, **each, "feasible": False,
-                             "reason": str(exc).removeprefix("planner: ")})
+                             "reason": str(exc).removeprefix("planner: "),
+                             **({"needed_bytes": short.needed_bytes,
+                                 "capacity_bytes": short.capacity_bytes}
+                                if short is not None else {})})
             if progress is not None and task is not None:
                 progress.update(task, completed=i + 1)
     finally:
@@ -1837,7 +1841,8 @@ def _auto_choices(q: Question, prob: dict[str, Any]) -> dict[str, Any]:
 SWEEP_CSV = ("gpus", "batch", "batch_per_device", "feasible", "time_s", "samples_per_s",
              "tokens_per_s", "tflops_per_device", "mfu", "comm_s", "exposed_comm_s",
              "peak_bytes", "pipeline", "virtual_stages", "schedule", "microbatches", "zero",
-             "zero_shard", "recompute", "speedup_vs_data", "layouts", "reason")
+             "zero_shard", "recompute", "speedup_vs_data", "layouts", "needed_bytes",
+             "capacity_bytes", "reason")
 
 
 def _sweep_csv(rows: list[dict[str, Any]]) -> str:
@@ -1921,8 +1926,14 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     for r in rows:
         if not r["feasible"]:
             reason = r["reason"].split(";")[0].replace("planner: ", "")
+            # short of memory: what the leanest layout needs, in the memory column (the
+            # whole sentence folded the layouts column into ten lines a row)
+            need = r.get("needed_bytes")
+            if need is not None:
+                reason = f"leanest short by {format_bytes(need - r['capacity_bytes'])}"
             t.add_row(str(r["gpus"]), *((str(r["batch_per_device"]),) if weak else ()),
-                      str(r["batch"]), "no plan", "", "", "", "",
+                      str(r["batch"]), "no plan", "", "", "",
+                      "" if need is None else format_bytes(need),
                       *(("",) * len(extra)), "", reason,
                       textwrap.fill(reason, 16, break_long_words=False))
             continue

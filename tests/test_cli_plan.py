@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import sys
 
 import pytest
 import yaml
+
+from planner.units import format_bytes
 
 from .conftest import CLUSTERS, NETWORKS, ROOT, invoke
 
@@ -556,11 +559,26 @@ def test_pin_with_a_one_row_grid_is_data_parallelism(runner):
 
 
 def test_sweep_reason_is_the_message_alone(runner):
-    result = invoke(runner, "sweep", NETWORKS / "gpt2-small.yaml", DGX, "-p", "1", "-b", "256",
-                    "--format", "json", "--estimator", "roofline")
+    """A row short of memory says why in full in JSON, with what the leanest layout needs
+    and the capacity (the numbers its message gives); the table shows the need under
+    memory and the shortfall in a line, not the sentence folded down the layouts column
+    (ten lines a row, where the CSV keeps all three)."""
+    args = ("sweep", NETWORKS / "gpt2-small.yaml", DGX, "-p", "1", "-b", "256",
+            "--estimator", "roofline")
+    result = invoke(runner, *args, "--format", "json")
     assert result.exit_code == 1
     (row,) = json.loads(result.stdout)["results"]
     assert row["feasible"] is False and row["reason"].startswith("no plan fits in memory")
+    need, cap = row["needed_bytes"], row["capacity_bytes"]
+    assert f"needs {format_bytes(need)} per device, {format_bytes(cap)} is available" in \
+        row["reason"] and need > cap
+    table = invoke(runner, *args)
+    (line,) = [x for x in table.stdout.splitlines() if x.split()[:2] == ["1", "256"]]
+    assert line.split()[2:] == ["no", "plan", *format_bytes(need).split(), "leanest",
+                                "short", "by", *format_bytes(need - cap).split()]
+    csv_rows = invoke(runner, *args, "--format", "csv").stdout.splitlines()
+    (cells,) = list(csv.DictReader(csv_rows))
+    assert float(cells["needed_bytes"]) == need and float(cells["capacity_bytes"]) == cap
 
 
 def _as_pins(doc):
