@@ -133,39 +133,34 @@ def collapse_copies(rows: list[Row]) -> list[Row]:
     prefix and a copy number (the first component that is a number); copies are consecutive
     when their numbers are. Rows whose cells differ (another layout, a recomputed block,
     another stage, the first copy receiving the embedding's output) end a run."""
-    units: list[tuple[str | None, int, list[Row]]] = []
+    # each copy: its prefix (None: a row outside any copy), its number, its rows, and what
+    # must match for copies to read alike (each row's name after the number, cells, dim)
+    units: list[tuple[str | None, int, list[Row], list[tuple[str, tuple[str, ...], bool]]]]
+    units = []
     for row in rows:
         m = _COPY.match(row.name)
-        key = (m.group(1), int(m.group(2))) if m else (None, -1)
-        if m and units and units[-1][:2] == key:
-            units[-1][2].append(row)
-        else:
-            units.append((*key, [row]))
-
-    def template(rows: list[Row]) -> list[tuple[str, tuple[str, ...], bool]]:
-        out = []
-        for r in rows:
-            m = _COPY.match(r.name)
-            assert m is not None
-            out.append((m.group(3), r.cells, r.dim))
-        return out
-
+        if m is None:
+            units.append((None, -1, [row], []))
+            continue
+        prefix, number = m.group(1), int(m.group(2))
+        if not (units and units[-1][:2] == (prefix, number)):
+            units.append((prefix, number, [], []))
+        units[-1][2].append(row)
+        units[-1][3].append((m.group(3), row.cells, row.dim))
     out: list[Row] = []
     i = 0
     while i < len(units):
-        prefix, first, members = units[i]
+        prefix, first, members, shape = units[i]
         j = i + 1
-        if prefix is not None:
-            shape = template(members)
-            while j < len(units) and units[j][0] == prefix and \
-                    units[j][1] == first + (j - i) and template(units[j][2]) == shape:
-                j += 1
+        while prefix is not None and j < len(units) and units[j][0] == prefix and \
+                units[j][1] == first + (j - i) and units[j][3] == shape:
+            j += 1
         if j - i < 2:
             out.extend(members)
         else:
             last = first + (j - i) - 1
             out.extend(Row(f"{prefix}{first}-{last}{suffix}", cells, dim)
-                       for suffix, cells, dim in template(members))
+                       for suffix, cells, dim in shape)
         i = j
     return out
 
