@@ -823,6 +823,20 @@ pin_option = click.option(
          "the first match wins.")
 
 
+
+def _jobs_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    return _count_or_auto(value, 1024, "searches to run at once (1 or more)")
+
+
+jobs_option = click.option(
+    "--jobs", "-j", default="auto", show_default=True, callback=_jobs_option,
+    envvar="PLANNER_JOBS", metavar="N|auto",
+    help="Searches run at once in worker processes, where a command has independent "
+         "ones (the microbatch counts of --microbatches auto, a sweep's rows); auto: "
+         "one a usable CPU, at most 16. The output is the same bytes with any count. "
+         "Environment: PLANNER_JOBS.")
+
+
 def _pipeline_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
     return _count_or_auto(value, MAX_GPUS, "stages (1 or more, a divisor of --gpus)")
 
@@ -853,12 +867,13 @@ def _virtual_option(ctx: click.Context, param: click.Parameter, value: str) -> i
 @click.option("--all-layers", is_flag=True,
               help="Table: list every layer (those without communication, and each of "
               "the alike copies of a repeat group shown as one row).")
+@jobs_option
 @format_option
 @output_option
 def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
          pins: tuple[str, ...], pipeline: int | str, virtual: int | str, schedule: str,
-         expand_ranks: bool, all_layers: bool, fmt: str | None, output: str | None,
-         **kw: Any) -> None:
+         expand_ranks: bool, all_layers: bool, jobs: int | str, fmt: str | None,
+         output: str | None, **kw: Any) -> None:
     """Search the best layout of every layer and place the ranks.
 
     Writes the plan (YAML/JSON for launch scripts, or a table): each layer's mode and
@@ -881,7 +896,9 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
                          "stages of a pipeline; give --pipeline 2 or more, or auto")
     schedule_option_check(schedule, pipeline, virtual, auto=True)
     q.schedule = schedule
-    with searching() as q.progress:
+    from .parallel import resolve_jobs, running
+
+    with searching() as q.progress, running(resolve_jobs(jobs)):
         if auto:
             doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks, virtual)
         else:
@@ -955,13 +972,23 @@ def plan_for(q: Question, pipeline: int | str, objective: str, pins: tuple[str, 
     :class:`Beaten` when no step at this count can be faster than ``beat``)."""
     from .bounds import beaten
 
-    if pipeline != 1:
-        return pipeline_plan(q, pipeline, objective, pins, expand, virtual, beat)
     if beat is not None:
-        bound = count_bounds(q, [1], virtual)[1]
+        bound = plan_bound(q, pipeline, objective, virtual)
         if beaten(bound, beat):
             raise Beaten(bound)
+    if pipeline != 1:
+        return pipeline_plan(q, pipeline, objective, pins, expand, virtual)
     return plan_doc(q, search_flat(q, objective, pins), objective, expand)
+
+
+def plan_bound(q: Question, pipeline: int | str, objective: str, virtual: int | str
+               ) -> float:
+    """No step :func:`plan_for` can find for ``q`` is faster (seconds): the least of
+    :func:`count_bounds` over the stage counts it tries (raises its usage errors)."""
+    if pipeline == 1:
+        return count_bounds(q, [1], virtual)[1]
+    return min(count_bounds(q, stage_counts(q, pipeline, objective, virtual),
+                            virtual).values())
 
 
 class Beaten(Exception):
@@ -1074,8 +1101,10 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
     given stage count try the multiples of that count. A count whose every stage count's
     lower bound is no faster than the best so far is not searched (:class:`Beaten`,
     ``bound`` in the record) and counts as a slower one."""
+    from .bounds import beaten
     from .errors import NoFeasiblePlan
     from .output import rounded
+    from .parallel import Ahead
 
     batch = q.options.step_batch
     step = pipeline if isinstance(virtual, int) and virtual > 1 and \
@@ -1089,36 +1118,71 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
     best: tuple[float, dict[str, Any]] | None = None
     error: NoFeasiblePlan | None = None
     slower = 0
-    for m in counts:
-        if q.progress is not None:
-            q.progress("microbatches", f"{m:,}")
+    # each count's question (or the error asking it raised) and its step's lower bound,
+    # worked out once, by the loop or by the look-ahead deciding whether to start it
+    made: dict[int, Question | Exception] = {}
+    floors: dict[int, float] = {}
+
+    def question(i: int) -> Question:
+        if i not in made:
+            try:
+                made[i] = with_microbatches(q, counts[i])
+            except Exception as exc:
+                made[i] = exc
+        got = made[i]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def floor(i: int) -> float:
+        if i not in floors:
+            floors[i] = plan_bound(question(i), pipeline, objective, virtual)
+        return floors[i]
+
+    def prepare(i: int) -> Callable[[], dict[str, Any]]:
+        qi = question(i)
+        return lambda: plan_for(qi, pipeline, objective, pins, expand, virtual)
+
+    def may_run(i: int) -> bool:  # False only where the loop will skip count i
         try:
-            doc = plan_for(with_microbatches(q, m), pipeline, objective, pins, expand,
-                           virtual, None if best is None else best[0])
-        except NoFeasiblePlan as exc:
-            error = error or exc
-            trials.append({"microbatches": m, "time_s": None, "outcome": _why(exc)})
-            continue
-        except Beaten as exc:  # no faster than the best: as a slower count
-            trials.append(bound_trial(exc.bound_s, microbatches=m))
-            slower += 1
-            if slower >= MICROBATCH_PATIENCE:
-                break
-            continue
-        t = float(doc["iteration"]["time_s"])
-        pipe = doc["problem"].get("pipeline") or {}
-        trials.append({"microbatches": m, "time_s": t, "outcome": "plan",
-                       **({"stages": pipe.get("stages", 1)} if pipeline != 1 else {}),
-                       **({"virtual_stages": pipe.get("virtual_stages", 1)}
-                          if virtual == "auto" else {}),
-                       **({"schedule": pipe.get("schedule", SCHEDULE)}
-                          if q.schedule == AUTO_SCHEDULE else {})})
-        if best is None or t < best[0]:
-            best, slower = (t, doc), 0
-        else:
-            slower += 1
-            if slower >= MICROBATCH_PATIENCE:
-                break
+            return best is None or not beaten(floor(i), best[0])
+        except Exception:  # the loop raises it when it gets there
+            return True
+
+    with Ahead(len(counts), prepare, may_run) as ahead:
+        for i, m in enumerate(counts):
+            if q.progress is not None:
+                q.progress("microbatches", f"{m:,}")
+            try:
+                question(i)
+                if best is not None and beaten(floor(i), best[0]):
+                    ahead.skip(i)
+                    raise Beaten(floor(i))
+                doc = ahead.get(i)
+            except NoFeasiblePlan as exc:
+                error = error or exc
+                trials.append({"microbatches": m, "time_s": None, "outcome": _why(exc)})
+                continue
+            except Beaten as exc:  # no faster than the best: as a slower count
+                trials.append(bound_trial(exc.bound_s, microbatches=m))
+                slower += 1
+                if slower >= MICROBATCH_PATIENCE:
+                    break
+                continue
+            t = float(doc["iteration"]["time_s"])
+            pipe = doc["problem"].get("pipeline") or {}
+            trials.append({"microbatches": m, "time_s": t, "outcome": "plan",
+                           **({"stages": pipe.get("stages", 1)} if pipeline != 1 else {}),
+                           **({"virtual_stages": pipe.get("virtual_stages", 1)}
+                              if virtual == "auto" else {}),
+                           **({"schedule": pipe.get("schedule", SCHEDULE)}
+                              if q.schedule == AUTO_SCHEDULE else {})})
+            if best is None or t < best[0]:
+                best, slower = (t, doc), 0
+            else:
+                slower += 1
+                if slower >= MICROBATCH_PATIENCE:
+                    break
     if best is None:
         assert error is not None
         raise error
@@ -1128,21 +1192,12 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
     return doc
 
 
-def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[str, ...],
-                  expand: bool, virtual: int | str = 1, beat: float | None = None
-                  ) -> dict[str, Any]:
-    """The plan document of ``--pipeline`` (``auto``: every stage count that divides the
-    devices and the network's boundaries allow, 1 included; the fastest that fits;
-    with ``virtual`` chunks a stage, the counts the interleaved schedule allows;
-    ``virtual="auto"``: :func:`best_interleaving` for each count). A stage count whose
-    step's lower bound (:func:`count_bounds`) is no faster than the best count so far
-    is not searched (``bound`` in ``pipeline_auto``); when no count's is faster than
-    ``beat`` (another microbatch count's step), nothing is searched and
-    :class:`Beaten` is raised."""
-    import dataclasses
-
-    from .bounds import beaten
-    from .errors import NoFeasiblePlan
+def stage_counts(q: Question, stages: int | str, objective: str, virtual: int | str
+                 ) -> list[int]:
+    """The stage counts ``--pipeline stages`` tries (``auto``: every count that divides
+    the devices and the network's boundaries allow, 1 included; with ``virtual`` chunks
+    a stage, the counts the interleaved schedule allows); raises the usage errors of
+    a count that cannot be asked."""
     from .pipeline import max_stages, virtual_check
 
     if objective != "time":
@@ -1162,9 +1217,22 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
         if isinstance(virtual, int):
             virtual_check(q.network, stages, virtual, m)
         counts = [stages]
+    return counts
+
+
+def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[str, ...],
+                  expand: bool, virtual: int | str = 1) -> dict[str, Any]:
+    """The plan document of ``--pipeline``: the fastest of :func:`stage_counts` that
+    fits (``virtual="auto"``: :func:`best_interleaving` for each count). A stage count
+    whose step's lower bound (:func:`count_bounds`) is no faster than the best count so
+    far is not searched (``bound`` in ``pipeline_auto``)."""
+    import dataclasses
+
+    from .bounds import beaten
+    from .errors import NoFeasiblePlan
+
+    counts = stage_counts(q, stages, objective, virtual)
     bounds = count_bounds(q, counts, virtual)
-    if beat is not None and all(beaten(b, beat) for b in bounds.values()):
-        raise Beaten(min(bounds.values()))
     context = stage_context(q)
     flat_q = dataclasses.replace(q)
     flat_bases: list[dict[str, Any]] = []  # priced even where nothing fits without stages
@@ -1625,6 +1693,7 @@ SWEEP_FORMATS = (*FORMATS, "csv")
 @schedule_option(auto=True)
 @objective_option
 @pin_option
+@jobs_option
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Also draw iteration time and throughput against devices, a line a "
                    "batch size, to this PNG file (needs matplotlib: planner[plot]).")
@@ -1635,8 +1704,8 @@ SWEEP_FORMATS = (*FORMATS, "csv")
 @output_option
 def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
           per_device_list: str | None, pipeline: int | str, virtual: int | str,
-          schedule: str, objective: str, pins: tuple[str, ...], plot: str | None,
-          fmt: str | None, output: str | None, **kw: Any) -> None:
+          schedule: str, objective: str, pins: tuple[str, ...], jobs: int | str,
+          plot: str | None, fmt: str | None, output: str | None, **kw: Any) -> None:
     """Plan for every combination of device counts and batch sizes (strong scaling), or
     of device counts and samples a device (weak scaling)."""
     from .errors import NoFeasiblePlan
@@ -1686,7 +1755,6 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
         fmt = "csv"
     from .evaluate import beyond_cluster
     from .inputs import load_cluster
-    from .plan import utilisation
 
     # a device count the cluster cannot hold is asked wrongly: before anything is planned
     cl = load_cluster(cluster)
@@ -1703,64 +1771,52 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
 
     # a progress bar only for a person watching (on a log it left a stray newline)
     show_progress = console(stderr=True).is_terminal
-    try:
-        for i, (b, p, per) in enumerate(combos):
-            each = {} if per is None else {"batch_per_device": per}
-            if progress is None and show_progress and time.monotonic() - start > 1.0 and \
-                    i < len(combos):
-                from rich.progress import Progress
 
-                progress = Progress(console=console(stderr=True), transient=True)
-                progress.start()
-                task = progress.add_task("planning", total=len(combos), completed=i)
-            try:
-                q = load_question(network, cluster, p, b,
-                                  **{**kw, "microbatches": 1} if auto_micro else kw)
-                q.schedule = schedule
-                if not settings:
-                    settings = _sweep_settings(q, kw)
-                    if pipeline != 1:  # as a plan records its pipeline (auto: per row)
-                        settings["pipeline"] = {
-                            "stages": pipeline, "virtual_stages": virtual,
-                            "schedule": schedule,
-                            **({"boundaries": "layers"}
-                               if q.network.stage_unit == "layers" else {})}
-                    if auto_micro:
-                        settings["microbatches"] = "auto"
-                if as_plan:
-                    rows.append(_planned_row(q, p, b, each, pipeline, virtual, objective,
-                                             pins, auto_micro))
-                    continue
-                result = run_search(q, objective, pins)
-                ev = result.best.evaluation
-                data_base = next((x for x in result.baselines if x.name == "data"), None)
-                use = utilisation(q.network, q.cluster.device, q.options.gpus,
-                                  q.options.step_batch, ev.time_s)
-                doc = plan_doc(q, result, objective, False)
-                row: dict[str, Any] = {
-                    "gpus": p, "batch": b, **each, "feasible": True, "time_s": ev.time_s,
-                    "samples_per_s": b / ev.time_s if ev.time_s else 0.0,
-                    **_tokens_per_s(q, b, ev.time_s),
-                    "tflops_per_device": use["tflops_per_device"], "mfu": use["mfu"],
-                    "comm_s": ev.comm_s, "exposed_comm_s": ev.exposed_comm_s,
-                    "peak_bytes": ev.memory.peak, "layouts": _layout_summary(doc),
-                    **_auto_choices(q, doc["problem"]),
-                }
-                # null where data parallelism is not applicable or does not fit (a
-                # baseline that runs out of memory is no alternative: found by an audit)
-                base = data_base.candidate if data_base is not None else None
-                row["speedup_vs_data"] = base.evaluation.time_s / ev.time_s \
-                    if base is not None and base.evaluation.memory.fits else None
+    def settings_of(q: Question) -> dict[str, Any]:
+        """The question's settings, the same for every row."""
+        out = _sweep_settings(q, kw)
+        if pipeline != 1:  # as a plan records its pipeline (auto: per row)
+            out["pipeline"] = {
+                "stages": pipeline, "virtual_stages": virtual, "schedule": schedule,
+                **({"boundaries": "layers"} if q.network.stage_unit == "layers" else {})}
+        if auto_micro:
+            out["microbatches"] = "auto"
+        return out
+
+    def prepare(i: int) -> Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]:
+        """Load row ``i``'s question here (its notes said once, in order); the call
+        plans it (in a worker with --jobs)."""
+        b, p, per = combos[i]
+        each = {} if per is None else {"batch_per_device": per}
+        try:
+            q = load_question(network, cluster, p, b,
+                              **{**kw, "microbatches": 1} if auto_micro else kw)
+        except NoFeasiblePlan as exc:
+            row = _infeasible_row(p, b, each, exc)
+            return lambda: (row, None)
+        q.schedule = schedule
+        sets = settings_of(q)
+        return lambda: (_sweep_row(q, p, b, each, pipeline, virtual, objective, pins,
+                                   auto_micro, as_plan), sets)
+
+    from .parallel import Ahead, resolve_jobs, running
+
+    try:
+        with running(resolve_jobs(jobs)), Ahead(len(combos), prepare) as ahead:
+            for i in range(len(combos)):
+                if progress is None and show_progress and \
+                        time.monotonic() - start > 1.0 and i < len(combos):
+                    from rich.progress import Progress
+
+                    progress = Progress(console=console(stderr=True), transient=True)
+                    progress.start()
+                    task = progress.add_task("planning", total=len(combos), completed=i)
+                row, sets = ahead.get(i)
                 rows.append(row)
-            except NoFeasiblePlan as exc:
-                short = exc.shortfall
-                rows.append({"gpus": p, "batch": b, **each, "feasible": False,
-                             "reason": str(exc).removeprefix("planner: "),
-                             **({"needed_bytes": short.needed_bytes,
-                                 "capacity_bytes": short.capacity_bytes}
-                                if short is not None else {})})
-            if progress is not None and task is not None:
-                progress.update(task, completed=i + 1)
+                if not settings and sets:
+                    settings = sets
+                if progress is not None and task is not None:
+                    progress.update(task, completed=i + 1)
     finally:
         if progress is not None:
             progress.stop()
@@ -1780,6 +1836,52 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
     if not any(r["feasible"] for r in rows):
         raise NoFeasiblePlan("planner: no device count and batch size of the sweep has a "
                              "feasible plan")
+
+
+def _sweep_row(q: Question, p: int, b: int, each: dict[str, Any], pipeline: int | str,
+               virtual: int | str, objective: str, pins: tuple[str, ...], auto_micro: bool,
+               as_plan: bool) -> dict[str, Any]:
+    """A sweep's row: as ``plan`` plans it (``as_plan``), else the search's best, with
+    its speedup over data parallelism; a row without a plan when nothing fits."""
+    from .errors import NoFeasiblePlan
+    from .plan import utilisation
+
+    try:
+        if as_plan:
+            return _planned_row(q, p, b, each, pipeline, virtual, objective, pins,
+                                auto_micro)
+        result = run_search(q, objective, pins)
+    except NoFeasiblePlan as exc:
+        return _infeasible_row(p, b, each, exc)
+    ev = result.best.evaluation
+    data_base = next((x for x in result.baselines if x.name == "data"), None)
+    use = utilisation(q.network, q.cluster.device, q.options.gpus, q.options.step_batch,
+                      ev.time_s)
+    doc = plan_doc(q, result, objective, False)
+    row: dict[str, Any] = {
+        "gpus": p, "batch": b, **each, "feasible": True, "time_s": ev.time_s,
+        "samples_per_s": b / ev.time_s if ev.time_s else 0.0,
+        **_tokens_per_s(q, b, ev.time_s),
+        "tflops_per_device": use["tflops_per_device"], "mfu": use["mfu"],
+        "comm_s": ev.comm_s, "exposed_comm_s": ev.exposed_comm_s,
+        "peak_bytes": ev.memory.peak, "layouts": _layout_summary(doc),
+        **_auto_choices(q, doc["problem"]),
+    }
+    # null where data parallelism is not applicable or does not fit (a baseline that
+    # runs out of memory is no alternative: found by an audit)
+    base = data_base.candidate if data_base is not None else None
+    row["speedup_vs_data"] = base.evaluation.time_s / ev.time_s \
+        if base is not None and base.evaluation.memory.fits else None
+    return row
+
+
+def _infeasible_row(p: int, b: int, each: dict[str, Any], exc: Any) -> dict[str, Any]:
+    """A sweep's row without a plan: why, and how far the leanest layout misses."""
+    short = exc.shortfall
+    return {"gpus": p, "batch": b, **each, "feasible": False,
+            "reason": str(exc).removeprefix("planner: "),
+            **({"needed_bytes": short.needed_bytes, "capacity_bytes": short.capacity_bytes}
+               if short is not None else {})}
 
 
 def _planned_row(q: Question, p: int, b: int, each: dict[str, Any], pipeline: int | str,

@@ -200,6 +200,10 @@ class NoFeasiblePlan(PlannerError):
         out._parts, out._explain = None, explain
         return out
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled worked out (a ``--jobs`` worker sends its failure to the parent)."""
+        return (type(self), self._resolved())
+
     def _resolved(self) -> tuple[str, Shortfall | None, list[dict[str, Any]] | None]:
         if self._parts is None:
             assert self._explain is not None

@@ -82,6 +82,7 @@ counts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -631,7 +632,7 @@ def search_pipeline(q: Any, stages: int, objective: str, pins: tuple[str, ...],
     under ``schedule`` (raises NoFeasiblePlan): ``run(question, objective, pins)``
     searches one chunk's question, ``context(net, options)`` builds its cost context."""
     return _pipeline(q, stages, lambda sq, lo: run(sq, objective, pins), context,
-                     virtual=virtual, schedule=schedule, reuse=not pins)
+                     virtual=virtual, schedule=schedule, reuse=not pins, ahead=True)
 
 
 @dataclass
@@ -698,14 +699,17 @@ def chunk_signature(network: Network) -> tuple[Any, ...]:
 def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
               context: Callable[[Network, Any], Any], bounds: list[int] | None = None,
               must_fit: bool = True, virtual: int = 1, schedule: str = SCHEDULE,
-              reuse: bool = False) -> PipelineResult:
+              reuse: bool = False, ahead: bool = False) -> PipelineResult:
     """Stages (``virtual`` model chunks each) planned by ``run(chunk question, first
     layer)``, over the partitions balancing finds (or ``bounds``); the fastest that fits
     (``must_fit``: else NoFeasiblePlan; otherwise the leanest when none fits). With
     ``reuse`` (a search without pins, which match layers by name) a chunk that asks the
     question another chunk asked (:func:`chunk_signature`, its devices and microbatches
     in flight) takes that chunk's answer, its layouts by position and the settings its
-    search chose, evaluated on its own layers, instead of being searched again."""
+    search chose, evaluated on its own layers, instead of being searched again. With
+    ``ahead`` (``run`` is a search) and several jobs (:mod:`planner.parallel`), the
+    chunks of a partition that search questions of their own run at once, each in a
+    worker."""
     net = q.network
     opts = q.options
     p, m = opts.gpus, opts.microbatches
@@ -744,27 +748,32 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
     failures: dict[tuple[int, int, int], NoFeasiblePlan] = {}
     answered: dict[tuple[Any, ...], Stage] = {}  # a question's first answer (reuse)
 
-    def answer(sq: Any, lo: int, key: tuple[Any, ...]) -> Any:
-        """``run``'s result for a chunk question, or (``reuse``) the answer to the
-        same question asked by another chunk, re-evaluated on this one's layers."""
+    def answer(sq: Any, lo: int, key: tuple[Any, ...],
+               searched: Callable[[], Any] | None = None) -> Any:
+        """``run``'s result for a chunk question (``searched()``'s where it ran in a
+        worker), or (``reuse``) the answer to the same question asked by another
+        chunk, re-evaluated on this one's layers."""
         from .evaluate import evaluate
 
         same = answered.get(key) if reuse else None
         if same is None:
-            return run(sq, lo)
+            if searched is None:
+                return run(sq, lo)
+            result, sq.ctx, sq.options = searched()  # as run leaves its question
+            return result
         sq.ctx = dataclasses.replace(same.question.ctx, network=sq.network)
         sq.options = same.question.options
         assignment = {r.layer.index: r.layout for r in same.evaluation.layers
                       if r.follows is None and r.layer.has_weights}
         return Fixed(evaluate(sq.ctx, sq.options, assignment), list(same.result.notes), 0)
 
-    def plan_stage(c: int, lo: int, hi: int) -> Stage:
+    asked: dict[tuple[int, int, int], tuple[Any, tuple[Any, ...]]] = {}
+
+    def ask(c: int, lo: int, hi: int) -> tuple[Any, tuple[Any, ...]]:
+        """Chunk ``c``'s question (layers ``lo:hi``) and its key for ``reuse``."""
         key = (c, lo, hi)
-        s, k = c % stages, c // stages
-        if key in failures:
-            raise failures[key]
-        hit = planned.get(key)
-        if hit is None:
+        if key not in asked:
+            s, k = c % stages, c // stages
             sub = stage_network(net, lo, hi)
             # a stage whose first rank does not begin a node has groups that cross
             # nodes where stage 0's do not (ranks 6-11 of 8-GPU nodes: 2 + 4)
@@ -777,9 +786,22 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
             if virtual > 1:
                 ctx = dataclasses.replace(ctx, cluster=cluster)
             sq = dataclasses.replace(q, network=sub, options=sopts, ctx=ctx, cluster=cluster)
-            key_q = (chunk_signature(sub), most[s][k], ctx.rank_offset) if reuse else ()
+            asked[key] = sq, (chunk_signature(sub), most[s][k], ctx.rank_offset) \
+                if reuse else ()
+        return asked[key]
+
+    def plan_stage(c: int, lo: int, hi: int, searched: Callable[[], Any] | None = None
+                   ) -> Stage:
+        key = (c, lo, hi)
+        s, k = c % stages, c // stages
+        if key in failures:
+            raise failures[key]
+        hit = planned.get(key)
+        if hit is None:
+            sq, key_q = ask(c, lo, hi)
+            sopts = sq.options
             try:
-                result = answer(sq, lo, key_q)
+                result = answer(sq, lo, key_q, searched)
             except NoFeasiblePlan as exc:
                 what = f"pipeline stage {s}" if virtual == 1 else \
                     f"pipeline stage {s}, model chunk {k}"
@@ -803,6 +825,48 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
             if reuse:
                 answered.setdefault(key_q, hit)
         return hit
+
+    def plan_partition(part: list[int]) -> list[Stage]:
+        """Every chunk's plan, in order (the first failure raised); with ``ahead``, the
+        chunks that search a question of their own (not planned, not failed, not the
+        question an earlier chunk asks) in workers at once."""
+        from .parallel import Ahead, jobs
+
+        keys = [(c, part[c], part[c + 1]) for c in range(chunks)]
+        own = [False] * chunks
+        if ahead and jobs() > 1:
+            earlier: set[tuple[Any, ...]] = set()
+            for c, key in enumerate(keys):
+                if key in planned or key in failures:
+                    continue
+                key_q = ask(*key)[1]
+                own[c] = not reuse or (key_q not in answered and key_q not in earlier)
+                earlier.add(key_q)
+        if sum(own) < 2:
+            return [plan_stage(*key) for key in keys]
+
+        def search(c: int) -> tuple[Any, Any, Any]:
+            sq = ask(*keys[c])[0]
+            result = run(sq, keys[c][1])
+            return result, sq.ctx, sq.options  # run leaves its choices in its question
+
+        def refs(c: int) -> list[Any]:
+            """What a chunk's result holds of the parent's: by reference."""
+            sq = ask(*keys[c])[0]
+            return [sq.network, *sq.network.layers, *sq.network.blocks, sq.cluster,
+                    q.cluster, sq.ctx, sq.ctx.cluster, sq.ctx.estimator, sq.options, net,
+                    *net.layers, *net.blocks]
+
+        out: list[Stage] = []
+        with Ahead(chunks, lambda c: lambda: search(c), may_run=lambda c: own[c],
+                   shared=refs) as workers:
+            for c, key in enumerate(keys):
+                if own[c]:
+                    out.append(plan_stage(*key, searched=functools.partial(workers.get, c)))
+                else:
+                    workers.skip(c)
+                    out.append(plan_stage(*key))
+        return out
 
     tried: list[dict[str, Any]] = []
     best: PipelineResult | None = None
@@ -828,7 +892,7 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
     for part in partitions():
         seen.add(tuple(part))
         try:
-            plans = [plan_stage(c, part[c], part[c + 1]) for c in range(chunks)]
+            plans = plan_partition(part)
         except NoFeasiblePlan as exc:
             tried.append({"bounds": part, "time_s": None,
                           "outcome": str(exc).removeprefix("planner: ")})

@@ -1,0 +1,248 @@
+"""``--jobs``: independent searches of a loop run ahead in forked workers
+(:mod:`planner.parallel`), and the output is the same bytes with any number of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from planner import parallel
+from planner.errors import NoFeasiblePlan, Shortfall, UsageError
+from planner.parallel import Ahead, WorkerCrashed
+
+from .conftest import CLUSTERS, NETWORKS, invoke
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _read_pid(path: Path) -> int:
+    for _ in range(2000):  # the child writes it first thing
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        time.sleep(0.005)
+    raise AssertionError(f"no pid in {path}")
+
+
+def test_results_come_back_in_the_loops_order_from_other_processes():
+    with parallel.running(3), Ahead(6, lambda i: lambda: (i * i, os.getpid(),
+                                                          parallel.jobs())) as ahead:
+        got = [ahead.get(i) for i in range(6)]
+    assert [g[0] for g in got] == [0, 1, 4, 9, 16, 25]
+    assert all(pid != os.getpid() for _, pid, _ in got)  # each in a worker
+    assert {j for _, _, j in got} == {1}  # a worker runs its own loops serially
+    assert parallel.jobs() == 1  # restored after the block
+
+
+def test_one_job_runs_the_items_in_the_loop_itself():
+    with parallel.running(1), Ahead(3, lambda i: lambda: os.getpid()) as ahead:
+        assert [ahead.get(i) for i in range(3)] == [os.getpid()] * 3
+
+
+def test_an_items_exception_is_raised_in_the_loop_with_its_type_and_parts():
+    short = Shortfall(3e9, 2e9, ["more devices"])
+
+    def prepare(i: int):
+        if i == 0:
+            def fail() -> None:
+                raise NoFeasiblePlan("planner: nothing fits", short, [{"name": "data"}])
+            return fail
+        if i == 1:
+            def usage() -> None:
+                raise UsageError("planner: error: bad count")
+            return usage
+        if i == 2:
+            # a failure worked out when first read (as the searches defer saying why)
+            def deferred() -> None:
+                raise NoFeasiblePlan.deferred(lambda: NoFeasiblePlan("planner: late", short))
+            return deferred
+        return lambda: "ok"
+
+    with parallel.running(2), Ahead(4, prepare) as ahead:
+        with pytest.raises(NoFeasiblePlan) as first:
+            ahead.get(0)
+        assert str(first.value) == "planner: nothing fits"
+        assert first.value.shortfall == short
+        assert first.value.baselines == [{"name": "data"}]
+        with pytest.raises(UsageError, match="bad count"):
+            ahead.get(1)
+        with pytest.raises(NoFeasiblePlan) as third:
+            ahead.get(2)
+        assert str(third.value) == "planner: late" and third.value.shortfall == short
+        assert ahead.get(3) == "ok"  # the loop goes on after its items' failures
+
+
+def test_what_prepare_raises_is_the_items_result_and_prepare_runs_in_order(tmp_path):
+    order: list[int] = []
+
+    def prepare(i: int):
+        order.append(i)
+        if i == 1:
+            raise UsageError("planner: error: count 1 cannot be asked")
+        return lambda: i
+
+    with parallel.running(2), Ahead(4, prepare) as ahead:
+        assert ahead.get(0) == 0
+        with pytest.raises(UsageError, match="count 1"):
+            ahead.get(1)
+        assert ahead.get(2) == 2
+        assert ahead.get(3) == 3
+    assert order == [0, 1, 2, 3]  # once each, in order (notes are said in order)
+
+
+def test_a_skipped_item_running_ahead_is_killed(tmp_path):
+    pid_file = tmp_path / "pid"
+
+    def prepare(i: int):
+        if i == 1:
+            def slow() -> None:
+                pid_file.write_text(str(os.getpid()))
+                time.sleep(600)
+            return slow
+        return lambda: i
+
+    with parallel.running(2), Ahead(3, prepare) as ahead:
+        assert ahead.get(0) == 0  # item 1 starts ahead meanwhile
+        pid = _read_pid(pid_file)
+        assert _alive(pid)
+        ahead.skip(1)
+        assert not _alive(pid)  # killed and reaped
+        assert ahead.get(2) == 2
+
+
+def test_a_loop_that_stops_early_kills_what_runs_ahead(tmp_path):
+    pids = [tmp_path / f"pid{i}" for i in range(3)]
+
+    def prepare(i: int):
+        def slow() -> None:
+            pids[i].write_text(str(os.getpid()))
+            time.sleep(600)
+        return slow if i else (lambda: 0)
+
+    with parallel.running(3), Ahead(3, prepare) as ahead:
+        assert ahead.get(0) == 0
+        running = [_read_pid(pids[1]), _read_pid(pids[2])]
+        assert all(_alive(p) for p in running)
+    assert not any(_alive(p) for p in running)
+
+
+def test_an_item_the_loop_will_skip_is_not_started_ahead(tmp_path):
+    ran = tmp_path / "ran"
+
+    def prepare(i: int):
+        def mark() -> int:
+            with open(ran, "a") as f:
+                f.write(f"{i}\n")
+            return i
+        return mark
+
+    with parallel.running(4), Ahead(4, prepare, may_run=lambda i: i != 2) as ahead:
+        assert ahead.get(0) == 0
+        assert ahead.get(1) == 1
+        ahead.skip(2)
+        assert ahead.get(3) == 3
+    assert sorted(ran.read_text().split()) == ["0", "1", "3"]
+
+
+def test_the_loop_may_still_read_an_item_not_started_ahead():
+    # may_run said no (the loop was expected to skip it) with every worker busy: the
+    # item the loop waits for gets a worker, the one furthest ahead gives it up and runs
+    # again when the loop reaches it
+    with parallel.running(2), Ahead(5, lambda i: lambda: i * 10,
+                                    may_run=lambda i: i != 1) as ahead:
+        assert [ahead.get(i) for i in range(5)] == [0, 10, 20, 30, 40]
+
+
+def test_a_worker_that_dies_or_cannot_send_its_result_is_reported():
+    def prepare(i: int):
+        if i == 0:
+            return lambda: os._exit(3)
+        return lambda: (lambda: None)  # a function cannot be pickled
+
+    with parallel.running(2), Ahead(2, prepare) as ahead:
+        with pytest.raises(WorkerCrashed, match="ended .* without sending its result"):
+            ahead.get(0)
+        with pytest.raises(WorkerCrashed, match="could not be sent back"):
+            ahead.get(1)
+
+
+def test_a_result_larger_than_a_pipe_comes_back_whole():
+    big = bytes(range(256)) * 40_000  # 10 MB: the pipe holds 64 KiB
+    with parallel.running(2), Ahead(3, lambda i: lambda: big[i:]) as ahead:
+        for i in range(3):
+            assert ahead.get(i) == big[i:]
+
+
+def test_jobs_auto_is_the_usable_cpus_within_the_cgroups_quota(tmp_path, monkeypatch):
+    n = parallel.resolve_jobs("auto")
+    assert 1 <= n <= parallel.MAX_AUTO_JOBS
+    assert n == min(parallel.usable_cpus(), parallel.MAX_AUTO_JOBS)
+    assert parallel.resolve_jobs(5) == 5
+    cpu_max = tmp_path / "cpu.max"
+    for text, want in (("max 100000\n", None), ("200000 100000\n", 2),
+                       ("150000 100000\n", 2), ("50000 100000\n", 1), ("junk\n", None)):
+        cpu_max.write_text(text)
+        assert parallel._cgroup_quota(str(cpu_max)) == want, text
+    assert parallel._cgroup_quota(str(tmp_path / "missing")) is None
+    monkeypatch.setattr(parallel, "_cgroup_quota", lambda: 1)
+    assert parallel.usable_cpus() == 1
+
+
+# -- the commands: the same bytes with any number of jobs ---------------------------------
+
+GPT2 = str(NETWORKS / "gpt2-small.yaml")
+DGX = str(CLUSTERS / "dgx-h100.yaml")
+
+
+def _out(runner, *args: str) -> tuple[int, str, str]:
+    res = invoke(runner, *args)
+    return res.exit_code, res.stdout, res.stderr
+
+
+def test_plan_microbatches_auto_is_the_same_bytes_with_any_number_of_jobs(runner):
+    args = ("plan", GPT2, DGX, "-p", "16", "-b", "32", "--optimizer", "adam",
+            "--pipeline", "auto", "--microbatches", "auto", "--format", "json")
+    serial = _out(runner, *args, "--jobs", "1")
+    assert serial[0] == 0
+    doc = json.loads(serial[1])
+    # the counts searched and those the bounds skipped: the loop's decisions, kept
+    outcomes = [t["outcome"] for t in doc["microbatches_auto"]]
+    assert "plan" in outcomes and "bound" in outcomes, outcomes
+    for jobs in ("2", "3", "auto"):
+        assert _out(runner, *args, "--jobs", jobs) == serial, jobs
+
+
+def test_sweep_is_the_same_bytes_with_any_number_of_jobs(runner, monkeypatch):
+    # rows with plans and rows without (too few devices for the batch), and a note
+    # said once
+    args = ("sweep", GPT2, DGX, "-p", "1,2,8,16", "-b", "64,512", "--format", "json")
+    serial = _out(runner, *args, "--jobs", "1")
+    assert serial[0] == 0
+    rows = json.loads(serial[1])["results"]
+    assert len(rows) == 8
+    assert {r["feasible"] for r in rows} == {True, False}
+    assert serial[2].count("planner: note:") == len(set(serial[2].splitlines()))
+    for jobs in ("3", "8"):
+        assert _out(runner, *args, "--jobs", jobs) == serial, jobs
+    monkeypatch.setenv("PLANNER_JOBS", "2")
+    assert _out(runner, *args) == serial
+
+
+def test_a_bad_jobs_count_is_a_usage_error(runner, monkeypatch):
+    res = invoke(runner, "plan", GPT2, DGX, "-p", "8", "-b", "32", "--jobs", "0")
+    assert res.exit_code == 2
+    assert "--jobs" in res.stderr and "searches to run at once" in res.stderr
+    monkeypatch.setenv("PLANNER_JOBS", "many")
+    res = invoke(runner, "sweep", GPT2, DGX, "-p", "8", "-b", "32")
+    assert res.exit_code == 2 and "'many'" in res.stderr
