@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -342,6 +342,33 @@ format_option = click.option(
 output_option = click.option(
     "-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default=None,
     help="Write to this file (atomically) instead of stdout.")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _jobs_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 1024:
+        raise click.BadParameter(f"{value!r}: give the number of searches to run at once "
+                                 "(1 or more) or auto")
+    return n
+
+
+def jobs_option(what: str) -> Callable[[F], F]:
+    """``--jobs N|auto`` (``PLANNER_JOBS``), ``what`` naming the searches that run at
+    once (:mod:`planner.parallel`)."""
+    return click.option(
+        "--jobs", "-j", default="auto", show_default=True, callback=_jobs_option,
+        envvar="PLANNER_JOBS", metavar="N|auto",
+        help=f"Searches run at once in worker processes ({what}); auto: one a usable "
+             "CPU, at most 16. The output is the same bytes with any count. "
+             "Environment: PLANNER_JOBS.")
 
 
 @click.group(cls=PlannerGroup, context_settings={"help_option_names": ["-h", "--help"],

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import click
 
-from .cli import Finite, Whole, emit, one_stdin, output_option
+from .cli import Finite, Whole, emit, jobs_option, one_stdin, output_option
 from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError, UsageError
 
 
@@ -26,8 +27,9 @@ from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError, UsageError
               help="Kernel models to price with instead of the shipped ones (default: "
                    "$PLANNER_MODELS, else the shipped ones); a plan priced with others "
                    "is stale.")
+@jobs_option("the configurations")
 def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
-          estimator: str, models_dir: str | None) -> None:
+          estimator: str, models_dir: str | None, jobs: int | str) -> None:
     """Check training configurations for CI.
 
     Each configuration (kind: training) names a network, a cluster, the question and the
@@ -40,20 +42,31 @@ def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
 
     from .cli_plan import make_estimator
     from .output import to_json
+    from .parallel import Ahead, resolve_jobs, running
     from .training import check_config, github_lines, load_training, report_data, text_lines
 
     one_stdin(configs)
     reports = []
     errors: list[InputError] = []
-    for path in configs:
-        try:
-            cfg = load_training(path)
-            if max_slowdown is not None:
-                cfg = dataclasses.replace(cfg, max_slowdown=max_slowdown)
-            est = _estimator_for(cfg, estimator, make_estimator, models_dir)
-            reports.append(check_config(cfg, est))
-        except InputError as exc:
-            errors.append(exc)
+    loaded: dict[int, tuple[Any, Any]] = {}
+
+    def prepare(i: int) -> Callable[[], Any]:
+        """Read configuration ``i`` here (its errors are its result); the call checks
+        it (in a worker with --jobs)."""
+        cfg = load_training(configs[i])
+        if max_slowdown is not None:
+            cfg = dataclasses.replace(cfg, max_slowdown=max_slowdown)
+        est = _estimator_for(cfg, estimator, make_estimator, models_dir)
+        loaded[i] = cfg, est
+        return lambda: check_config(cfg, est)
+
+    with running(resolve_jobs(jobs)), \
+            Ahead(len(configs), prepare, shared=lambda i: loaded[i]) as ahead:
+        for i in range(len(configs)):
+            try:
+                reports.append(ahead.get(i))
+            except InputError as exc:
+                errors.append(exc)
     if fmt == "json":
         click.echo(to_json(report_data(reports, errors)), nl=False)
     elif fmt == "github":

@@ -19,6 +19,7 @@ from .cli import (
     check_output,
     emit,
     format_option,
+    jobs_option,
     output_option,
     plain_whole,
     render_data,
@@ -824,19 +825,6 @@ pin_option = click.option(
 
 
 
-def _jobs_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
-    return _count_or_auto(value, 1024, "searches to run at once (1 or more)")
-
-
-jobs_option = click.option(
-    "--jobs", "-j", default="auto", show_default=True, callback=_jobs_option,
-    envvar="PLANNER_JOBS", metavar="N|auto",
-    help="Searches run at once in worker processes, where a command has independent "
-         "ones (the microbatch counts of --microbatches auto, a sweep's rows); auto: "
-         "one a usable CPU, at most 16. The output is the same bytes with any count. "
-         "Environment: PLANNER_JOBS.")
-
-
 def _pipeline_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
     return _count_or_auto(value, MAX_GPUS, "stages (1 or more, a divisor of --gpus)")
 
@@ -867,7 +855,8 @@ def _virtual_option(ctx: click.Context, param: click.Parameter, value: str) -> i
 @click.option("--all-layers", is_flag=True,
               help="Table: list every layer (those without communication, and each of "
               "the alike copies of a repeat group shown as one row).")
-@jobs_option
+@jobs_option("the microbatch counts of --microbatches auto, a pipeline partition's "
+             "stages")
 @format_option
 @output_option
 def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
@@ -1693,7 +1682,7 @@ SWEEP_FORMATS = (*FORMATS, "csv")
 @schedule_option(auto=True)
 @objective_option
 @pin_option
-@jobs_option
+@jobs_option("the rows")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Also draw iteration time and throughput against devices, a line a "
                    "batch size, to this PNG file (needs matplotlib: planner[plot]).")

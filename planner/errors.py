@@ -133,6 +133,10 @@ class InputError(PlannerError):
         self.truncated = truncated
         super().__init__(self.render())
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by its problems (a ``--jobs`` worker sends it to the parent)."""
+        return (type(self), (self.problems, self.truncated))
+
     def render(self, snippet: bool = True) -> str:
         """All problems, one block each, sorted by file and position."""
         text = "\n".join(p.render(snippet) for p in self.problems)
@@ -163,6 +167,9 @@ class ManifestValueError(ModelDataError):
         super().__init__(f"{key}: {message}")
         self.key = key
         self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.message))
 
 
 @dataclass

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from planner import parallel
-from planner.errors import NoFeasiblePlan, Shortfall, UsageError
+from planner.errors import (
+    InputError,
+    Located,
+    ManifestValueError,
+    NoFeasiblePlan,
+    Shortfall,
+    UsageError,
+)
 from planner.parallel import Ahead, WorkerCrashed
 
 from .conftest import CLUSTERS, NETWORKS, invoke
@@ -67,9 +74,18 @@ def test_an_items_exception_is_raised_in_the_loop_with_its_type_and_parts():
             def deferred() -> None:
                 raise NoFeasiblePlan.deferred(lambda: NoFeasiblePlan("planner: late", short))
             return deferred
+        if i == 3:
+            def bad_input() -> None:
+                raise InputError([Located("net.yaml", 3, 5, "not a number", "$.layers[0]",
+                                          "  out: many")], truncated=True)
+            return bad_input
+        if i == 4:
+            def bad_manifest() -> None:
+                raise ManifestValueError("models.gemm.file", "missing")
+            return bad_manifest
         return lambda: "ok"
 
-    with parallel.running(2), Ahead(4, prepare) as ahead:
+    with parallel.running(2), Ahead(6, prepare) as ahead:
         with pytest.raises(NoFeasiblePlan) as first:
             ahead.get(0)
         assert str(first.value) == "planner: nothing fits"
@@ -80,7 +96,17 @@ def test_an_items_exception_is_raised_in_the_loop_with_its_type_and_parts():
         with pytest.raises(NoFeasiblePlan) as third:
             ahead.get(2)
         assert str(third.value) == "planner: late" and third.value.shortfall == short
-        assert ahead.get(3) == "ok"  # the loop goes on after its items' failures
+        with pytest.raises(InputError) as fourth:
+            ahead.get(3)
+        here = InputError([Located("net.yaml", 3, 5, "not a number", "$.layers[0]",
+                                   "  out: many")], truncated=True)
+        assert fourth.value.problems == here.problems and fourth.value.truncated
+        assert fourth.value.render() == here.render() == str(fourth.value)
+        assert "net.yaml:3:5: error: not a number" in str(fourth.value)
+        with pytest.raises(ManifestValueError) as fifth:
+            ahead.get(4)
+        assert (fifth.value.key, fifth.value.message) == ("models.gemm.file", "missing")
+        assert ahead.get(5) == "ok"  # the loop goes on after its items' failures
 
 
 def test_what_prepare_raises_is_the_items_result_and_prepare_runs_in_order(tmp_path):
@@ -171,7 +197,7 @@ def test_a_worker_that_dies_or_cannot_send_its_result_is_reported():
         return lambda: (lambda: None)  # a function cannot be pickled
 
     with parallel.running(2), Ahead(2, prepare) as ahead:
-        with pytest.raises(WorkerCrashed, match="ended .* without sending its result"):
+        with pytest.raises(WorkerCrashed, match=r"ended .* without sending its result"):
             ahead.get(0)
         with pytest.raises(WorkerCrashed, match="could not be sent back"):
             ahead.get(1)
@@ -246,3 +272,70 @@ def test_a_bad_jobs_count_is_a_usage_error(runner, monkeypatch):
     monkeypatch.setenv("PLANNER_JOBS", "many")
     res = invoke(runner, "sweep", GPT2, DGX, "-p", "8", "-b", "32")
     assert res.exit_code == 2 and "'many'" in res.stderr
+
+
+def _tight_cluster(tmp_path: Path, mib: int) -> str:
+    """The DGX H100 cluster with ``mib`` MiB of each GPU left to the plan."""
+    from .test_schedule_auto import H100_BYTES
+
+    text = (CLUSTERS / "dgx-h100.yaml").read_text()
+    old = next(line for line in text.splitlines() if line.startswith("reserved_memory:"))
+    path = tmp_path / f"tight-{mib}.yaml"
+    path.write_text(text.replace(old, f"reserved_memory: {H100_BYTES - mib * 2**20} B"))
+    return str(path)
+
+
+@pytest.mark.parametrize("extra", [
+    # two stages of two chunks: four questions, each of its own (another first rank)
+    ("-b", "32", "--microbatches", "8", "--pipeline", "2", "--virtual-stages", "2"),
+    # every stage count, the ZeRO stage and the blocks recomputed chosen per stage
+    ("-b", "512", "--microbatches", "8", "--pipeline", "auto", "--zero", "auto",
+     "--recompute", "auto"),
+])
+def test_a_pipelines_chunks_in_workers_give_the_same_bytes(runner, net_file, extra,
+                                                           monkeypatch, tmp_path):
+    from planner import cli_plan
+
+    args = ("plan", net_file, str(CLUSTERS / "dgx-h100.yaml"), "-p", "16",
+            "--estimator", "roofline", "--optimizer", "adam", *extra, "--format", "json")
+    serial = _out(runner, *args, "--jobs", "1")
+    assert serial[0] == 0, serial[2]
+    # the searches ran in workers: each writes its process id to a file
+    log = tmp_path / "pids"
+    search = cli_plan.run_search
+
+    def spy(q, objective, pins):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return search(q, objective, pins)
+
+    monkeypatch.setattr(cli_plan, "run_search", spy)
+    assert _out(runner, *args, "--jobs", "4") == serial
+    pids = set(log.read_text().split())
+    assert str(os.getpid()) in pids  # the search without stages, in the loop itself
+    assert len(pids - {str(os.getpid())}) >= 2  # and chunks in at least two workers
+
+
+def test_a_stage_that_does_not_fit_fails_the_same_with_workers(runner, net_file, tmp_path):
+    # 10 MiB a GPU: no stage count fits; the error names the first stage that failed
+    args = ("plan", net_file, _tight_cluster(tmp_path, 10), "-p", "16", "-b", "512",
+            "--estimator", "roofline", "--microbatches", "8", "--pipeline", "2",
+            "--virtual-stages", "2")
+    serial = _out(runner, *args, "--jobs", "1")
+    assert serial[0] == 1 and "no feasible plan for pipeline stage" in serial[2], serial
+    assert _out(runner, *args, "--jobs", "3") == serial
+
+
+def test_check_of_several_configurations_is_the_same_with_workers(runner, monkeypatch):
+    # a pass, a plan that does not fit, one too slow and an input error, in every format
+    from .conftest import ROOT
+
+    monkeypatch.chdir(ROOT)
+    configs = [f"examples/ci/{c}.yaml" for c in
+               ("resnet50-dgx", "gpt2-does-not-fit", "broken", "alexnet-too-slow",
+                "llama3-8b-megatron")]
+    for fmt in ("text", "json", "github"):
+        serial = _out(runner, "check", "--format", fmt, *configs, "--jobs", "1")
+        assert serial[0] == 2, serial  # the input error decides the exit code
+        assert "Traceback" not in serial[2]
+        assert _out(runner, "check", "--format", fmt, *configs, "--jobs", "4") == serial
