@@ -148,7 +148,8 @@ class Ahead(Generic[T]):
             if i in self._failed:
                 raise self._failed.pop(i)
             self._make_room()
-            self._start(i)
+            if not self._start(i):  # no process to be had: the loop runs it
+                return self._calls.pop(i)()
         self._fill()
         while i not in self._done:
             self._pump()
@@ -200,7 +201,10 @@ class Ahead(Generic[T]):
             self._ready(j)
             if j in self._failed or not self._may_run(j):
                 continue
-            self._start(j)
+            if not self._start(j):  # no more processes: run with those there are
+                self._ahead = j
+                self._workers = max(1, len(self._running))
+                return
 
     def _make_room(self) -> None:
         """The loop needs an item that is not running: with every worker busy, kill the
@@ -210,17 +214,23 @@ class Ahead(Generic[T]):
             self._kill(far)
             self._ahead = min(self._ahead, far)
 
-    def _start(self, i: int) -> None:
-        self._ready(i)
-        if i in self._failed:
-            self._done[i] = ("raise", self._failed.pop(i))
-            return
+    def _start(self, i: int) -> bool:
+        """Start item ``i`` in a child; False where the system gives no process (or
+        pipe) now (the item is then the loop's to run)."""
         call = self._calls[i]  # kept: a child killed to make room may start again
         refs = self._refs[i] = self._shared(i)
         sys.stdout.flush()
         sys.stderr.flush()
-        r, w = os.pipe()
-        pid = os.fork()
+        try:
+            r, w = os.pipe()
+        except OSError:
+            return False
+        try:
+            pid = os.fork()
+        except OSError:  # EAGAIN, ENOMEM: too many processes, too little memory
+            os.close(r)
+            os.close(w)
+            return False
         if pid == 0:  # the child: compute, send, and leave without cleaning up
             os.close(r)
             _child(call, w, refs)
@@ -228,6 +238,7 @@ class Ahead(Generic[T]):
         self._running[i] = (pid, r, bytearray())
         assert self._sel is not None
         self._sel.register(r, selectors.EVENT_READ, i)
+        return True
 
     def _pump(self) -> None:
         """Read what the children send; an item whose child closed its pipe is done."""

@@ -203,6 +203,24 @@ def test_a_worker_that_dies_or_cannot_send_its_result_is_reported():
             ahead.get(1)
 
 
+def test_without_a_process_to_be_had_the_loop_runs_the_items_itself(monkeypatch):
+    real_fork = os.fork
+    forks = {"left": 1}  # one worker, then EAGAIN (a process limit reached)
+
+    def fork() -> int:
+        if forks["left"] == 0:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        forks["left"] -= 1
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", fork)
+    with parallel.running(3), Ahead(5, lambda i: lambda: (i, os.getpid())) as ahead:
+        got = [ahead.get(i) for i in range(5)]
+    assert [i for i, _ in got] == list(range(5))
+    where = [pid == os.getpid() for _, pid in got]
+    assert where.count(False) == 1 and where.count(True) == 4, where
+
+
 def test_a_result_larger_than_a_pipe_comes_back_whole():
     big = bytes(range(256)) * 40_000  # 10 MB: the pipe holds 64 KiB
     with parallel.running(2), Ahead(3, lambda i: lambda: big[i:]) as ahead:
@@ -339,3 +357,46 @@ def test_check_of_several_configurations_is_the_same_with_workers(runner, monkey
         assert serial[0] == 2, serial  # the input error decides the exit code
         assert "Traceback" not in serial[2]
         assert _out(runner, "check", "--format", fmt, *configs, "--jobs", "4") == serial
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.add(int(entry.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_ctrl_c_stops_the_workers_too(tmp_path):
+    import signal
+    import subprocess
+
+    from .test_cli import _process
+
+    net = tmp_path / "deep.yaml"  # each row's search takes tens of seconds
+    net.write_text("kind: network\nname: deep\ninput: [256]\nlayers:\n  - repeat: 10000\n"
+                   "    name: g\n    layers:\n      - {type: linear, out_features: 256}\n"
+                   "      - {type: relu}\n")
+    proc = _process(["sweep", net, DGX, "-p", "16,32", "-b", "256", "--jobs", "2",
+                     "-o", tmp_path / "sweep.json"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    workers: set[int] = set()
+    for _ in range(600):  # the two rows start in workers after loading (a few seconds)
+        workers = _children(proc.pid)
+        if len(workers) == 2:
+            break
+        time.sleep(0.05)
+    assert len(workers) == 2, workers
+    proc.send_signal(signal.SIGINT)  # to the command alone, not its process group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert b"Traceback" not in err
+    assert not any(_alive(w) for w in workers)  # killed and reaped, none left running
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.yaml"]
