@@ -347,17 +347,22 @@ output_option = click.option(
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _jobs_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+def count_or_auto(value: str, most: int, what: str) -> int | str:
+    """An option's whole number from 1 to ``most``, or ``auto`` (BadParameter naming
+    ``what`` it counts)."""
     if value == "auto":
         return value
     try:
         n = int(value)
     except ValueError:
         n = 0
-    if not 1 <= n <= 1024:
-        raise click.BadParameter(f"{value!r}: give the number of searches to run at once "
-                                 "(1 or more) or auto")
+    if not 1 <= n <= most:
+        raise click.BadParameter(f"{value!r}: give the number of {what} or auto")
     return n
+
+
+def _jobs_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    return count_or_auto(value, 1024, "searches to run at once (1 or more)")
 
 
 def jobs_option(what: str) -> Callable[[F], F]:

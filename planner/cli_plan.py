@@ -17,6 +17,7 @@ from .cli import (
     FORMATS,
     Whole,
     check_output,
+    count_or_auto,
     emit,
     format_option,
     jobs_option,
@@ -148,23 +149,9 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _count_or_auto(value: str, most: int, what: str) -> int | str:
-    """An option's whole number from 1 to ``most``, or ``auto`` (BadParameter naming
-    ``what`` it counts)."""
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= most:
-        raise click.BadParameter(f"{value!r}: give the number of {what} or auto")
-    return n
-
-
 def _microbatches_option(ctx: click.Context, param: click.Parameter, value: str
                          ) -> int | str:
-    return _count_or_auto(value, MAX_BATCH, "microbatches (1 or more, a divisor of --batch)")
+    return count_or_auto(value, MAX_BATCH, "microbatches (1 or more, a divisor of --batch)")
 
 
 def _recompute_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -826,11 +813,11 @@ pin_option = click.option(
 
 
 def _pipeline_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
-    return _count_or_auto(value, MAX_GPUS, "stages (1 or more, a divisor of --gpus)")
+    return count_or_auto(value, MAX_GPUS, "stages (1 or more, a divisor of --gpus)")
 
 
 def _virtual_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
-    return _count_or_auto(value, MAX_GPUS, "model chunks a pipeline stage (1 or more)")
+    return count_or_auto(value, MAX_GPUS, "model chunks a pipeline stage (1 or more)")
 
 
 @click.command()
