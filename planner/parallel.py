@@ -11,7 +11,8 @@ result (or its exception) pickled. An item the loop skips is killed, or never st
 the loop will certainly skip); a loop that stops early kills what runs ahead. Every item
 the loop reads is the same computation as in the serial loop, in a child that inherits
 the parent's state, so the result is the same bytes with any number of jobs; only the
-time differs. Where ``os.fork`` is missing (Windows) the items run in the loop.
+time differs. Where workers cannot be forked (Windows, macOS: :func:`can_fork`) the
+items run in the loop.
 
 A child runs with one job itself (nested loops stay serial inside it) and never writes
 to the terminal: the loop's parent says what is tried.
@@ -61,11 +62,18 @@ def _cgroup_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
         return None
 
 
+def can_fork() -> bool:
+    """Whether workers can be forked: not on Windows (no ``fork``), nor on macOS, where
+    a forked child must not use the system frameworks its parent loaded (numpy's
+    wheels there link Apple's Accelerate for BLAS)."""
+    return hasattr(os, "fork") and sys.platform != "darwin"
+
+
 def resolve_jobs(value: int | str) -> int:
     """``--jobs``: a count, or ``auto`` (the usable CPUs, at most :data:`MAX_AUTO_JOBS`);
-    1 where the system cannot fork."""
+    1 where workers cannot be forked (:func:`can_fork`)."""
     n = min(usable_cpus(), MAX_AUTO_JOBS) if value == "auto" else int(value)
-    return n if hasattr(os, "fork") else 1
+    return n if can_fork() else 1
 
 
 def set_jobs(n: int) -> None:
@@ -329,5 +337,5 @@ def _child(call: Callable[[], Any], fd: int, refs: Sequence[Any] = ()) -> None:
         os._exit(code)
 
 
-__all__ = ["MAX_AUTO_JOBS", "Ahead", "WorkerCrashed", "jobs", "resolve_jobs", "running",
-           "set_jobs", "usable_cpus"]
+__all__ = ["MAX_AUTO_JOBS", "Ahead", "WorkerCrashed", "can_fork", "jobs", "resolve_jobs",
+           "running", "set_jobs", "usable_cpus"]

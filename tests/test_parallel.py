@@ -23,7 +23,7 @@ from planner.parallel import Ahead, WorkerCrashed
 
 from .conftest import CLUSTERS, NETWORKS, invoke
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+pytestmark = pytest.mark.skipif(not parallel.can_fork(), reason="workers are not forked here")
 
 
 def _alive(pid: int) -> bool:
@@ -241,6 +241,8 @@ def test_jobs_auto_is_the_usable_cpus_within_the_cgroups_quota(tmp_path, monkeyp
     assert parallel._cgroup_quota(str(tmp_path / "missing")) is None
     monkeypatch.setattr(parallel, "_cgroup_quota", lambda: 1)
     assert parallel.usable_cpus() == 1
+    monkeypatch.setattr(parallel.sys, "platform", "darwin")  # no forking there
+    assert not parallel.can_fork() and parallel.resolve_jobs(8) == 1
 
 
 # -- the commands: the same bytes with any number of jobs ---------------------------------
