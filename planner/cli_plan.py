@@ -28,6 +28,7 @@ from .cli import (
 from .costs import COST_MODELS, OVERLAPS
 from .costs.memory import OPTIMIZERS
 from .errors import UsageError
+from .memo import IdentityMemo
 from .schedules import SCHEDULE, SCHEDULES
 from .units import MAX_BATCH, MAX_GPUS
 
@@ -981,6 +982,11 @@ def bound_trial(bound_s: float, **keys: Any) -> dict[str, Any]:
     return {**keys, "time_s": None, "outcome": "bound", "bound_s": bound_s}
 
 
+#: each question's stage floors (the bounds ask them for a microbatch count before its
+#: search, the search again per stage count and schedule; a worker inherits them)
+_FLOORS: IdentityMemo[int, Any] = IdentityMemo(objects=16)
+
+
 def stage_floor(q: Question, stages: int) -> Any:
     """:func:`~planner.bounds.compute_floor` of ``q``'s network on a stage's devices at
     the microbatch (recomputation only adds kernels: the floor recomputes nothing)."""
@@ -989,8 +995,13 @@ def stage_floor(q: Question, stages: int) -> Any:
     from .bounds import compute_floor
     from .evaluate import make_context
 
-    opts = dataclasses.replace(q.options, gpus=q.options.gpus // stages, recompute="none")
-    return compute_floor(make_context(q.network, q.cluster, opts, q.ctx.estimator))
+    memo = _FLOORS.table(q)
+    if stages not in memo:
+        opts = dataclasses.replace(q.options, gpus=q.options.gpus // stages,
+                                   recompute="none")
+        memo[stages] = compute_floor(make_context(q.network, q.cluster, opts,
+                                                  q.ctx.estimator))
+    return memo[stages]
 
 
 def count_bounds(q: Question, counts: list[int], virtual: int | str) -> dict[int, float]:
