@@ -943,16 +943,8 @@ def searching(stream: Any = None, after_s: float = SEARCHING_AFTER_S
 
 
 def plan_for(q: Question, pipeline: int | str, objective: str, pins: tuple[str, ...],
-             expand: bool, virtual: int | str = 1, beat: float | None = None
-             ) -> dict[str, Any]:
-    """The plan document of ``planner plan`` for one count of microbatches (raises
-    :class:`Beaten` when no step at this count can be faster than ``beat``)."""
-    from .bounds import beaten
-
-    if beat is not None:
-        bound = plan_bound(q, pipeline, objective, virtual)
-        if beaten(bound, beat):
-            raise Beaten(bound)
+             expand: bool, virtual: int | str = 1) -> dict[str, Any]:
+    """The plan document of ``planner plan`` for one count of microbatches."""
     if pipeline != 1:
         return pipeline_plan(q, pipeline, objective, pins, expand, virtual)
     return plan_doc(q, search_flat(q, objective, pins), objective, expand)
@@ -1105,10 +1097,9 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
     best: tuple[float, dict[str, Any]] | None = None
     error: NoFeasiblePlan | None = None
     slower = 0
-    # each count's question (or the error asking it raised) and its step's lower bound,
-    # worked out once, by the loop or by the look-ahead deciding whether to start it
+    # each count's question (or the error asking it raised), made once, by the loop or
+    # by the look-ahead deciding whether to start it
     made: dict[int, Question | Exception] = {}
-    floors: dict[int, float] = {}
 
     def question(i: int) -> Question:
         if i not in made:
@@ -1121,10 +1112,8 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
             raise got
         return got
 
-    def floor(i: int) -> float:
-        if i not in floors:
-            floors[i] = plan_bound(question(i), pipeline, objective, virtual)
-        return floors[i]
+    def floor(i: int) -> float:  # its stage floors are memoised (stage_floor)
+        return plan_bound(question(i), pipeline, objective, virtual)
 
     def prepare(i: int) -> Callable[[], dict[str, Any]]:
         qi = question(i)
