@@ -116,6 +116,9 @@ class Options:
     #: the rank of the first device: a pipeline stage's (its groups cross nodes where
     #: that rank does not begin a node; :attr:`~planner.costs.layer.Context.rank_offset`)
     first_rank: int = 0
+    #: the run's ``--gpus`` where this question is part of the run (a pipeline stage's
+    #: devices are one stage's share of them); None: ``gpus``
+    run_gpus: int | None = None
 
     @property
     def step_batch(self) -> int:

@@ -778,6 +778,7 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
             # a stage whose first rank does not begin a node has groups that cross
             # nodes where stage 0's do not (ranks 6-11 of 8-GPU nodes: 2 + 4)
             sopts = dataclasses.replace(opts, gpus=size, first_rank=s * size,
+                                        run_gpus=opts.run_gpus or opts.gpus,
                                         inflight=most[s][k],
                                         recompute=chunk_recompute(
                                             opts.recompute, len(sub.recompute_units)),

@@ -1942,15 +1942,16 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     while factor < 2**40 and mem.peak > mem.capacity * factor:
         factor *= 2
     most = space.ctx.cluster.max_devices()
-    if opts.gpus * factor > MAX_GPUS:  # the most --gpus takes
+    run = opts.run_gpus or opts.gpus  # the user's --gpus (a pipeline stage has a share)
+    if run * factor > MAX_GPUS:  # the most --gpus takes
         more = ("more than the 2^30 devices planner plans for, if memory per device "
                 "falls in proportion")
-    elif most is not None and opts.gpus * factor > most:  # more than the cluster holds
-        more = (f"a larger cluster: about {opts.gpus * factor:,} devices, if memory per "
+    elif most is not None and run * factor > most:  # more than the cluster holds
+        more = (f"a larger cluster: about {run * factor:,} devices, if memory per "
                 f"device falls in proportion; this one holds {most:,}")
     else:
-        more = f"--gpus {opts.gpus * factor}" if factor == 2 else \
-            f"about --gpus {opts.gpus * factor}, if memory per device falls in proportion"
+        more = f"--gpus {run * factor}" if factor == 2 else \
+            f"about --gpus {run * factor}, if memory per device falls in proportion"
     net = space.ctx.network
     # --batch is the step's; a microbatch holds 1/M of it, and its activations are the peak's
     per_micro = _batch_that_fits(opts.batch, opts.gpus, mem)

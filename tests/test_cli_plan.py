@@ -160,6 +160,22 @@ def test_no_plan_advice_counts_the_step_batch(runner):
     assert "a smaller batch (about --batch 544," in r.stderr
 
 
+def test_no_plan_advice_in_a_pipeline_stage_counts_the_run_s_devices(runner):
+    """A stage that does not fit is searched on its share of the devices (16 of 64 in 4
+    stages), but the advice's --gpus is the run's: Llama 3 8B in bf16 on 64 H100s at
+    batch 512 in 8 microbatches and 4 stages needs 156.7 GiB a device in stage 0 on
+    78.65 available, under twice as many devices, so --gpus 2 · 64 = 128 (a session found
+    it said --gpus 32, fewer than the 64 asked for), and there it plans."""
+    cmd = ("plan", NETWORKS / "llama3-8b.yaml", DGX, "-b", "512", "--microbatches", "8",
+           "--pipeline", "4", "--optimizer", "momentum", "--grad-precision", "bf16")
+    r = invoke(runner, *cmd, "-p", "64")
+    assert r.exit_code == 1
+    assert "no feasible plan for pipeline stage 0" in r.stderr, r.stderr
+    assert "needs 156.7 GiB per device, 78.65 GiB is available" in r.stderr
+    assert r.stderr.rstrip().endswith("or more devices (--gpus 128)"), r.stderr
+    assert invoke(runner, *cmd, "-p", "128").exit_code == 0
+
+
 def test_no_plan_advice_names_what_shrinks_the_model_state(runner):
     """Llama 3 70B in bf16 with Adam on 64 H100s at batch 256: activations are most of the
     leanest layout's 1.194 TiB, but what no batch changes, 526.7 GiB, is beyond the
