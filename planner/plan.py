@@ -588,10 +588,12 @@ def pipeline_table(doc: dict[str, Any]) -> Any:
                 "step)"
                 + (f", tied weights' reductions {format_time(pipe['tied_allreduce_s'])}"
                    if pipe["tied_allreduce_s"] else "") + "\n")
-    t = FitTable(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title="stages",
-                 title_justify="left")
     # each stage's passes: F / B, or ZB-H1's F / B / W (none in plans made before)
     kinds = list(pipe["stage_plans"][0].get("passes_s", {}))
+    # a microbatch's time is its passes' sum: where the table is too wide for the
+    # console, it gives way to the layer names (which fold mid-name otherwise)
+    t = FitTable(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title="stages",
+                 title_justify="left", wide=("microbatch",) if kinds else ())
     label = " / ".join({"forward": "F", "weight_grad": "W"}.get(k, "B") for k in kinds)
     for col in ("stage", *(("chunk",) if v > 1 else ()), "layers", "ranks", "in flight",
                 "microbatch", *((label,) if kinds else ()), "sends", "step end",
@@ -603,8 +605,7 @@ def pipeline_table(doc: dict[str, Any]) -> Any:
         mem = format_bytes(st["peak_bytes"]) + ("" if st["fits"] else " (does not fit)")
         passes = st.get("passes_s", {})
         t.add_row(str(st["stage"]), *((str(st["chunk"]),) if v > 1 else ()),
-                  f"{st['layers'][0]} .. {st['layers'][1]} "
-                  f"({st['layer_count']})", f"{st['ranks'][0]}-{st['ranks'][1]}",
+                  f"{st['layers'][0]} ..\n{st['layers'][1]} ({st['layer_count']})", f"{st['ranks'][0]}-{st['ranks'][1]}",
                   str(st["inflight"]), format_time(st["microbatch_s"]),
                   *((" / ".join(format_time(passes[k]) for k in kinds),) if kinds
                     else ()),

@@ -760,3 +760,44 @@ def test_flat_baselines_are_listed_where_nothing_fits_without_stages(runner):
     cp = base["megatron-cp"]
     assert cp["applicable"] is True and cp["fits"] is False and cp["time_s"] > 0
     assert "P_r=32 does not divide its 8 key/value heads" in base["megatron-sp"]["reason"]
+
+
+def _stage_rows(width: int) -> str:
+    """The stage table of a two-stage plan whose layer names are as long as Llama's,
+    rendered ``width`` columns wide the way the CLI renders it."""
+    from rich.console import Console
+
+    from planner.plan import pipeline_table
+    from planner.tables import fit
+
+    first = ("embed_tokens", "layers.5.mlp.add"), ("layers.6.attn.input_layernorm",
+                                                   "lm_head")
+    plans = [{"stage": s, "layers": list(names), "layer_count": 49 + s, "ranks": [32 * s,
+              32 * s + 31], "inflight": 2 - s, "microbatch_s": 0.2624,
+              "passes_s": {"forward": 0.08689, "input_grad": 0.1755}, "send_s": 0.005388,
+              "tail_s": 0.02089, "peak_bytes": 76.82 * 2**30, "fits": True}
+             for s, names in enumerate(first)]
+    doc = {"pipeline": {"stages": 2, "microbatches": 8, "schedule": "1f1b",
+                        "bubble_s": 1.025, "bubble_fraction": 0.228,
+                        "tied_allreduce_s": 0.0, "stage_plans": plans}}
+    console = Console(width=width, record=True)
+    table = pipeline_table(doc)
+    console.print(table, width=fit(console, table))
+    return console.export_text()
+
+
+def test_stage_table_keeps_layer_names_whole_where_the_console_is_narrow():
+    """At 120 columns the stage table's layer names folded mid-name
+    ('layers.6.attn.input_' / 'layernorm ..'); there the microbatch column, the sum of
+    the F / B column's passes, gives way, and each name has a line of its own."""
+    narrow = _stage_rows(120)
+    lines = narrow.splitlines()
+    head = next(line for line in lines if line.lstrip().startswith("stage "))
+    assert "microbatch" not in head and "86.89 ms / 175.5 ms" in narrow
+    for name in ("embed_tokens ..", "layers.5.mlp.add (49)",
+                 "layers.6.attn.input_layernorm ..", "lm_head (50)"):
+        assert any(name in line for line in lines), narrow
+    assert max(len(line.rstrip()) for line in lines) <= 120
+    wide = _stage_rows(160)  # room for everything: the microbatch's time too
+    head = next(line for line in wide.splitlines() if line.lstrip().startswith("stage "))
+    assert "microbatch" in head and "262.4 ms" in wide
