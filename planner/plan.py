@@ -316,7 +316,11 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     if "mfu" in it:
         head.append("utilisation ", style="bold")
         head.append(f"{it['tflops_per_device']:.4g} TFLOP/s a device of the network's "
-                    f"FLOPs: MFU {it['mfu']:.1%} of the {prob['dtype']} peak\n")
+                    f"FLOPs: MFU {it['mfu']:.1%} of the {prob['dtype']} peak"
+                    # only convolutions get there: the roofline bounds every other kernel
+                    + (" (over 100%: the FLOPs are counted as a direct convolution does "
+                       "them, and Winograd's and FFT convolutions multiply less)"
+                       if it["mfu"] > 1 else "") + "\n")
     stages = doc.get("zero_auto")
     if stages:
         head.append("ZeRO auto ", style="bold")
