@@ -609,7 +609,8 @@ def pipeline_table(doc: dict[str, Any]) -> Any:
         mem = format_bytes(st["peak_bytes"]) + ("" if st["fits"] else " (does not fit)")
         passes = st.get("passes_s", {})
         t.add_row(str(st["stage"]), *((str(st["chunk"]),) if v > 1 else ()),
-                  f"{st['layers'][0]} ..\n{st['layers'][1]} ({st['layer_count']})", f"{st['ranks'][0]}-{st['ranks'][1]}",
+                  f"{st['layers'][0]} ..\n{st['layers'][1]} ({st['layer_count']})",
+                  f"{st['ranks'][0]}-{st['ranks'][1]}",
                   str(st["inflight"]), format_time(st["microbatch_s"]),
                   *((" / ".join(format_time(passes[k]) for k in kinds),) if kinds
                     else ()),
