@@ -64,7 +64,7 @@ from .costs.comm import (
     ring_steps,
 )
 from .errors import InputError, Located, UsageError, whole_file
-from .loading import STDIN_CSV, decode
+from .loading import STDIN_CSV, decode, read_checked
 
 OPS: tuple[Collective, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s.*?\son\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s*(.*)$")
@@ -498,6 +498,16 @@ def _csv_samples(text: str, display: str) -> list[Sample]:
     return out
 
 
+#: a measurement file's most bytes (a whole nccl-tests sweep is about 10 kB, the
+#: DeepBench and 8×H200 CSVs under 100 kB)
+MAX_COMM_FILE_BYTES = 16 * 2**20
+
+
+def _comm_limit(head: bytes) -> tuple[int, str]:
+    return MAX_COMM_FILE_BYTES, (f"measurement files are limited to "
+                                 f"{MAX_COMM_FILE_BYTES // 2**20} MiB")
+
+
 def read_samples(paths: Sequence[str | Path], notes: list[str] | None = None
                  ) -> list[Sample]:
     """Every measured collective in the files (CSV or nccl-tests text, told apart by
@@ -510,18 +520,9 @@ def read_samples(paths: Sequence[str | Path], notes: list[str] | None = None
         if display == "-":
             problems.append(whole_file(display, STDIN_CSV))
             continue
+        kind = "CSV" if display.lower().endswith(".csv") else "nccl-tests or CSV"
         try:
-            raw = Path(p).read_bytes()
-        except FileNotFoundError:
-            problems.append(whole_file(display, "no such file"))
-            continue
-        except OSError as exc:
-            problems.append(whole_file(display, "cannot read the file: "
-                                              f"{exc.strerror or exc}"))
-            continue
-        try:
-            text = decode(raw, display, "CSV" if display.lower().endswith(".csv") else
-                          "nccl-tests or CSV")
+            text = decode(read_checked(p, display, kind, _comm_limit), display, kind)
             first = next((ln for ln in text.splitlines() if ln.strip()), "")
             if "," in first and not first.lstrip().startswith("#"):
                 out.extend(_csv_samples(text, display))

@@ -21,6 +21,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -198,17 +199,29 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     return hashlib.sha256(input_bytes(path)).hexdigest()
 
 
-def _read_stream(fh: Any, name: str) -> bytes:
+def _yaml_limit(head: bytes) -> tuple[int, str]:
+    """The size limit of a YAML input by its first bytes (a plan's is larger), and how
+    to say it."""
+    if _PLAN_HEAD.match(head):
+        return MAX_PLAN_FILE_BYTES, (f"input files are limited to "
+                                     f"{MAX_PLAN_FILE_BYTES // 2**20} MiB (plans)")
+    return MAX_FILE_BYTES, f"input files are limited to {MAX_FILE_BYTES // 2**20} MiB"
+
+
+#: a limit by a file's first 64 bytes: (bytes, how to say it)
+Limit = Callable[[bytes], tuple[int, str]]
+
+
+def _read_stream(fh: Any, name: str, limits: Limit = _yaml_limit) -> bytes:
     head = fh.read(64)
-    limit = MAX_PLAN_FILE_BYTES if _PLAN_HEAD.match(head) else MAX_FILE_BYTES
+    limit, said = limits(head)
     raw = head + fh.read(limit + 1 - len(head))
     if len(raw) > limit:
-        raise _whole(name, f"input is too large; input files are limited to "
-                    f"{limit // 2**20} MiB{' (plans)' if limit == MAX_PLAN_FILE_BYTES else ''}")
+        raise _whole(name, f"input is too large; {said}")
     return bytes(raw)
 
 
-def _read_pipe(p: Path, name: str) -> bytes:
+def _read_pipe(p: Path, name: str, kind: str, limits: Limit) -> bytes:
     """A pipe's bytes. Opened without blocking, so that a named pipe nobody writes to is
     an error rather than a wait forever (reading a pipe with no writer gives end of
     file); a pipe whose writer is there, as the shell's ``<(command)``, is read to its
@@ -220,14 +233,55 @@ def _read_pipe(p: Path, name: str) -> bytes:
         try:
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
             with os.fdopen(fd, "rb", closefd=False) as fh:
-                raw = _read_stream(fh, name)
+                raw = _read_stream(fh, name, limits)
         finally:
             os.close(fd)
     except OSError as exc:
         raise _whole(name, _read_error(exc)) from None
     if not raw:
-        raise _whole(name, "is a pipe that nothing writes to, expected YAML")
+        raise _whole(name, f"is a pipe that nothing writes to, expected {kind}")
     return raw
+
+
+def read_checked(path: str | os.PathLike[str], name: str, kind: str,
+                 limits: Limit = _yaml_limit) -> bytes:
+    """A named file's bytes, read with the checks every input gets: a missing file, a
+    folder, a device (``/dev/zero`` would be read until memory runs out) or a file over
+    ``limits`` is an :class:`InputError` naming it; a pipe is read without waiting for
+    a writer that never comes. ``kind`` is the text expected, for the messages
+    ("YAML", "CSV")."""
+    return _read_checked(path, name, kind, limits)[0]
+
+
+def _read_checked(path: str | os.PathLike[str], name: str, kind: str,
+                  limits: Limit) -> tuple[bytes, bool]:
+    """:func:`read_checked`, and whether the file was a pipe."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise _whole(name, "no such file") from None
+    except OSError as exc:
+        raise _whole(name, _read_error(exc)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise _whole(name, f"is a directory, expected a {kind} file") from None
+    if stat.S_ISFIFO(st.st_mode):  # a pipe: <(generate-network) in bash
+        return _read_pipe(p, name, kind, limits), True
+    if not stat.S_ISREG(st.st_mode):
+        raise _whole(name, f"is not a regular file or a pipe, expected a {kind} file") \
+            from None
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(64)
+            limit, said = limits(head)
+            if st.st_size > limit:
+                raise _whole(name, f"file is too large ({st.st_size:,} bytes); {said}")
+            raw = head + fh.read(limit + 1 - len(head))
+    except OSError as exc:
+        raise _whole(name, _read_error(exc)) from None
+    if len(raw) > limit:
+        raise _whole(name, f"file is too large; {said}")
+    return raw, False
 
 
 def read_text(path: str | os.PathLike[str], display: str | None = None) -> tuple[str, str]:
@@ -252,43 +306,15 @@ def read_text(path: str | os.PathLike[str], display: str | None = None) -> tuple
             except OSError as exc:
                 raise _whole(name, _read_error(exc)) from None
         return name, decode(_STREAMS[key], name)
-    p = Path(path)
     name = display if display is not None else str(path)
     if not str(path):  # Path("") is the current folder: "is a directory" misleads
         raise UsageError("planner: error: a file name is empty ('' was given); give the "
                          "file's path")
     if key in _STREAMS:
         return name, decode(_STREAMS[key], name)
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise _whole(name, "no such file") from None
-    except OSError as exc:
-        raise _whole(name, _read_error(exc)) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise _whole(name, "is a directory, expected a YAML file") from None
-    if stat.S_ISFIFO(st.st_mode):  # a pipe: <(generate-network) in bash
-        _STREAMS[key] = _read_pipe(p, name)
-        return name, decode(_STREAMS[key], name)
-    if not stat.S_ISREG(st.st_mode):
-        raise _whole(name, "is not a regular file or a pipe, expected a YAML file") \
-            from None
-    try:
-        with p.open("rb") as fh:
-            head = fh.read(64)
-            limit = MAX_PLAN_FILE_BYTES if _PLAN_HEAD.match(head) else MAX_FILE_BYTES
-            if st.st_size > limit:
-                raise _whole(
-                    name,
-                    f"file is too large ({st.st_size:,} bytes); input files are limited to "
-                    f"{limit // 2**20} MiB{' (plans)' if limit == MAX_PLAN_FILE_BYTES else ''}",
-                )
-            raw = head + fh.read(limit + 1 - len(head))
-    except OSError as exc:
-        raise _whole(name, _read_error(exc)) from None
-    if len(raw) > limit:
-        raise _whole(name, f"file is too large; input files are limited to "
-                    f"{limit // 2**20} MiB")
+    raw, pipe = _read_checked(path, name, "YAML", _yaml_limit)
+    if pipe:  # a pipe is read once: kept for the plan's digest of it
+        _STREAMS[key] = raw
     return name, decode(raw, name)
 
 

@@ -11,7 +11,7 @@ import yaml
 
 from planner import __version__
 
-from .conftest import CLUSTERS, NETWORKS, invoke
+from .conftest import CLUSTERS, NETWORKS, ROOT, invoke
 
 ROOT_EXAMPLES = NETWORKS.parent
 
@@ -222,8 +222,6 @@ def _process(args, **kw):
     import subprocess
     import sys
 
-    from .conftest import ROOT
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.Popen([sys.executable, "-m", "planner", *map(str, args)], env=env,
@@ -395,6 +393,46 @@ def test_inputs_from_standard_input_and_pipes(tmp_path):
     proc = _process(["validate", fifo], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and b"is a pipe that nothing writes to" in err, err
+
+
+def test_measurement_files_get_the_checks_yaml_inputs_get(runner, tmp_path):
+    """An audit of bad inputs found the measurement readers (`comm fit`, `kernels
+    eval` / `fit` / `profile --shapes`) waited forever on a named pipe nobody writes to,
+    read /dev/zero until memory ran out, and read an nccl-tests file of any size (106 MB:
+    17 s and 750 MB before an error). Now each is an exit-2 error naming the file, and a
+    pipe with a writer (bash's <(cat FILE)) is still read."""
+    import subprocess
+
+    fifo = tmp_path / "ff"
+    os.mkfifo(fifo)
+    for args, kind in ((["comm", "fit", fifo], b"nccl-tests or CSV"),
+                       (["kernels", "eval", fifo], b"CSV"),
+                       (["kernels", "fit", fifo, "-o", tmp_path / "m"], b"CSV"),
+                       (["kernels", "profile", "-o", tmp_path / "p.csv", "--device", "cpu",
+                         "--shapes", fifo], b"CSV")):
+        proc = _process(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2, err
+        assert err == f"{fifo}: error: is a pipe that nothing writes to, expected ".encode() \
+            + kind + b"\n", err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "p.csv").exists()
+    r = invoke(runner, "comm", "fit", "/dev/zero")
+    assert r.exit_code == 2
+    assert r.stderr == "/dev/zero: error: is not a regular file or a pipe, expected a " \
+                       "nccl-tests or CSV file\n", r.stderr
+    r = invoke(runner, "kernels", "eval", "/dev/zero")
+    assert r.exit_code == 2 and "expected a CSV file" in r.stderr, r.stderr
+    big = tmp_path / "all_reduce_perf.txt"
+    with big.open("wb") as fh:
+        fh.truncate(16 * 2**20 + 1)  # sparse: the size alone refuses it
+    r = invoke(runner, "comm", "fit", big)
+    assert r.exit_code == 2
+    assert r.stderr == f"{big}: error: file is too large (16,777,217 bytes); measurement " \
+                       "files are limited to 16 MiB\n", r.stderr
+    code, out, err = _piped(["comm", "fit"],
+                            (ROOT / "tests" / "data" / "nccl" /
+                             "all_reduce_perf_8xh100.txt").read_bytes())
+    assert code == 0 and b"latency" in out, err
 
 
 def test_small_messages_say_what_the_user_wrote(runner, tmp_path):

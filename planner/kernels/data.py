@@ -55,7 +55,7 @@ from numpy.typing import NDArray
 
 from ..cluster import Device, lookup_device, suggest_device
 from ..errors import InputError, Located, whole_file
-from ..loading import STDIN_CSV, decode
+from ..loading import STDIN_CSV, decode, read_checked
 from ..units import count
 
 FloatArray = NDArray[np.float64]
@@ -361,26 +361,15 @@ class _Reader:
         return dt
 
 
+def _csv_limit(head: bytes) -> tuple[int, str]:
+    return MAX_CSV_BYTES, f"CSV files are limited to {MAX_CSV_BYTES // 2**20} MiB"
+
+
 def _open_csv(path: str | Path) -> tuple[str, str]:
-    p = Path(path)
     display = str(path)
     if display == "-":
         raise InputError([whole_file(display, STDIN_CSV)])
-    try:
-        if p.is_dir():
-            raise InputError([whole_file(display, "is a directory, expected a CSV file")])
-        size = p.stat().st_size
-        if size > MAX_CSV_BYTES:
-            raise InputError([whole_file(display, f"file is too large ({size:,} bytes); "
-                                         f"CSV files are limited to "
-                                         f"{MAX_CSV_BYTES // 2**20} MiB")])
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise InputError([whole_file(display, "no such file")]) from None
-    except OSError as exc:
-        raise InputError([whole_file(display, f"cannot read the file: "
-                                             f"{exc.strerror or exc}")]) from None
-    return display, decode(raw, display)
+    return display, decode(read_checked(path, display, "CSV", _csv_limit), display)
 
 
 def read_csv(path: str | Path, shapes_only: bool = False) -> Dataset:
