@@ -348,6 +348,16 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
         sources = tuple(str(s) for s in (f.raw("sources") or []))
     elif f.has("aliases"):  # other names a measurement file may give it ("NVIDIA B200")
         aliases = f.opt("aliases", _names, ())
+        # the catalog GPU this device replaces, if it is named like one
+        own = _alias_index().get(_norm(name)) if name else None
+        for i, alias in enumerate(aliases):
+            # another catalog GPU's name would read its measurements as this device's
+            other = _alias_index().get(_norm(alias))
+            if other is not None and other != own:
+                issues.append(Issue(child_path(f.at("aliases"), i),
+                                    f"alias {alias!r} is the catalog's {other}: measurements "
+                                    f"naming it would be read as {name or 'this device'}'s; "
+                                    "remove it, or give a name only this device has"))
     f.finish()
     if len(issues) > n_before or name is None:
         return None

@@ -71,6 +71,34 @@ network:
     assert cl.device.peak("bf16") == 312e12
 
 
+_ALIASED = """kind: cluster
+devices_per_node: 8
+device: {{name: {name}, base: H100-SXM, aliases: [{aliases}]}}
+network:
+  intra_node: {{latency: 2 us, bandwidth: 300 GB/s}}
+  inter_node: {{latency: 9 us, bandwidth: 400 Gbit/s}}
+"""
+
+
+def test_a_device_alias_may_not_be_another_catalog_gpu():
+    """An audit found a cluster file's device with `aliases: [A100-PCIe-40GB]` took
+    NeuSight's A100 rows as its own under `kernels eval --cluster` (scored as a B200).
+    An alias naming another catalog GPU is refused where it is written; aliases of the
+    catalog GPU a device replaces (named like it, in any spelling) are its own."""
+    with pytest.raises(InputError) as exc:
+        load_cluster_text(_ALIASED.format(
+            name="B200", aliases="NVIDIA B200, NVIDIA A100-PCIE-40GB"), "c.yaml")
+    problems = exc.value.problems
+    assert len(problems) == 1
+    assert (problems[0].line, problems[0].column) == (3, 61)  # the alias itself
+    assert problems[0].message == (
+        "alias 'NVIDIA A100-PCIE-40GB' is the catalog's A100-PCIe-40GB: measurements naming "
+        "it would be read as B200's; remove it, or give a name only this device has")
+    cl = load_cluster_text(_ALIASED.format(name="h100-sxm",
+                                           aliases="NVIDIA H100 80GB HBM3, H100 SXM5"))
+    assert cl.device.aliases == ("NVIDIA H100 80GB HBM3", "H100 SXM5")
+
+
 def test_inline_device_full_spec_and_missing_keys():
     with pytest.raises(InputError) as exc:
         load_cluster_text("""
