@@ -124,7 +124,32 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
     else:
         issues += [Issue(f"$.layers[{i}]", f"expected a layer (a mapping), got {show(lay)}")
                    for i, lay in enumerate(layers) if not isinstance(lay, dict)]
-    models = data["inputs"].get("models") if isinstance(data.get("inputs"), dict) else None
+    inputs = data.get("inputs")
+    if not isinstance(inputs, dict):
+        issues.append(Issue("$.inputs" if "inputs" in data else "$",
+                            f"expected the files the plan was made from (a mapping: network "
+                            f"and cluster, each with its file and sha256), got "
+                            f"{show(inputs)}: the plan was edited; make it again"))
+    else:
+        # what launch -o must not overwrite and what check compares: as the plan wrote it
+        for key in ("network", "cluster"):
+            entry = inputs.get(key)
+            if not isinstance(entry, dict):
+                issues.append(Issue(f"$.inputs.{key}" if key in inputs else "$.inputs",
+                                    f"expected the {key} file the plan was made from (a "
+                                    f"mapping with its file, name and sha256), got "
+                                    f"{show(entry)}: the plan was edited; make it again"))
+                continue
+            for field in ("file", "name", "sha256"):
+                value = entry.get(field)
+                if field not in entry:
+                    issues.append(Issue(f"$.inputs.{key}", f"the {key} entry lacks its "
+                                        f"{field}: the plan was edited; make it again"))
+                elif not isinstance(value, str) or not value:
+                    issues.append(Issue(f"$.inputs.{key}.{field}",
+                                        f"expected the {key}'s {field} as text, got "
+                                        f"{show(value)}: the plan was edited; make it again"))
+    models = inputs.get("models") if isinstance(inputs, dict) else None
     if models is not None and not (isinstance(models, dict) and isinstance(
             models.get("sha256"), str) and len(models["sha256"]) == 64):
         issues.append(Issue("$.inputs.models", f"expected the kernel models' digest, "

@@ -662,7 +662,17 @@ def test_launch_scripts_cannot_be_injected_through_names(runner, tmp_path):
 
 
 @pytest.mark.parametrize(("old", "new", "said"), [
-    ("\ninputs:\n", "\ninputs: 5\nold_inputs:\n", "expected a mapping (the plan was edited"),
+    ("\ninputs:\n", "\ninputs: 5\nold_inputs:\n", "expected the files the plan was made "
+                                                    "from (a mapping: network and cluster"),
+    # launch -o wrote over the network file of a plan whose inputs were edited so, and
+    # validate passed it (an audit)
+    ("    file: ", "    file: [a, b]\n    old: ",
+     "expected the network's file as text, got ['a', 'b']"),
+    ("    file: ", "    file: 5\n    old: ", "expected the network's file as text, got 5"),
+    ("  network:\n", "  network: 5\n  old_network:\n",
+     "expected the network file the plan was made from (a mapping with its file, name and "
+     "sha256), got 5"),
+    ("    sha256: ", "    old: ", "the network entry lacks its sha256"),
     ("\nlayers:\n", "\nlayers: 5\nold_layers:\n", "expected the plan's layers (a list of "
                                                     "mappings), got 5"),
     ("\nlayers:\n", "\nlayers:\n- null\n", "expected a layer (a mapping), got null"),
@@ -704,8 +714,7 @@ def test_malformed_plans_are_input_errors(runner, tmp_path, old, new, said):
         "../networks/", f"{EXAMPLES}/networks/").replace("../clusters/",
                                                         f"{EXAMPLES}/clusters/"))
     commands = [["check", config]] + ([["validate", bad], ["launch", bad]]
-                                      if "inputs" not in old and "follows" not in new
-                                      else [])
+                                      if "follows" not in new else [])
     for args in commands:
         r = invoke(runner, *args)
         assert r.exit_code == 2, (args, r.stdout, r.stderr)
