@@ -65,6 +65,7 @@ from .costs.comm import (
 )
 from .errors import InputError, Located, UsageError, whole_file
 from .loading import STDIN_CSV, decode, read_checked
+from .units import MAX_GPUS
 
 OPS: tuple[Collective, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s.*?\son\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s*(.*)$")
@@ -311,6 +312,14 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
         if header is None:
             continue
         toks = s.split()
+        if toks and not toks[0].isdigit() and (_NUMERAL_LIKE.fullmatch(toks[0]) or (
+                len(toks) == len(header) and "type" in header
+                and toks[header.index("type")] in _TYPE_BYTES
+                and toks[header.index("count")].isdigit())):
+            # a result row whose size is not a whole number of bytes (an edited or
+            # garbled row), not a line of text (NCCL INFO lines begin with host names)
+            raise _fail(display, i, "expected a whole number of bytes in the size column, "
+                                    f"got {toks[0]!r}", raw, raw.index(toks[0]) + 1)
         if not toks or not toks[0].isdigit():
             continue
         if len(toks) < len(header):
@@ -370,8 +379,7 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
         if op is None and other:
             raise _fail(display, first + 1, f"{other.group(0)} {_NOT_MODELLED}; {_MODELLED}")
     if op is None:
-        type_bytes = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1,
-                      "uint8": 1, "int32": 4, "int": 4, "int64": 8, "uint64": 8}
+        type_bytes = _TYPE_BYTES
         line, size, count, _ = samples[-1]
         row = lines[line - 1].split()
         tb = type_bytes.get(row[2], 0) if len(row) > 2 else 0
@@ -460,14 +468,17 @@ def _csv_samples(text: str, display: str) -> list[Sample]:
                 cells[name] = math.nan
         nbytes, secs = cells["bytes"], cells[time_col] * scale
         ranks_f, nodes_f = cells[ranks_col], cells.get("n_nodes", 1.0)
+        ranks_ok = math.isfinite(ranks_f) and 1 <= ranks_f <= MAX_GPUS and \
+            ranks_f.is_integer()
         wrong = [(name, message) for name, ok, message in (
-            ("bytes", math.isfinite(nbytes) and nbytes > 0,
-             "expected a positive message size in bytes"),
-            (ranks_col, math.isfinite(ranks_f) and ranks_f >= 1 and ranks_f.is_integer(),
-             "expected a whole number of ranks >= 1"),
+            (system_col, bool(row[col[system_col]].strip()), "expected the system's name"),
+            ("bytes", math.isfinite(nbytes) and 0 < nbytes <= MAX_COMM_BYTES,
+             "expected a positive message size in bytes, at most 2^50"),
+            (ranks_col, ranks_ok, "expected a whole number of ranks from 1 to 2^30"),
+            # (against the ranks only where they are right: one mistake, one message)
             ("n_nodes", math.isfinite(nodes_f) and nodes_f >= 1 and nodes_f.is_integer()
-             and nodes_f <= max(ranks_f, 1), "expected a whole number of nodes from 1 to "
-                                             "the ranks"),
+             and (not ranks_ok or nodes_f <= ranks_f),
+             "expected a whole number of nodes from 1 to the ranks"),
             (time_col, math.isfinite(secs) and MIN_TIME_S <= secs <= MAX_TIME_S,
              f"expected a time between 1 ns and 1 day "
              f"({'milli' if scale == 1e-3 else 'micro'}seconds)")) if not ok]
@@ -497,6 +508,16 @@ def _csv_samples(text: str, display: str) -> list[Sample]:
         raise _fail(display, 1, "no measurement rows after the header")
     return out
 
+
+#: the largest message a measurement may give (1 PiB; nccl-tests' sweeps stop at GiBs)
+MAX_COMM_BYTES = 2.0**50
+
+#: nccl-tests' data types (its `type` column) and their bytes
+_TYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int8": 1, "uint8": 1,
+               "int32": 4, "int": 4, "int64": 8, "uint64": 8}
+
+#: what reads as a number someone meant as a row's size: 1e3, -1024, 1048576.5, 1024x
+_NUMERAL_LIKE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?[A-Za-z]?")
 
 #: a measurement file's most bytes (a whole nccl-tests sweep is about 10 kB, the
 #: DeepBench and 8×H200 CSVs under 100 kB)

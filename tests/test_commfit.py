@@ -59,6 +59,21 @@ def test_malformed_nccl_output_reports_file_and_line(tmp_path):
     with pytest.raises(InputError) as info:
         read_samples([bad])
     assert str(info.value).startswith(f"{bad}:18:1: error: expected 13 columns")
+    # a result row whose size is not a whole number of bytes was left out without a
+    # word (an audit); lines of text after the header (NCCL INFO, a host name first) are
+    # still passed over
+    lines = FIXTURES[0].read_text().splitlines()
+    original = lines[17]
+    for size in ("1024x", "1e3", "-1024", "1048576.5", "abcd"):
+        lines[17] = original.replace("1024 ", f"{size} ", 1)
+        bad.write_text("\n".join(lines) + "\n")
+        with pytest.raises(InputError) as info:
+            read_samples([bad])
+        assert str(info.value).startswith(f"{bad}:18:9: error: expected a whole number of "
+                                          f"bytes in the size column, got {size!r}"), info.value
+    lines[17] = "10-0-0-1:2871:2871 [0] NCCL INFO Channel 00/24 : 0 1 2 3 4 5 6 7"
+    bad.write_text("\n".join([*lines[:17], original, *lines[17:]]) + "\n")
+    assert len(read_samples([bad])) == len(read_samples([FIXTURES[0]]))
     empty = tmp_path / "empty.txt"
     empty.write_text("# nothing here\n")
     with pytest.raises(InputError, match="no nccl-tests result table"):
@@ -390,12 +405,19 @@ def test_comm_fit_bad_csv(runner, tmp_path):
                               ("X,1e400,8,1,0.5", 3, "bytes"),
                               ("X,1000,inf,1,0.5", 8, "n_gpus"),
                               ("X,2000,8,1,1e-300", 12, "mean_time_ms"),
-                              ("X,2000,8,9,0.5", 10, "n_nodes")):
+                              ("X,2000,8,9,0.5", 10, "n_nodes"),
+                              # found by another audit: 1e23 ranks fitted a latency of 0 us;
+                              # an empty rank count was two errors, the second about the
+                              # nodes; an empty system name had no line
+                              ("X,2000,99999999999999999999999,1,0.5", 8, "n_gpus"),
+                              ("X,2000,,1,0.5", 8, "n_gpus"),
+                              (",2000,8,1,0.5", 1, "gpu")):
         bad.write_text(f"gpu,bytes,n_gpus,n_nodes,mean_time_ms\nX,1000,8,1,0.5\n{row}\n")
         r = invoke(runner, "comm", "fit", bad)
         assert r.exit_code == 2 and r.stderr.startswith(f"{bad}:3:{column}: error: expected "
                                                         ), (row, r.stderr)
         assert f"in column '{name}'" in r.stderr.splitlines()[0], (row, r.stderr)
+        assert r.stderr.count("error:") == 1, r.stderr
 
 
 @pytest.mark.parametrize("example, data, system", [
