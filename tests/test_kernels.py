@@ -150,6 +150,27 @@ def test_bad_checksum_names_the_file(model_copy):
         load_dir(model_copy)
 
 
+def test_a_weights_file_that_is_not_one_names_it(runner, model_copy):
+    """A weights file that is not an npz archive, its checksum edited into the manifest
+    to match, was an internal error (BadZipFile, exit 3: an audit); it is a model-data
+    error naming the file, exit 2."""
+    import hashlib
+
+    path = model_copy / "gemm.npz"
+    old = hashlib.sha256(path.read_bytes()).hexdigest()
+    junk = b"PK\x03\x04" + bytes(200)
+    path.write_bytes(junk)
+    manifest = model_copy / MANIFEST
+    manifest.write_text(manifest.read_text().replace(old, hashlib.sha256(junk).hexdigest()))
+    with pytest.raises(ModelDataError, match=r"gemm\.npz: error: not a readable weights "
+                                             r"file \(File is not a zip file\); refit"):
+        load_dir(model_copy)
+    r = invoke(runner, "kernels", "predict", "--device", "H100", "--gemm", "64,64,64",
+               "--models-dir", model_copy)
+    assert r.exit_code == 2 and "gemm.npz: error: not a readable weights file" in r.stderr, \
+        r.stderr
+
+
 def test_missing_weights_file_names_it(model_copy):
     (model_copy / "conv.npz").unlink()
     with pytest.raises(ModelDataError, match=r"conv\.npz: error: cannot read"):

@@ -321,8 +321,10 @@ def _load_model(directory: Path, family: str, rec: Any, version: int) -> Ensembl
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
             arrays = {k: np.asarray(npz[k], dtype=np.float64) for k in npz.files}
-    except (ValueError, OSError, KeyError) as exc:
-        raise ModelDataError(f"{path}: error: not a readable weights file ({exc})") from None
+    except (ValueError, OSError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        # (a file whose checksum the manifest was edited to match)
+        raise ModelDataError(f"{path}: error: not a readable weights file ({exc}); refit "
+                             "or reinstall") from None
     if version == 1:  # one network, its fields beside the shared ones
         member_recs: Any = [rec]
         prefixes = [""]
