@@ -227,6 +227,25 @@ def _check_model_dir(out_dir: str, data: tuple[str, ...]) -> None:
                                    for d in data):
             raise UsageError(f"planner: error: refusing to write {target}: it is one of the "
                              "training files; choose another output folder")
+    manifest = path / MANIFEST
+    if manifest.is_file() and not _is_model_manifest(manifest):
+        # a folder's manifest.yaml of something else: the fit would replace it
+        raise UsageError(f"planner: error: refusing to write {manifest}: it is not the "
+                         "manifest of a planner model set (kind: planner-kernel-models), "
+                         "and the fit would replace it; choose another output folder")
+
+
+def _is_model_manifest(path: Path) -> bool:
+    """Whether a manifest.yaml is planner's (its kind line near the top; a damaged one
+    of planner's may be refitted over)."""
+    import re
+
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return re.search(rb"^kind:\s*['\"]?planner-kernel-models", head, re.M) is not None
 
 
 def _keep_other_families(out_dir: str, only: str) -> None:
@@ -243,7 +262,7 @@ def _keep_other_families(out_dir: str, only: str) -> None:
         families = set((yaml.safe_load(path.read_text(encoding="utf-8")) or {})
                        .get("models") or {})
     except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError):
-        return  # not a model set planner can read: overwritten like any other output
+        return  # planner's, damaged: refitted over (_check_model_dir)
     others = sorted(families - {only})
     if others:
         raise UsageError(f"planner: error: {path} has {' and '.join(others)} models that "

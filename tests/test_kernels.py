@@ -1444,6 +1444,16 @@ def test_fit_output_folder_is_checked_before_fitting(runner, tmp_path):
     assert r.exit_code == 2 and "it is one of the training files" in r.stderr
     assert same.read_bytes() == data.read_bytes()
     assert not (tmp_path / "m").exists() and not (tmp_path / "gemm.npz").exists()
+    # a folder's own manifest.yaml of something else was replaced by the fit's (an audit)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.yaml").write_text("name: my notes\n")
+    r = invoke(runner, "kernels", "fit", data, "-o", other, "--max-iter", "2")
+    assert r.exit_code == 2 and r.stderr == (
+        f"planner: error: refusing to write {other / 'manifest.yaml'}: it is not the manifest "
+        "of a planner model set (kind: planner-kernel-models), and the fit would replace it; "
+        "choose another output folder\n"), r.stderr
+    assert (other / "manifest.yaml").read_text() == "name: my notes\n"
 
 
 SHIPPED_FILES = ("neusight/neusight_linear_fp32.csv", "neusight/neusight_bmm_fp32_test.csv",
