@@ -977,7 +977,18 @@ def given_bounds(network: Network, names: list[str], chunks: int) -> list[int]:
     for k, name in enumerate(names):
         at = index.get(name)
         if at is None:
-            raise ValueError(f"'{name}' is not a layer of '{network.name}'", k)
+            # a block's or a repeat's name: the first of its layers a stage may start at
+            inside = [layer.index for layer in network.layers
+                      if layer.name.startswith(name + ".")]
+            first = next((i for i in inside if i in allowed), None)
+            hint = f"; its first layer a stage may start at is " \
+                f"'{network.layers[first].name}'" if first is not None else ""
+            if not inside:
+                import difflib
+
+                close = difflib.get_close_matches(name, list(index), n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ValueError(f"'{name}' is not a layer of '{network.name}'{hint}", k)
         if at not in allowed:
             near = sorted(allowed, key=lambda c: (abs(c - at), c))[:3]
             raise ValueError(

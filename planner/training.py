@@ -245,6 +245,9 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
             if p.is_dir():
                 f.error(key, f"{key} '{rel}' is a directory; name the {key} YAML file in it "
                              f"(paths are relative to the configuration's folder, {base})")
+            elif p.exists() and not p.is_file():  # /dev/null, a named pipe
+                f.error(key, f"{key} file '{rel}' is not a regular file; name the {key} "
+                             "YAML file")
             elif not p.is_file():
                 f.error(key, f"{key} file '{rel}' not found (paths are relative to the "
                              f"configuration's folder, {base})")
@@ -366,6 +369,9 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                 p = (base / rel).resolve()
                 if p.is_dir():
                     sf.error("plan", f"plan '{rel}' is a directory; name the plan file in it")
+                elif p.exists() and not p.is_file():  # /dev/null, a named pipe
+                    sf.error("plan", f"plan file '{rel}' is not a regular file; name the "
+                                     "plan's YAML file")
                 elif not p.is_file():
                     sf.error("plan", f"plan file '{rel}' not found (make it with `planner "
                                      "plan ... -o FILE`)")

@@ -829,6 +829,19 @@ def test_training_paths_that_are_directories(runner, tmp_path):
         f"{tmp_path}) (at $.cluster)",
         f"{cfg}:6:18: error: plan 'plans' is a directory; name the plan file in it (at "
         "$.strategy.plan)"], result.stderr
+    # a device or a named pipe exists: it is not 'not found' either (an audit)
+    os.mkfifo(tmp_path / "pipe")
+    cfg.write_text("kind: training\nnetwork: /dev/null\ncluster: pipe\n"
+                   "gpus: 8\nbatch: 8\nstrategy: {plan: /dev/null}\n")
+    result = invoke(runner, "check", str(cfg))
+    assert result.exit_code == 2
+    assert [x for x in result.stderr.splitlines() if ": error: " in x] == [
+        f"{cfg}:2:10: error: network file '/dev/null' is not a regular file; name the network "
+        "YAML file (at $.network)",
+        f"{cfg}:3:10: error: cluster file 'pipe' is not a regular file; name the cluster YAML "
+        "file (at $.cluster)",
+        f"{cfg}:6:18: error: plan file '/dev/null' is not a regular file; name the plan's "
+        "YAML file (at $.strategy.plan)"], result.stderr
 
 
 @pytest.mark.parametrize(("edit", "said"), [

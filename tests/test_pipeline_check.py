@@ -279,7 +279,12 @@ def test_cost_with_stage_starts_runs_the_stages_given(runner, net_file):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (("--stage-starts", "nope"), "--stage-starts: 'nope' is not a layer of 'tiny-lm'"),
+    (("--stage-starts", "nope"), "--stage-starts: 'nope' is not a layer of 'tiny-lm'\n"),
+    # a block's name, or a near miss, says which layer was meant (an audit)
+    (("--stage-starts", "blk.1.attn"), "--stage-starts: 'blk.1.attn' is not a layer of "
+     "'tiny-lm'; its first layer a stage may start at is 'blk.1.attn.ln'"),
+    (("--stage-starts", "blk.1.attn.lnx"), "'blk.1.attn.lnx' is not a layer of 'tiny-lm'; "
+     "did you mean 'blk.1.attn.ln'?"),
     (("--stage-starts", "blk.1.attn.sa"),
      "a stage cannot start at 'blk.1.attn.sa': a stage starts where one tensor alone "
      "crosses"),
