@@ -622,9 +622,13 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
         return "\n".join(head + lines) + "\n"
     if kind == "torchrun":
         port_value = str(port) if fixed_port else f"${{MASTER_PORT:-{port}}}"
-        if spec.nodes == 1:  # one node: torchrun's own rendezvous on a free port
+        if spec.nodes == 1:
             note = ["# Run on the node; paths are as given, relative to where this runs."]
-            start = [f"exec torchrun --standalone --nnodes=1 --nproc-per-node={spec.procs} \\"]
+            # torchrun's own rendezvous on a free port, or the port asked for
+            start = [f"exec torchrun --standalone --nnodes=1 --nproc-per-node={spec.procs} \\"
+                     ] if not fixed_port else [
+                f"exec torchrun --nnodes=1 --nproc-per-node={spec.procs} --node-rank=0 \\",
+                f"  --master-addr=localhost --master-port={port} \\"]
             procs: list[str] = []
         else:
             note = [
@@ -691,7 +695,10 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
             ': "${MASTER_ADDR:?scontrol gave no host for the job}"',
             "export MASTER_ADDR",
             f'export MASTER_PORT={port}' if fixed_port else
-            f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"',
+            f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"' if whole else
+            # a job of part of a node shares it with other jobs, whose rank 0 would
+            # listen on the same default port: one from the job's id
+            'export MASTER_PORT="${MASTER_PORT:-$(( 15000 + SLURM_JOB_ID % 20000 ))}"',
             f"export PLANNER_PLAN={q(plan_path)}",
             f"CPUS=$(( ${{SLURM_CPUS_ON_NODE:-{spec.procs}}} / {spec.procs} ))",
             '[ "$CPUS" -ge 1 ] || CPUS=1',

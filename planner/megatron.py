@@ -54,6 +54,7 @@ from .errors import Issue, UsageError, printable
 from .fields import show
 from .launch import cp_method
 from .loading import Document
+from .network import DTYPE_BYTES
 
 #: the modes of each of Megatron-LM's splits
 _TENSOR = {"column": False, "row": False, "model": False,
@@ -437,6 +438,13 @@ def megatron_args(doc: Document, plan_path: str) -> str:
         args.append("--use-distributed-optimizer")
     if prob.get("overlap") == "gradients":
         args.append("--overlap-grad-reduce")
+        # the buckets as priced, in gradient elements (Megatron-LM's default is
+        # max(40M, 1M x replicas) parameters, not the 25 MiB of PyTorch DDP the planner's
+        # --bucket-size defaults to); one bucket a layer (0) has no such setting
+        bucket = prob.get("bucket_bytes", 0)
+        grad = DTYPE_BYTES.get(str(prob.get("grad_dtype", prob.get("dtype", "float32"))), 4)
+        if isinstance(bucket, int | float) and bucket > 0:
+            args.append(f"--ddp-bucket-size {max(1, int(bucket) // grad)}")
     if prob.get("overlap_param_gather"):
         args.append("--overlap-param-gather")
     if prob.get("tp_comm_overlap") and sp:

@@ -576,6 +576,20 @@ def test_launch_one_partly_used_node(runner, tmp_path, gpus):
     out = invoke(runner, "launch", plan, "--emit", "slurm").stdout
     assert f"#SBATCH --ntasks={gpus}\n#SBATCH --ntasks-per-node={gpus}\n" \
            f"#SBATCH --gpus-per-node={gpus}\n" in out
+    # a job of part of a node shares it: its rank 0 listened on 29500 as every other
+    # such job's did (an audit); the default port comes from the job's id
+    assert "--exclusive" not in out
+    assert 'export MASTER_PORT="${MASTER_PORT:-$(( 15000 + SLURM_JOB_ID % 20000 ))}"\n' in out
+    ran = subprocess.run(["bash", "-c", out.split("export MASTER_PORT=")[1].split("\n")[0]
+                          .join(("export MASTER_PORT=", '\necho "$MASTER_PORT"'))],
+                         capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "123456"})
+    assert ran.stdout == f"{15000 + 123456 % 20000}\n", ran.stderr
+    # --master-port on one node: --standalone took a free port whatever was asked
+    out = invoke(runner, "launch", plan, "--emit", "torchrun", "--master-port", "1234").stdout
+    assert "--standalone" not in out
+    assert f"exec torchrun --nnodes=1 --nproc-per-node={gpus} --node-rank=0 \\\n" \
+           "  --master-addr=localhost --master-port=1234 \\\n" in out
 
 
 def test_torchrun_uneven_plan_runs_fewer_processes_on_the_last_node(runner, tmp_path):

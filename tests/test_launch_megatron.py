@@ -54,6 +54,8 @@ def test_tensor_parallel_plan(runner, tmp_path):
                     "--pipeline-model-parallel-size 1", "--context-parallel-size 1",
                     "--micro-batch-size 1", "--global-batch-size 16",
                     "--use-distributed-optimizer", "--overlap-grad-reduce",
+                    # the plan's 25 MiB buckets of bf16 gradients: 25 · 2^20 / 2
+                    "--ddp-bucket-size 13107200",
                     "--overlap-param-gather", "--tp-comm-overlap", "--bf16",
                     "--grad-reduce-in-bf16", "--optimizer adam"]
     assert "64 ranks: tensor 4 x context 1 x pipeline 1 x data 16" in text
@@ -115,9 +117,27 @@ def test_interleaved_pipeline_with_even_chunks(runner, tmp_path):
     assert args == ["--tensor-model-parallel-size 4", "--pipeline-model-parallel-size 2",
                     "--num-layers-per-virtual-pipeline-stage 3", "--context-parallel-size 1",
                     "--micro-batch-size 4", "--global-batch-size 64", "--overlap-grad-reduce",
+                    "--ddp-bucket-size 6553600",  # 25 MiB of fp32 gradients
                     "--recompute-granularity full", "--recompute-method block",
                     "--recompute-num-layers 1", "--optimizer sgd", "--sgd-momentum 0"]
     assert "16 ranks: tensor 4 x context 1 x pipeline 2 x data 2" in text
+
+
+def test_the_buckets_priced_are_megatrons(runner, tmp_path):
+    """Megatron-LM's gradient buckets default to max(40M, 1M x replicas) parameters, not
+    the plan's; the arguments carry the plan's --bucket-size in gradient elements (an
+    audit found 200 MiB and 25 MiB plans gave the same arguments): 200 MiB of fp32
+    gradients are 200 · 2^20 / 4 = 52,428,800; one bucket a layer (0) has no Megatron-LM
+    setting, and no overlap needs none."""
+    for size, want in (("200MiB", ["--ddp-bucket-size 52428800"]), ("0", [])):
+        plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "16", "-b", "64",
+                     "--grid", "4x4", "--mode", "megatron", "--bucket-size", size)
+        args, _ = _args(runner, plan)
+        assert [a for a in args if a.startswith("--ddp-bucket-size")] == want, args
+    plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "16", "-b", "64", "--grid", "4x4",
+                 "--mode", "megatron", "--overlap", "none")
+    args, _ = _args(runner, plan)
+    assert not any(a.startswith(("--ddp-bucket-size", "--overlap-grad")) for a in args)
 
 
 def test_recomputed_layers_are_megatrons_count(runner, tmp_path):
