@@ -561,7 +561,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
     head = [
         f"# planner launch: {count(spec.nodes, 'node')} x "
         f"{count(spec.procs, 'process', 'processes')} "
-        f"({spec.world} ranks) for {printable(plan_path)} ({spec.name})",
+        f"({count(spec.world, 'rank')}) for {printable(plan_path)} ({spec.name})",
         f"# rank k runs on node k // {spec.per_node}, local device k % {spec.per_node}",
         *_grid_lines(spec),
     ]

@@ -55,6 +55,7 @@ from .fields import show
 from .launch import cp_method
 from .loading import Document
 from .network import DTYPE_BYTES
+from .units import count
 
 #: the modes of each of Megatron-LM's splits
 _TENSOR = {"column": False, "row": False, "model": False,
@@ -464,7 +465,7 @@ def megatron_args(doc: Document, plan_path: str) -> str:
     layers = sum(counts)
     head = [f"# planner launch: Megatron-LM's parallelism arguments for "
             f"{printable(plan_path)} ({name})",
-            f"# {world} ranks: tensor {t} x context {c} x pipeline {stages} x data "
+            f"# {count(world, 'rank')}: tensor {t} x context {c} x pipeline {stages} x data "
             f"{replicas}" + (f", experts over {e} of the data-parallel ranks" if e > 1 else ""),
             f"# the model's own arguments are yours to add ({layers} transformer layers: "
             f"--num-layers {layers}, and its widths)"]
