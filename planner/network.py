@@ -471,13 +471,16 @@ class Layer:
 
         Output row ``o`` of a window ``k_eff = d(k−1)+1`` with stride ``s`` and padding
         ``p`` reads input rows ``[o·s − p, o·s − p + k_eff − 1]``; a block of output
-        rows owns the aligned input rows ``[o0·s, o1·s)`` and so needs ``p`` rows above
-        and ``k_eff − s − p`` below (none for a 1×1 convolution).
+        rows owns the aligned input rows ``[o0·s, o1·s)`` and so needs the ``p`` rows
+        above it that its windows cover (all ``p`` where windows overlap or touch,
+        ``k_eff ≥ s``; those in the windows alone where they leave gaps) and
+        ``k_eff − s − p`` below (none for a 1×1 convolution without padding). A padding
+        beyond the window (a 1×1 convolution padded by 1, whose output is taller than
+        its input) needs ``p`` rows above too: ``min(p, k_eff − 1)`` missed them.
         """
         k, s, p = self._window_h()
-        if k <= 1 and p == 0:
-            return (0, 0)
-        return (max(0, min(p, k - 1)), max(0, k - s - p))
+        above = p if k >= s else sum(min(k, p - j) for j in range(0, p, s))
+        return (max(0, above), max(0, k - s - p))
 
     @property
     def halo_backward(self) -> tuple[int, int]:

@@ -89,6 +89,39 @@ def test_halo_rows():
     assert net.by_name("pool1").halo_forward == (0, 1)
 
 
+def _conv_net(k: int, s: int, p: int, h: int = 24):
+    return load_network_text(f"""kind: network
+name: one
+input: [2, {h}, {h}]
+layers:
+  - {{type: conv2d, name: c, out_channels: 2, kernel: {k}, stride: {s}, padding: {p}}}
+""")
+
+
+def test_halo_rows_count_the_rows_a_block_of_outputs_reads():
+    """Brute force over kernels, strides and paddings: a block of output rows
+    ``[o0, o1)`` owns input rows ``[o0·s, o1·s)``; the forward halo is the rows outside
+    them its windows read, the backward the output-gradient rows outside ``[o0, o1)``
+    whose windows reach its inputs. An audit found a 1×1 convolution padded by 1 (an
+    output taller than its input) exchanged nothing, and 3×3 padded by 3 two rows of
+    three: the formula took ``min(p, k − 1)`` rows above."""
+    o0, o1 = 40, 60
+    for k in range(1, 8):
+        for s in range(1, 5):
+            for p in range(0, 7):
+                if (24 + 2 * p - k) // s + 1 < 1:
+                    continue
+                layer = _conv_net(k, s, p).by_name("c")
+                reads = {r for o in range(o0, o1) for r in range(o * s - p, o * s - p + k)}
+                want = (sum(r < o0 * s for r in reads), sum(r >= o1 * s for r in reads))
+                assert layer.halo_forward == want, (k, s, p, layer.halo_forward, want)
+                owned = range(o0 * s, o1 * s)
+                grads = {o for o in range(o0 - 20, o1 + 20)
+                         if any(o * s - p <= r <= o * s - p + k - 1 for r in owned)}
+                want = (sum(o < o0 for o in grads), sum(o >= o1 for o in grads))
+                assert layer.halo_backward == want, (k, s, p, layer.halo_backward, want)
+
+
 def test_resnet_blocks_and_names():
     net = load_network(NETWORKS / "resnet50.yaml")
     assert len(net.blocks) == 16
