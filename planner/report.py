@@ -41,6 +41,11 @@ def show_data(net: Network, batch: int) -> dict[str, Any]:
             "flops_forward": net.flops,
             "activation_bytes": kept,
             "param_bytes": net.params * net.elem_bytes,
+            # with experts: the parameters a token's forward pass multiplies by (the
+            # router's, its top-k experts', the shared ones and every other layer's)
+            **({"active_params": sum(r["moe"]["active_params"] if "moe" in r else r["params"]
+                                     for r in layers)}
+               if any("moe" in r for r in layers) else {}),
         },
     }
 
@@ -73,8 +78,9 @@ def network_table(net: Network, data: dict[str, Any], all_layers: bool = False) 
     t.add_section()
     t.add_row(Text("total", style="bold"), count(tot["layers"], "layer"), "", "",
               Text(f"{tot['params']:,}", style="bold"), human_count(tot["flops_forward"]))
+    active = f", {tot['active_params']:,} active a token" if "active_params" in tot else ""
     note = Text(f"parameters: {tot['params']:,} ({format_bytes(tot['param_bytes'])} in "
-                f"{net.dtype}); forward per sample: {human_count(tot['macs_forward'])} MACs, "
+                f"{net.dtype}){active}; forward per sample: {human_count(tot['macs_forward'])} MACs, "
                 f"{human_count(tot['flops_forward'])} FLOPs; kept for backward: "
                 f"{format_bytes(tot['activation_bytes'], 3)}", style="dim")
     return Group(t, note)

@@ -83,6 +83,25 @@ def test_mixtral_counts_by_hand():
     assert (shown["experts"], shown["top_k"], shown["capacity_factor"]) == (8, 2, None)
 
 
+def test_show_totals_the_active_parameters(runner):
+    """The README says `planner show` gives both counts; its totals and table gave only
+    all of them (an audit). Mixtral's active ones by hand: a block's attention and
+    norms, 4096 · (4096 + 2 · 1024) + 4096 · 4096 + 2 · 4096, its router, 4096 · 8, and
+    2 of its 8 experts, 2 · 3 · 4096 · 14,336; ×32, plus the table, the head and the
+    final norm: 12,879,925,248 (12.9B, Jiang et al. 2024). A dense network has none."""
+    block = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 2 * 4096 + 4096 * 8 \
+        + 2 * 3 * 4096 * 14336
+    want = 32 * block + 2 * 32000 * 4096 + 4096
+    assert want == 12_879_925_248
+    r = invoke(runner, "show", NETWORKS / "mixtral-8x7b.yaml", "--format", "json")
+    assert json.loads(r.stdout)["totals"]["active_params"] == want
+    r = invoke(runner, "show", NETWORKS / "mixtral-8x7b.yaml")
+    assert "parameters: 46,702,792,704 (86.99 GiB in bfloat16), 12,879,925,248 active a " \
+           "token;" in " ".join(r.stdout.split()), r.stdout
+    r = invoke(runner, "show", NETWORKS / "llama3-8b.yaml", "--format", "json")
+    assert "active_params" not in json.loads(r.stdout)["totals"]
+
+
 def test_shape_and_saved_by_hand():
     """Per sample: its 32 tokens' router probabilities (8 each) and per routed row (2 a
     token) the permuted input (64), the gate and up outputs (256), the activation's
