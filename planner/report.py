@@ -80,7 +80,8 @@ def network_table(net: Network, data: dict[str, Any], all_layers: bool = False) 
               Text(f"{tot['params']:,}", style="bold"), human_count(tot["flops_forward"]))
     active = f", {tot['active_params']:,} active a token" if "active_params" in tot else ""
     note = Text(f"parameters: {tot['params']:,} ({format_bytes(tot['param_bytes'])} in "
-                f"{net.dtype}){active}; forward per sample: {human_count(tot['macs_forward'])} MACs, "
+                f"{net.dtype}){active}; forward per sample: "
+                f"{human_count(tot['macs_forward'])} MACs, "
                 f"{human_count(tot['flops_forward'])} FLOPs; kept for backward: "
                 f"{format_bytes(tot['activation_bytes'], 3)}", style="dim")
     return Group(t, note)
