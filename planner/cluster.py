@@ -415,8 +415,10 @@ def _link(data: object, path: str, issues: list[Issue], what: str) -> Link | Non
         convert = _plausible("bandwidth")
         for key in list(gf.data):
             gf.seen.add(key)
+            # keys as a file gives them (text) or as comm fit merges them (numbers)
+            text = str(key)
             try:
-                size = integer(2, 1_000_000)(int(key) if key.isdigit() else key)
+                size = integer(2, 1_000_000)(int(text) if text.isdigit() else key)
             except Invalid:
                 gf.error(key, f"expected a group size (an integer ≥ 2) as the key, got "
                               f"{key!r}")

@@ -208,6 +208,23 @@ def test_comm_fit_writes_a_network_section(runner):
     assert cluster_from_data(data, []) is not None
 
 
+def test_comm_fit_writes_a_cluster_with_bandwidths_by_group(runner, tmp_path):
+    """A fit with bandwidths by group size (DeepBench's TITAN X Pascal box: 2, 4 and 8
+    GPUs each at their own rate) written into a cluster file was an internal error
+    (exit 3: the merged section's group sizes are numbers, the check read them as text;
+    an audit); it writes the file, which validates and keeps the groups."""
+    out = tmp_path / "fitted.yaml"
+    r = invoke(runner, "comm", "fit", DEEPBENCH, "--system", "Pascal", "--cluster",
+               CLUSTERS / "pcie-8gpu.yaml", "-o", out)
+    assert r.exit_code == 0, r.stderr
+    assert invoke(runner, "validate", out).exit_code == 0
+    groups = yaml.safe_load(out.read_text())["network"]["intra_node"]["bandwidth_by_group"]
+    assert list(groups) == [2, 4, 8]
+    assert groups == yaml.safe_load(invoke(runner, "comm", "fit", DEEPBENCH, "--system",
+                                           "Pascal").stdout)["network"]["intra_node"][
+        "bandwidth_by_group"]
+
+
 def test_comm_fit_with_cluster_keeps_the_rest_and_never_overwrites(runner, tmp_path):
     src = CLUSTERS / "dgx-h100.yaml"
     out = tmp_path / "fitted.yaml"
