@@ -1972,3 +1972,48 @@ def test_fit_with_no_held_out_rows_says_so(runner, tmp_path):
     r = invoke(runner, "kernels", "fit", data, "--only", "gemm", "-o", tmp_path / "m2",
                "--max-iter", "5", "--format", "json")
     assert json.loads(r.stdout) == {"results": []}
+
+
+def _fit_workers(mark: str) -> list[int]:
+    """Processes whose environment holds ``mark`` (a fit's spawned workers inherit it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux's /proc")
+def test_an_interrupted_or_killed_fit_stops_its_workers(tmp_path):
+    """Ctrl-C sent to `kernels fit` alone (not its process group) printed Aborted! and
+    waited for the running fits, minutes; killed outright, its workers fitted on as
+    orphans (an audit found one an hour later). Now an interrupt stops the workers and
+    exits 130, and a worker dies with its parent (Linux's parent-death signal)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = [sys.executable, "-m", "planner", "kernels", "fit", str(DATA / "h100" / "h100_fp32.csv"),
+            str(LINEAR),
+            "--only", "gemm", "--max-iter", "1000", "-o", str(tmp_path / "m")]
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGKILL, -signal.SIGKILL)):
+        mark = f"PLANNER_TEST_FIT_{os.getpid()}_{int(sig)}"
+        env = {**os.environ, mark: "1"}
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while len(_fit_workers(mark)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the command, multiprocessing's resource tracker, a worker
+        assert len(_fit_workers(mark)) >= 3, "no fit worker started"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == code
+        deadline = time.monotonic() + 10
+        while _fit_workers(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _fit_workers(mark) == [], sig
+    assert not (tmp_path / "m").exists()

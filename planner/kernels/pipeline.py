@@ -14,7 +14,7 @@ import contextlib
 import os
 import platform
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -175,6 +175,44 @@ def _family_options(opts: FitOptions, family: str) -> dict[str, Any]:
             "monotone_weight": resolved.mono_weight}
 
 
+def _worker_start(parent: int, devices: list[Any]) -> None:
+    """A fit worker's start: it dies with the command that started it (Linux: a
+    ``planner kernels fit`` killed by a signal it cannot catch left its workers fitting
+    for minutes), and knows the devices a cluster file gave."""
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            # PR_SET_PDEATHSIG: SIGTERM this process when its parent exits
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it exited while this one started: nothing to fit for
+        os._exit(1)
+    register_devices(devices)
+
+
+@contextlib.contextmanager
+def _stopped_on_interrupt(pool: Any) -> Iterator[None]:
+    """Stop ``pool``'s workers when the fit is interrupted (Ctrl-C sent to the command
+    alone, not its process group, waited for the running fits: minutes)."""
+    try:
+        yield
+    except BaseException:
+        import signal
+
+        # the pool's thread may still write to a stopped worker's pipe: that must not end
+        # the command by SIGPIPE (the CLI restores its default action) before it exits
+        if hasattr(signal, "SIGPIPE"):
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
+        raise
+
+
 def fit_tables(tables: list[Table], opts: FitOptions,
                progress: Callable[[str], None] | None = None,
                ) -> list[tuple[Ensemble, FitReport]]:
@@ -203,8 +241,9 @@ def fit_tables(tables: list[Table], opts: FitOptions,
         workers = max(1, min(len(jobs), os.cpu_count() or 1))
         # the devices a cluster file gave (a GPU the catalog lacks), known in each worker
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                 initializer=register_devices,
-                                 initargs=(registered_devices(),)) as pool:
+                                 initializer=_worker_start,
+                                 initargs=(os.getpid(), registered_devices())) as pool, \
+                _stopped_on_interrupt(pool):
             futures = {j: pool.submit(fit_family, tables[jobs[j][0]], jobs[j][1])
                        for j in order}
             if progress is not None:
