@@ -2017,3 +2017,17 @@ def test_an_interrupted_or_killed_fit_stops_its_workers(tmp_path):
             time.sleep(0.2)
         assert _fit_workers(mark) == [], sig
     assert not (tmp_path / "m").exists()
+
+
+def test_predict_bound_is_the_datasheet_s_without_a_model(runner):
+    """Where no model answers (float64), predict's "roofline bound (datasheet)" was the
+    fallback's roofline at the catalog's achievable fraction (an audit): for a 4096³
+    FP64 GEMM on the A100 SXM, 2 · 4096³ / 9.7 TFLOPS = 14,168.96 µs is the datasheet's,
+    and the time, at 0.839 of it, is the fallback's."""
+    r = invoke(runner, "kernels", "predict", "--device", "A100", "--dtype", "fp64",
+               "--gemm", "4096,4096,4096", "--format", "json")
+    doc = json.loads(r.stdout)
+    assert doc["source"] == "roofline (no float64 data)"
+    assert doc["bound_s"] == pytest.approx(2 * 4096**3 / 9.7e12, rel=1e-12)
+    assert doc["roofline_s"] == pytest.approx(doc["bound_s"] / 0.839, rel=1e-3)
+    assert doc["achieved_fraction_of_bound"] == pytest.approx(0.839, abs=5e-4)

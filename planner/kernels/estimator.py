@@ -500,7 +500,10 @@ class LearnedEstimator:
         family = "gemm" if isinstance(kernel, Gemm) else "conv"
         model = self.models.get(family)
         mdt = model_dtype(dtype, model.dtypes) if model is not None else None
-        bound = roof
+        # the datasheet's roofline (no model: the fallback's own is at the catalog's
+        # achievable fraction of it)
+        bound = max(float(flops[0]) / device.peak(DTYPE_PEAK_KEY[dtype]),
+                    float(nbytes[0]) / device.memory_bandwidth)
         frac: float | None = None
         seen: bool | None = None
         ok = False
