@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -661,7 +662,13 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
         emit(to_json({"systems": [f.record() for f in fits], "notes": notes}), output,
              protect)
         return
-    header = "# Fitted by `planner comm fit " + " ".join(printable(f) for f in files) + "`\n"
+    # the command that writes this file again (its --system and --cluster too)
+    again = [shlex.quote(printable(f)) for f in files]
+    if system is not None:
+        again += ["--system", shlex.quote(printable(system))]
+    if cluster_path is not None:
+        again += ["--cluster", shlex.quote(printable(cluster_path))]
+    header = "# Fitted by `planner comm fit " + " ".join(again) + "`\n"
     if cluster_path is not None:
         fit = choose(fits, system)
         merged = merge_cluster(cluster_path, fit)

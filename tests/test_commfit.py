@@ -218,6 +218,10 @@ def test_comm_fit_writes_a_cluster_with_bandwidths_by_group(runner, tmp_path):
                CLUSTERS / "pcie-8gpu.yaml", "-o", out)
     assert r.exit_code == 0, r.stderr
     assert invoke(runner, "validate", out).exit_code == 0
+    # the header is the command that writes the file again (--system and --cluster too)
+    assert out.read_text().startswith(
+        f"# Fitted by `planner comm fit {DEEPBENCH} --system Pascal --cluster "
+        f"{CLUSTERS / 'pcie-8gpu.yaml'}`\n")
     groups = yaml.safe_load(out.read_text())["network"]["intra_node"]["bandwidth_by_group"]
     assert list(groups) == [2, 4, 8]
     assert groups == yaml.safe_load(invoke(runner, "comm", "fit", DEEPBENCH, "--system",
