@@ -9,9 +9,9 @@ Prints JSON: the best and median CPU time of this process and wall time, in ms.
 
 CPU time counts every thread of the process, OpenBLAS's helpers included: after a
 multi-threaded product they spin while waiting for the next, which doubles the CPU time
-of these small products on two cores without making them faster. The test
-(tests/test_kernels.py) runs this script with one BLAS thread (``OPENBLAS_NUM_THREADS=1``)
-and holds the CPU time under 50 ms; the README gives both.
+of these small products on two cores without making them faster. Issue 4's target is
+50 ms with one BLAS thread (``OPENBLAS_NUM_THREADS=1``); the README gives both. The test
+suite checks what makes it fast (a fixed number of network passes), not the time.
 """
 
 from __future__ import annotations
