@@ -386,15 +386,27 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
     )
 
 
-def _link(data: object, path: str, issues: list[Issue], what: str) -> Link | None:
+def _link(data: object, path: str, issues: list[Issue], what: str,
+          max_group: int | None = None) -> Link | None:
+    """One tier (``what``: ``intra_node`` or ``inter_node``); ``max_group``, a node's
+    devices when known, bounds the intra-node tier's ``bandwidth_by_group`` sizes."""
     f = Fields(data, path, issues, what)
     if not f.ok:
         return None
+    if what == "inter_node":  # what the collective models read of the intra tier only
+        for key, means in (("nvls", "NVSwitch in-switch reduction inside a node"),
+                           ("bandwidth_by_group", "bandwidths of groups inside a node")):
+            if f.has(key):
+                f.seen.add(key)
+                f.error(key, f"'{key}' ({means}) belongs to the intra_node tier; the "
+                             f"inter_node tier does not read it: move it to intra_node "
+                             f"or remove it")
     latency = f.req("latency", _plausible("latency", positive=False))
     bandwidth = f.req("bandwidth", _plausible("bandwidth"))
     name = f.opt("name", string, "")
     nvls_bw = nvls_lat = nvls_min = None
-    if f.has("nvls") and f.raw("nvls") is not None:
+    intra = what == "intra_node"
+    if intra and f.has("nvls") and f.raw("nvls") is not None:
         nf = Fields(f.raw("nvls"), f.at("nvls"), issues, "nvls")
         if nf.has("bandwidth"):  # a bus bandwidth, as nvls: took before 2026-11-28
             nf.seen.add("bandwidth")
@@ -409,7 +421,7 @@ def _link(data: object, path: str, issues: list[Issue], what: str) -> Link | Non
         nvls_min = nf.opt("min_bytes", _plausible("size", positive=False), 0.0)
         nf.finish()
     by_group: list[tuple[int, float]] = []
-    if f.has("bandwidth_by_group") and f.raw("bandwidth_by_group") is not None:
+    if intra and f.has("bandwidth_by_group") and f.raw("bandwidth_by_group") is not None:
         gf = Fields(f.raw("bandwidth_by_group"), f.at("bandwidth_by_group"), issues,
                     "bandwidth_by_group (group size: bandwidth)")
         convert = _plausible("bandwidth")
@@ -421,7 +433,12 @@ def _link(data: object, path: str, issues: list[Issue], what: str) -> Link | Non
                 size = integer(2, 1_000_000)(int(text) if text.isdigit() else key)
             except Invalid:
                 gf.error(key, f"expected a group size (an integer ≥ 2) as the key, got "
-                              f"{key!r}")
+                              f"{show(key)}")
+                continue
+            if max_group is not None and size > max_group:
+                gf.error(key, f"a group of {size} devices is larger than a node "
+                              f"(devices_per_node: {max_group}): no collective inside "
+                              f"a node has that many")
                 continue
             try:
                 by_group.append((size, convert(gf.data[key])))
@@ -457,7 +474,8 @@ def cluster_from_data(data: object, issues: list[Issue]) -> Cluster | None:
     if f.has("network"):
         nf = Fields(f.raw("network"), f.at("network"), issues, "the network")
         if nf.has("intra_node"):
-            intra = _link(nf.raw("intra_node"), nf.at("intra_node"), issues, "intra_node")
+            intra = _link(nf.raw("intra_node"), nf.at("intra_node"), issues, "intra_node",
+                          per_node)
         elif per_node is not None and per_node > 1:
             nf.error(None, "missing required key 'intra_node' (latency and bandwidth between "
                            "devices of one node)")

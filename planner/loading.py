@@ -505,7 +505,9 @@ def _parse_text(text: str, file: str, loader_class: Any) -> Document:
                     top.key = f"<invalid key {len(top.container)}>"
                 else:
                     # numbers/booleans as keys: keep their text so messages make sense
-                    top.key = str(value) if value is not None else "null"
+                    # (a boolean as written, `true` or `on`, not Python's 'True')
+                    top.key = (str(getattr(event, "value", value)) if isinstance(value, bool)
+                               else str(value) if value is not None else "null")
             else:
                 top.key = value
             top.key_mark = mark

@@ -187,6 +187,45 @@ def test_bandwidth_by_group_bad_key():
                           "bandwidth_by_group: {two: 12 GB/s}}\n")
 
 
+
+def test_bandwidth_by_group_keys_are_bounded_by_the_node_and_quoted_as_written():
+    """A group larger than the node, a boolean key (`true`, or YAML 1.1's `on`), each
+    located and quoted as the file spells it (the message said 'True' before)."""
+    from planner.errors import InputError
+    from planner.inputs import load_cluster_text
+
+    with pytest.raises(InputError) as exc:
+        load_cluster_text("kind: cluster\nnodes: 1\ndevices_per_node: 8\ndevice: T4\n"
+                          "network:\n  intra_node:\n    latency: 6 us\n    bandwidth: 9 GB/s\n"
+                          "    bandwidth_by_group: {2: 12 GB/s, 16: 9 GB/s, true: 3 GB/s, "
+                          "on: 2 GB/s}\n")
+    text = str(exc.value)
+    assert ("<cluster>:9:42: error: a group of 16 devices is larger than a node "
+            "(devices_per_node: 8)") in text
+    assert "<cluster>:9:56: error: expected a group size (an integer ≥ 2) as the key, " \
+           "got 'true'" in text
+    assert "9:68: error: expected a group size (an integer ≥ 2) as the key, got 'on'" in text
+    assert "True" not in text
+
+
+def test_the_inter_node_tier_refuses_what_only_the_intra_node_tier_reads():
+    """`nvls` and `bandwidth_by_group` on inter_node were accepted and never read (the
+    collective models look them up on the intra-node tier only)."""
+    from planner.errors import InputError
+    from planner.inputs import load_cluster_text
+
+    with pytest.raises(InputError) as exc:
+        load_cluster_text("kind: cluster\nnodes: 2\ndevices_per_node: 8\ndevice: H100-SXM\n"
+                          "network:\n  intra_node: {latency: 3 us, bandwidth: 350 GB/s}\n"
+                          "  inter_node:\n    latency: 6 us\n    bandwidth: 40 GB/s\n"
+                          "    nvls: {algbw: 261.4 GB/s}\n"
+                          "    bandwidth_by_group: {2: 12 GB/s}\n")
+    text = str(exc.value)
+    assert "<cluster>:10:11: error: 'nvls' (NVSwitch in-switch reduction inside a node) " \
+           "belongs to the intra_node tier; the inter_node tier does not read it" in text
+    assert "<cluster>:11:25: error: 'bandwidth_by_group'" in text
+    assert text.count(": error: ") == 2
+
 def test_h200_nvls_is_modelled_from_the_note_column():
     (fit,) = fit_all(read_samples([H200]))
     assert fit.nvls is not None and fit.nvls.min_bytes == 2 * 2**20
