@@ -14,7 +14,12 @@ microbatch size, with the stage's memory.
 **Time.** A stage's forward pass ``F_s`` is one microbatch's forward through its layers
 with the point-to-point send of the activation to the next stage; its backward pass
 ``B_s`` is the rest of the microbatch (the stage's compute and activation traffic, its
-gradient reductions apart) with the send of the gradient back. The step is 1F1B's order
+gradient reductions apart) with the return of its activation's gradient from the next
+stage: each transfer between stages ``s`` and ``s + 1``, either way, is charged to stage
+``s`` (the last stage is charged none, and a stage's input gradient is its
+predecessor's). The chain of a microbatch through the stages carries every transfer
+once whichever end pays it; which end does moves one transfer's time between adjacent
+stages' loads, and so can move the busiest stage. The step is 1F1B's order
 of passes simulated (:func:`one_f_one_b_finish`): stage ``s`` runs ``min(S − s − 1, M)``
 forward passes, then a forward and a backward until the forwards run out, then the
 backwards, each pass starting once its input is made. With equal stages it is
@@ -327,7 +332,7 @@ class Stage:
     inflight: int  #: microbatches whose activations it keeps at once
     question: Any  #: the stage's question (network, options, context)
     result: Any  #: its SearchResult
-    send_s: float  #: per microbatch: the activation sent on and its gradient sent back
+    send_s: float  #: per microbatch: the activation sent on and its gradient returned
     chunk: int = 0  #: the model chunk of its stage (0 without interleaving)
 
     @property
@@ -354,7 +359,7 @@ class Stage:
     @property
     def backward_pass_s(self) -> float:
         """B: the rest of the backward pass (input gradients, its collectives, the
-        gradient's send back)."""
+        return of its activation's gradient from the next stage)."""
         return self.microbatch_s - self.forward_pass_s - self.weight_pass_s
 
     def passes(self, schedule: str) -> tuple[float, ...]:
