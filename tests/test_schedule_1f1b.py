@@ -89,3 +89,33 @@ def test_interleaved_never_beats_the_busiest_stage_nor_waits_forever(s, v, group
     for stage in range(s):
         own = sum(f + b for c, (f, b) in enumerate(passes) if c % s == stage)
         assert ends[stage] >= m * own * (1 - 1e-12)
+
+
+def test_gpipe_equals_1f1b_for_equal_stages_only_the_readmes_example():
+    """README, *What it does not model*: GPipe (every forward, then every backward) takes
+    1F1B's step with equal stages and longer with unequal ones. By hand, 4 stages, 8
+    microbatches, (F, B) = (1, 2), (2, 4), (1, 2), (1, 2): the slow stage's forwards end
+    at 1 + 8·2 = 17, its first backward waits for the last stages' (17 + 1 + 1 = 19,
+    then 19 + 2 + 2 = 23 for microbatch 7's gradient), runs 8·4 to 55, and stage 0's
+    last backward ends at 57; 1F1B's order ends at 53."""
+
+    def gpipe(st, m):
+        s_n = len(st)
+        fend = [[0.0] * m for _ in range(s_n)]
+        for s in range(s_n):
+            t = 0.0
+            for i in range(m):
+                t = fend[s][i] = max(t, fend[s - 1][i] if s else 0.0) + st[s][0]
+        bend = [[0.0] * m for _ in range(s_n)]
+        for s in reversed(range(s_n)):
+            t = fend[s][m - 1]
+            for i in reversed(range(m)):
+                dep = bend[s + 1][i] if s < s_n - 1 else fend[s][i]
+                t = bend[s][i] = max(t, dep) + st[s][1]
+        return max(bend[0])
+
+    uneven = [(1.0, 2.0), (2.0, 4.0), (1.0, 2.0), (1.0, 2.0)]
+    assert gpipe(uneven, 8) == 57.0
+    assert max(one_f_one_b_finish(uneven, 4, 1, 8)) == 53.0
+    even = [(1.0, 2.0)] * 4
+    assert gpipe(even, 8) == max(one_f_one_b_finish(even, 4, 1, 8)) == (8 + 4 - 1) * 3.0
