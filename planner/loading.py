@@ -376,7 +376,7 @@ def load_file(path: str | os.PathLike[str], display: str | None = None) -> Docum
 MAX_NUMERAL = 400
 
 
-def _resolve_plain(value: str) -> Any:
+def resolve_plain(value: str) -> Any:
     """A plain scalar by the YAML 1.2 core schema; ValueError for an absurdly long
     numeral (its message says so)."""
     if value and value[0] not in _NUMBER_START and value[0] not in "~nNtTfF":
@@ -411,7 +411,7 @@ def _construct_tagged(tag: str, value: str) -> Any:
     short = tag[len(_TAG_PREFIX):]
     if short == "str":
         return value
-    resolved = _resolve_plain(value)
+    resolved = resolve_plain(value)
     if short == "null" and resolved is None:
         return None
     if short == "bool" and isinstance(resolved, bool):
@@ -568,7 +568,7 @@ def _parse_text(text: str, file: str, loader_class: Any) -> Document:
                 tag = event.tag
                 if tag is None:
                     try:
-                        value = event.value if event.style else _resolve_plain(event.value)
+                        value = event.value if event.style else resolve_plain(event.value)
                     except ValueError as exc:
                         issues.append(located(sm, str(exc), path))
                         value = None

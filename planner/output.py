@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from .errors import UsageError
+from .loading import resolve_plain
 
 
 def round_sig(value: float, digits: int = 4) -> float:
@@ -72,8 +73,27 @@ def _finite(data: Any) -> Any:
 _BaseDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
+def _reads_as_text(text: str) -> bool:
+    """Whether ``text`` written plain reads back as a string by the YAML 1.2 core schema
+    as well (planner's reader, :func:`~.loading.resolve_plain`): ``1e3`` and ``0o17``
+    are strings to YAML 1.1, whose resolver PyYAML writes by, but numbers to 1.2, so a
+    network named "1e3" came back as 1000.0 from a plan planner had written."""
+    try:
+        return isinstance(resolve_plain(text), str)
+    except ValueError:  # a numeral too long to read: quote it
+        return False
+
+
 class _Dumper(_BaseDumper):  # type: ignore[misc]
-    """Block style for mappings, flow style for short lists of scalars (shapes, grids)."""
+    """Block style for mappings, flow style for short lists of scalars (shapes, grids);
+    strings that YAML 1.2 would read as numbers are quoted (:func:`_reads_as_text`)."""
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+        tag = super().resolve(kind, value, implicit)
+        if tag == _STR and kind is yaml.ScalarNode and implicit[0] \
+                and not _reads_as_text(value):
+            return "tag:yaml.org,2002:float"  # not str: the emitter quotes it
+        return tag
 
 
 def _repr_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
@@ -140,6 +160,8 @@ def _scalar(tag: str, text: str) -> yaml.ScalarEvent:
         if len(_SCALARS) > 200_000:
             _SCALARS.clear()
         plain = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))
+        if plain == _STR and not _reads_as_text(text):
+            plain = _FLOAT
         event = _SCALARS[(tag, text)] = yaml.ScalarEvent(
             None, tag, (plain == tag, tag == _STR), text)
     return event

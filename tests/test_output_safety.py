@@ -448,3 +448,27 @@ def test_a_narrow_terminal_still_gets_a_table(monkeypatch):
     assert console().width == MIN_WIDTH == 40
     monkeypatch.setenv("COLUMNS", "97")
     assert console().width == 97
+
+
+def test_strings_yaml_12_reads_as_numbers_are_quoted_so_planner_reads_its_plans_back(
+        runner, tmp_path):
+    """`1e3` and `0o17` are strings to YAML 1.1 (PyYAML's resolver) but numbers to the
+    1.2 core schema planner reads by: a network named "1e3" came back from its own plan
+    as 1000.0, and validate and launch refused the plan (exit 2)."""
+    from planner.loading import parse_text
+
+    words = ["1e3", "1E+3", "-1e-3", "0o17", "5e61234", ".5", "1.", "0x1f", "yes", "abc"]
+    text = to_yaml({"names": words})
+    assert parse_text(text, "t.yaml").data == {"names": words}
+    assert "- '1e3'" in text and "- abc" in text
+    assert to_yaml({"names": words}) == _to_yaml_pyyaml({"names": words})
+    net = tmp_path / "n.yaml"
+    net.write_text((NETWORKS / "alexnet.yaml").read_text().replace(
+        "name: alexnet", 'name: "1e3"', 1))
+    plan = tmp_path / "p.yaml"
+    r = invoke(runner, "plan", net, CL, "-p", "8", "-b", "256", "--estimator", "roofline",
+               "-o", plan)
+    assert r.exit_code == 0, r.stderr
+    assert "name: '1e3'" in plan.read_text()
+    r = invoke(runner, "validate", plan)
+    assert r.exit_code == 0, r.stderr
