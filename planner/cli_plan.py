@@ -656,9 +656,27 @@ def pipeline_cost(q: Question, stages: int, grid: str | None, mode: str | None,
     sq = dataclasses.replace(q, options=dataclasses.replace(q.options, gpus=size))
     layouts = layout_assignment(sq, grid, mode, pins, placement,
                                 f"a stage's device count (--gpus {p} / --pipeline {stages})")
-    res = price_pipeline(q, stages, layouts, stage_pricer(q), stage_context(q), bounds,
-                         virtual, q.schedule)
-    return pipeline_doc(q, res, None, None, None, expand, command="cost"), res
+    if not q.zero_auto:
+        res = price_pipeline(q, stages, layouts, stage_pricer(q), stage_context(q), bounds,
+                             virtual, q.schedule)
+        return pipeline_doc(q, res, None, None, None, expand, command="cost"), res
+    # --zero auto: one setting for every stage (see pipeline_zero_auto), the fastest that
+    # fits, or the leanest when none does (the lower stage, then all replicas, on a tie)
+    from .search import ZeroTrial, zero_settings
+
+    priced = []
+    for stage, shard in zero_settings(q.zero_stages, q.zero_shards):
+        zq = fixed_zero(q, stage, shard)
+        res = price_pipeline(zq, stages, layouts, stage_pricer(zq), stage_context(zq),
+                             bounds, virtual, q.schedule)
+        doc = pipeline_doc(zq, res, None, None, None, expand, command="cost")
+        priced.append((doc, res, (stage, shard != "all"),
+                       ZeroTrial(stage, "fits" if res.fits else "does not fit", res.time_s,
+                                 doc["iteration"]["comm_s"], res.peak_bytes, shard)))
+    fitting = [f for f in priced if f[1].fits]
+    doc, res, _, _ = min(fitting, key=lambda f: (f[1].time_s, f[2])) if fitting else \
+        min(priced, key=lambda f: (f[1].peak_bytes, f[2]))
+    return _with_trials(doc, "zero_auto", [f[3].to_data() for f in priced]), res
 
 
 def _price(ctx: Any, options: Any, assignment: dict[int, Any], q: Question
@@ -1201,22 +1219,152 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
     """The plan document of ``--pipeline``: the fastest of :func:`stage_counts` that
     fits (``virtual="auto"``: :func:`best_interleaving` for each count). A stage count
     whose step's lower bound (:func:`count_bounds`) is no faster than the best count so
-    far is not searched (``bound`` in ``pipeline_auto``)."""
+    far is not searched (``bound`` in ``pipeline_auto``). With ``--zero auto`` (or
+    ``--zero-shard auto``) and stages, :func:`pipeline_zero_auto`."""
+    if q.zero_auto and any(s > 1 for s in stage_counts(q, stages, objective, virtual)):
+        return pipeline_zero_auto(q, stages, objective, pins, expand, virtual)
+    return _pipeline_search(q, stages, objective, pins, expand, virtual)[0]
+
+
+def pin_misfits(q: Question, stages: int | str, counts: list[int], pins: tuple[str, ...]
+                ) -> dict[int, str]:
+    """The stage counts of ``counts`` (and 1, the plan without stages, which is always
+    searched, as a count or as a baseline) a pin's grid does not fit, each with why: with
+    stages, a pin's grid is one stage's, ``P/S`` devices (``--pin 'fc*=model:2x4'`` on 16
+    devices: 2 stages; 1, the plan without stages, wants 16). UsageError where none
+    fits, naming the pin and the devices a stage has (a stage-sized grid exited 2 before:
+    the plan without stages, searched first, said the grid's 8 devices were not the 16
+    of --gpus; found by an audit)."""
+    from .layout import pin_grid_devices
+
+    p = q.options.gpus
+    sized = [(text, d) for text in pins if (d := pin_grid_devices(text)) is not None]
+    out: dict[int, str] = {}
+    for s in sorted({1, *counts}):
+        wrong = next(((text, d) for text, d in sized if d * s != p), None)
+        if wrong is not None:
+            out[s] = (f"--pin '{wrong[0]}' has a grid of {wrong[1]} devices, and "
+                      + ("the plan without stages has all " if s == 1 else
+                         f"a stage of {s} has ") + f"{p // s}")
+    if counts and all(s in out for s in counts):
+        text, d = next((t, d) for t, d in sized if any(d * s != p for s in counts))
+        if stages == "auto":
+            raise UsageError(f"planner: error: --pin '{text}': with --pipeline auto a "
+                             f"pin's grid is one stage's, and no stage count gives a stage "
+                             f"{d} of the {p} devices (P/S for S among "
+                             f"{', '.join(map(str, counts))}); give a grid of one of those "
+                             "sizes, or a pin without a grid")
+        raise UsageError(f"planner: error: --pin '{text}': with --pipeline {stages} a "
+                         f"pin's grid is one stage's, {p // counts[0]} devices (--gpus {p} "
+                         f"/ --pipeline {stages}), not {d}")
+    return out
+
+
+def fixed_zero(q: Question, stage: int, shard: str) -> Question:
+    """``q`` with one ZeRO setting, as if ``--zero stage --zero-shard shard`` were
+    given."""
+    import dataclasses
+
+    return dataclasses.replace(
+        q, zero_stages=(stage,), zero_shards=(shard,),
+        options=dataclasses.replace(q.options, zero=stage, zero_shard=shard),
+        ctx=dataclasses.replace(q.ctx, zero=stage, zero_shard=shard))
+
+
+def pipeline_zero_auto(q: Question, stages: int | str, objective: str,
+                       pins: tuple[str, ...], expand: bool, virtual: int | str = 1
+                       ) -> dict[str, Any]:
+    """``--zero auto`` with pipeline stages: one ZeRO setting for every stage, as
+    Megatron-LM's distributed optimizer and DeepSpeed's ``zero_optimization.stage`` are
+    one setting for the job. Each setting plans the whole pipeline (every stage count
+    asked, the plan without stages among them), by :func:`search_zero`'s rules: stages 0
+    and 1 always; stage 2, which prices every layout as stage 1 does and only keeps
+    less, only when stage 1's pipeline was turned down something for memory
+    (:attr:`~planner.pipeline.PipelineResult.memory_bound`, a count or the plan without
+    stages that had no plan); stage 3 by the same rule unless its gathers are
+    prefetched. The fastest step wins (the lower stage, then sharding over all
+    replicas, on a tie); its document records every setting in ``zero_auto``.
+
+    (Each stage choosing its own setting, as a plan without stages does, gave stages
+    of one plan different ZeRO stages, which no launcher runs, and the plan's
+    ``problem.zero`` said 0: found by an audit. Nor was the mix the fastest: Llama 3 8B
+    in 2 stages on 16 H100s chose 1 and 3, a 3.301 s step, against 3.297 s with 1 for
+    both.)"""
+    import dataclasses
+
+    from .errors import NoFeasiblePlan
+    from .evaluate import prefetches, zero_label
+    from .search import ZeroTrial, zero_settings
+    from .units import format_time
+
+    prefetch = prefetches(dataclasses.replace(q.ctx, zero=3), q.options)
+    trials: list[ZeroTrial] = []
+    found: list[tuple[float, int, bool, dict[str, Any]]] = []
+    limits: list[bool] = []  # each trial with a plan: whether memory turned one down
+    failure: NoFeasiblePlan | None = None
+    for stage, shard in zero_settings(q.zero_stages, q.zero_shards):
+        prev = trials[-1] if trials and trials[-1].shard == shard and \
+            trials[-1].stage == stage - 1 else None
+        if stage >= 2 and not (stage == 3 and prefetch) and prev is not None \
+                and not prev.outcome.startswith("no plan") \
+                and not (prev.outcome == "plan" and limits[-1]):
+            base = prev.stage if prev.outcome == "plan" else 1
+            trials.append(ZeroTrial(stage, f"same as {base}" if stage == 2
+                                    else f"not faster than {base}", shard=shard))
+            continue
+        zq = fixed_zero(q, stage, shard)
+        try:
+            doc, time_s, limited = _pipeline_search(zq, stages, objective, pins, expand,
+                                                    virtual)
+        except NoFeasiblePlan as exc:
+            failure = exc
+            trials.append(ZeroTrial(stage, "no plan", shard=shard))
+            continue
+        it = doc["iteration"]
+        trials.append(ZeroTrial(stage, "plan", time_s, it["comm_s"],
+                                doc["memory"]["peak_bytes"], shard))
+        limits.append(limited)
+        found.append((time_s, stage, shard != "all", doc))
+    if not found:
+        assert failure is not None
+        raise failure
+    time_s, stage, local, doc = min(found, key=lambda f: f[:3])
+    chosen = zero_label(stage, "node" if local else "all")
+    scored = [f"{zero_label(t.stage, t.shard)} {format_time(t.time_s)}" for t in trials
+              if t.outcome == "plan" and zero_label(t.stage, t.shard) != chosen
+              and t.time_s is not None]
+    asked = "--zero auto" if len(set(q.zero_stages)) > 1 else "--zero-shard auto"
+    note = (f"{asked} chose {chosen} for every pipeline stage"
+            + (f" (searched: {', '.join(scored)})" if scored else ""))
+    if "search" in doc:
+        doc["search"]["notes"].append(note)
+    return _with_trials(doc, "zero_auto", [t.to_data() for t in trials])
+
+
+def _pipeline_search(q: Question, stages: int | str, objective: str, pins: tuple[str, ...],
+                     expand: bool, virtual: int | str = 1
+                     ) -> tuple[dict[str, Any], float, bool]:
+    """:func:`pipeline_plan` for one ZeRO setting: the document, its step (seconds,
+    unrounded) and whether memory turned something down on the way (the plan without
+    stages or a stage count had no plan, or found something faster that did not fit)."""
     import dataclasses
 
     from .bounds import beaten
     from .errors import NoFeasiblePlan
 
     counts = stage_counts(q, stages, objective, virtual)
+    misfit = pin_misfits(q, stages, counts, pins)
     bounds = count_bounds(q, counts, virtual)
     context = stage_context(q)
     flat_q = dataclasses.replace(q)
     flat_bases: list[dict[str, Any]] = []  # priced even where nothing fits without stages
-    try:
-        flat = run_search(flat_q, objective, pins)
-    except NoFeasiblePlan as exc:
-        flat = None
-        flat_bases = exc.baselines or []
+    flat: Any = None
+    if 1 not in misfit:
+        try:
+            flat = run_search(flat_q, objective, pins)
+        except NoFeasiblePlan as exc:
+            flat_bases = exc.baselines or []
+    limited = flat is None or flat.memory_bound
     trials: list[dict[str, Any]] = []
     chunk_trials: list[dict[str, Any]] = []
     schedule_trials: list[dict[str, Any]] = []
@@ -1225,6 +1373,9 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
     for s in counts:
         if q.progress is not None and stages == "auto":
             q.progress("pipeline stages", f"{s:,}")
+        if s in misfit:
+            trials.append({"stages": s, "time_s": None, "outcome": misfit[s]})
+            continue
         if s == 1:
             if flat is None:
                 trials.append({"stages": 1, "time_s": None, "outcome": "no plan"})
@@ -1247,8 +1398,10 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
                                     schedule_trials)
         except NoFeasiblePlan as exc:
             error = error or exc
+            limited = True
             trials.append({"stages": s, "time_s": None, "outcome": _why(exc)})
             continue
+        limited = limited or res.memory_bound
         trials.append({"stages": s, "time_s": res.time_s, "outcome": "plan",
                        **({"virtual_stages": res.virtual} if virtual == "auto" else {}),
                        **({"schedule": res.schedule} if q.schedule == AUTO_SCHEDULE
@@ -1268,12 +1421,12 @@ def pipeline_plan(q: Question, stages: int | str, objective: str, pins: tuple[st
             doc = _with_trials(doc, "pipeline_auto", trials)
     else:
         doc = pipeline_doc(q, best[2], flat, bases, trials if stages == "auto" else None,
-                           expand)
+                           expand, flat_reason=misfit.get(1))
     if virtual == "auto":
         doc = _with_trials(doc, "virtual_auto", chunk_trials)
     if schedule_trials:
         doc = _with_trials(doc, "schedule_auto", schedule_trials)
-    return doc
+    return doc, best[0], limited
 
 
 #: ``--virtual-stages auto`` stops after this many chunk counts in a row slower than the
@@ -1305,6 +1458,7 @@ def best_schedule(q: Question, stages: int, objective: str, pins: tuple[str, ...
     best: Any = None
     error: NoFeasiblePlan | None = None
     floor = None
+    limited = False
     for name in (SCHEDULE, ZERO_BUBBLE):
         if best is not None:
             if floor is None:
@@ -1318,9 +1472,11 @@ def best_schedule(q: Question, stages: int, objective: str, pins: tuple[str, ...
                                   run_search, context, virtual, name)
         except NoFeasiblePlan as exc:
             error = error or exc
+            limited = True
             trials.append({"stages": stages, "schedule": name, "time_s": None,
                            "outcome": _why(exc)})
             continue
+        limited = limited or res.memory_bound
         trials.append({"stages": stages, "schedule": name, "time_s": res.time_s,
                        "outcome": "plan"})
         if best is None or res.time_s < best.time_s:
@@ -1328,6 +1484,7 @@ def best_schedule(q: Question, stages: int, objective: str, pins: tuple[str, ...
     if best is None:
         assert error is not None
         raise error
+    best.memory_bound = limited  # any schedule's: a leaner ZeRO stage may let it win
     return best
 
 
@@ -1352,6 +1509,7 @@ def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str,
     error: NoFeasiblePlan | None = None
     slower = 0
     floor = None
+    limited = False
     for v in counts:
         if best is not None and v > 1:  # every chunk count has one bound
             if floor is None:
@@ -1367,10 +1525,12 @@ def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str,
             res = best_schedule(q, stages, objective, pins, context, v, schedule_trials)
         except NoFeasiblePlan as exc:
             error = error or exc
+            limited = True
             trials.append({"stages": stages, "virtual_stages": v, "time_s": None,
                            "outcome": _why(exc)})
             slower += 1
         else:
+            limited = limited or res.memory_bound
             trials.append({"stages": stages, "virtual_stages": v, "time_s": res.time_s,
                            "outcome": "plan"})
             if best is None or res.time_s < best.time_s:
@@ -1382,6 +1542,7 @@ def best_interleaving(q: Question, stages: int, objective: str, pins: tuple[str,
     if best is None:
         assert error is not None
         raise error
+    best.memory_bound = limited  # any chunk count's
     return best
 
 
@@ -1404,12 +1565,13 @@ def _with_trials(doc: dict[str, Any], key: str, trials: list[dict[str, Any]]
 
 
 def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] | None,
-                 trials: list[dict[str, Any]] | None, expand: bool, command: str = "plan"
-                 ) -> dict[str, Any]:
+                 trials: list[dict[str, Any]] | None, expand: bool, command: str = "plan",
+                 flat_reason: str | None = None) -> dict[str, Any]:
     """The plan document of a pipelined plan: the stages' layers one after the other,
     each with its stage; the iteration of the whole step; the busiest stage's memory;
     every stage's placement on its ranks; the unpipelined plan among the baselines
-    (``command`` cost: given layouts, so no search and no baselines)."""
+    (``command`` cost: given layouts, so no search and no baselines; ``flat_reason``:
+    why the plan without stages was not searched)."""
     from .evaluate import question_param_bytes
     from .output import rounded
     from .plan import layer_record, placement_record, plan_header, utilisation
@@ -1497,8 +1659,8 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
             # was planned in its share)
             "peak_bytes": own.peak,
             "fits": own.fits,
-            # the settings chosen for the stage where the question left them to it
-            **({"zero": so.zero, "zero_shard": so.zero_shard} if q.zero_auto else {}),
+            # the count of blocks recomputed where the question left it to the stage
+            # (ZeRO is one setting for every stage: pipeline_zero_auto)
             **({"recompute": so.recompute} if q.recompute_auto else {}),
             "notes": st.result.notes,
         })
@@ -1537,15 +1699,15 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     }
     doc["placement"] = placement
     if bases is not None:
-        doc["baselines"] = _pipeline_baselines(res, flat, bases)
+        doc["baselines"] = _pipeline_baselines(res, flat, bases, flat_reason)
     if trials is not None:
         doc["pipeline_auto"] = trials
     doc["layers"] = layers
     return rounded(doc, 4)  # type: ignore[no-any-return]
 
 
-def _pipeline_baselines(res: Any, flat: Any, bases: list[dict[str, Any]]
-                        ) -> list[dict[str, Any]]:
+def _pipeline_baselines(res: Any, flat: Any, bases: list[dict[str, Any]],
+                        reason: str | None = None) -> list[dict[str, Any]]:
     """The unpipelined plan, then its baselines, each with its speedup over ``res``."""
     flat_t = flat.best.evaluation.time_s if flat is not None else None
     baselines = [{"name": "no pipeline",
@@ -1556,7 +1718,7 @@ def _pipeline_baselines(res: Any, flat: Any, bases: list[dict[str, Any]]
                       "peak_bytes": flat.best.evaluation.memory.peak,
                       "fits": flat.best.evaluation.memory.fits,
                       "speedup": flat_t / res.time_s} if flat is not None else
-                     {"reason": "nothing fits without a pipeline"})}]
+                     {"reason": reason or "nothing fits without a pipeline"})}]
     for b in bases:
         b = dict(b)
         if b.get("applicable") and b.get("time_s"):

@@ -524,6 +524,17 @@ def parse_pin(text: str, gpus: int, count: str = "--gpus", what: str = "--pin") 
     return Pin(pattern, mode, grid, text, placement or None)
 
 
+def pin_grid_devices(text: str) -> int | None:
+    """The devices of a ``--pin``'s grid, ``P_r × P_c`` (None without a grid, or where it
+    does not parse: :func:`parse_pin` says why), before it is checked against a device
+    count: with pipeline stages a pin's grid is one stage's."""
+    grid_text = text.partition("=")[2].partition(":")[2].partition(":")[0]
+    m = _GRID.match(grid_text)
+    if m is None or max(len(m.group(1)), len(m.group(2))) > 100:
+        return None
+    return int(m.group(1)) * int(m.group(2))
+
+
 def pin_layout(pin: Pin, gpus: int, placement: str = "rows") -> Layout:
     """The layout a pin asks for (model/domain without a grid: all devices on P_r; the
     pin's own placement before the command's)."""

@@ -393,6 +393,11 @@ class PipelineResult:
     memories: list[MemoryReport] = dataclasses.field(default_factory=list)
     virtual: int = 1  #: model chunks a stage
     schedule: str = SCHEDULE  #: the schedule priced (with ``virtual > 1``: interleaved)
+    #: memory turned something down on the way: a chunk's search found something
+    #: faster that did not fit (:attr:`~planner.search.SearchResult.memory_bound`) or had
+    #: no plan, or a partition did not fit; a ZeRO stage that keeps less might then give
+    #: a faster step (``--zero auto`` over a pipeline; callers that try more add theirs)
+    memory_bound: bool = False
 
     @property
     def fits(self) -> bool:
@@ -932,6 +937,8 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
         raise NoFeasiblePlan(f"planner: no feasible plan with {stages} pipeline stages: "
                              "no stage partition fits in memory", None)
     best.partitions = tried
+    best.memory_bound = bool(failures) or any(t["outcome"] != "plan" for t in tried) or \
+        any(getattr(st.result, "memory_bound", False) for st in planned.values())
     return best
 
 

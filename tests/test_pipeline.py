@@ -801,3 +801,93 @@ def test_stage_table_keeps_layer_names_whole_where_the_console_is_narrow():
     wide = _stage_rows(160)  # room for everything: the microbatch's time too
     head = next(line for line in wide.splitlines() if line.lstrip().startswith("stage "))
     assert "microbatch" in head and "262.4 ms" in wide
+
+
+def test_zero_auto_with_stages_is_one_setting_for_every_stage(runner, files, tmp_path):
+    """``--zero auto`` with pipeline stages picks one ZeRO stage for the whole job (as
+    Megatron-LM's distributed optimizer and DeepSpeed's ``zero_optimization.stage`` are
+    one setting): the plan is the fastest of the plans given each stage, byte for byte
+    but for the record of the choice, and ``problem.zero`` (what ``launch`` and ``check``
+    read) says which. Each stage chose its own before, and the plan said ZeRO 0 while its
+    stages used 1 (found by an audit)."""
+    net, cl = files
+    base = ("-p", "16", "-b", "32", "--microbatches", "8", "--pipeline", "2",
+            "--estimator", "roofline", "--optimizer", "adam", "--format", "json")
+    fixed = {}
+    for z in range(4):
+        out = invoke(runner, "plan", net, cl, *base, "--zero", str(z))
+        assert out.exit_code == 0, out.output
+        fixed[z] = json.loads(out.stdout)
+    out = invoke(runner, "plan", net, cl, *base, "--zero", "auto")
+    assert out.exit_code == 0, out.output
+    auto = json.loads(out.stdout)
+    times = {z: d["iteration"]["time_s"] for z, d in fixed.items()}
+    want = min(times, key=lambda z: (times[z], z))
+    assert auto["problem"]["zero"] == want == 1, times
+    trials = {t["stage"]: t for t in auto.pop("zero_auto")}
+    # stages 0, 1 and (prefetched) 3 searched; 2 keeps less than 1 at the same price
+    assert [trials[z]["outcome"] for z in range(4)] == ["plan", "plan", "same as 1", "plan"]
+    for z in (0, 1, 3):
+        assert trials[z]["time_s"] == times[z]
+    note = auto["search"]["notes"].pop()
+    assert note.startswith("--zero auto chose stage 1 for every pipeline stage (searched: ")
+    assert all("zero" not in s for s in auto["pipeline"]["stage_plans"])
+    assert {k: v for k, v in auto.items() if k != "command"} == \
+        {k: v for k, v in fixed[want].items() if k != "command"}
+    plan = tmp_path / "plan.json"
+    plan.write_text(out.stdout)
+    env = invoke(runner, "launch", str(plan), "--emit", "env")
+    assert env.exit_code == 0 and "PLANNER_ZERO=1\n" in env.output, env.output
+    # cost: the one layout at every stage, the fastest that fits
+    grid = ("--grid", "2x4")
+    costs = {z: json.loads(invoke(runner, "cost", net, cl, *base, *grid, "--zero", str(z)
+                                  ).stdout) for z in range(4)}
+    cost = json.loads(invoke(runner, "cost", net, cl, *base, *grid, "--zero", "auto").stdout)
+    priced = {t["stage"]: t for t in cost.pop("zero_auto")}
+    assert all(priced[z]["outcome"] == "fits" and priced[z]["time_s"] ==
+               costs[z]["iteration"]["time_s"] for z in range(4))
+    pick = min(range(4), key=lambda z: (costs[z]["iteration"]["time_s"], z))
+    assert cost["problem"]["zero"] == pick
+    assert {k: v for k, v in cost.items() if k != "command"} == \
+        {k: v for k, v in costs[pick].items() if k != "command"}
+
+
+def test_a_pins_grid_is_one_stages(runner, files):
+    """With stages, a pin's grid is one stage's ``P/S`` devices (as ``cost --pipeline``
+    reads it): 2x4 on 16 devices in 2 stages is planned, the plan without stages, whose
+    devices are 16, not applicable and why; a grid of all 16 exits 2 naming the 8 a
+    stage has. Before, the plan without stages was searched first with every pin and
+    exited 2 on the stage-sized grid ("grid 2x4 has 8 devices but --gpus is 16"), and a
+    16-device grid failed in a stage's search saying --gpus was 8 (found by an audit)."""
+    net, cl = files
+    base = ("plan", net, cl, "-p", "16", "-b", "32", "--microbatches", "8",
+            "--estimator", "roofline", "--format", "json")
+    pin = "blk.*.mlp.up=model:2x4"
+    out = invoke(runner, *base, "--pipeline", "2", "--pin", pin)
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    ups = [r for r in doc["layers"] if r["name"].endswith("mlp.up")]
+    assert len(ups) == 4 and all(r["mode"] == "model" and r["grid"] == [2, 4]
+                                 for r in ups), ups
+    flat = doc["baselines"][0]
+    assert flat["name"] == "no pipeline" and flat["applicable"] is False
+    assert flat["reason"] == (f"--pin '{pin}' has a grid of 8 devices, and the plan "
+                              "without stages has all 16")
+    # auto: the counts the grid does not fit are not searched, and say why
+    auto = json.loads(invoke(runner, *base, "--pipeline", "auto", "--pin", pin).stdout)
+    assert auto["problem"]["pipeline"]["stages"] == 2
+    assert [(t["stages"], t["outcome"]) for t in auto["pipeline_auto"]] == [
+        (1, f"--pin '{pin}' has a grid of 8 devices, and the plan without stages has all 16"),
+        (2, "plan"),
+        (4, f"--pin '{pin}' has a grid of 8 devices, and a stage of 4 has 4"),
+        (8, f"--pin '{pin}' has a grid of 8 devices, and a stage of 8 has 2")]
+    for extra, words in (
+            (("--pipeline", "2", "--pin", "blk.*.mlp.up=model:4x4"),
+             "--pin 'blk.*.mlp.up=model:4x4': with --pipeline 2 a pin's grid is one "
+             "stage's, 8 devices (--gpus 16 / --pipeline 2), not 16"),
+            (("--pipeline", "auto", "--pin", "blk.*.mlp.up=model:3x1"),
+             "no stage count gives a stage 3 of the 16 devices (P/S for S among 1, 2, 4, "
+             "8)")):
+        bad = invoke(runner, *base, *extra)
+        assert bad.exit_code == 2, bad.output
+        assert words in bad.output and "Traceback" not in bad.output
