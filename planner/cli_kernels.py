@@ -282,12 +282,13 @@ def _keep_other_families(out_dir: str, only: str) -> None:
               help="Only rows of this GPU (repeatable).")
 @click.option("--exclude", multiple=True, metavar="DEVICE",
               help="Leave out rows of this GPU (repeatable).")
-@click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
-              show_default=True, help="table for a person; json for programs.")
+@click.option("--format", "fmt", type=click.Choice((*TABLE_JSON, "yaml")), default=None,
+              help="table for a person; json or yaml for programs. Default: what the -o "
+                   "file's suffix says (.json, .yaml, .yml), else table.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True),
               default=None, help="Write to this file instead of stdout.")
 def kernels_eval(data: tuple[str, ...], shipped: bool, models_dir: str | None, split: str,
-                 devices: tuple[str, ...], exclude: tuple[str, ...], fmt: str,
+                 devices: tuple[str, ...], exclude: tuple[str, ...], fmt: str | None,
                  output: str | None) -> None:
     """Accuracy of the models on measurement CSVs, per device and op.
 

@@ -70,9 +70,14 @@ def test_output_option_commands_are_the_ones_named():
                   README, re.S)
     assert m is not None
     named = set(re.findall(r"`([a-z ]+)`", m.group(1)))
-    # "`kernels fit`, `eval` and `profile`" names the kernels group once
-    named = {f"kernels {n}" if n in ("eval", "profile") else n for n in named}
-    assert named == with_o
+    # and the two whose -o is required, and not standard output's stand-in
+    rest = README[m.end():].split("require\nit", 1)[0]
+    required = set(re.findall(r"`(kernels [a-z]+) -o", rest))
+    assert required == {"kernels fit", "kernels profile"}
+    assert named | required == with_o and not named & required
+    for path, cmd in leaves(cli, ""):
+        if path in required:
+            assert next(p for p in cmd.params if "--output" in p.opts).required, path
 
 
 def test_ci_runs_the_readme_test_command():

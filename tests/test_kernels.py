@@ -122,6 +122,25 @@ def test_eval_never_writes_over_the_models_it_reads(runner, model_copy):
     assert (model_copy / MANIFEST).read_bytes() == before
 
 
+def test_eval_output_format_follows_the_files_suffix(runner, tmp_path):
+    """As for plan, cost and the other commands with -o: a .json file gets JSON, .yaml
+    YAML, anything else the table (eval wrote a table into x.json before); --format
+    still wins."""
+    got = {}
+    for name in ("x.json", "x.yaml", "x.txt"):
+        r = invoke(runner, "kernels", "eval", DB_GEMM, "--split", "test", "-o",
+                   tmp_path / name)
+        assert r.exit_code == 0, r.stderr
+        got[name] = (tmp_path / name).read_text(encoding="utf-8")
+    doc = json.loads(got["x.json"])
+    assert doc == yaml.safe_load(got["x.yaml"])
+    assert {"device", "op", "n", "mape"} <= set(doc["results"][0])
+    assert got["x.txt"].lstrip().startswith("kernel-time error")
+    r = invoke(runner, "kernels", "eval", DB_GEMM, "--split", "test", "--format", "table",
+               "-o", tmp_path / "y.json")
+    assert r.exit_code == 0 and not (tmp_path / "y.json").read_text().startswith("{")
+
+
 def test_a_model_set_without_a_family_says_so(runner, model_copy):
     """A fit with --only gemm writes no conv model: convolutions are timed by the
     roofline and say why, and evaluating convolution data is an error, not []."""

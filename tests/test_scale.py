@@ -4,7 +4,11 @@
 Bounds (CPU seconds, peak resident memory), about twice what the 2-core development
 machine measures on a slow day (README, "Reliability"; ``python tests/benchmarks/bench.py
 --scale``), so a slower CI machine passes and a regression to the old quadratic paths does
-not:
+not. The CPU bounds are the reference machine's and scale up with how slowly this machine
+runs a fixed loop now (:func:`hostile_cases.within_cpu_limit`): the same machine kind has
+run the loop 2.6x slower on another day, and the 10,000-layer MLP plan 2.1x slower with
+it (37 s of CPU at a6b0942 on 2026-12-04, where the README's table has 17.6 s), which
+failed CI at 31.7 s against a fixed 30 s:
 
 ==========================================================  ===========  ==========
 case                                                        CPU          memory
@@ -36,7 +40,7 @@ import yaml
 
 from .benchmarks.generate import mlp, transformer
 from .conftest import NETWORKS
-from .hostile_cases import OPEN_CLUSTER, run_process
+from .hostile_cases import OPEN_CLUSTER, run_process, within_cpu_limit
 
 MiB = 2**20
 
@@ -66,7 +70,8 @@ def test_plan_at_scale(name: str, generated: Path) -> None:
         ["plan", network, str(OPEN_CLUSTER), "-p", str(p), "-b", str(b), "--format", "yaml",
          "-o", str(out)], generated, timeout_s=600)
     assert code == 0, stderr
-    assert cpu < cpu_limit, f"{cpu:.1f} s of CPU"
+    ok, limit = within_cpu_limit(cpu, cpu_limit)
+    assert ok, f"{cpu:.1f} s of CPU, over {limit:.1f} s"
     assert peak < memory_limit, f"{peak / MiB:.0f} MiB"
     # everything but the long layer list is read back (the writer's YAML is checked
     # against PyYAML's elsewhere; loading 10,000 layers in pure Python takes longer than
@@ -87,7 +92,8 @@ def test_plan_at_scale(name: str, generated: Path) -> None:
         for command in (["launch", out.name], ["validate", out.name]):
             code, stderr, cpu, peak = run_process(command, generated, timeout_s=120)
             assert code == 0, (command, stderr)
-            assert cpu < 15.0 and peak < 400 * MiB, (command, cpu, peak / MiB)
+            ok, limit = within_cpu_limit(cpu, 15.0)
+            assert ok and peak < 400 * MiB, (command, cpu, limit, peak / MiB)
 
 
 @pytest.mark.slow
@@ -95,7 +101,8 @@ def test_show_at_scale(generated: Path) -> None:
     code, stderr, cpu, peak = run_process(
         ["show", "t10000.yaml", "--format", "yaml", "-o", "show.yaml"], generated)
     assert code == 0, stderr
-    assert cpu < 5.0, f"{cpu:.1f} s of CPU"
+    ok, limit = within_cpu_limit(cpu, 5.0)
+    assert ok, f"{cpu:.1f} s of CPU, over {limit:.1f} s"
     assert peak < 200 * MiB
     assert (generated / "show.yaml").stat().st_size > 1_000_000
 
