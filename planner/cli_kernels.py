@@ -154,6 +154,10 @@ def _all_files(data: tuple[str, ...], shipped: bool) -> tuple[str, ...]:
               help="Weight of the penalty on kernels predicted slower than the same "
                    "kernel with one dimension doubled (0: none; default 10 for GEMM, 1 "
                    "for convolutions).")
+@click.option("--monotone-cross-weight", type=Finite(0.0, 1e6), default=None,
+              help="Weight of the same penalty on measured shapes put on the fit's other "
+                   "GPUs, so a GPU measured only on large kernels is held monotone below "
+                   "them too (0: none; default 10 for GEMM, 0 for convolutions).")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
               show_default=True, help="How to print the held-out accuracy.")
 @click.option("--replace-shipped", is_flag=True,
@@ -162,7 +166,8 @@ def _all_files(data: tuple[str, ...], shipped: bool) -> tuple[str, ...]:
 def kernels_fit(data: tuple[str, ...], out_dir: str, shipped: bool,
                 leave_out: tuple[str, ...], max_iter: int | None, seed: int, only: str | None,
                 members: int | None, hidden: tuple[int, ...] | None,
-                monotone_weight: float | None, fmt: str, replace_shipped: bool) -> None:
+                monotone_weight: float | None, monotone_cross_weight: float | None,
+                fmt: str, replace_shipped: bool) -> None:
     """Fit the kernel-time models on measurement CSVs and write them to a directory.
 
     Rows of each file's held-out split (30% of shapes by CRC-32; NeuSight's own 'train'
@@ -189,7 +194,8 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, shipped: bool,
     _check_model_dir(out_dir, (*data, *(str(p) for _, p in files)))
     if only is not None:
         _keep_other_families(out_dir, only)
-    opts = FitOptions(seed=seed, members=members, hidden=hidden, mono_weight=monotone_weight)
+    opts = FitOptions(seed=seed, members=members, hidden=hidden, mono_weight=monotone_weight,
+                      mono_cross_weight=monotone_cross_weight)
     if max_iter is not None:
         opts = replace(opts, max_iter=max_iter)
     outcome = fit_models(data, out_dir, leave_out, opts,

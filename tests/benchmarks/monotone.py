@@ -17,6 +17,12 @@ BF16, doubles each of N, C, K and the image (height and width) in turn, and coun
 doublings predicted more than 30% faster (1.3×), by where each side of the pair was
 timed (in the model, scaled, padded or on the roofline); the README's figures on
 channels beyond the data come from here.
+With ``--every-gpu`` it draws, for each GPU the GEMM model was fitted on, 1,500 random
+FP32 GEMMs (M, N and K log-uniform from 1 to 16,384) predicted at 20 µs or more, doubles
+one dimension of each (M, N or K in turn), and counts the doubled GEMMs predicted more
+than 20% faster than the original (ratio doubled / original under 0.8), with the worst
+ratio: the README's figures on GPUs measured only at large sizes (the P4, the M40) come
+from here.
 The draws are seeded: the same models print the same figures.
 """
 
@@ -84,14 +90,50 @@ def wide(est: LearnedEstimator) -> None:
         print(f"{count:5d}  {dim:3s}  {how_a:20s}  {how_b}")
 
 
+def doubled_faster(est: LearnedEstimator, count: int = 1500) -> dict[str, tuple[int, float]]:
+    """For each GPU the GEMM model was fitted on: how many of ``count`` random FP32
+    GEMMs predicted at 20 µs or more are predicted over 20% faster with one dimension
+    doubled (M, N and K in turn), and the least ratio doubled / original."""
+    gemm = est.models.get("gemm")
+    assert gemm is not None, "no GEMM model"
+    out = {}
+    for name in sorted({k.split("|", 1)[0] for k in gemm.first.levels}):
+        dev = lookup_device(name)
+        rng = np.random.default_rng(0)
+        small: list[Gemm] = []
+        while len(small) < count:
+            draw = [Gemm(*(int(x) for x in 2 ** rng.uniform(0, 14, 3))) for _ in range(count)]
+            t = est.estimate(draw, dev, "float32").seconds
+            small += [g for g, s in zip(draw, t.tolist(), strict=True) if s >= 20e-6]
+        small = small[:count]
+        big = [Gemm(g.m * (2 if i % 3 == 0 else 1), g.n * (2 if i % 3 == 1 else 1),
+                    g.k * (2 if i % 3 == 2 else 1)) for i, g in enumerate(small)]
+        t = est.estimate(small + big, dev, "float32").seconds
+        ratio = t[count:] / t[:count]
+        out[name] = (int(np.sum(ratio < 0.8)), float(ratio.min()))
+    return out
+
+
+def every_gpu(est: LearnedEstimator) -> None:
+    """``--every-gpu``: :func:`doubled_faster`, printed."""
+    print(f"{'device':16s} doubled >20% faster   worst doubled / original")
+    for name, (faster, worst) in doubled_faster(est).items():
+        print(f"{name:16s} {faster:5d} of 1500      {worst:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models-dir", default=None)
     ap.add_argument("--devices", default="V100-SXM2,H100-SXM")
     ap.add_argument("--wide", action="store_true",
                     help="draw across and beyond the data's range (see the module text)")
+    ap.add_argument("--every-gpu", action="store_true",
+                    help="doubled GEMMs predicted over 20%% faster on each fitted GPU")
     args = ap.parse_args()
     est = LearnedEstimator(load_models(args.models_dir))
+    if args.every_gpu:
+        every_gpu(est)
+        return
     if args.wide:
         wide(est)
         return
