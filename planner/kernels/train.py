@@ -150,8 +150,9 @@ FAMILY_DEFAULTS: dict[str, tuple[tuple[int, ...], int, float]] = {
 #: family → (pairs, weight) of the monotonicity penalty across the answered range on
 #: every GPU of the fit (:attr:`FitOptions.mono_cross_pairs`). GEMM: the P4's
 #: measurements start at 512 rows and the M40's are DeepBench's few, and with pairs of
-#: their own kernels alone the model was neither monotone nor near the roofline below them (the P4's 202 × 42 × 170 GEMM
-#: 188.1 µs, twice its columns 38.9 µs; README "Monotone in the work"). Convolutions: the
+#: their own kernels alone the model was neither monotone nor near the roofline below
+#: them (the P4's 202 × 42 × 170 GEMM 188.1 µs, twice its columns 38.9 µs; README
+#: "Monotone in the work"). Convolutions: the
 #: audit found none of that (every GPU's convolutions span DeepBench's or NeuSight's
 #: shapes), and their ten networks are fitted without them. μ_x = 10 took the random
 #: doubled GEMMs predicted over 20% faster on the P4 from 112 of 1,500 to 9 and improved
