@@ -155,9 +155,10 @@ def _all_files(data: tuple[str, ...], shipped: bool) -> tuple[str, ...]:
                    "kernel with one dimension doubled (0: none; default 10 for GEMM, 1 "
                    "for convolutions).")
 @click.option("--monotone-cross-weight", type=Finite(0.0, 1e6), default=None,
-              help="Weight of the same penalty on measured shapes put on the fit's other "
-                   "GPUs, so a GPU measured only on large kernels is held monotone below "
-                   "them too (0: none; default 10 for GEMM, 0 for convolutions).")
+              help="Weight of the same penalty on kernels drawn across the range the "
+                   "model answers for, on every GPU of the fit, so a GPU measured only on "
+                   "large kernels is held monotone below them too (0: none; default 10 for "
+                   "GEMM, 0 for convolutions).")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
               show_default=True, help="How to print the held-out accuracy.")
 @click.option("--replace-shipped", is_flag=True,
