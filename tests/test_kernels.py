@@ -1380,8 +1380,10 @@ def test_cross_gpu_pairs_put_measured_shapes_on_every_gpu_of_the_fit():
     for xs in (both.xa[n_own:], both.xb[n_own:]):
         raw = xs * std + mean
         assert np.all((raw >= lo - 1e-9) & (raw <= hi + 1e-9))
-    # the conv family keeps its pairs: no cross pairs by default
+    # the conv family keeps its pairs: no cross pairs by default, and a weight given
+    # (--monotone-cross-weight) gets them (it got none: their count defaulted to 0)
     assert FitOptions().for_family("conv").mono_cross_weight == 0.0
+    assert FitOptions(mono_cross_weight=1.0).for_family("conv").mono_cross_pairs == 20000
 
 
 def test_fit_objective_gradient_matches_finite_differences():
