@@ -156,9 +156,10 @@ def _all_files(data: tuple[str, ...], shipped: bool) -> tuple[str, ...]:
                    "for convolutions).")
 @click.option("--monotone-cross-weight", type=Finite(0.0, 1e6), default=None,
               help="Weight of the same penalty on kernels drawn across the range the "
-                   "model answers for, on every GPU of the fit, so a GPU measured only on "
-                   "large kernels is held monotone below them too (0: none; default 10 for "
-                   "GEMM, 0 for convolutions).")
+                   "model answers for (GEMM: M, N, K log-uniform; convolutions: measured "
+                   "shapes), on every GPU of the fit, so a GPU measured only on large "
+                   "kernels is regularised below them too; independent of "
+                   "--monotone-weight (0: none; default 10 for GEMM, 0 for convolutions).")
 @click.option("--format", "fmt", type=click.Choice(TABLE_JSON), default="table",
               show_default=True, help="How to print the held-out accuracy.")
 @click.option("--replace-shipped", is_flag=True,

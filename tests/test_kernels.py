@@ -1363,11 +1363,12 @@ def test_cross_gpu_pairs_have_their_own_weight_by_hand():
 
 
 def test_cross_gpu_pairs_put_measured_shapes_on_every_gpu_of_the_fit():
-    """The penalty's second kind of pair (README "Monotone in the work"): shapes any GPU
-    measured, halved, on each GPU and dtype of the fit about equally often, so a GPU
-    measured only on large kernels is held monotone below them; without the cross
-    weight the pairs are the measured kernels' alone, as fitted before (the convolution
-    networks are)."""
+    """The penalty's second kind of pair (README "Monotone in the work"): GEMMs whose M,
+    N and K are drawn across the measured range, halved, on each level of the fit (here
+    one source, DeepBench, so a GPU and dtype each) about equally often, so a GPU
+    measured only on large kernels is regularised below them; without the cross weight
+    the pairs are the measured kernels' alone, as fitted before (the convolution
+    networks are); without the own weight, the cross pairs alone."""
     from planner.kernels.features import features
 
     table = read_csv(DB_GEMM).gemm
@@ -1416,6 +1417,17 @@ def test_cross_gpu_pairs_put_measured_shapes_on_every_gpu_of_the_fit():
     # (--monotone-cross-weight) gets them (it got none: their count defaulted to 0)
     assert FitOptions().for_family("conv").mono_cross_weight == 0.0
     assert FitOptions(mono_cross_weight=1.0).for_family("conv").mono_cross_pairs == 20000
+    # --monotone-weight 0 leaves the cross pairs (it turned both off, while the manifest
+    # recorded the cross pairs as fitted)
+    alone = _mono_pairs(table, spec, lvl, mean, std,
+                        FitOptions(mono_pairs=3000, mono_weight=0.0).for_family("gemm"), lo, hi)
+    assert alone is not None and alone.n_cross == len(alone.xa) == both.n_cross
+    assert np.array_equal(alone.xa, both.xa[n_own:])
+    assert _mono_pairs(table, spec, lvl, mean, std,
+                       FitOptions(mono_weight=0.0, mono_cross_weight=0.0).for_family("gemm"),
+                       lo, hi) is None
+    pen, g_za, _, _ = alone.penalty(np.zeros(2 * len(alone.xa)), np.zeros(lvl.max() + 1))
+    assert np.isfinite(pen) and np.all(np.isfinite(g_za))
 
 
 def test_fit_objective_gradient_matches_finite_differences():
@@ -1769,8 +1781,9 @@ def test_a_gpu_the_catalog_lacks_is_fitted_and_timed_from_a_cluster_file(runner,
 
 def test_fit_command_monotone_cross_weight(runner, tmp_path):
     """--monotone-cross-weight reaches the fit and its record: 0 turns the cross-GPU
-    pairs off (the GEMM fit as before 2026-12-07), and the manifest says so; the
-    default is 10 on 20,000 pairs."""
+    pairs off (the GEMM fit as before 2026-12-07: the README's figures "before the
+    cross-GPU pairs" come from such fits), and the manifest says so; the default is 10
+    on 20,000 pairs."""
     data = tmp_path / "db.csv"
     lines = DB_GEMM.read_text().splitlines()
     data.write_text("\n".join(lines[:1] + lines[1::6]) + "\n")

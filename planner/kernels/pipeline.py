@@ -173,7 +173,7 @@ def _family_options(opts: FitOptions, family: str) -> dict[str, Any]:
     resolved = opts.for_family(family)
     return {"hidden": list(resolved.hidden or ()), "members": resolved.members,
             "monotone_weight": resolved.mono_weight,
-            "monotone_pairs": resolved.mono_pairs,
+            "monotone_pairs": resolved.mono_pairs if resolved.mono_weight else 0,
             "monotone_cross_pairs": resolved.mono_cross_pairs
             if resolved.mono_cross_weight else 0,
             "monotone_cross_weight": resolved.mono_cross_weight}

@@ -42,7 +42,7 @@ per-GPU and per-harness parameters, the weighted mean squared error of log time:
   network is not: one V100 GEMM in ten was at least 5% slower than at twice the rows.
   A planner that divides the batch among GPUs must not be rewarded for a wiggle. For
   GEMM a second mean, weighted ``μ_x``, runs over pairs drawn across the answered range
-  on every GPU and dtype of the fit (:attr:`FitOptions.mono_cross_pairs`): with pairs
+  on every GPU, dtype and source of the fit (:attr:`FitOptions.mono_cross_pairs`): with pairs
   of its own kernels alone, a GPU measured only on large kernels (the P4 from 512 rows)
   was neither monotone nor near its roofline below them.
 
@@ -107,9 +107,10 @@ class FitOptions:
     mono_weight: float | None = None
     #: kernel pairs the penalty is evaluated on: measured kernels on their own GPU
     mono_pairs: int = 20000
-    #: further pairs across the range the model answers for, each on a GPU and dtype of
-    #: the fit drawn uniformly, so a GPU whose measurements are all large is held
-    #: monotone below them too (None: the family's default); see :func:`_mono_pairs`
+    #: further pairs across the range the model answers for, each on a level of the fit
+    #: (GPU, dtype, measurement source) drawn uniformly, so a GPU whose measurements are
+    #: all large is regularised below them too (None: the family's default); see
+    #: :func:`_mono_pairs`
     mono_cross_pairs: int | None = None
     #: weight of the mean penalty over those pairs (None: the family's default)
     mono_cross_weight: float | None = None
@@ -317,23 +318,27 @@ class _Pairs:
 def _mono_pairs(table: Table, spec: DeviceSpecs, lvl_idx: IntArray, mean: FloatArray,
                 std: FloatArray, opts: FitOptions, lo: FloatArray,
                 hi: FloatArray) -> _Pairs | None:
-    """Pairs for the monotonicity penalty, drawn with the fit's seed: measured kernels
-    on their own GPU with one of :data:`MONO_DIMS` halved, then (``mono_cross_pairs``,
-    where ``mono_cross_weight`` is not 0) kernels across the answered range on a GPU
-    and dtype of the fit drawn uniformly, halved the same way: for GEMM, M, N and K
-    log-uniform between the least and the largest measured (batch and op a measured
-    kernel's), for convolutions measured shapes of any GPU; kept where their shape
-    features lie within the training range ``lo``-``hi``, the GPU's clipped to it, as
-    :meth:`~.model.KernelModel.predict_raw` answers. Without the second kind a GPU is
-    held monotone only where it was measured."""
+    """Pairs for the monotonicity penalty, drawn with the fit's seed: (``mono_pairs``,
+    where ``mono_weight`` is not 0) measured kernels on their own GPU with one of
+    :data:`MONO_DIMS` halved, then (``mono_cross_pairs``, where ``mono_cross_weight``
+    is not 0) kernels across the answered range, each on a level of the fit (a GPU,
+    dtype and measurement source: a GPU two sources measured gets twice the pairs)
+    drawn uniformly, halved the same way: for GEMM, M, N and K log-uniform between the
+    least and the largest measured (batch and op a measured kernel's), for
+    convolutions measured shapes of any GPU; kept where their shape features lie
+    within the training range ``lo``-``hi`` (not the tolerance beyond it that
+    :meth:`~.model.KernelModel.in_range` also answers), the GPU's features clipped to
+    it as :meth:`~.model.KernelModel.predict_raw` clips them. Without the second kind a
+    GPU is regularised only where it was measured."""
     n_cross = (opts.mono_cross_pairs or 0) if opts.mono_cross_weight else 0
-    if not opts.mono_weight or opts.mono_pairs + n_cross <= 0:
+    n_own = opts.mono_pairs if opts.mono_weight else 0
+    if n_own + n_cross <= 0:
         return None
     rng = np.random.default_rng(10_000 + opts.seed)
     shape = table.shape_array()
     dims = np.asarray(MONO_DIMS[table.family])
-    pick = rng.integers(0, len(shape), opts.mono_pairs)  # a measured kernel, its GPU
-    dim = dims[rng.integers(0, len(dims), opts.mono_pairs)]
+    pick = rng.integers(0, len(shape), n_own)  # a measured kernel, its GPU
+    dim = dims[rng.integers(0, len(dims), n_own)]
     on = pick  # the row whose GPU, dtype and level time the pair
     own = np.ones(len(pick), dtype=bool)
     b = shape[pick]
@@ -375,10 +380,13 @@ def _mono_pairs(table: Table, spec: DeviceSpecs, lvl_idx: IntArray, mean: FloatA
         for xs in (xa, xb):
             fine &= own | np.all((xs[:, shp] >= lo[shp]) & (xs[:, shp] <= hi[shp]), axis=1)
             xs[np.ix_(~own, ~shp)] = np.clip(xs[np.ix_(~own, ~shp)], lo[~shp], hi[~shp])
+    if not np.any(fine):
+        return None
     return _Pairs((xa[fine] - mean) / std, (xb[fine] - mean) / std,
                   np.log(np.column_stack([fa, fb])[fine]),
                   np.log(np.column_stack([ba, bb])[fine]), lvl_idx[on][fine],
-                  opts.mono_weight, int(np.sum(~own[fine])), opts.mono_cross_weight or 0.0)
+                  opts.mono_weight or 0.0, int(np.sum(~own[fine])),
+                  opts.mono_cross_weight or 0.0)
 
 
 class _Problem:
