@@ -171,11 +171,10 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
 
 def _family_options(opts: FitOptions, family: str) -> dict[str, Any]:
     resolved = opts.for_family(family)
+    own, cross = resolved.pair_counts()
     return {"hidden": list(resolved.hidden or ()), "members": resolved.members,
-            "monotone_weight": resolved.mono_weight,
-            "monotone_pairs": resolved.mono_pairs if resolved.mono_weight else 0,
-            "monotone_cross_pairs": resolved.mono_cross_pairs
-            if resolved.mono_cross_weight else 0,
+            "monotone_weight": resolved.mono_weight, "monotone_pairs": own,
+            "monotone_cross_pairs": cross,
             "monotone_cross_weight": resolved.mono_cross_weight}
 
 

@@ -116,6 +116,12 @@ class FitOptions:
     mono_cross_weight: float | None = None
 
 
+    def pair_counts(self) -> tuple[int, int]:
+        """Monotonicity pairs of each kind these (resolved) options fit with: measured
+        kernels', and across the range; none of a kind whose weight is 0."""
+        return (self.mono_pairs if self.mono_weight else 0,
+                (self.mono_cross_pairs or 0) if self.mono_cross_weight else 0)
+
     def for_family(self, family: str) -> FitOptions:
         """These options with the family's defaults filled in."""
         hidden, members, mono = FAMILY_DEFAULTS[family]
@@ -301,15 +307,13 @@ class _Pairs:
         d = (log_bound[:, 0] + np.logaddexp(0.0, -za)) - (log_bound[:, 1]
                                                            + np.logaddexp(0.0, -zb))
         v = np.maximum(d, 0.0)
-        if self.n_cross:
-            own, cross = v[:n - self.n_cross], v[n - self.n_cross:]
-            pen = (self.weight * float(np.mean(own * own)) if len(own) else 0.0) \
-                + self.cross_weight * float(np.mean(cross * cross))
-            g_d = np.concatenate([2.0 * self.weight * own / max(len(own), 1),
-                                  2.0 * self.cross_weight * cross / len(cross)])
-        else:
-            pen = self.weight * float(np.mean(v * v))
-            g_d = 2.0 * self.weight * v / n
+        pen, parts = 0.0, []
+        for part, weight in ((v[:n - self.n_cross], self.weight),
+                             (v[n - self.n_cross:], self.cross_weight)):
+            if len(part):  # weight · mean(part²), and its gradient
+                pen += weight * float(np.mean(part * part))
+            parts.append(2.0 * weight * part / max(len(part), 1))
+        g_d = np.concatenate(parts)
         slope = -(1.0 - np.exp(log_e[:, 0]))
         g_eta: FloatArray = g_d * slope * (comp[:, 0].astype(np.float64) - comp[:, 1])
         return pen, _through_slowdown(g_d, za), _through_slowdown(-g_d, zb), g_eta
@@ -330,8 +334,7 @@ def _mono_pairs(table: Table, spec: DeviceSpecs, lvl_idx: IntArray, mean: FloatA
     :meth:`~.model.KernelModel.in_range` also answers), the GPU's features clipped to
     it as :meth:`~.model.KernelModel.predict_raw` clips them. Without the second kind a
     GPU is regularised only where it was measured."""
-    n_cross = (opts.mono_cross_pairs or 0) if opts.mono_cross_weight else 0
-    n_own = opts.mono_pairs if opts.mono_weight else 0
+    n_own, n_cross = opts.pair_counts()
     if n_own + n_cross <= 0:
         return None
     rng = np.random.default_rng(10_000 + opts.seed)
@@ -346,8 +349,7 @@ def _mono_pairs(table: Table, spec: DeviceSpecs, lvl_idx: IntArray, mean: FloatA
         # kernels across the answered range on a GPU and dtype of the fit drawn
         # uniformly, so each is held monotone there, not only where it was measured
         cross = np.random.default_rng(20_000 + opts.seed)
-        levels = np.unique(lvl_idx)
-        first = np.array([int(np.argmax(lvl_idx == g)) for g in levels], dtype=np.int64)
+        first = np.unique(lvl_idx, return_index=True)[1]  # a row of each level
         rows = cross.integers(0, len(shape), n_cross)  # a measured kernel (op, batch)
         b_cross = shape[rows].copy()
         if table.family == "gemm":  # M, N and K log-uniform over the measured ones
@@ -357,7 +359,7 @@ def _mono_pairs(table: Table, spec: DeviceSpecs, lvl_idx: IntArray, mean: FloatA
         pick = np.concatenate([pick, rows])
         b = np.concatenate([b, b_cross])
         dim = np.concatenate([dim, dims[cross.integers(0, len(dims), n_cross)]])
-        on = np.concatenate([on, first[cross.integers(0, len(levels), n_cross)]])
+        on = np.concatenate([on, first[cross.integers(0, len(first), n_cross)]])
         own = np.concatenate([own, np.zeros(n_cross, dtype=bool)])
     size = b[np.arange(len(b)), dim]
     ok = size >= 2
