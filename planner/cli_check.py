@@ -107,9 +107,13 @@ def _estimator_for(cfg: Any, name: str, make: Any, models_dir: str | None) -> An
               show_default=True,
               help="Rendezvous port. Given, the scripts use it; left out, they use "
                    "MASTER_PORT where they run if it is set, else 29500.")
+@click.option("--cpus-per-task", type=Whole(1, 4096), default=None,
+              help="Slurm: CPUs for each task (#SBATCH and srun --cpus-per-task). Left "
+                   "out, a job of whole nodes shares each node's CPUs equally and a job "
+                   "of part of a node gets Slurm's default, often one.")
 @output_option
 def launch(plan_file: str, kind: str, script: str, master_port: int,
-           output: str | None) -> None:
+           cpus_per_task: int | None, output: str | None) -> None:
     """What each node needs to start a plan: node count, processes per node, the
     rank-to-device mapping of the placement, the plan path.
 
@@ -128,6 +132,10 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
         raise click.BadParameter(f"{script!r} would be read by torchrun and srun as an "
                                  f"option; name the program as ./{script}",
                                  param_hint="'--script'")
+    if cpus_per_task is not None and kind != "slurm":
+        raise click.BadParameter(f"CPUs a task are asked of Slurm; --emit {kind} has no "
+                                 "place for them (use --emit slurm, or set them in your "
+                                 "own launcher)", param_hint="'--cpus-per-task'")
     from pathlib import Path
 
     from .output import is_stream
@@ -156,7 +164,13 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
     else:
         given = click.get_current_context().get_parameter_source("master_port")
         text = render(kind, spec, plan_file, script, master_port,
-                      fixed_port=given is click.core.ParameterSource.COMMANDLINE)
+                      fixed_port=given is click.core.ParameterSource.COMMANDLINE,
+                      cpus_per_task=cpus_per_task)
+        if (kind == "slurm" and cpus_per_task is None and spec.procs < spec.per_node):
+            click.echo(f"planner: warning: {plan_file}: the job takes part of each node "
+                       f"({spec.procs} of {spec.per_node} devices), so each task gets "
+                       "Slurm's default CPUs, often one, for its data loading; "
+                       "--cpus-per-task N asks for N", err=True)
     # neither the plan, the training program nor the files the plan was made from is
     # overwritten by -o; a script is written executable
     emit(text, output, (plan_file, script, *_recorded_inputs(doc.data, plan_file)),

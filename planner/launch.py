@@ -553,10 +553,12 @@ def _grid_lines(spec: LaunchSpec) -> list[str]:
 
 
 def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
-         fixed_port: bool = False) -> str:
+         fixed_port: bool = False, cpus_per_task: int | None = None) -> str:
     """The launch text for one emitter. The rendezvous port is ``port`` unless
     ``MASTER_PORT`` is set where the script runs; with ``fixed_port`` (the user named
-    it), ``port`` always."""
+    it), ``port`` always. ``cpus_per_task`` (Slurm only) asks sbatch and srun for that
+    many CPUs a task; left out, a job of whole nodes shares the node's CPUs equally and
+    a job of part of a node takes Slurm's default."""
     q = shlex.quote
     head = [
         f"# planner launch: {count(spec.nodes, 'node')} x "
@@ -672,6 +674,13 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
         # whole nodes: the node's CPUs too, shared by its tasks (srun gives a task one
         # CPU unless told, which starves data loading and NCCL's threads)
         whole = spec.procs == spec.per_node
+        if cpus_per_task is not None:
+            cpus = [f"CPUS={cpus_per_task}"]
+        else:
+            # SLURM_CPUS_ON_NODE: the CPUs the job holds on this node (all of them with
+            # --exclusive; a partial node's default is one a task)
+            cpus = [f"CPUS=$(( ${{SLURM_CPUS_ON_NODE:-{spec.procs}}} / {spec.procs} ))",
+                    '[ "$CPUS" -ge 1 ] || CPUS=1']
         body = [
             "#!/bin/bash",
             f"#SBATCH --job-name=planner-{_job_name(spec.name)}",
@@ -680,8 +689,13 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
             f"#SBATCH --ntasks-per-node={spec.procs}",
             *([f"#SBATCH --gpus-per-node={spec.procs}"] if spec.device_kind == "gpu" else []),
             *(["#SBATCH --exclusive"] if whole else []),
+            *([f"#SBATCH --cpus-per-task={cpus_per_task}"] if cpus_per_task else []),
             "#SBATCH --distribution=block:block",
             *head,
+            *(["# part of a node: each task gets Slurm's default CPUs (often one); "
+               "`planner launch",
+               "# --cpus-per-task N` asks for N"]
+              if not whole and cpus_per_task is None else []),
             *([f"# {tasks - spec.world} surplus tasks on the last node exit at once"]
               if spec.uneven else []),
             *(["# Each task sees all of its node's GPUs and takes LOCAL_RANK's."]
@@ -700,8 +714,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
             # listen on the same default port: one from the job's id
             'export MASTER_PORT="${MASTER_PORT:-$(( 15000 + SLURM_JOB_ID % 20000 ))}"',
             f"export PLANNER_PLAN={q(plan_path)}",
-            f"CPUS=$(( ${{SLURM_CPUS_ON_NODE:-{spec.procs}}} / {spec.procs} ))",
-            '[ "$CPUS" -ge 1 ] || CPUS=1',
+            *cpus,
             # --wait=0: a site's WaitTime would end the job that long after the first
             # task exits, and an uneven plan's surplus tasks exit at once
             ("srun --kill-on-bad-exit=1 --wait=0 " if spec.uneven else

@@ -413,6 +413,52 @@ def test_slurm_uneven_plan_keeps_ranks_on_their_nodes(runner, tmp_path):
     assert log.read_text().startswith("--kill-on-bad-exit=1 --wait=0 --cpus-per-task=14 ")
 
 
+def test_slurm_cpus_per_task(runner, tmp_path):
+    """A job of part of a node (4 of a DGX's 8 GPUs) shares the node with other jobs and
+    is not --exclusive, so SLURM_CPUS_ON_NODE counts the CPUs Slurm gave it, by default
+    one a task: the script says so, launch warns, and --cpus-per-task N asks sbatch and
+    srun for N. Given for whole nodes it replaces the equal share; other emitters refuse
+    it (exit 2), since they have nowhere to put it."""
+    plan = tmp_path / "p.yaml"
+    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "4", "-b", "128", "-o", plan)
+    assert r.exit_code == 0, r.stderr
+    out = invoke(runner, "launch", plan, "--emit", "slurm")
+    assert out.exit_code == 0, out.stderr
+    assert "#SBATCH --exclusive" not in out.stdout
+    assert "#SBATCH --cpus-per-task" not in out.stdout
+    assert "# part of a node: each task gets Slurm's default CPUs" in out.stdout
+    assert out.stderr == (f"planner: warning: {plan}: the job takes part of each node (4 "
+                          "of 8 devices), so each task gets Slurm's default CPUs, often "
+                          "one, for its data loading; --cpus-per-task N asks for N\n")
+    out = invoke(runner, "launch", plan, "--emit", "slurm", "--cpus-per-task", "12")
+    assert out.exit_code == 0 and out.stderr == "", out.stderr
+    assert "#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=4\n" \
+        "#SBATCH --cpus-per-task=12\n" in out.stdout
+    assert "default CPUs" not in out.stdout
+    script = tmp_path / "job.sh"
+    script.write_text(out.stdout)
+    log = tmp_path / "srun.log"
+    # the job holds 56 CPUs here, more than the 48 asked (a site that allocates whole
+    # cores rounds up): srun asks for the 12 given, not a share of SLURM_CPUS_ON_NODE
+    env = {**_fake_slurm(tmp_path, 1, 4), "SLURM_NTASKS": "4", "SLURM_CPUS_ON_NODE": "56",
+           "SLURM_JOB_ID": "7", "SRUN_LOG": str(log)}
+    ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert log.read_text().startswith("--kill-on-bad-exit=1 --cpus-per-task=12 bash -c ")
+    assert len(ran.stdout.splitlines()) == 4
+    whole = invoke(runner, "launch", CI / "plans" / "resnet50-dgx-64.yaml", "--emit",
+                   "slurm", "--cpus-per-task", "14")
+    assert whole.exit_code == 0 and whole.stderr == ""
+    assert "#SBATCH --exclusive\n#SBATCH --cpus-per-task=14\n" in whole.stdout
+    assert "\nCPUS=14\n" in whole.stdout and "SLURM_CPUS_ON_NODE" not in whole.stdout
+    for kind in ("torchrun", "env", "megatron"):
+        bad = invoke(runner, "launch", plan, "--emit", kind, "--cpus-per-task", "8")
+        assert bad.exit_code == 2 and "--emit " + kind + " has no place" in bad.stderr
+    bad = invoke(runner, "launch", plan, "--emit", "slurm", "--cpus-per-task", "0")
+    assert bad.exit_code == 2 and "Traceback" not in bad.stderr
+
+
 def test_slurm_on_cpus_asks_for_no_gpus_and_a_plan_that_does_not_fit_warns(runner,
                                                                           tmp_path):
     """sbatch refuses --gpus-per-node on a partition without GPUs (Cori's KNL nodes);
