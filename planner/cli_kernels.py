@@ -55,11 +55,14 @@ def _kernel_label(kernel: Any) -> str:
             f"{kernel.stride_h}, padding {kernel.pad_h}")
 
 
-def _micro(seconds: float) -> str:
-    """A kernel time in µs, with three significant digits below 10 ns (a roofline bound
-    of an fp64 GEMM of 8³ is 0.51 ns, which two decimals of µs showed as 0.00)."""
-    us = seconds * 1e6
-    return f"{us:,.2f} µs" if us >= 0.01 else f"{us:.3g} µs"
+def _span(lo: float, hi: float) -> str:
+    """A range of times in the unit :func:`~planner.units.format_time` gives its upper
+    end, four significant digits each: ``2.561–3.237 ms``."""
+    from planner.units import format_time
+
+    number, unit = format_time(hi).split(" ")
+    scale = {"ps": 1e12, "ns": 1e9, "µs": 1e6, "ms": 1e3}.get(unit, 1.0)
+    return f"{lo * scale:.4g}–{number} {unit}"
 
 
 def _results_table(results: list[dict[str, Any]], title: str) -> Any:
@@ -332,8 +335,9 @@ def _ints(text: str, n_min: int, n_max: int, what: str) -> list[int]:
     except ValueError:
         raise click.BadParameter(f"expected {what}, comma-separated integers",
                                  param_hint=hint) from None
-    if not n_min <= len(vals) <= n_max or any(v < 0 for v in vals):
-        raise click.BadParameter(f"expected {what}", param_hint=hint)
+    if not n_min <= len(vals) <= n_max:
+        raise click.BadParameter(f"expected {what}: {n_min} to {n_max} numbers, got "
+                                 f"{len(vals)}", param_hint=hint)
     if max(vals) > 2**40:
         raise click.BadParameter(f"{max(vals):,} is too large (at most 2^40 = {2**40:,})",
                                  param_hint=hint)
@@ -390,6 +394,8 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
         pad = c[8] if len(c) > 8 else 0
         if min(c[:7]) < 1 or stride < 1:
             raise UsageError("planner: error: convolution sizes and stride must be at least 1")
+        if pad < 0:
+            raise UsageError("planner: error: convolution padding must be 0 or more")
         kernel = Conv(c[0], c[1], c[2], c[3], c[4], c[5], c[6], stride, stride, pad, pad,
                       phase=phase or "fwd")  # type: ignore[arg-type]
         if kernel.out_h < 1 or kernel.out_w < 1:
@@ -406,13 +412,15 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
     def table() -> Any:
         from rich.table import Table
 
+        from planner.units import format_time
+
         t = Table(show_header=False, title=f"{_kernel_label(kernel)} on {dev.name} ({dt})",
                   title_justify="left")
         t.add_column("what")
         t.add_column("value", justify="right")
-        t.add_row("predicted time", _micro(pred.seconds))
+        t.add_row("predicted time", format_time(pred.seconds))
         t.add_row("timed by", pred.source)
-        t.add_row("roofline bound (datasheet)", _micro(pred.bound_s))
+        t.add_row("roofline bound (datasheet)", format_time(pred.bound_s))
         t.add_row("achieved fraction of the bound", f"{pred.bound_s / pred.seconds:.3g}")
         if pred.sustained_fraction is not None:
             t.add_row("GPU's sustained fraction of peak",
@@ -422,7 +430,7 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
         if pred.interval_s is not None:
             lo, hi = pred.interval_s
             t.add_row("90% of held-out kernels like it",
-                      f"{lo * 1e6:,.2f}–{hi * 1e6:,.2f} µs ({pred.interval_rows:,} rows"
+                      f"{_span(lo, hi)} ({pred.interval_rows:,} rows"
                       + ("" if pred.gpu_seen else "; seen GPUs only") + ")")
         t.add_row("within training range", "yes" if pred.in_range else "no")
         if pred.scale > 1.0:

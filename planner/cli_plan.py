@@ -2140,7 +2140,7 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     from rich import box
 
     from .tables import FitTable
-    from .units import format_bytes, format_time
+    from .units import format_bytes, format_rate, format_time
 
     # the layouts on one line where the table fits, else one layout a line (a layout
     # such as "3× model 32x2" is never broken); samples/s (batch / iteration) and MFU
@@ -2155,7 +2155,7 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     extra = (("stages",) if staged else ()) + (("micro",) if micro else ()) + \
         (("ZeRO",) if auto else ()) + (("recompute",) if rec else ())
     weak = any("batch_per_device" in r for r in rows)  # --batch-per-device
-    per = ("a device",) if weak else ()
+    per = ("batch/device",) if weak else ()
     for col in ("devices", *per, "batch", "iteration", "samples/s", "MFU", "exposed",
                 "memory",
                 *extra,
@@ -2186,7 +2186,7 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
         vs = f"{r['speedup_vs_data']:.3g}x" if r.get("speedup_vs_data") is not None else "n/a"
         t.add_row(str(r["gpus"]), *((str(r["batch_per_device"]),) if weak else ()),
                   str(r["batch"]), format_time(r["time_s"]),
-                  _rate(r["samples_per_s"]), f"{r['mfu']:.1%}",
+                  format_rate(r["samples_per_s"]), f"{r['mfu']:.1%}",
                   format_time(r["exposed_comm_s"]), format_bytes(r["peak_bytes"]),
                   *((str(r["pipeline"]),) if staged else ()),
                   *((str(r["microbatches"]),) if micro else ()),
@@ -2195,11 +2195,6 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
                   *((str(r["recompute"]),) if rec else ()), vs,
                   ", ".join(lay), "\n".join(lines))
     return t
-
-
-def _rate(x: float) -> str:
-    """A rate for the table: whole numbers with thousands separated from 100 up."""
-    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def _pyplot() -> Any:

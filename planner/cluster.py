@@ -314,7 +314,7 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
             f.error("peak_flops", "give the fp32 rate too (e.g. fp32: '19.5 TFLOPS'): "
                                   "dtypes without a rate of their own are timed at it")
     elif base is None:
-        f.error(None, "missing required key 'peak_flops' in a device (e.g. {fp32: '19.5 "
+        f.missing("missing required key 'peak_flops' in a device (e.g. {fp32: '19.5 "
                       "TFLOPS', bf16: '312 TFLOPS'})")
     memory = need("memory", _plausible("memory"))
     bandwidth = need("memory_bandwidth", _plausible("bandwidth"))
@@ -468,7 +468,7 @@ def cluster_from_data(data: object, issues: list[Issue]) -> Cluster | None:
     if f.has("device"):
         device = device_from_data(f.raw("device"), f.at("device"), issues)
     else:
-        f.error(None, "missing required key 'device' in a cluster (a catalog name such as "
+        f.missing("missing required key 'device' in a cluster (a catalog name such as "
                       "'H100-SXM', or a mapping of specs)")
     intra = inter = None
     if f.has("network"):
@@ -477,16 +477,16 @@ def cluster_from_data(data: object, issues: list[Issue]) -> Cluster | None:
             intra = _link(nf.raw("intra_node"), nf.at("intra_node"), issues, "intra_node",
                           per_node)
         elif per_node is not None and per_node > 1:
-            nf.error(None, "missing required key 'intra_node' (latency and bandwidth between "
+            nf.missing("missing required key 'intra_node' (latency and bandwidth between "
                            "devices of one node)")
         if nf.has("inter_node"):
             inter = _link(nf.raw("inter_node"), nf.at("inter_node"), issues, "inter_node")
         elif nodes != 1:
-            nf.error(None, "missing required key 'inter_node' (latency and per-device "
+            nf.missing("missing required key 'inter_node' (latency and per-device "
                            "bandwidth between nodes); a single-node cluster says 'nodes: 1'")
         nf.finish()
     else:
-        f.error(None, "missing required key 'network' with intra_node and inter_node tiers")
+        f.missing("missing required key 'network' with intra_node and inter_node tiers")
     algorithm = "auto"
     library = None
     if f.has("collectives"):

@@ -264,8 +264,7 @@ class Fields:
         self.seen.add(key)
         if key not in self.data:
             if self.ok:
-                self.issues.append(Issue(self.path, f"missing required key '{key}' in "
-                                                    f"{self.what}"))
+                self.missing(f"missing required key '{key}' in {self.what}")
             return None
         return self._convert(key, conv)
 
@@ -290,6 +289,12 @@ class Fields:
         except Invalid as exc:
             self.issues.append(Issue(self.at(key), str(exc)))
             return None
+
+    def missing(self, message: str) -> None:
+        """Record a key missing from this mapping, at the key that holds the mapping
+        (``intra_node:``) where there is one: the mapping's own position is its first
+        key's, which has nothing to do with the one missing."""
+        self.issues.append(Issue(self.path, message, at_key=True))
 
     def error(self, key: str | None, message: str) -> None:
         """Record a problem at ``key`` (or at the mapping when None)."""

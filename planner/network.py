@@ -1091,7 +1091,7 @@ def _parse_entry(item: object, path: str, issues: list[Issue], depth: int) -> _S
         children = _parse_entries(f.raw("layers"), f.at("layers"), issues, depth + 1) if \
             f.has("layers") else []
         if not f.has("layers"):
-            f.error(None, "missing required key 'layers' in a repeat group")
+            f.missing("missing required key 'layers' in a repeat group")
         f.finish()
         return _Spec("repeat", name, path, children=children, count=count or 1, start=start)
     kind = f.req("type", _canonical_type)
@@ -1106,7 +1106,7 @@ def _parse_entry(item: object, path: str, issues: list[Issue], depth: int) -> _S
         body = _parse_entries(f.raw("body"), f.at("body"), issues, depth + 1) if f.has(
             "body") else []
         if not f.has("body"):
-            f.error(None, "missing required key 'body' in a residual block")
+            f.missing("missing required key 'body' in a residual block")
         shortcut = None
         if f.has("shortcut") and f.raw("shortcut") is not None:
             raw = f.raw("shortcut")
@@ -1647,7 +1647,7 @@ def network_from_data(data: object, issues: list[Issue]) -> Network | None:
     specs = _parse_entries(f.raw("layers"), f.at("layers"), issues, 0) if f.has(
         "layers") else []
     if not f.has("layers"):
-        f.error(None, "missing required key 'layers' in a network")
+        f.missing("missing required key 'layers' in a network")
     f.finish()
     if issues or shape is None:
         return None

@@ -66,7 +66,7 @@ from .evaluate import (
 from .loading import file_digest
 from .network import DTYPE_PEAK_KEY, Network
 from .output import rounded
-from .units import count, format_bytes, format_time
+from .units import count, format_bytes, format_rate, format_time
 
 
 def _term(t: CommTerm) -> dict[str, Any]:
@@ -312,7 +312,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     head.append("iteration ", style="bold")
     head.append(f"{format_time(it['time_s'])}  (compute {format_time(it['compute_s'])}, "
                 f"communication {format_time(it['comm_s'])}, exposed "
-                f"{format_time(it['exposed_comm_s'])}; {it['samples_per_s']:.4g} samples/s)\n")
+                f"{format_time(it['exposed_comm_s'])}; {format_rate(it['samples_per_s'])} samples/s)\n")
     if "mfu" in it:
         head.append("utilisation ", style="bold")
         head.append(f"{it['tflops_per_device']:.4g} TFLOP/s a device of the network's "
@@ -428,7 +428,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
             continue
         layout = f"{rec['mode']} {rec['grid'][0]}x{rec['grid'][1]}"
         if rec["placement"] == "cols":
-            layout += " c"
+            layout += " (cols)"
         rows.append(Row(rec["name"], (
             rec["type"], layout, _ms(rec["compute_s"]), _ms(c["forward_s"]),
             _ms(c["backward_data_s"]), _ms(c["weight_grad_s"]), _ms(c["redistribute_s"]),

@@ -401,7 +401,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
             strategy["placement"] = sf.opt("placement", choice(("rows", "cols")), "rows")
         sf.finish()
     else:
-        f.error(None, "missing required key 'strategy' (plan, grid or pins)")
+        f.missing("missing required key 'strategy' (plan, grid or pins)")
     if launcher is not None and strategy and "plan" not in strategy:
         f.error("launcher", f"launcher {launcher} checks that it can run a plan file as "
                             "planned; give 'strategy: {plan: FILE}', or drop 'launcher'")

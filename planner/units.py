@@ -26,6 +26,8 @@ from typing import Literal
 #: the most devices and the largest batch any command or file takes (far above any
 #: machine: they keep arithmetic on them exact and bounded)
 MAX_GPUS, MAX_BATCH = 2**30, 2**40
+#: the largest gradient bucket taken (1 PiB)
+MAX_BUCKET_BYTES = 2**50
 
 Kind = Literal["time", "bytes", "bandwidth", "flop_rate", "frequency", "power", "number"]
 
@@ -113,6 +115,10 @@ def parse_quantity(value: object, kind: Kind, *, positive: bool = True) -> float
             raise UnitError(f"expected {describe(kind)}, got {value!r}")
         unit = m.group(2)
         table = _UNITS[kind]
+        if not unit and (float(m.group(1)) < 0 or (positive and float(m.group(1)) == 0)):
+            # the sign is wrong whatever the unit: say that, not that one is missing
+            raise UnitError(f"expected a {'positive' if positive else 'non-negative'} "
+                            f"value for {describe(kind)}, got {value!r}")
         if unit not in table:
             known = _closest_unit(unit, kind)
             extra = f"; did you mean '{known}'?" if known else ""
@@ -150,6 +156,12 @@ def parse_bucket_size(value: object) -> float:
     if 0 < number < 0.5:
         raise UnitError(f"{value!r} is less than one byte; use 0 for one bucket per layer, "
                         "or a size such as '25 MiB'")
+    if number > MAX_BUCKET_BYTES:
+        # any bucket over the gradients is one bucket for all of them; past 1 PiB the
+        # number is a slip (a unit too big), and would be written into the plan as is
+        raise UnitError(f"{value!r} is more than 1 PiB (a unit too large?): give a size "
+                        "such as '25 MiB', PyTorch DDP's default; any size over the "
+                        "gradients puts them all in one bucket")
     return float(round(number))
 
 
@@ -159,6 +171,8 @@ def _closest_unit(unit: str, kind: Kind) -> str | None:
     closest spelling."""
     import difflib
 
+    if kind == "bandwidth" and unit + "/s" in _UNITS[kind]:
+        return unit + "/s"  # 'GB' for a bandwidth is 'GB/s', the docs' spelling
     same = [u for u in _UNITS[kind] if u.lower() == unit.lower()]
     if same:
         bits = [u for u in same if "b" in u and "B" not in u]
@@ -172,7 +186,7 @@ def format_si(value: float, unit: str, digits: int = 4) -> str:
     if value == 0 or not math.isfinite(value):
         return f"{value:g} {unit}"
     prefixes = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")]
-    small = [(1e-3, "m"), (1e-6, "µ"), (1e-9, "n")]
+    small = [(1e-3, "m"), (1e-6, "µ"), (1e-9, "n"), (1e-12, "p")]
     mag = abs(value)
     for scale, p in prefixes:
         if mag >= scale:
@@ -194,8 +208,17 @@ def format_bytes(value: float, digits: int = 4) -> str:
 
 
 def format_time(seconds: float, digits: int = 4) -> str:
-    """Format a time in s, ms, µs or ns."""
+    """Format a time in s, ms, µs or ns. From 1,000 s up it stays in seconds (``1.1e+08
+    s``): a kilo- or megasecond prefix ("109.9 Ms") reads as milliseconds."""
+    if math.isfinite(seconds) and abs(seconds) >= 1000:
+        return f"{seconds:.{digits}g} s"
     return format_si(seconds, "s", digits)
+
+
+def format_rate(x: float) -> str:
+    """A rate (samples/s): whole numbers with thousands separated from 100 up, three
+    significant digits below (``419,003``, ``12.5``)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:

@@ -455,9 +455,9 @@ def test_small_messages_say_what_the_user_wrote(runner, tmp_path):
     as_json = invoke(runner, "kernels", "predict", "--device", "H100", "--gemm", "8,8,8",
                      "--dtype", "fp64", "--format", "json")
     bound = json.loads(as_json.stdout)["bound_s"]
-    assert 0 < bound < 1e-8  # under 10 ns: two decimals of µs showed 0.00
-    shown = re.search(r"roofline bound \(datasheet\)\s*│\s*([0-9.]+) µs", r.stdout)
-    assert shown and shown[1] == f"{bound * 1e6:.3g}", r.stdout
+    assert 0 < bound < 1e-9  # under 1 ns: two decimals of µs showed 0.00
+    shown = re.search(r"roofline bound \(datasheet\)\s*│\s*([0-9.]+) ps", r.stdout)
+    assert shown and shown[1] == f"{bound * 1e12:.4g}", r.stdout
     one = tmp_path / "one.yaml"
     one.write_text("kind: network\nname: one\ninput: [4]\nlayers:\n"
                    "  - {type: linear, out_features: 1, bias: false, name: 'fc[1]'}\n")

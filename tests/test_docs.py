@@ -158,7 +158,7 @@ def test_predict_bands_quoted_are_current(runner):
         r = invoke(runner, "kernels", "predict", "--device", device, "--gemm",
                    "4096,4096,4096", "--dtype", dtype)
         assert r.exit_code == 0, r.stderr
-        band = re.search(r"([\d,.]+–[\d,.]+ µs \(\d+ rows[^)]*\))", r.stdout)
+        band = re.search(r"([\d,.]+–[\d,.]+ [mµ]s \(\d+ rows[^)]*\))", r.stdout)
         assert band is not None and band.group(1) in text, (device, dtype, r.stdout)
 
 

@@ -1988,6 +1988,15 @@ def test_predict_usage_errors(runner):
     r = invoke(runner, "kernels", "predict", "--device", "T4", "--gemm", "1" * 25 + ",2,3")
     assert r.exit_code == 2 and "Invalid value for --gemm: " in r.stderr
     assert "is too large (at most 2^40" in r.stderr
+    # a negative dimension gets the message zero gets (it said "expected M,N,K[,BATCH]"),
+    # a wrong count says how many numbers; padding may be 0 but not negative
+    for gemm in ("-1,4096,4096", "0,4096,4096"):
+        r = invoke(runner, "kernels", "predict", "--device", "T4", "--gemm", gemm)
+        assert r.exit_code == 2 and "GEMM dimensions must be at least 1" in r.stderr
+    r = invoke(runner, "kernels", "predict", "--device", "T4", "--gemm", "4096,4096")
+    assert r.exit_code == 2 and "expected M,N,K[,BATCH]: 3 to 4 numbers, got 2" in r.stderr
+    r = invoke(runner, "kernels", "predict", "--device", "T4", "--conv", "1,3,8,8,4,3,3,1,-1")
+    assert r.exit_code == 2 and "padding must be 0 or more" in r.stderr
     # nan passed click's FloatRange (every comparison with nan is false)
     for args in (["kernels", "achieved", LINEAR, "--min-gflop", "nan"],
                  ["kernels", "fit", BMM, "-o", "unused", "--monotone-weight", "nan"],

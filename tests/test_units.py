@@ -41,6 +41,10 @@ def test_parse(text, kind, expected):
     ("value", "kind", "fragment"),
     [
         ("6 GB", "bandwidth", "unknown unit 'GB' for a bandwidth"),
+        # a bandwidth's size unit without '/s': the '/s' spelling the docs use, not
+        # 'GBps' (the closest spelling, which the 2026-12-07 audit got)
+        ("351.3 GB", "bandwidth", "did you mean 'GB/s'?"),
+        ("400 Gbit", "bandwidth", "did you mean 'Gbit/s'?"),
         ("fast", "bandwidth", "expected a bandwidth like '6 GB/s' or '400 Gbit/s', got 'fast'"),
         ("450 GB/h", "bandwidth", "did you mean 'GB/s'?"),
         (True, "time", "expected a time like '2 us', got true"),
@@ -76,7 +80,7 @@ def test_format():
 @pytest.mark.parametrize(("value", "expected"), [
     ("0", 0.0), (0, 0.0), ("0 B", 0.0), ("25 MiB", 26214400.0), ("1.5 B", 2.0),
     ("0.6 B", 1.0), ("0.1 MiB", 104858.0),  # 104,857.6 bytes, rounded to the nearest
-    ("1000 B", 1000.0), (0.0, 0.0),
+    ("1000 B", 1000.0), (0.0, 0.0), ("1 PiB", 2.0**50),
 ])
 def test_bucket_sizes_are_whole_bytes(value, expected):
     assert parse_bucket_size(value) == expected
@@ -89,7 +93,13 @@ def test_bucket_sizes_are_whole_bytes(value, expected):
     (25, r"expected a size with its unit, such as '25 MiB', got 25 \(a unit is needed"),
     (0.25, "a unit is needed"),
     ("-1 B", "non-negative"),
+    # no unit and a minus sign: the sign is what is wrong (2026-12-07 audit: it said a
+    # unit is needed, and '-5 MiB' then said non-negative)
+    ("-5", r"expected a non-negative value for a size in bytes like '80 GiB', got '-5'$"),
     ("25 MB/s", "unknown unit"),
+    # 1 PiB, 2**50 bytes, is taken; a byte more is a slip of the unit
+    ("1e30 TiB", r"'1e30 TiB' is more than 1 PiB \(a unit too large\?\)"),
+    ("1.001 PiB", "more than 1 PiB"),
 ])
 def test_bucket_sizes_refused(value, said):
     with pytest.raises(UnitError, match=said):
@@ -103,3 +113,17 @@ def test_count_pluralises_and_separates_thousands():
         "0 devices", "1 device", "2 devices", "16,384 devices"]
     assert count(2, "more row") == "2 more rows"
     assert count(3, "child", "children") == "3 children"
+
+
+def test_long_times_stay_in_seconds_and_rates_group_thousands():
+    """From 1,000 s a time is written in seconds: '109.9 Ms' for 1.099e8 s read as
+    milliseconds (2026-12-07 audit). Rates are whole and grouped from 100 up."""
+    from planner.units import format_rate, format_time
+
+    assert format_time(0.0024437) == "2.444 ms"
+    assert format_time(999.94) == "999.9 s"
+    assert format_time(1234.4) == "1234 s"
+    assert format_time(1.0994e8) == "1.099e+08 s"
+    assert format_time(float("inf")) == "inf s"
+    assert [format_rate(x) for x in (419003.4, 100.0, 99.94, 12.54, 0.01234)] == [
+        "419,003", "100", "99.9", "12.5", "0.0123"]
