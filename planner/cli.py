@@ -88,6 +88,17 @@ class PlannerGroup(click.Group):
         _attach_command_groups()
         return super().list_commands(ctx)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """``--debug`` is the top group's option, but is taken anywhere before ``--``
+        (``planner plan ... --debug``, where the README's advice to rerun with it sends
+        people): no subcommand has an option or a value of that name."""
+        if ctx.parent is None and "--debug" in args:
+            cut = args.index("--") if "--" in args else len(args)
+            head = [a for a in args[:cut] if a != "--debug"]
+            if len(head) < cut:
+                args = ["--debug", *head, *args[cut:]]
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; report errors without tracebacks unless --debug."""
         try:
@@ -379,12 +390,14 @@ def jobs_option(what: str) -> Callable[[F], F]:
 @click.group(cls=PlannerGroup, context_settings={"help_option_names": ["-h", "--help"],
                                                  "max_content_width": 100})
 @click.version_option(__version__, "-V", "--version", prog_name="planner")
-@click.option("--debug", is_flag=True, help="Show tracebacks instead of short messages.")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of short messages "
+              "(taken anywhere on the command line, or PLANNER_DEBUG=1).")
 def cli(debug: bool) -> None:
     """Plan how to parallelise the training of a deep network over many GPUs.
 
-    Inputs are a network file and a cluster file (YAML); see `planner show --help` and
-    the README. Exit codes: 0 success, 1 a valid question whose answer is "no" (does not
+    Inputs are a network file and a cluster file (YAML), described in the README
+    (Inputs), with examples in the repository's examples/ folder; `planner validate`
+    checks them. Exit codes: 0 success, 1 a valid question whose answer is "no" (does not
     fit, too slow, no feasible plan), 2 invalid input or usage, 3 an internal error (a
     bug), 130 interrupted. A network, cluster or configuration given as `-` is read
     from standard input.

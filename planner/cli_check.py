@@ -104,7 +104,6 @@ def _estimator_for(cfg: Any, name: str, make: Any, models_dir: str | None) -> An
               help="The training program each rank runs (it reads the plan: see "
                    "examples/launch/).")
 @click.option("--master-port", type=Whole(1, 65535), default=29500,
-              show_default=True,
               help="Rendezvous port. Given, the scripts use it; left out, they use "
                    "MASTER_PORT where they run if it is set, else 29500.")
 @click.option("--cpus-per-task", type=Whole(1, 4096), default=None,

@@ -99,7 +99,7 @@ def _widths(ctx: click.Context, param: click.Parameter,
 
 @click.group()
 def kernels() -> None:
-    """Kernel-time models: fit, evaluate, predict, profile.
+    """Kernel-time models: fit, eval, predict, profile, achieved.
 
     The models predict the achieved fraction of the roofline bound of GEMMs, batched
     GEMMs and convolutions (forward, backward-data, backward-filter) from the shape and
@@ -110,7 +110,7 @@ def kernels() -> None:
 shipped_option = click.option(
     "--shipped-data", "shipped", is_flag=True,
     help="Also read the measurements the shipped models were fitted on (NeuSight, DeepBench "
-         "and the H100 profile; they ship with planner), before DATA.")
+         "and the H100 and H200 profiles; they ship with planner), before DATA.")
 
 
 def _with_shipped(data: tuple[str, ...], shipped: bool,
@@ -563,7 +563,8 @@ def _once(files: tuple[str, ...], notes: list[str]) -> tuple[str, ...]:
         twin = next((k for k in kept if f != "-" and k != "-" and Path(f).exists()
                      and Path(k).exists() and os.path.samefile(f, k)), None)
         if twin is not None:
-            notes.append(f"{f} is {twin}, read once")
+            notes.append(f"{f} is named twice, read once" if f == twin else
+                         f"{f} is {twin}, read once")
             continue
         digest = _digest(f)
         if digest is not None and digest in digests:
@@ -667,7 +668,8 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
                     f"planner: error: no bandwidth fits the {tier.tier} tier of {where}: "
                     "its times do not grow with the message size (measure a wider range "
                     "of sizes, from a few KiB to a few hundred MiB)")
-    if system is not None:
+    if system is not None or cluster_path is not None:
+        # one system for a cluster file: refused here, before the report is printed
         fits = [choose(fits, system)]
     for f in fits:
         for note in f.notes:

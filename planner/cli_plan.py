@@ -893,11 +893,17 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
     q.schedule = schedule
     from .parallel import resolve_jobs, running
 
-    with searching() as q.progress, running(resolve_jobs(jobs)):
-        if auto:
-            doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks, virtual)
-        else:
-            doc = plan_for(q, pipeline, objective, pins, expand_ranks, virtual)
+    from .errors import NoFeasiblePlan
+
+    try:
+        with searching() as q.progress, running(resolve_jobs(jobs)):
+            if auto:
+                doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks, virtual)
+            else:
+                doc = plan_for(q, pipeline, objective, pins, expand_ranks, virtual)
+    except NoFeasiblePlan as exc:
+        _no_plan_document(q, exc, fmt, output)
+        raise
 
     def table() -> Any:
         from rich.console import Group
@@ -909,6 +915,29 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
 
     render_data(doc, fmt, output, table, ins)
     overlap_note(doc)
+
+
+def _no_plan_document(q: Question, exc: Exception, fmt: str | None,
+                      output: str | None) -> None:
+    """When nothing fits and the plan was asked for as JSON or YAML on standard output,
+    a document a program can read there too (``plan: null``, the leanest layout's peak
+    memory, the reason; as ``compare`` writes), besides the reason and exit 1. An ``-o``
+    file is not written: it may hold the last plan that fitted."""
+    from .errors import NoFeasiblePlan
+    from .output import rounded
+    from .plan import plan_header
+
+    if output not in (None, "-") or (fmt or "table") == "table":
+        return
+    assert isinstance(exc, NoFeasiblePlan)
+    head = plan_header("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
+                       q.options, q.estimator_name, nodes_used(q), q.models_sha256)
+    data: dict[str, Any] = {"planner": head["planner"], "inputs": head["inputs"],
+                            "problem": head["problem"], "plan": None}
+    if exc.shortfall is not None:
+        data["leanest_peak_bytes"] = exc.shortfall.needed_bytes
+    data["error"] = str(exc).removeprefix("planner: ")
+    render_data(rounded(data, 4), fmt, None, None)
 
 
 #: seconds a search runs before a terminal is shown that it is running
@@ -2232,7 +2261,7 @@ def _plot(rows: list[dict[str, Any]], path: str, protect: tuple[str, ...] = (),
         if not pts:
             continue
         gpus = [r["gpus"] for r in pts]
-        label = f"batch {b}" if key == "batch" else f"{b} a device"
+        label = f"batch {b:,}" if key == "batch" else f"{b:,} a device"
         ax1.plot(gpus, [r["time_s"] * 1e3 for r in pts], "o-", label=label)
         line = ax2.plot(gpus, [r["samples_per_s"] for r in pts], "o-", label=label)
         ideal = [pts[0]["samples_per_s"] * g / gpus[0] for g in gpus]

@@ -57,7 +57,12 @@ def _wrong_kind(kind: str, expected: str) -> Issue:
     if kind == "plan":
         return Issue("$", f"this is a plan written by planner, not a {expected} file; "
                           f"give the {expected} file the plan was made from")
-    return Issue("$.kind", f"expected a {expected} file, got 'kind: {kind}'")
+    hint = ""
+    if {kind, expected} == {"network", "cluster"}:
+        # `plan CLUSTER NETWORK`: the commands take the network first
+        hint = (f"; is it the {kind} file? (plan, cost, compare and sweep take NETWORK, "
+                "then CLUSTER)")
+    return Issue("$.kind", f"expected a {expected} file, got 'kind: {kind}'{hint}")
 
 
 def network_from_document(doc: Document) -> Network:

@@ -55,7 +55,7 @@ from .fields import show
 from .launch import cp_method
 from .loading import Document
 from .network import DTYPE_BYTES
-from .units import count
+from .units import count, format_time
 
 #: the modes of each of Megatron-LM's splits
 _TENSOR = {"column": False, "row": False, "model": False,
@@ -94,8 +94,8 @@ def _refuse(plan_path: str, why: str, data: dict[str, Any]) -> NotMegatron:
         b = min(fitting, key=lambda b: b["time_s"])
         hint += (" (this plan's fastest Megatron-LM baseline"
                  + (", on all its devices without stages" if staged else "")
-                 + f", {b.get('name')}, {b.get('description', '')}: {b['time_s']:.4g} s a "
-                 f"step against its {it['time_s']:.4g} s)")
+                 + f", {b.get('name')}, {b.get('description', '')}: {format_time(b['time_s'])} a "
+                 f"step against its {format_time(it['time_s'])})")
     return NotMegatron(f"planner: error: {printable(plan_path)}: Megatron-LM cannot run "
                        f"this plan as planned: {why}{hint}")
 

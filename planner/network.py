@@ -53,6 +53,7 @@ from .fields import (
     integer,
     number,
     pair,
+    show,
     string,
 )
 from .loading import child_path
@@ -970,7 +971,23 @@ def _attention_bias(value: object) -> str:
 def _padding(value: object) -> tuple[int, int] | str:
     if value == "same":
         return "same"
+    _padding_word(value, "an integer, [height, width] or 'same'")
     return pair(integer(0), "padding")(value)
+
+
+def _pool_padding(value: object) -> tuple[int, int]:
+    _padding_word(value, "an integer or [height, width]")
+    return pair(integer(0), "padding")(value)
+
+
+def _padding_word(value: object, forms: str) -> None:
+    """A word where a padding is expected: PyTorch and Keras spell no padding 'valid'
+    (0 here); a convolution takes 'same' as well."""
+    if isinstance(value, str):
+        fix = ("0 (no padding)" if value.strip().lower() in ("valid", "none") else
+               "same" if "same" in forms else None)
+        raise Invalid(f"expected padding as {forms}, got {show(value)}"
+                      + (f"; did you mean {fix}?" if fix else ""))
 
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.[]:/")
@@ -1004,7 +1021,7 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
     elif kind in ("maxpool", "avgpool"):
         p["kernel"] = f.req("kernel", pair(integer(1), "kernel"))
         p["stride"] = f.opt_none("stride", pair(integer(1), "stride"))
-        p["padding"] = f.opt("padding", pair(integer(0), "padding"), (0, 0))
+        p["padding"] = f.opt("padding", _pool_padding, (0, 0))
         p["ceil_mode"] = f.opt("ceil_mode", boolean, False)
     elif kind == "adaptive_avgpool":
         p["output_size"] = f.req("output_size", pair(integer(1), "output_size"))

@@ -293,7 +293,7 @@ def plan_table(doc: dict[str, Any], all_layers: bool = False) -> Any:
     setting = zero_label(zero, str(prob.get("zero_shard", "all")))
     grads = prob.get("grad_dtype", prob["dtype"])
     micro = int(prob.get("microbatches", 1))
-    head.append(f"{count(int(prob['gpus']), 'device')}, batch {prob['batch']}"
+    head.append(f"{count(int(prob['gpus']), 'device')}, batch {int(prob['batch']):,}"
                 + (f" in {micro} microbatches" if micro > 1 else "") + f", {prob['dtype']}"
                 + (f" (gradients in {grads})" if grads != prob["dtype"] else "") + ", "
                 f"cost model {prob['cost_model']}, overlap {prob['overlap']}"

@@ -89,16 +89,18 @@ def network_table(net: Network, data: dict[str, Any], all_layers: bool = False) 
 
 def devices_table(devices: list[Device]) -> Any:
     """The device catalog as a table."""
-    t = Table(box=box.SIMPLE_HEAD, title="device catalog", title_justify="left",
-              pad_edge=False)
+    t = Table(box=box.SIMPLE_HEAD, title="device catalog (peak FLOP rates in TFLOP/s)",
+              title_justify="left", pad_edge=False)
+    # the peaks in TFLOP/s by the title, and one alias a line, so that the aliases fit
+    # 120 columns (the width of a piped table) whole but for the longest
     for col, just in (("name", "left"), ("architecture", "left"), ("fp32", "right"),
                       ("bf16/fp16", "right"), ("memory", "right"), ("bandwidth", "right"),
                       ("SMs", "right"), ("L2", "right"), ("aliases", "left")):
         t.add_column(col, justify=just, overflow="fold", no_wrap=col != "aliases")  # type: ignore[arg-type]
     for d in devices:
         half = d.peak_flops.get("bf16") or d.peak_flops.get("fp16")
-        t.add_row(d.name, d.architecture, format_si(d.peak("fp32"), "FLOP/s", 3),
-                  format_si(half, "FLOP/s", 3) if half else "",
+        t.add_row(d.name, d.architecture, f"{d.peak('fp32') / 1e12:.3g}",
+                  f"{half / 1e12:.3g}" if half else "",
                   format_bytes(d.memory_bytes, 3), format_si(d.memory_bandwidth, "B/s", 3),
-                  str(d.sm_count), format_bytes(d.l2_bytes, 3), ", ".join(d.aliases))
+                  str(d.sm_count), format_bytes(d.l2_bytes, 3), "\n".join(d.aliases))
     return t

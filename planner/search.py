@@ -1246,10 +1246,13 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
     result.append(best_of("single-grid", "the best single P_r x P_c grid for every layer",
                           grid_opts))
     gh_opts: list[tuple[str, dict[int, Layout] | str]] = []
+    convs = any(layer.conv is not None for layer in space.layers)
     for pr, pc in _grids(p):
         for pl in (("rows", "cols") if pr > 1 and pc > 1 else ("rows",)):
             lay = make_layout("model", pr, pc, pl)
-            gh_opts.append((f"convolutions data 1x{p}, other layers {lay.label()}",
+            # a network without convolutions: the single grid's answer, said as such
+            gh_opts.append((f"convolutions data 1x{p}, other layers {lay.label()}" if convs
+                            else f"{lay.label()} for every layer (no convolutions)",
                             _assign(space, lambda layer, lay=lay: make_layout("data", 1, p)
                                     if layer.conv is not None else lay)))
     result.append(best_of("gholami", "Gholami et al.: convolutions data parallel, the other "

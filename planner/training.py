@@ -1042,7 +1042,7 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
             "efficiency", enough,
             f"predicted MFU {use['mfu']:.1%} ({use['tflops_per_device']:.4g} TFLOP/s a "
             f"device of the network's FLOPs) is {'at least' if enough else 'under'} the "
-            f"{cfg.min_mfu:.1%} allowed",
+            f"{cfg.min_mfu:.1%} required (min_mfu)",
             "$.min_mfu", {"mfu": use["mfu"], "min_mfu": cfg.min_mfu}))
     if best_s is None:
         assert failure is not None

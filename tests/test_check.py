@@ -40,6 +40,23 @@ def test_examples_exit_codes(runner, config, code, monkeypatch):
     assert "Traceback" not in result.stderr
 
 
+def test_the_megatron_example_quotes_what_check_says(runner, monkeypatch):
+    """The comment of examples/ci/llama3-8b-megatron.yaml quotes the searched optimum
+    and this layout's step as `check` prints them (a refit had left them stale: found by
+    an audit, 2026-12-07)."""
+    monkeypatch.chdir(ROOT)
+    path = "examples/ci/llama3-8b-megatron.yaml"
+    text = " ".join(line.lstrip("# ") for line in
+                    (ROOT / path).read_text(encoding="utf-8").splitlines())
+    quoted = re.search(r"\(([\d.]+ m?s) a step against\s+this layout's ([\d.]+ m?s);", text)
+    assert quoted, text
+    result = invoke(runner, "check", path)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert (f"predicted iteration {quoted[2]} is " in result.stdout
+            and f"the searched optimum with 2 pipeline stages {quoted[1]} " in result.stdout), \
+        result.stdout
+
+
 def test_text_lines_point_at_the_strategy(runner, monkeypatch):
     monkeypatch.chdir(ROOT)
     result = invoke(runner, "check", "examples/ci/alexnet-too-slow.yaml")

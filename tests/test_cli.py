@@ -162,6 +162,12 @@ def test_show_cluster_file_is_wrong_kind(runner):
     result = invoke(runner, "show", CLUSTERS / "dgx-h100.yaml")
     assert result.exit_code == 2
     assert "expected a network file, got 'kind: cluster'" in result.stderr
+    # the two files swapped: the message says which order the commands take
+    swapped = invoke(runner, "plan", CLUSTERS / "dgx-h100.yaml", NETWORKS / "alexnet.yaml",
+                     "-p", "8", "-b", "64")
+    assert swapped.exit_code == 2
+    assert ("expected a network file, got 'kind: cluster'; is it the cluster file? (plan, "
+            "cost, compare and sweep take NETWORK, then CLUSTER)") in swapped.stderr
 
 
 def test_validate_says_what_kinds_there_are(runner, tmp_path):
@@ -185,6 +191,13 @@ def test_devices(runner, tmp_path):
     assert "H100-SXM" in names and "cori-knl" in names
     table = invoke(runner, "devices")
     assert table.exit_code == 0 and "H100-SXM" in table.stdout
+    # captured (piped) at 120 columns: the table fits them (it was 185 wide, the aliases
+    # one line), one alias a line, each whole but the one longer than the column
+    lines = table.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    ends = {line.split("   ")[-1].strip() for line in lines}
+    h100 = next(d for d in json.loads(result.stdout)["devices"] if d["name"] == "H100-SXM")
+    assert set(h100["aliases"]) <= ends and "NVIDIA H100 80GB HBM3" in ends
     out = tmp_path / "catalog.yaml"  # -o, as its --format help says; YAML by the suffix
     assert invoke(runner, "devices", "-o", out).exit_code == 0
     assert [d["name"] for d in yaml.safe_load(out.read_text())["devices"]] == names
@@ -266,10 +279,17 @@ def test_debug_shows_the_traceback_and_keeps_the_exit_code(runner, tmp_path, mon
     planner means as "the answer is no"."""
     bad = tmp_path / "tab.yaml"
     bad.write_text("kind: network\n\tname: x\n")
-    for args in (("--debug", "show", bad), ("--debug", "show", tmp_path / "none.yaml")):
+    # after the subcommand too (where people add it; it was "No such option"), and
+    # inside a group's subcommand; after `--` it is an argument, not the option
+    for args in (("--debug", "show", bad), ("--debug", "show", tmp_path / "none.yaml"),
+                 ("show", bad, "--debug"),
+                 ("kernels", "predict", "--device", "T4", "--gemm", "0,1,1", "--debug")):
         result = invoke(runner, *args)
         assert result.exit_code == 2, result.output
         assert "Traceback (most recent call last)" in result.stderr
+    result = invoke(runner, "show", "--", "--debug")
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert "--debug" in result.stderr
     import planner.inputs
 
     def broken(*_args, **_kwargs):

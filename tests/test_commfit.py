@@ -407,6 +407,8 @@ def test_comm_fit_whole_system_name_wins_over_substrings(runner, tmp_path):
 def test_comm_fit_several_systems_needs_a_choice_for_a_cluster(runner, tmp_path):
     r = invoke(runner, "comm", "fit", DEEPBENCH, "--cluster", CLUSTERS / "pcie-8gpu.yaml")
     assert r.exit_code == 2 and "choose one with --system" in r.stderr
+    # refused before the fit's report, not after fifty lines of it (2026-12-07 audit)
+    assert r.stderr.startswith("planner: error: the files hold several systems"), r.stderr
     r = invoke(runner, "comm", "fit", DEEPBENCH, "--system", "P100", "--cluster",
                CLUSTERS / "pcie-8gpu.yaml")
     assert r.exit_code == 0, r.stderr
@@ -618,6 +620,8 @@ def test_a_file_named_twice_is_read_once(runner):
     twice = invoke(runner, "comm", "fit", FIXTURES[0], again)
     assert twice.exit_code == 0 and twice.stdout.splitlines()[1:] == once.stdout.splitlines()[1:]
     assert f"planner: note: {again} is {FIXTURES[0]}, read once" in twice.stderr
+    same = invoke(runner, "comm", "fit", FIXTURES[0], FIXTURES[0])
+    assert f"planner: note: {FIXTURES[0]} is named twice, read once" in same.stderr
 
 
 def test_a_copy_of_a_file_is_read_once(runner, tmp_path):

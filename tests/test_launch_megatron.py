@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from planner.units import format_time
+
 from .conftest import CLUSTERS, NETWORKS, invoke
 
 DGX = CLUSTERS / "dgx-h100.yaml"
@@ -230,7 +232,8 @@ def test_what_megatron_cannot_run(runner, tmp_path):
     base = min(megatron, key=lambda b: b["time_s"])
     said = _refused(runner, searched, "tensor and context parallelism are separate")
     assert (f"fastest Megatron-LM baseline, {base['name']}, {base['description']}: "
-            f"{base['time_s']:.4g} s a step against its {doc['iteration']['time_s']:.4g} s"
+            f"{format_time(base['time_s'])} a step against its "
+            f"{format_time(doc['iteration']['time_s'])}"
             ) in said
     assert "--mode megatron-cp --grid CxD" in said
     cases = [

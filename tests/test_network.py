@@ -340,3 +340,24 @@ def test_what_cannot_be_written_says_so():
                             "  - {type: linear, out_features: 8}\n  - {type: relu6}\n"
                             "  - {type: leaky_relu}\n")
     assert [lay.type for lay in net.layers] == ["linear", "relu", "relu"]
+
+
+@pytest.mark.parametrize(("layer", "said"), [
+    ("{type: conv2d, out_channels: 8, kernel: 3, padding: valid}",
+     "expected padding as an integer, [height, width] or 'same', got 'valid'; did you "
+     "mean 0 (no padding)?"),
+    ("{type: conv2d, out_channels: 8, kernel: 3, padding: sam}",
+     "got 'sam'; did you mean same?"),
+    ("{type: maxpool, kernel: 2, padding: valid}",
+     "expected padding as an integer or [height, width], got 'valid'; did you mean 0 (no "
+     "padding)?"),
+    ("{type: maxpool, kernel: 2, padding: same}",
+     "expected padding as an integer or [height, width], got 'same' (at"),
+])
+def test_padding_words_say_what_to_write(layer, said):
+    """'valid' (PyTorch's and Keras's word for no padding) was "expected an integer, got a
+    string" (2026-12-07 audit); a pool takes no 'same'."""
+    text = f"kind: network\nname: p\ninput: [3, 8, 8]\nlayers:\n  - {layer}\n"
+    with pytest.raises(InputError) as exc:
+        load_network_text(text)
+    assert said in str(exc.value)
