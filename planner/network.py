@@ -163,8 +163,10 @@ class ConvGeom:
 
     def problem(self, batch: int, phase: str = "fwd", *, out_channels: int | None = None,
                 in_height: int | None = None, groups: int | None = None,
-                in_channels: int | None = None, pad_height: int | None = None) -> Conv:
-        """The cuDNN problem for ``batch`` samples, optionally sharded."""
+                in_channels: int | None = None, pad_height: int | None = None,
+                bands: int = 1) -> Conv:
+        """The cuDNN problem for ``batch`` samples, optionally sharded (``bands``: the
+        rows of one of that many bands of the image, :meth:`Conv.batch_split`)."""
         return Conv(
             n=batch, c=in_channels or self.in_channels, h=in_height or self.in_hw[0],
             w=self.in_hw[1], k=out_channels or self.out_channels, r=self.kernel[0],
@@ -173,6 +175,8 @@ class ConvGeom:
             pad_w=self.padding[1], dil_h=self.dilation[0],
             dil_w=self.dilation[1], groups=groups or self.groups,
             phase=phase,  # type: ignore[arg-type]
+            bands=bands, full_h=self.in_hw[0] if bands > 1 else 0,
+            full_pad_h=self.padding[0] if bands > 1 else 0,
         )
 
 
@@ -553,7 +557,8 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
             if phase == "bwd_data" and not layer.input_grad:
                 continue  # the network input needs no gradient
             out[key].append(c.problem(batch, phase, out_channels=k_local, in_height=h_in,
-                                      groups=g_local, in_channels=c_local, pad_height=pad_h))
+                                      groups=g_local, in_channels=c_local, pad_height=pad_h,
+                                      bands=height_split if height_split > 1 else 1))
         return out
     if layer.linear is not None:
         lin = layer.linear

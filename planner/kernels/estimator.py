@@ -27,10 +27,15 @@ Each kernel's ``source`` says which:
   its FLOPs and bytes are in range too (:func:`pad_rows`), without scaling back: such
   kernels are launch-bound, and a kernel is not faster than the launch floor every
   measured kernel paid;
+* ``... (groups as batch)`` for a grouped convolution, timed as its groups stacked
+  into the batch (:func:`ungroup_rows`);
+* ``... (as a batch split)`` for a band of an image cut by height (domain parallelism)
+  that the models time faster than the batch split of the same work, which it is held
+  to (:meth:`planner.ops.Conv.batch_split`);
 * ``roofline (out of range)`` for a shape outside the model's training range that
-  neither scaling nor padding brings in (for example a grouped or dilated convolution,
-  which no training data covers), plus the model's launch floor ``t_0`` (a kernel
-  launch is never free);
+  neither scaling nor padding brings in (for example a dilated or depthwise
+  convolution, which no training data covers), plus the model's launch floor ``t_0``
+  (a kernel launch is never free);
 * ``roofline (no <dtype> data)`` for a dtype with no measurements (``float64``);
 * ``roofline`` for elementwise, normalisation and pooling passes (memory-bound, no
   measurements of their own), plus the least launch floor ``t_0`` fitted to any
@@ -85,6 +90,40 @@ def conv_rows(kernels: Sequence[Conv]) -> NDArray[np.int64]:
     return np.array([(k.n, k.c, k.h, k.w, k.k, k.r, k.s, k.stride_h, k.stride_w, k.pad_h,
                       k.pad_w, k.dil_h, k.dil_w, k.groups) for k in kernels],
                     dtype=np.int64).reshape(-1, 14)
+
+
+def ungroup_rows(model: Ensemble, rows: IntArray) -> tuple[IntArray, NDArray[np.bool_]]:
+    """(rows, grouped): grouped convolutions (``groups`` = g > 1, both channel counts
+    divisible by g) as the ungrouped convolution of their groups stacked into the
+    batch, ``g·N`` images of ``C/g → K/g`` channels, where the model was fitted on no
+    grouped convolution (none of the shipped data is). The g groups are g independent
+    convolutions of that size; stacked, they are one kernel with the grouped one's
+    FLOPs, images and outputs (its filters are ``1/g`` of the grouped one's, which
+    holds one set a group): a grouped convolution in one launch, as cuDNN's are. The
+    roofline would otherwise time them, without the Winograd and tensor-core rates the
+    model has learnt (AlexNet's grouped conv2 on an A100 priced slower than the same
+    layer ungrouped, with twice its FLOPs). A depthwise convolution (``C/g = K/g = 1``)
+    comes out beyond the data and stays with the roofline, where its memory traffic
+    bounds it."""
+    grouped = np.zeros(len(rows), dtype=bool)
+    first = model.first
+    if first.family != "conv" or "log2_groups" not in first.features:
+        return rows, grouped
+    at = first.features.index("log2_groups")
+    if first.hi[at] + first.tolerance()[at] >= 1.0:  # fitted on groups of 2 or more
+        return rows, grouped
+    g = rows[:, 13]
+    grouped = (g > 1) & (rows[:, 1] % np.maximum(g, 1) == 0) & \
+        (rows[:, 4] % np.maximum(g, 1) == 0)
+    if not grouped.any():
+        return rows, grouped
+    out = rows.copy()
+    gg = g[grouped]
+    out[grouped, 0] = rows[grouped, 0] * gg
+    out[grouped, 1] = rows[grouped, 1] // gg
+    out[grouped, 4] = rows[grouped, 4] // gg
+    out[grouped, 13] = 1
+    return out, grouped
 
 
 #: family → (column of the shape rows, feature) of the dimensions a kernel splits along
@@ -463,19 +502,24 @@ class LearnedEstimator:
             t = np.empty(len(sub))
             scaled = np.ones(len(sub))
             ok = np.empty(len(sub), dtype=bool)
+            grouped = np.zeros(len(sub), dtype=bool)
             for lo in range(0, len(sub), CHUNK):  # bounded memory for huge searches
                 part = sub[lo:lo + CHUNK]
                 rows = gemm_rows(part) if family == "gemm" else conv_rows(part)  # type: ignore[arg-type]
+                rows, grouped[lo:lo + CHUNK] = ungroup_rows(model, rows)
                 t[lo:lo + CHUNK], _, scaled[lo:lo + CHUNK], ok[lo:lo + CHUNK] = _time_rows(
                     model, rows, ops[lo:lo + CHUNK], device, dtype, mdt)
             where = np.asarray(idx)
             secs[where] = t
             labels = {op: f"mlp:{op}-{key}" for op in set(ops)}
             launch = min(m.floor_s for m in model.members)
-            for i, op, good, f in zip(idx, ops, ok.tolist(), scaled.tolist(), strict=True):
+            for i, op, good, f, grp in zip(idx, ops, ok.tolist(), scaled.tolist(),
+                                           grouped.tolist(), strict=True):
                 if good:
                     source[i] = labels[op] if f == 1.0 else (
                         f"{labels[op]} (scaled)" if f > 1.0 else f"{labels[op]} (padded)")
+                    if grp:
+                        source[i] += " (groups as batch)"
                 else:
                     source[i] = "roofline (out of range)"
                     fallback.append(i)
@@ -490,7 +534,21 @@ class LearnedEstimator:
             flops, nbytes = kernel_arrays(sub_k, DTYPE_BYTES[dtype])
             where = np.asarray(fallback)
             secs[where] = roofline_seconds(flops, nbytes, device, dtype) + floor[where]
-        return KernelTimes(reproducible(secs), tuple(source))
+        secs = reproducible(secs)
+        # a band of an image cut by height computes no faster than the batch split of the
+        # same work (Conv.batch_split): the same implicit GEMM, which the models may time
+        # apart by shape alone
+        banded = [(i, pair) for i, k in enumerate(kernels)
+                  if type(k) is Conv and (pair := k.batch_split()) is not None]
+        if banded:
+            whole = self.estimate([pair[0] for _, pair in banded], device, dtype)
+            for (i, (_, work)), t, src in zip(banded, whole.seconds.tolist(), whole.source,
+                                              strict=True):
+                floor_s = float(reproducible(np.array([work * t]))[0])
+                if floor_s > secs[i]:
+                    secs[i] = floor_s
+                    source[i] = f"{src} (as a batch split)"
+        return KernelTimes(secs, tuple(source))
 
     def explain(self, kernel: Gemm | Conv, device: Device, dtype: str) -> Prediction:
         """One kernel's time with the parts that made it."""
@@ -513,6 +571,7 @@ class LearnedEstimator:
         interval_rows: int | None = None
         if model is not None and mdt is not None:
             rows = gemm_rows([kernel]) if isinstance(kernel, Gemm) else conv_rows([kernel])
+            rows, _ = ungroup_rows(model, rows)
             _, b, f, answered = _time_rows(model, rows, [kernel.op], device, dtype, mdt)
             spec = DeviceSpecs.single(device, dtype, 1)
             e, seenv = model.level(spec, [device.name], [mdt])
@@ -594,4 +653,4 @@ def _pad_parts(model: Ensemble, parts: IntArray, ops: Sequence[str], spec: Devic
 
 
 __all__ = ["BATCH_DIMS", "SPLIT_DIMS", "LearnedEstimator", "Prediction", "model_dtype", "pad_rows",
-           "scale_rows"]
+           "scale_rows", "ungroup_rows"]
