@@ -37,6 +37,13 @@ Mapping (each from the plan document alone):
   --recompute-method uniform --recompute-num-layers 1``; the first ``2k`` of a chunk →
   ``--recompute-method block --recompute-num-layers k`` (with ``--recompute-unit
   layers`` the plan counts layers, and prices Megatron-LM's one checkpoint a layer);
+* mixtures of experts: ``--moe-grouped-gemm`` where a rank holds several experts,
+  ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity`` for a
+  capacity factor; refused under tensor parallelism without sequence parallelism, and
+  with experts split over ranks in fp16 (Megatron-LM's assertions);
+* a sequence context parallelism cannot cut into ``2·C`` equal chunks, or whose tokens a
+  rank does not split evenly over ``T`` under sequence parallelism, is refused;
+  ``export CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor or context parallelism;
 * bf16 / fp16 → ``--bf16`` / ``--fp16`` (over fp32 master weights), bf16 gradients →
   ``--grad-reduce-in-bf16`` (Megatron-LM's default for bf16 is fp32), fp32 gradients for
   either → ``--accumulate-allreduce-grads-in-fp32``; fp64, fp32 weights with half
@@ -392,7 +399,19 @@ def megatron_args(doc: Document, plan_path: str) -> str:
     if pipe.get("schedule") == "zb-h1":
         raise _refuse(plan_path, "its pipeline runs ZB-H1, which Megatron-LM does not "
                                  "schedule", data)
-    t, c, e, sp, cp = _split(_weighted(doc), plan_path, data)
+    weighted = _weighted(doc)
+    t, c, e, sp, cp = _split(weighted, plan_path, data)
+    _check_sequence(weighted, t, c, sp, plan_path, data)
+    moe = [lay for lay in weighted if lay.get("type") == "moe"]
+    if moe and t > 1 and not sp:
+        raise _refuse(plan_path, f"its mixture of experts runs under tensor parallelism "
+                                 f"over {t} ranks without sequence parallelism, which "
+                                 "Megatron-LM refuses (\"When using MoE and tensor "
+                                 "parallelism, sequence parallelism must be used\")", data)
+    if e > 1 and prob.get("dtype") == "float16":
+        raise _refuse(plan_path, "its experts are split over ranks in fp16, which "
+                                 "Megatron-LM refuses (\"Expert parallelism is not "
+                                 "supported with fp16 training\"); plan it in bf16", data)
     batch, micro = prob.get("batch"), prob.get("microbatches", 1)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise doc.error([Issue("$.problem.batch", f"expected the step's samples, a whole "
@@ -429,6 +448,7 @@ def megatron_args(doc: Document, plan_path: str) -> str:
         args.append(f"--cp-comm-type {types}")
     if e > 1:  # the tokens exchanged all-to-all, as priced
         args += [f"--expert-model-parallel-size {e}", "--moe-token-dispatcher-type alltoall"]
+    args += _moe_args(moe, e)
     replicas = world // (stages * t * c)
     if batch % (micro * replicas):
         raise _refuse(plan_path, f"its {micro} microbatches of {batch} samples do not "
@@ -469,9 +489,62 @@ def megatron_args(doc: Document, plan_path: str) -> str:
             f"{replicas}" + (f", experts over {e} of the data-parallel ranks" if e > 1 else ""),
             f"# the model's own arguments are yours to add ({layers} transformer layers: "
             f"--num-layers {layers}, and its widths)"]
-    return "\n".join(head + ["PLANNER_MEGATRON_ARGS=("]
+    if stages > 1 and "--overlap-grad-reduce" in args:
+        head.append("# Megatron-LM buckets the gradients of the first pipeline stage (and "
+                    "model chunk) only;")
+        head.append("# the others reduce theirs in one bucket after their last backward "
+                    "pass (the plan prices buckets on every stage)")
+    env = []
+    if t > 1 or c > 1:
+        # Megatron-LM's validate_args asserts it with tensor or context parallelism on
+        # GPUs before Blackwell (the order of the communication kernels it queues is
+        # what its overlap relies on)
+        env = ["# Megatron-LM requires this with tensor or context parallelism (before "
+               "Blackwell GPUs)", "export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+    return "\n".join(head + env + ["PLANNER_MEGATRON_ARGS=("]
                      + [f"  {' '.join(shlex.quote(w) for w in a.split())}" for a in args]
                      + [")"]) + "\n"
+
+
+def _check_sequence(layers: list[dict[str, Any]], t: int, c: int, sp: bool, plan_path: str,
+                    data: dict[str, Any]) -> None:
+    """Refuse a plan whose sequence Megatron-LM cannot split as it was priced: context
+    parallelism cuts each sequence into ``2·C`` equal chunks (two a rank, for the causal
+    mask's balance; it asserts ``seq_length % (2·C) == 0``), and sequence parallelism
+    splits each rank's ``seq / C`` tokens evenly over the ``T`` tensor-parallel ranks.
+    The planner prices a ragged split as its busiest rank's ``⌈s / P_r⌉``. Plans made
+    before they recorded each attention layer's ``seq`` (2026-12-07) are not checked."""
+    seqs = sorted({int(lay["seq"]) for lay in layers if lay.get("type") == "attention"
+                   and isinstance(lay.get("seq"), int) and not isinstance(lay["seq"], bool)})
+    for s in seqs:
+        if c > 1 and s % (2 * c):
+            raise _refuse(plan_path, f"its {s:,}-token sequences do not split into "
+                                     f"{2 * c} equal chunks, as Megatron-LM's context "
+                                     f"parallelism over {c} ranks cuts them (2 a rank)", data)
+        if sp and (s // c) % t:
+            raise _refuse(plan_path, f"its {s // c:,} tokens a context-parallel rank do "
+                                     f"not split evenly over the {t} ranks of sequence "
+                                     "parallelism", data)
+
+
+def _moe_args(moe: list[dict[str, Any]], e: int) -> list[str]:
+    """Megatron-LM's arguments for the mixture of experts the plan priced: a grouped
+    GEMM over a rank's experts where it holds several (the cost model times them as one
+    batched product), and a capacity factor with the buffers padded to it (the cost
+    model runs the kernels and all-to-alls on whole buffers), where the network gives
+    one (one value for all layers)."""
+    if not moe:
+        return []
+    out = []
+    experts = {lay.get("experts") for lay in moe}
+    if any(isinstance(x, int) and x // max(e, 1) > 1 for x in experts):
+        out.append("--moe-grouped-gemm")
+    factors = sorted({float(lay["capacity_factor"]) for lay in moe
+                      if isinstance(lay.get("capacity_factor"), int | float)})
+    if factors:
+        out += [f"--moe-expert-capacity-factor {factors[-1]:g}",
+                "--moe-pad-expert-input-to-capacity"]
+    return out
 
 
 def _recompute(data: dict[str, Any], prob: dict[str, Any], plan_path: str) -> list[str]:

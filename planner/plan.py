@@ -97,8 +97,14 @@ def layer_record(r: LayerResult, pb: ParamBytes, zero: int = 0) -> dict[str, Any
     a = r.layer.attention
     if a is not None:  # what a launcher checks a head split against (whole heads)
         rec["heads"], rec["kv_heads"] = a.heads, a.kv_heads
+        rec["seq"] = a.seq  # and a sequence split against (Megatron-LM's even chunks)
         if a.windowed:
             rec["window"] = a.window
+    m = r.layer.moe
+    if m is not None:  # what a launcher's MoE arguments say
+        rec["experts"], rec["top_k"] = m.experts, m.top_k
+        if m.capacity_factor is not None:
+            rec["capacity_factor"] = m.capacity_factor
     rec.update(mode=r.layout.mode, grid=[r.layout.pr, r.layout.pc],
                placement=r.layout.placement)
     if r.follows is not None:

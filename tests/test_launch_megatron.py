@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from planner.units import format_time
 
@@ -98,11 +99,61 @@ def test_expert_parallel_plan(runner, tmp_path):
                         "--context-parallel-size 1", "--expert-model-parallel-size 8",
                         "--moe-token-dispatcher-type alltoall", "--micro-batch-size 1"]
     assert "experts over 8 of the data-parallel ranks" in text
+    # one expert a rank: no grouped GEMM; no tensor parallelism: no CUDA_DEVICE_MAX_...
+    assert "--moe-grouped-gemm" not in args and "CUDA_DEVICE_MAX_CONNECTIONS" not in text
     plan = _plan(runner, tmp_path, "cost", mixtral, DGX, "-p", "8", "-b", "8", "--grid",
-                 "8x1", "--mode", "megatron", name="tp.yaml")
+                 "8x1", "--mode", "megatron-sp", name="tp.yaml")
+    args, text = _args(runner, plan)
+    # every expert on every rank, split by hidden features: one grouped GEMM of 8
+    assert args[:2] == ["--tensor-model-parallel-size 8", "--sequence-parallel"]
+    assert "--moe-grouped-gemm" in args and not any("expert-model" in a for a in args)
+    assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\nPLANNER_MEGATRON_ARGS=(" in text
+
+
+def test_what_megatron_refuses_is_refused(runner, tmp_path):
+    """Found by an expert audit (2026-12-07), each an assertion of Megatron-LM's
+    `validate_args` or its model configuration: a mixture of experts under tensor
+    parallelism needs sequence parallelism; expert parallelism is not run in fp16;
+    context parallelism over C cuts each sequence into 2·C equal chunks (Llama 3's 8,192
+    tokens over 3 ranks: 6 chunks do not divide them); sequence parallelism splits a
+    rank's tokens evenly over T."""
+    mixtral = NETWORKS / "mixtral-8x7b.yaml"
+    cases = [
+        (("cost", mixtral, DGX, "-p", "8", "-b", "8", "--grid", "8x1", "--mode", "megatron"),
+         "tensor parallelism over 8 ranks without sequence parallelism"),
+        (("cost", mixtral, DGX, "-p", "8", "-b", "8", "--pin", "*.moe.experts=expert:8x1",
+          "--precision", "fp16"), "\"Expert parallelism is not supported with fp16"),
+        (("cost", LLAMA, DGX, "-p", "48", "-b", "16", "--optimizer", "adam", "--grid",
+          "3x16", "--mode", "megatron-cp"),
+         "its 8,192-token sequences do not split into 6 equal chunks"),
+    ]
+    for i, (args, said) in enumerate(cases):
+        plan = _plan(runner, tmp_path, *args, name=f"p{i}.yaml")
+        _refused(runner, plan, said)
+    ragged = tmp_path / "ragged.yaml"
+    ragged.write_text((NETWORKS / "llama3-8b.yaml").read_text().replace("8192", "8190"))
+    plan = _plan(runner, tmp_path, "cost", ragged, DGX, "-p", "64", "-b", "16", "--grid",
+                 "4x16", "--mode", "megatron-sp", name="sp.yaml")
+    _refused(runner, plan, "its 8,190 tokens a context-parallel rank do not split evenly "
+                           "over the 4 ranks of sequence parallelism")
+
+
+def test_a_capacity_factor_is_emitted(runner, tmp_path):
+    """A network's capacity factor, which the plan prices on whole buffers, is run as
+    priced: --moe-expert-capacity-factor with the buffers padded to it."""
+    text = (NETWORKS / "mixtral-8x7b.yaml").read_text()
+    assert "top_k: 2," in text
+    capped = tmp_path / "capped.yaml"
+    capped.write_text(text.replace("top_k: 2,", "top_k: 2, capacity_factor: 1.25,", 1))
+    plan = _plan(runner, tmp_path, "cost", capped, DGX, "-p", "8", "-b", "8",
+                 "--pin", "*.moe.experts=expert:8x1")
+    doc = yaml.safe_load(plan.read_text())
+    moe = [r for r in doc["layers"] if r["type"] == "moe"]
+    assert moe and all(r["capacity_factor"] == 1.25 and r["experts"] == 8
+                       and r["top_k"] == 2 for r in moe)
     args, _ = _args(runner, plan)
-    assert args[0] == "--tensor-model-parallel-size 8" and not any("expert" in a
-                                                                  for a in args)
+    at = args.index("--moe-expert-capacity-factor 1.25")
+    assert args[at + 1] == "--moe-pad-expert-input-to-capacity"
 
 
 def test_interleaved_pipeline_with_even_chunks(runner, tmp_path):
