@@ -929,10 +929,18 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
     # ZeRO stages 1-2: the updated parameters all-gathered after the step, in buckets
     # as the gradients were
     upd_items = [(p, j) for p, r in enumerate(results) for j, t in enumerate(r.cost.terms)
-                 if t.when == "update"] if ctx.zero else []
+                 if t.when == "update" and t.phase == "parameters"] if ctx.zero else []
     upd_runs = _bucketed(ctx, results, upd_items,
                          options.bucket_bytes if bucketing else None, cache)
     upd_comm = sum(run[2] for run in upd_runs)
+    # sequence-parallel norms' gradients summed over the tensor group after the backward
+    # pass, in buckets as the gradients are (Megatron-LM's finalize_model_grads: one
+    # all-reduce of them all): on the critical path, never hidden
+    sync_items = [(p, j) for p, r in enumerate(results) for j, t in enumerate(r.cost.terms)
+                  if t.when == "update" and t.phase != "parameters"]
+    sync_s = sum(run[2] for run in _bucketed(ctx, results, sync_items,
+                                             options.bucket_bytes if bucketing else None,
+                                             cache))
     # Megatron-LM's --overlap-param-gather: the gathers run under the next step's first
     # forward pass, each bucket issued a bucket ahead of the layers that need it; the
     # step pays what that forward waits for
@@ -954,9 +962,10 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
                                                       if t.when == "backward")
                               for r in results)
         reductions = 1
-    time_s = more * plain + finish + optimizer_s + upd_paid
+    time_s = more * plain + finish + sync_s + optimizer_s + upd_paid
     compute_s = (more + 1) * (fwd_compute + bwd_compute) + optimizer_s
-    comm_s = (more + 1) * (fwd_comm + bwd_comm) + reductions * weight_grad_s + upd_comm
+    comm_s = (more + 1) * (fwd_comm + bwd_comm) + reductions * weight_grad_s + upd_comm \
+        + sync_s
     # the same compute summed in two orders differs in its last bits: on one device the
     # difference read as 1e-17 s of exposed communication
     exposed = min(comm_s, max(0.0, time_s - compute_s))

@@ -149,7 +149,8 @@ class Layout:
 def _output_dist(layout: Layout) -> Dist:
     # a sequence's tokens split over the row group are its "height" blocks
     if layout.mode in ("domain", "row-sp", "model-sp", "ulysses", "expert-sp"):
-        return Dist(layout.p, layout.c_digit, layout.r_digit)
+        return Dist(layout.p, layout.c_digit, layout.r_digit,
+                    tensor=layout.mode in ("row-sp", "model-sp"))
     if layout.mode == "expert":  # every device its own samples, as under data parallelism
         return Dist(layout.p, (1, layout.p), None)
     if layout.mode in ("column", "column-sp"):
@@ -167,7 +168,7 @@ def input_dist(layout: Layout) -> Dist:
     if layout.mode == "column":
         return Dist(layout.p, layout.c_digit, None)
     if layout.mode in ("column-sp", "model-sp"):
-        return Dist(layout.p, layout.c_digit, layout.r_digit)
+        return Dist(layout.p, layout.c_digit, layout.r_digit, tensor=True)
     return layout.output_dist()
 
 
@@ -272,6 +273,11 @@ class Dist:
     batch: tuple[int, int]
     height: tuple[int, int] | None
     feature: tuple[int, int] | None = None
+    #: the height digit splits a sequence over the tensor-parallel group of the layers
+    #: around it (sequence parallelism, Korthikanti et al. 2022), whose weights are split
+    #: over it and replicated over the batch digit: a norm's scale there reduces its
+    #: gradient as Megatron-LM does (:func:`planner.costs.layer._params_terms`)
+    tensor: bool = False
 
     @property
     def split(self) -> int:
