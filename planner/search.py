@@ -1034,12 +1034,25 @@ class Unfitted:
                 return True
         return False
 
+    def _evaluated(self) -> list[Candidate]:
+        """Every grid, evaluated (once)."""
+        done: list[Candidate] | None = self.__dict__.get("_done")
+        if done is None:
+            done = [Candidate(self.name, a, evaluate(self.ctx, self.options, a, self.cache),
+                              d) for d, a in self.grids]
+            self.__dict__["_done"] = done
+        return done
+
     def fastest(self) -> Candidate:
         """The grid the baseline shows: the fastest (on a tie rows before cols, then by
         description)."""
-        cands = [Candidate(self.name, a, evaluate(self.ctx, self.options, a, self.cache), d)
-                 for d, a in self.grids]
-        return min(cands, key=lambda c: _baseline_order(c, self.objective))
+        return min(self._evaluated(), key=lambda c: _baseline_order(c, self.objective))
+
+    def leanest(self) -> Candidate:
+        """The grid that needs the least memory (on a tie the fastest): what a search
+        short of memory says the leanest layout needs may be one of them."""
+        return min(self._evaluated(), key=lambda c: (c.evaluation.memory.peak,
+                                                     _baseline_order(c, self.objective)))
 
 
 def _baseline_order(c: Candidate, objective: str) -> tuple[float, bool, str]:
@@ -1932,7 +1945,11 @@ def _state_tips(space: Space) -> list[str]:
 
 
 def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoFeasiblePlan:
-    everything = cands + [b.candidate for b in bases if b.candidate is not None]
+    # a baseline family none of whose grids fits shows its fastest grid; its leanest may
+    # need less than anything the search found (Llama 3 70B on 64 H100s at batch 32:
+    # the search's leanest 171 GiB, megatron-sp on 8 x 8 132.7 GiB; found by an audit)
+    leanest = [b.unfitted.leanest() for b in bases if b.unfitted is not None]
+    everything = cands + leanest + [b.candidate for b in bases if b.candidate is not None]
     least = min(everything, key=lambda c: c.evaluation.memory.peak)
     mem = least.evaluation.memory
     short = mem.peak - mem.capacity

@@ -192,30 +192,32 @@ def test_no_plan_advice_counts_the_step_batch(runner):
 def test_no_plan_advice_in_a_pipeline_stage_counts_the_run_s_devices(runner):
     """A stage that does not fit is searched on its share of the devices (16 of 64 in 4
     stages), but the advice's --gpus is the run's: Llama 3 8B in bf16 on 64 H100s at
-    batch 512 in 8 microbatches and 4 stages needs 156.7 GiB a device in stage 0 on
-    78.65 available, under twice as many devices, so --gpus 2 · 64 = 128 (a session found
-    it said --gpus 32, fewer than the 64 asked for), and there it plans."""
+    batch 512 in 8 microbatches and 4 stages needs 148.6 GiB a device in stage 0 on
+    78.65 available (156.7 before the baselines' grids counted toward the leanest), under
+    twice as many devices, so --gpus 2 · 64 = 128 (a session found it said --gpus 32,
+    fewer than the 64 asked for), and there it plans."""
     cmd = ("plan", NETWORKS / "llama3-8b.yaml", DGX, "-b", "512", "--microbatches", "8",
            "--pipeline", "4", "--optimizer", "momentum", "--grad-precision", "bf16")
     r = invoke(runner, *cmd, "-p", "64")
     assert r.exit_code == 1
     assert "no feasible plan for pipeline stage 0" in r.stderr, r.stderr
-    assert "needs 156.7 GiB per device, 78.65 GiB is available" in r.stderr
+    assert "needs 148.6 GiB per device, 78.65 GiB is available" in r.stderr
     assert r.stderr.rstrip().endswith("or more devices (--gpus 128)"), r.stderr
     assert invoke(runner, *cmd, "-p", "128").exit_code == 0
 
 
 def test_no_plan_advice_names_what_shrinks_the_model_state(runner):
     """Llama 3 70B in bf16 with Adam on 64 H100s at batch 256: activations are most of the
-    leanest layout's 1.194 TiB, but what no batch changes, 526.7 GiB, is beyond the
-    78.65 GiB too, so neither recomputation nor a smaller batch fits it alone. The advice
+    leanest layout's 831.1 GiB (a baseline's grid; 1.194 TiB, 526.7 GiB of it what no
+    batch changes, before those counted), but what no batch changes, 135.5 GiB, is
+    beyond the 78.65 GiB too, so neither recomputation nor a smaller batch fits it alone. The advice
     also names ZeRO, a lighter optimizer and pipeline stages (an audit found it named
     none of them: only recomputation and more devices)."""
     r = invoke(runner, "plan", NETWORKS / "llama3-70b.yaml", DGX, "-p", "64", "-b", "256",
                "--optimizer", "adam", "--precision", "bf16")
     assert r.exit_code == 1
     assert "a smaller batch alone cannot fit: the peak less its activations and workspace " \
-           "is 526.7 GiB" in r.stderr, r.stderr
+           "is 135.5 GiB" in r.stderr, r.stderr
     for tip in ("or --zero 1 (shards the optimizer state over the data-parallel replicas)",
                 "or a lighter optimizer (--optimizer momentum or sgd)",
                 "or pipeline stages (--pipeline auto: "):
@@ -861,3 +863,21 @@ def test_an_mfu_over_100_percent_says_why(runner):
     assert doc["iteration"]["mfu"] == pytest.approx(1.291, abs=5e-4)
     r = invoke(runner, "plan", ALEX, DGX, "-p", "64", "-b", "1024")
     assert "MFU 40.8% of the float32 peak\n" in r.stdout
+
+
+def test_the_leanest_layout_counts_the_baselines_grids(runner):
+    """Llama 3 70B on 64 H100s at batch 32 with Adam and ZeRO 1: nothing fits. The
+    leanest layout the message quotes is no heavier than Megatron-LM's sequence-parallel
+    layout on 8 × 8, a grid of a baseline family none of whose grids fits (the message
+    said 171 GiB, and that a smaller batch alone could not fit, where 8 × 8 needs 132.7
+    GiB and batch 16 has a plan; found by an audit, 2026-12-07)."""
+    args = (NETWORKS / "llama3-70b.yaml", DGX, "-p", "64", "-b", "32", "--optimizer", "adam",
+            "--zero", "1")
+    r = invoke(runner, "plan", *args)
+    assert r.exit_code == 1
+    need = re.search(r"the leanest layout found needs ([\d.]+) GiB", r.stderr)
+    sp = json.loads(invoke(runner, "cost", *args, "--grid", "8x8", "--mode", "megatron-sp",
+                           "--format", "json").stdout)
+    assert need and float(need[1]) <= sp["memory"]["peak_bytes"] / 2**30 + 0.05, r.stderr
+    assert "a smaller batch (about --batch" in r.stderr
+    assert "a smaller batch alone cannot fit" not in r.stderr
