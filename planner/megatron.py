@@ -448,7 +448,7 @@ def megatron_args(doc: Document, plan_path: str) -> str:
         args.append(f"--cp-comm-type {types}")
     if e > 1:  # the tokens exchanged all-to-all, as priced
         args += [f"--expert-model-parallel-size {e}", "--moe-token-dispatcher-type alltoall"]
-    args += _moe_args(moe, e)
+    args += _moe_args(moe, e, str(prob.get("dtype", "float32")))
     replicas = world // (stages * t * c)
     if batch % (micro * replicas):
         raise _refuse(plan_path, f"its {micro} microbatches of {batch} samples do not "
@@ -527,17 +527,19 @@ def _check_sequence(layers: list[dict[str, Any]], t: int, c: int, sp: bool, plan
                                      "parallelism", data)
 
 
-def _moe_args(moe: list[dict[str, Any]], e: int) -> list[str]:
+def _moe_args(moe: list[dict[str, Any]], e: int, dtype: str) -> list[str]:
     """Megatron-LM's arguments for the mixture of experts the plan priced: a grouped
     GEMM over a rank's experts where it holds several (the cost model times them as one
-    batched product), and a capacity factor with the buffers padded to it (the cost
-    model runs the kernels and all-to-alls on whole buffers), where the network gives
-    one (one value for all layers)."""
+    batched product; in bf16, the one dtype every Megatron-LM version runs it in), and a
+    capacity factor with the buffers padded to it (the cost model runs the kernels and
+    all-to-alls on whole buffers), where the network gives one (one value for all
+    layers)."""
     if not moe:
         return []
     out = []
     experts = {lay.get("experts") for lay in moe}
-    if any(isinstance(x, int) and x // max(e, 1) > 1 for x in experts):
+    if dtype == "bfloat16" and any(isinstance(x, int) and x // max(e, 1) > 1
+                                   for x in experts):
         out.append("--moe-grouped-gemm")
     factors = sorted({float(lay["capacity_factor"]) for lay in moe
                       if isinstance(lay.get("capacity_factor"), int | float)})

@@ -108,6 +108,11 @@ def test_expert_parallel_plan(runner, tmp_path):
     assert args[:2] == ["--tensor-model-parallel-size 8", "--sequence-parallel"]
     assert "--moe-grouped-gemm" in args and not any("expert-model" in a for a in args)
     assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\nPLANNER_MEGATRON_ARGS=(" in text
+    # in fp32 not: Megatron-LM's grouped GEMM has run in bf16 only
+    plan = _plan(runner, tmp_path, "cost", mixtral, DGX, "-p", "8", "-b", "8", "--grid",
+                 "8x1", "--mode", "megatron-sp", "--precision", "fp32", name="fp32.yaml")
+    args, _ = _args(runner, plan)
+    assert "--moe-grouped-gemm" not in args
 
 
 def test_what_megatron_refuses_is_refused(runner, tmp_path):
