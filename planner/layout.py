@@ -150,7 +150,7 @@ def _output_dist(layout: Layout) -> Dist:
     # a sequence's tokens split over the row group are its "height" blocks
     if layout.mode in ("domain", "row-sp", "model-sp", "ulysses", "expert-sp"):
         return Dist(layout.p, layout.c_digit, layout.r_digit,
-                    tensor=layout.mode in ("row-sp", "model-sp"))
+                    tensor=layout.mode in ("row-sp", "model-sp", "expert-sp"))
     if layout.mode == "expert":  # every device its own samples, as under data parallelism
         return Dist(layout.p, (1, layout.p), None)
     if layout.mode in ("column", "column-sp"):

@@ -9,12 +9,14 @@ default, against ``allgather``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from planner.costs.layer import CP_COMM_TYPES, weighted_kernels, weighted_terms
 from planner.evaluate import Options, evaluate, make_context
 from planner.inputs import load_network_text
-from planner.layout import input_dist, make_layout
+from planner.layout import input_dist, make_layout, redistribution
 from planner.strategies import candidate_layouts, why_invalid
 
 from .conftest import EXAMPLES, invoke
@@ -87,8 +89,11 @@ def test_attention_terms_by_hand():
         ("weight_grad", "all_reduce", 8, DIM * FFN * E, "")]
     assert _terms(weighted_terms(net.by_name("wte"), lay, ctx)) == [
         ("weight_grad", "all_reduce", 8, 512 * DIM * E, "")]
-    # its input and output are the tokens split over the row group: the height digit
-    assert input_dist(lay) == lay.output_dist() == make_layout("row-sp", 4, 2).output_dist()
+    # its input and output are the tokens split over the row group: the height digit, as
+    # sequence parallelism's, but over weights replicated everywhere (not Dist.tensor)
+    sp = make_layout("row-sp", 4, 2).output_dist()
+    assert input_dist(lay) == lay.output_dist() == dataclasses.replace(sp, tensor=False)
+    assert sp.tensor and redistribution(sp, lay.output_dist(), 8).kind == "none"
 
 
 def test_kernels_by_hand():
