@@ -608,6 +608,11 @@ def _warn_other_machine(fit: Any, data: dict[str, Any], cluster_path: str) -> No
                    "another machine", err=True)
 
 
+#: the least share of a row's fitted time its bytes must take somewhere in a tier's
+#: rows for its bandwidth to count as measured (:attr:`planner.commfit.TierFit.bandwidth_share`)
+LATENCY_BOUND = 0.5
+
+
 @comm.command("fit")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
@@ -639,6 +644,7 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
         read_samples,
         validate_network,
     )
+    from .cluster import PLAUSIBLE
     from .output import to_json, to_yaml
 
     if fmt is None:
@@ -668,6 +674,19 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
                     f"planner: error: no bandwidth fits the {tier.tier} tier of {where}: "
                     "its times do not grow with the message size (measure a wider range "
                     "of sizes, from a few KiB to a few hundred MiB)")
+            if tier.bandwidth_share < LATENCY_BOUND:
+                # a sweep cut short, or an all-reduce sweep NCCL ran as NVLS from 1 MiB
+                # up: every ring size is latency-bound, and the bandwidth is whatever the
+                # noise makes it (8e15 GB/s from 1-16 KiB on NVLink)
+                why = (f"the {tier.tier} tier of {where} is latency-bound at every size "
+                       f"measured (the bytes take at most {tier.bandwidth_share:.0%} of a "
+                       "row's fitted time), so its bandwidth is not determined: measure "
+                       "larger messages, up to a few hundred MiB (nccl-tests -e 512M); on "
+                       "NVSwitch systems, where NCCL runs large all-reduces as NVLS, "
+                       "all_gather_perf or reduce_scatter_perf, whose rings it keeps")
+                if max(bws) > PLAUSIBLE["bandwidth"][2]:
+                    raise UsageError(f"planner: error: {why}")
+                click.echo(f"planner: warning: {why}", err=True)
     if system is not None or cluster_path is not None:
         # one system for a cluster file: refused here, before the report is printed
         fits = [choose(fits, system)]

@@ -1877,7 +1877,12 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
     of device counts and samples a device (weak scaling)."""
     from .errors import NoFeasiblePlan
 
-    if (batch_list is None) == (per_device_list is None):
+    if batch_list is not None and per_device_list is not None:
+        raise UsageError("planner: error: --batch and --batch-per-device exclude each "
+                         "other: give --batch for strong scaling (the same batches on "
+                         "every device count) or --batch-per-device for weak scaling (the "
+                         "batch grows with the devices)")
+    if batch_list is None and per_device_list is None:
         raise UsageError("planner: error: sweep needs --batch (strong scaling: the same "
                          "batches on every device count) or --batch-per-device (weak "
                          "scaling: the batch grows with the devices), one of them")

@@ -72,6 +72,9 @@ _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s.*?\son\s+(\S+)\s+device\s+\d+\s+\[[^\]]
 #: what launchers put before each line: mpirun's ``--tag-output`` (``[1,0]<stdout>:``)
 #: and Slurm's ``srun -l`` (``0: ``)
 _PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\s*\d+: )")
+#: a line of nccl-tests' output header (its title, or its table's column names)
+_NCCL_TABLE = re.compile(r"^(?:\S*:)?\s*#\s*(?:nccl-tests|size\s+count\s+type)",
+                         re.MULTILINE)
 _NTHREAD = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _TEST = re.compile(r"Collective test starting:\s*(\w+)")
 #: the other nccl-tests programs, by the name their output file is likely to carry
@@ -121,6 +124,9 @@ class TierFit:
     rows: int
     min_bytes: float | None = None
     by_group: tuple[tuple[int, float], ...] = ()  #: bandwidth per group size, if it varies
+    #: the largest share of a row's fitted time that its bytes take (the rest: latency);
+    #: near 0, every size measured was latency-bound and the bandwidth is not determined
+    bandwidth_share: float = 1.0
 
     def record(self) -> dict[str, Any]:
         """Plain data (SI)."""
@@ -545,7 +551,11 @@ def read_samples(paths: Sequence[str | Path], notes: list[str] | None = None
         try:
             text = decode(read_checked(p, display, kind, _comm_limit), display, kind)
             first = next((ln for ln in text.splitlines() if ln.strip()), "")
-            if "," in first and not first.lstrip().startswith("#"):
+            # nccl-tests' own header lines first: a pasted launch command
+            # (`mpirun -H a:8,b:8 ...`) or OpenMPI's `[1,0]<stdout>:` tags put a comma
+            # on the first line of a run's output
+            if "," in first and not first.lstrip().startswith("#") \
+                    and not _NCCL_TABLE.search(text):
                 out.extend(_csv_samples(text, display))
             else:
                 out.extend(parse_nccl_tests(text, display, notes))
@@ -587,7 +597,14 @@ def fit_ring(rows: Sequence[Sample], tier: str) -> TierFit | None:
     t = np.array([r.seconds for r in rows])
     alpha, beta = _nnls_relative(a, b, t)
     bw = 1.0 / beta if beta > 0 else float("inf")
-    return TierFit(tier, alpha, bw, len(rows))
+    return TierFit(tier, alpha, bw, len(rows), bandwidth_share=_share(a * alpha, b * beta))
+
+
+def _share(latency: np.ndarray[Any, Any], transfer: np.ndarray[Any, Any]) -> float:
+    """The largest share of a row's fitted time its transfer takes."""
+    total = latency + transfer
+    ok = total > 0
+    return float(np.max(transfer[ok] / total[ok])) if ok.any() else 0.0
 
 
 def fit_ring_net(rows: Sequence[Sample], intra: TierFit | None) -> TierFit | None:
@@ -609,7 +626,8 @@ def fit_ring_net(rows: Sequence[Sample], intra: TierFit | None) -> TierFit | Non
     t = np.array([r.seconds for r in rows])
     alpha, beta = _nnls_relative(np.array(a), np.array(b), t, np.array(const))
     bw = 1.0 / beta if beta > 0 else float("inf")
-    return TierFit("inter", alpha, bw, len(rows))
+    return TierFit("inter", alpha, bw, len(rows), bandwidth_share=_share(
+        np.array(const) + np.array(a) * alpha, np.array(b) * beta))
 
 
 def fit_ring_by_group(rows: Sequence[Sample], single: TierFit) -> TierFit:
@@ -640,7 +658,8 @@ def fit_ring_by_group(rows: Sequence[Sample], single: TierFit) -> TierFit:
     sse = float(np.sum(((pred - t) / t) ** 2))
     if not (sse < MIN_NVLS_GAIN * _sse(single, rows, False) and max(bws) >= 1.1 * min(bws)):
         return single
-    return TierFit(single.tier, alpha, table[-1][1], len(rows), by_group=table)
+    return TierFit(single.tier, alpha, table[-1][1], len(rows), by_group=table,
+                   bandwidth_share=single.bandwidth_share)
 
 
 def fit_nvls(rows: Sequence[Sample]) -> TierFit | None:

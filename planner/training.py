@@ -1074,7 +1074,8 @@ def report_data(reports: list[CheckReport], errors: list[InputError]) -> dict[st
         out["configs"].append({
             "config": r.config.path, "name": r.config.name, "ok": r.ok,
             "checks": [{"check": x.check, "ok": x.ok, "message": x.message,
-                        "line": r.config.mark(x.key).line + 1, **x.data}
+                        "line": r.config.mark(x.key).line + 1,
+                        "column": r.config.mark(x.key).column + 1, **x.data}
                        for x in r.findings]})
     # line and column null: about the file itself (missing, unreadable, empty)
     out["errors"] = [{"file": p.file, "line": p.line or None, "column": p.column or None,

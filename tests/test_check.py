@@ -968,6 +968,9 @@ def test_min_mfu(runner, tmp_path):
     assert result.exit_code == 0, result.stdout
     found = {c["check"]: c for c in json.loads(result.stdout)["configs"][0]["checks"]}
     assert found["efficiency"]["ok"] and found["efficiency"]["line"] == 7
+    # the column too, as the text and github formats give it (an audit found JSON gave
+    # only the line)
+    assert found["efficiency"]["column"] == 1 and found["plan"]["column"] == 12  # {plan: ...
     assert found["efficiency"]["mfu"] == pytest.approx(mfu, rel=1e-3)
     cfg.write_text(text + f"min_mfu: {mfu * 1.001:.5f}\n")
     result = invoke(runner, "check", cfg)

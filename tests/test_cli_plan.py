@@ -358,9 +358,13 @@ def test_sweep_weak_scaling(runner, tmp_path, monkeypatch):
     png = tmp_path / "weak.png"
     r = invoke(runner, *common[:-2], "--batch-per-device", "4", "--plot", png)
     assert r.exit_code == 0 and png.read_bytes()[:4] == b"\x89PNG"
-    for extra in ((), ("-b", "32", "--batch-per-device", "4")):
+    # neither: which to give; both: that they exclude each other (it said the same as
+    # for neither; an audit, 2026-12-07)
+    for extra, said in (((), "sweep needs --batch"),
+                        (("-b", "32", "--batch-per-device", "4"),
+                         "--batch and --batch-per-device exclude each other")):
         r = invoke(runner, *common[:-2], *extra)
-        assert r.exit_code == 2 and "sweep needs --batch" in r.stderr, r.output
+        assert r.exit_code == 2 and said in r.stderr, r.output
     r = invoke(runner, *common[:-2], "--batch-per-device", str(2**37))
     assert r.exit_code == 2 and "is a batch of 2,199,023,255,552" in r.stderr
 

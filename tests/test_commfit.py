@@ -609,7 +609,11 @@ def test_comm_fit_warns_when_the_cluster_is_another_machine(runner, tmp_path):
     assert ("planner: warning: the measurements ran 8 ranks in one node; "
             f"{CLUSTERS / 'cori-knl.yaml'} has 1 device a node") in r.stderr
     r = invoke(runner, "comm", "fit", FIXTURES[0], "--cluster", CLUSTERS / "dgx-h100.yaml")
-    assert r.exit_code == 0 and "warning" not in r.stderr
+    # no warning of another machine (the all-reduce sweep's latency-bound ring is
+    # warned of: test_a_latency_bound_sweep_is_refused_or_warned)
+    assert r.exit_code == 0 and "another" not in r.stderr
+    assert [ln for ln in r.stderr.splitlines() if "warning" in ln and "latency-bound" not in ln] \
+        == []
 
 
 def test_a_file_named_twice_is_read_once(runner):
@@ -786,3 +790,48 @@ def test_a_run_that_died_before_its_table_is_left_out():
     rows = parse_nccl_tests(dead, "log.txt", notes)
     assert len(rows) == 11 and {r.ranks for r in rows} == {8}
     assert notes == ["log.txt:1: a run with no result table (it failed before one?) left out"]
+
+
+def _cut(rows: int) -> str:
+    """The 8-GPU all-reduce fixture with only its first ``rows`` sizes, as a run cut short
+    leaves it."""
+    lines = FIXTURES[0].read_text().splitlines()
+    table = [i for i, ln in enumerate(lines) if ln.split() and ln.split()[0].isdigit()]
+    return "\n".join(lines[:table[0] + rows]) + "\n"
+
+
+def test_a_latency_bound_sweep_is_refused_or_warned(runner, tmp_path):
+    """A sweep cut after 1, 4 and 16 KiB is latency-bound at every size (the bytes take
+    0% of a row's fitted time), and its ring bandwidth came out 7.9e15 GB/s with exit 0
+    (an audit, 2026-12-07): refused where the bandwidth is beyond what a cluster file
+    takes, else a warning. The whole single-node all-reduce sweep is the warned kind:
+    NCCL runs it as NVLS from 1 MiB, leaving the ring 5 rows of 256 KiB or less."""
+    short = tmp_path / "short.txt"
+    short.write_text(_cut(3))
+    r = invoke(runner, "comm", "fit", short)
+    assert r.exit_code == 2, r.output
+    assert "is latency-bound at every size measured (the bytes take at most 0% of a row's " \
+           "fitted time), so its bandwidth is not determined" in r.stderr
+    r = invoke(runner, "comm", "fit", FIXTURES[0])
+    assert r.exit_code == 0 and "planner: warning: the intra tier of" in r.stderr
+    assert "all_gather_perf or reduce_scatter_perf, whose rings it keeps" in r.stderr
+    r = invoke(runner, "comm", "fit", *FIXTURES)  # the rings of all_gather / reduce_scatter
+    assert r.exit_code == 0 and "warning" not in r.stderr, r.stderr
+
+
+def test_nccl_output_with_a_comma_on_its_first_line(runner, tmp_path):
+    """OpenMPI's `--tag-output` (`[1,0]<stdout>:` before every line) and a pasted launch
+    command naming hosts (`-H a:8,b:8`) put a comma on the first line, which made the
+    file read as a CSV ("unrecognised collective CSV header"; an audit, 2026-12-07):
+    both fit as the plain output does."""
+    plain = invoke(runner, "comm", "fit", FIXTURES[2] if len(FIXTURES) > 2 else FIXTURES[0])
+    text = (FIXTURES[2] if len(FIXTURES) > 2 else FIXTURES[0]).read_text()
+    tagged = tmp_path / "tagged.txt"
+    tagged.write_text("".join(f"[1,0]<stdout>:{ln}\n" for ln in text.splitlines()))
+    pasted = tmp_path / "pasted.txt"
+    pasted.write_text("$ mpirun -np 8 -H node-a:8,node-b:8 ./build/all_reduce_perf -b 1K "
+                      "-e 1G -f 4\n" + text)
+    for f in (tagged, pasted):
+        r = invoke(runner, "comm", "fit", f)
+        assert r.exit_code == 0, r.output
+        assert r.stdout.splitlines()[1:] == plain.stdout.splitlines()[1:]
