@@ -592,6 +592,18 @@ def _warn_other_machine(fit: Any, data: dict[str, Any], cluster_path: str) -> No
     """A warning when the measurements ran more ranks in one node than the cluster file
     has devices a node (or several nodes with another count a node): its tiers would be
     another machine's."""
+    from .cluster import lookup_device
+
+    # the GPU measured (nccl-tests' device name, a catalog alias) against the file's
+    # device: H100 NVLink tiers written into a P100 PCIe cluster file said nothing (an
+    # audit, 2026-12-07); a name the catalog lacks, or an inline device, is not judged
+    measured = lookup_device(str(fit.system))
+    named = data.get("device")
+    listed = lookup_device(named) if isinstance(named, str) else None
+    if measured is not None and listed is not None and measured.name != listed.name:
+        click.echo(f"planner: warning: the measurements ran on {measured.name} "
+                   f"({printable(str(fit.system))}); {cluster_path}'s device is "
+                   f"{listed.name}: its tiers are fitted to another machine", err=True)
     per_node = data.get("devices_per_node")
     if not isinstance(per_node, int) or isinstance(per_node, bool):
         return

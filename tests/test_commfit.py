@@ -614,6 +614,12 @@ def test_comm_fit_warns_when_the_cluster_is_another_machine(runner, tmp_path):
     assert r.exit_code == 0 and "another" not in r.stderr
     assert [ln for ln in r.stderr.splitlines() if "warning" in ln and "latency-bound" not in ln] \
         == []
+    # H100s measured, written into a P100 PCIe cluster file: said (it was not; an audit)
+    r = invoke(runner, "comm", "fit", FIXTURES[0], "--cluster", CLUSTERS / "pcie-8gpu.yaml")
+    assert r.exit_code == 0
+    assert ("planner: warning: the measurements ran on H100-SXM (NVIDIA H100 80GB HBM3); "
+            f"{CLUSTERS / 'pcie-8gpu.yaml'}'s device is P100-PCIe: its tiers are fitted to "
+            "another machine") in r.stderr
 
 
 def test_a_file_named_twice_is_read_once(runner):
