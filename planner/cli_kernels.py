@@ -649,6 +649,7 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     --cluster the cluster file with its fitted tiers replaced in place.
     """
     from .cli import format_for
+    from .cluster import PLAUSIBLE
     from .commfit import (
         choose,
         fit_all,
@@ -656,7 +657,6 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
         read_samples,
         validate_network,
     )
-    from .cluster import PLAUSIBLE
     from .output import to_json, to_yaml
 
     if fmt is None:

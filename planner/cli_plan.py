@@ -891,9 +891,8 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
                          "stages of a pipeline; give --pipeline 2 or more, or auto")
     schedule_option_check(schedule, pipeline, virtual, auto=True)
     q.schedule = schedule
-    from .parallel import resolve_jobs, running
-
     from .errors import NoFeasiblePlan
+    from .parallel import resolve_jobs, running
 
     try:
         with searching() as q.progress, running(resolve_jobs(jobs)):

@@ -381,11 +381,12 @@ layers:
 def test_the_norms_sync_once_and_keep_the_buckets(runner):
     """GPT-2 small on 64 H100s at 4 × 16 (megatron-sp, bf16, batch 16): its 25 norms'
     scales and shifts and its position table ((25 · 2 · 768 + 1,024 · 768) · 2 bytes =
-    1,649,664 bytes of bf16 gradients) are all-reduced over the tensor group of 4 once, in one bucket: the
-    sync terms' shares add up to one all-reduce of those bytes. Their data-parallel
-    halves join the linear layers' buckets over the 16 replicas, so no reduction spans
-    all 64 devices; the step is 4.947 ms (7.20 ms with a reduction over every device a
-    norm, against 4.58 ms without sequence parallelism; the expert audit's case)."""
+    1,649,664 bytes of bf16 gradients) are all-reduced over the tensor group of 4 once,
+    in one bucket: the sync terms' shares add up to one all-reduce of those bytes. Their
+    data-parallel halves join the linear layers' buckets over the 16 replicas, so no
+    reduction spans all 64 devices; the step is 4.947 ms (7.20 ms with a reduction over
+    every device a norm, against 4.58 ms without sequence parallelism; the expert
+    audit's case)."""
     from planner.costs.layer import term
     from planner.layout import node_group
 
