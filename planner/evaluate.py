@@ -928,19 +928,19 @@ def _timeline(ctx: Context, options: Options, results: list[LayerResult],
         finish = end_backward + weight_grad_s
     # ZeRO stages 1-2: the updated parameters all-gathered after the step, in buckets
     # as the gradients were
-    upd_items = [(p, j) for p, r in enumerate(results) for j, t in enumerate(r.cost.terms)
-                 if t.when == "update" and t.phase == "parameters"] if ctx.zero else []
-    upd_runs = _bucketed(ctx, results, upd_items,
-                         options.bucket_bytes if bucketing else None, cache)
+    # and sequence-parallel norms' gradients summed over the tensor group after the
+    # backward pass, in buckets as the gradients are (Megatron-LM's finalize_model_grads:
+    # one all-reduce of them all): on the critical path, never hidden
+    upd_items: list[tuple[int, int]] = []
+    sync_items: list[tuple[int, int]] = []
+    for p, r in enumerate(results):
+        for j, t in enumerate(r.cost.terms):
+            if t.when == "update":
+                (upd_items if t.phase == "parameters" else sync_items).append((p, j))
+    bucket = options.bucket_bytes if bucketing else None
+    upd_runs = _bucketed(ctx, results, upd_items, bucket, cache)
     upd_comm = sum(run[2] for run in upd_runs)
-    # sequence-parallel norms' gradients summed over the tensor group after the backward
-    # pass, in buckets as the gradients are (Megatron-LM's finalize_model_grads: one
-    # all-reduce of them all): on the critical path, never hidden
-    sync_items = [(p, j) for p, r in enumerate(results) for j, t in enumerate(r.cost.terms)
-                  if t.when == "update" and t.phase != "parameters"]
-    sync_s = sum(run[2] for run in _bucketed(ctx, results, sync_items,
-                                             options.bucket_bytes if bucketing else None,
-                                             cache))
+    sync_s = sum(run[2] for run in _bucketed(ctx, results, sync_items, bucket, cache))
     # Megatron-LM's --overlap-param-gather: the gathers run under the next step's first
     # forward pass, each bucket issued a bucket ahead of the layers that need it; the
     # step pays what that forward waits for

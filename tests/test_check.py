@@ -397,16 +397,37 @@ def _fake_slurm(folder, nodes: int, per_node: int) -> dict[str, str]:
             "SLURM_JOB_NODELIST": "node[0-9]"}
 
 
+def _alexnet_plan(runner, tmp_path, gpus: int, batch: int):
+    """AlexNet planned on the DGX H100 cluster, written to ``tmp_path/p.yaml``."""
+    plan = tmp_path / "p.yaml"
+    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", str(gpus), "-b", str(batch),
+               "-o", plan)
+    assert r.exit_code == 0, r.stderr
+    return plan
+
+
+def _run_job(tmp_path, text: str, nodes: int, per_node: int, env: dict[str, str],
+             *args: str):
+    """Run a Slurm script under the stand-ins of :func:`_fake_slurm`, srun's arguments
+    logged: (the finished process, the log's text)."""
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    log = tmp_path / "srun.log"
+    ran = subprocess.run(["bash", str(script), *args], capture_output=True, text=True,
+                         env={**_fake_slurm(tmp_path, nodes, per_node), **env,
+                              "SRUN_LOG": str(log)})
+    assert ran.returncode == 0, ran.stderr
+    return ran, log.read_text()
+
+
 def test_slurm_uneven_plan_keeps_ranks_on_their_nodes(runner, tmp_path):
     """12 ranks on 8-GPU nodes: Slurm's block distribution would balance 12 tasks as
     6 + 6, putting ranks 6-7 on the second node and splitting the plan's 4x3 row group
     [4..7] across nodes. The script asks for 8 + 8 tasks and the 4 surplus ranks exit;
     run with stand-ins, ranks 0-11 start with WORLD_SIZE 12, rank k on node k // 8 (and
     srun does not end the job when the surplus tasks exit: --wait=0)."""
-    plan = tmp_path / "p.yaml"
-    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
-               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "12", "-b", "384", "-o", plan)
-    assert r.exit_code == 0, r.stderr
+    plan = _alexnet_plan(runner, tmp_path, 12, 384)
     out = invoke(runner, "launch", plan, "--emit", "slurm")
     assert out.exit_code == 0, out.stderr
     assert "#SBATCH --ntasks=16\n#SBATCH --ntasks-per-node=8\n" in out.stdout
@@ -415,19 +436,13 @@ def test_slurm_uneven_plan_keeps_ranks_on_their_nodes(runner, tmp_path):
     assert "srun --kill-on-bad-exit=1 --wait=0 --cpus-per-task=" in out.stdout
     # whole nodes, their CPUs shared by the tasks (srun's default is one CPU a task)
     assert "#SBATCH --exclusive\n" in out.stdout
-    script = tmp_path / "job.sh"
-    script.write_text(out.stdout)
-    log = tmp_path / "srun.log"
-    env = {**_fake_slurm(tmp_path, 2, 8), "SLURM_NTASKS": "16", "SLURM_CPUS_ON_NODE": "112",
-           "SRUN_LOG": str(log)}
     # the script's own arguments reach the program (an operator's --device, --out)
-    ran = subprocess.run(["bash", str(script), "--out", "a dir"], capture_output=True,
-                         text=True, env=env)
-    assert ran.returncode == 0, ran.stderr
+    ran, log = _run_job(tmp_path, out.stdout, 2, 8,
+                        {"SLURM_NTASKS": "16", "SLURM_CPUS_ON_NODE": "112"}, "--out", "a dir")
     lines = ran.stdout.splitlines()
     assert lines == [f"rank={k} local={k % 8} node={k // 8} world=12 train.py --plan {plan} "
                      "--out a dir" for k in range(12)]
-    assert log.read_text().startswith("--kill-on-bad-exit=1 --wait=0 --cpus-per-task=14 ")
+    assert log.startswith("--kill-on-bad-exit=1 --wait=0 --cpus-per-task=14 ")
 
 
 def test_slurm_cpus_per_task(runner, tmp_path):
@@ -436,10 +451,7 @@ def test_slurm_cpus_per_task(runner, tmp_path):
     one a task: the script says so, launch warns, and --cpus-per-task N asks sbatch and
     srun for N. Given for whole nodes it replaces the equal share; other emitters refuse
     it (exit 2), since they have nowhere to put it."""
-    plan = tmp_path / "p.yaml"
-    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
-               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "4", "-b", "128", "-o", plan)
-    assert r.exit_code == 0, r.stderr
+    plan = _alexnet_plan(runner, tmp_path, 4, 128)
     out = invoke(runner, "launch", plan, "--emit", "slurm")
     assert out.exit_code == 0, out.stderr
     assert "#SBATCH --exclusive" not in out.stdout
@@ -453,16 +465,11 @@ def test_slurm_cpus_per_task(runner, tmp_path):
     assert "#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=4\n" \
         "#SBATCH --cpus-per-task=12\n" in out.stdout
     assert "default CPUs" not in out.stdout
-    script = tmp_path / "job.sh"
-    script.write_text(out.stdout)
-    log = tmp_path / "srun.log"
     # the job holds 56 CPUs here, more than the 48 asked (a site that allocates whole
     # cores rounds up): srun asks for the 12 given, not a share of SLURM_CPUS_ON_NODE
-    env = {**_fake_slurm(tmp_path, 1, 4), "SLURM_NTASKS": "4", "SLURM_CPUS_ON_NODE": "56",
-           "SLURM_JOB_ID": "7", "SRUN_LOG": str(log)}
-    ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
-    assert ran.returncode == 0, ran.stderr
-    assert log.read_text().startswith("--kill-on-bad-exit=1 --cpus-per-task=12 bash -c ")
+    ran, log = _run_job(tmp_path, out.stdout, 1, 4, {
+        "SLURM_NTASKS": "4", "SLURM_CPUS_ON_NODE": "56", "SLURM_JOB_ID": "7"})
+    assert log.startswith("--kill-on-bad-exit=1 --cpus-per-task=12 bash -c ")
     assert len(ran.stdout.splitlines()) == 4
     whole = invoke(runner, "launch", CI / "plans" / "resnet50-dgx-64.yaml", "--emit",
                    "slurm", "--cpus-per-task", "14")

@@ -112,9 +112,8 @@ def ungroup_rows(model: Ensemble, rows: IntArray) -> tuple[IntArray, NDArray[np.
     at = first.features.index("log2_groups")
     if first.hi[at] + first.tolerance()[at] >= 1.0:  # fitted on groups of 2 or more
         return rows, grouped
-    g = rows[:, 13]
-    grouped = (g > 1) & (rows[:, 1] % np.maximum(g, 1) == 0) & \
-        (rows[:, 4] % np.maximum(g, 1) == 0)
+    g = np.maximum(rows[:, 13], 1)
+    grouped = (g > 1) & (rows[:, 1] % g == 0) & (rows[:, 4] % g == 0)
     if not grouped.any():
         return rows, grouped
     out = rows.copy()
@@ -541,13 +540,12 @@ class LearnedEstimator:
         banded = [(i, pair) for i, k in enumerate(kernels)
                   if type(k) is Conv and (pair := k.batch_split()) is not None]
         if banded:
+            at = np.array([i for i, _ in banded])
             whole = self.estimate([pair[0] for _, pair in banded], device, dtype)
-            for (i, (_, work)), t, src in zip(banded, whole.seconds.tolist(), whole.source,
-                                              strict=True):
-                floor_s = float(reproducible(np.array([work * t]))[0])
-                if floor_s > secs[i]:
-                    secs[i] = floor_s
-                    source[i] = f"{src} (as a batch split)"
+            held = reproducible(np.array([work for _, (_, work) in banded]) * whole.seconds)
+            for j in np.flatnonzero(held > secs[at]).tolist():
+                secs[at[j]] = held[j]
+                source[at[j]] = f"{whole.source[j]} (as a batch split)"
         return KernelTimes(secs, tuple(source))
 
     def explain(self, kernel: Gemm | Conv, device: Device, dtype: str) -> Prediction:
