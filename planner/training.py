@@ -164,6 +164,8 @@ class TrainingConfig:
     cross_entropy: str = "fused"
     #: ZeRO 1-2's gathers under the next forward (``--overlap-param-gather``)
     overlap_param_gather: bool = False
+    #: the network and cluster files as the configuration names them
+    named: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def stage_gpus(self) -> int:
@@ -238,9 +240,11 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     name = f.opt("name", string, "stdin" if stdin else Path(path).stem)
     f.opt_none("description", string)
     paths: dict[str, Path] = {}
+    named: dict[str, str] = {}
     for key in ("network", "cluster"):
         rel = f.req(key, string)
         if rel is not None:
+            named[key] = rel
             p = (base / rel).resolve()
             if p.is_dir():
                 f.error(key, f"{key} '{rel}' is a directory; name the {key} YAML file in it "
@@ -410,7 +414,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
         raise doc.error(issues)
     assert gpus is not None and batch is not None
     assert microbatches is not None and pipeline is not None and virtual is not None
-    return TrainingConfig(name=name, path="<stdin>" if stdin else str(path),
+    return TrainingConfig(name=name, path="<stdin>" if stdin else str(path), named=named,
                           network_path=paths["network"], cluster_path=paths["cluster"],
                           gpus=gpus, batch=batch,
                           optimizer=optimizer, precision=precision, master_weights=master,
@@ -489,11 +493,14 @@ _CONFIG_KEY = {"dtype": "precision", "grad_dtype": "grad_precision",
                "bucket_bytes": "bucket_size"}
 
 
-def _rel(path: Path, config: TrainingConfig) -> str:
-    """A path as the configuration names it (relative to its folder)."""
+def _rel(key: str, config: TrainingConfig) -> str:
+    """The network or cluster file as the configuration names it (relative to its folder,
+    or absolute: ``/tmp/net.yaml``, not ``../../../../tmp/net.yaml``)."""
     import os
 
-    return os.path.relpath(path, Path(config.path).resolve().parent)
+    path = config.network_path if key == "network" else config.cluster_path
+    return printable(config.named.get(key)
+                     or os.path.relpath(path, Path(config.path).resolve().parent))
 
 
 def _network_for(cfg: TrainingConfig) -> tuple[Network, Cluster]:
@@ -551,9 +558,9 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
             where = entry.get("file")
             problems.append(f"the plan was made for the {key} {made!r}"
                             + (f" ({printable(where)})" if isinstance(where, str) else "")
-                            + f", not {names[key]!r} ({_rel(fpath, cfg)})")
+                            + f", not {names[key]!r} ({_rel(key, cfg)})")
         elif want != _file_sha(fpath):
-            problems.append(f"the {key} file {_rel(fpath, cfg)} changed since the plan was "
+            problems.append(f"the {key} file {_rel(key, cfg)} changed since the plan was "
                             "made")
     prob = data.get("problem") or {}
     if not isinstance(prob, dict):

@@ -145,6 +145,29 @@ def test_stale_plan_fails(runner, tmp_path):
         result.stdout
 
 
+def test_stale_plan_names_an_absolute_path_as_given(runner, tmp_path):
+    """A configuration naming its network by an absolute path outside its folder is told
+    of that path, not of ``../../../..`` climbing to it (noticed in session 49)."""
+    shutil.copytree(EXAMPLES / "clusters", tmp_path / "clusters")
+    deep = tmp_path / "a" / "b" / "c" / "ci"
+    (deep / "plans").mkdir(parents=True)
+    shutil.copy(CI / "plans" / "resnet50-dgx-64.yaml", deep / "plans")
+    outside = tmp_path / "x" / "resnet50.yaml"
+    outside.parent.mkdir()
+    shutil.copy(EXAMPLES / "networks" / "resnet50.yaml", outside)
+    text = (CI / "resnet50-dgx.yaml").read_text()
+    text = text.replace("../networks/resnet50.yaml", str(outside))
+    text = text.replace("../clusters/", str(tmp_path / "clusters") + "/")
+    cfg = deep / "resnet50-dgx.yaml"
+    cfg.write_text(text)
+    assert invoke(runner, "check", cfg).exit_code == 0
+    outside.write_text(outside.read_text() + "\n# edited\n")
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 1
+    assert f"the plan is stale: the network file {outside} changed" in result.stdout
+    assert "../.." not in result.stdout
+
+
 def test_a_plan_priced_with_other_kernel_models_is_stale(runner, tmp_path):
     """A plan records the digest of the kernel models that timed it (inputs.models); check
     prices with the same ones or calls the plan stale (found by an audit: check passed or
