@@ -474,41 +474,59 @@ class Layer:
     def halo_forward(self) -> tuple[int, int]:
         """Input rows a height split needs from the neighbours above and below.
 
-        Output row ``o`` of a window ``k_eff = d(k−1)+1`` with stride ``s`` and padding
-        ``p`` reads input rows ``[o·s − p, o·s − p + k_eff − 1]``; a block of output
-        rows owns the aligned input rows ``[o0·s, o1·s)`` and so needs the ``p`` rows
-        above it that its windows cover (all ``p`` where windows overlap or touch,
-        ``k_eff ≥ s``; those in the windows alone where they leave gaps) and
-        ``k_eff − s − p`` below (none for a 1×1 convolution without padding). A padding
-        beyond the window (a 1×1 convolution padded by 1, whose output is taller than
-        its input) needs ``p`` rows above too: ``min(p, k_eff − 1)`` missed them.
+        Output row ``o`` of a window of ``k`` taps ``d`` rows apart (dilation), with
+        stride ``s`` and padding ``p``, reads input rows ``o·s − p + d·j``,
+        ``j = 0 … k−1``; a block of output rows owns the aligned input rows
+        ``[o0·s, o1·s)`` and needs the distinct rows outside them that its windows read
+        (:func:`halo_rows`): all ``p`` above and ``k_eff − s − p`` below
+        (``k_eff = d(k−1)+1``) where windows leave no gaps, only the rows the taps hit
+        where they do (a stride beyond the window, or a dilated window striding over
+        rows it skips). A padding beyond the window (a 1×1 convolution padded by 1,
+        whose output is taller than its input) needs ``p`` rows above too.
         """
-        k, s, p = self._window_h()
-        above = p if k >= s else sum(min(k, p - j) for j in range(0, p, s))
-        return (max(0, above), max(0, k - s - p))
+        k, s, p, d = self._window_h()
+        return halo_rows(k, s, p, d)
 
     @property
     def halo_backward(self) -> tuple[int, int]:
         """Output-gradient rows a height split needs from the neighbours (Eq. 7's
         backward halo, exact for stride and padding)."""
-        k, s, p = self._window_h()
+        k, s, p, d = self._window_h()
+        k = d * (k - 1) + 1
         if k <= 1 and p == 0:
             return (0, 0)
         return (max(0, (k - 1 - p) // s), max(0, (s - 1 + p) // s))
 
-    def _window_h(self) -> tuple[int, int, int]:
+    def _window_h(self) -> tuple[int, int, int, int]:
+        """Taps, stride, padding and dilation of the layer's window along the height."""
         if self.conv is not None:
             c = self.conv
-            return c.dilation[0] * (c.kernel[0] - 1) + 1, c.stride[0], c.padding[0]
+            return c.kernel[0], c.stride[0], c.padding[0], c.dilation[0]
         if self.pool is not None and self.pool.kind in ("max", "avg"):
-            return self.pool.kernel[0], self.pool.stride[0], self.pool.padding[0]
-        return 1, 1, 0
+            return self.pool.kernel[0], self.pool.stride[0], self.pool.padding[0], 1
+        return 1, 1, 0, 1
 
     def products(self, batch: int) -> dict[str, list[Kernel]]:
         """The kernels of one training step for ``batch`` samples on one device, by
         phase: ``forward``, ``backward_data``, ``backward_weight`` (empty when the layer
         has no such product)."""
         return layer_kernels(self, batch, elem_bytes=4)
+
+
+@functools.lru_cache(maxsize=1024)
+def halo_rows(taps: int, stride: int, pad: int, dilation: int) -> tuple[int, int]:
+    """Distinct input rows outside a block's own ``[o0·s, o1·s)`` that its windows read,
+    above and below, for a block away from the image's edges.
+
+    Relative to ``o0·s``, output ``o0 + m`` reads ``m·s + t`` for each tap offset
+    ``t = d·j − p``: those below 0 are above the block. Relative to ``o1·s``, output
+    ``o1 − 1 − m`` reads ``t − s − m·s``: those from 0 up are below it."""
+    offsets = [dilation * j - pad for j in range(taps)]
+    reach = (dilation * (taps - 1) + pad) // max(stride, 1) + 2
+    above = {m * stride + t for t in offsets for m in range(reach) if m * stride + t < 0}
+    below = {t - stride - m * stride for t in offsets for m in range(reach)
+             if t - stride - m * stride >= 0}
+    return len(above), len(below)
 
 
 def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int = 1,

@@ -250,6 +250,24 @@ def test_hierarchical_all_to_all_by_hand():
     assert t >= 3 / 4 * n / 10e9
 
 
+def test_nccl_ring_over_an_uneven_group_loads_the_widest_nodes_links():
+    """12 ranks on 8-GPU nodes (8 + 4), NCCL's ring all-reduce (REFERENCES §4: 2(p−1)
+    steps, 2(p−1)/p·n a rank): the thinner node's 4 NICs carry 1/4 of a rank's bytes,
+    the 8-rank node's links 7/8 of them (an audit found 3/4, the thinner node's); the
+    2(m−1) = 2 steps between nodes pay the network's latency, the other 20 the node's."""
+    from planner.costs.comm import nccl_ring_time
+
+    cl = cluster(per_node=8, intra=(2e-6, 100e9), inter=(5e-6, 1000e9))
+    n = 1e6
+    beta = max(1 / (4 * 1000e9), 7 / 8 / 100e9)  # here the links bind
+    want = 20 * 2e-6 + 2 * 5e-6 + 2 * 11 / 12 * n * beta
+    assert nccl_ring_time("all_reduce", n, Group(12, 4, 2), cl) == pytest.approx(
+        want, rel=1e-12)
+    even = 28 * 2e-6 + 2 * 5e-6 + 2 * 15 / 16 * n * max(1 / (8 * 1000e9), 7 / 8 / 100e9)
+    assert nccl_ring_time("all_reduce", n, Group(16, 8), cl) == pytest.approx(even,
+                                                                              rel=1e-12)
+
+
 def test_nccl_tree_latency_is_the_widest_nodes_chain():
     """12 ranks on 8-GPU nodes (8 + 4): the chain through the 8-rank node has 7 hops,
     so the tree's latency is 2(7·α_intra + ⌈log2 2⌉·α_inter); its bandwidth is still the

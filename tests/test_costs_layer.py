@@ -65,7 +65,17 @@ def test_eq8_and_its_limits(alexnet, knl, pr_exp, layer_i):
     layout = make_layout("model", pr, pc)
     got = sum(t.seconds for t in weighted_terms(layer, layout, ctx))
     beta = 4 / BW
-    d_i, w = layer.out_elems, layer.weight_elems
+    # |W_i| as REFERENCES §1 writes it, k_h k_w X_C Y_C or d_i d_{i-1}: no bias (found by
+    # an audit: the model and domain layouts reduced the biases too)
+    if layer.conv is not None:
+        cv = layer.conv
+        w = cv.kernel[0] * cv.kernel[1] * cv.in_channels // cv.groups * cv.out_channels
+    else:
+        assert layer.linear is not None
+        w = layer.linear.in_features * layer.linear.out_features
+    if pr == 1:  # pure data parallelism reduces every parameter, biases too (README)
+        w = layer.params
+    d_i = layer.out_elems
     eq8 = 0.0
     if pr > 1:
         eq8 += 3 * (ALPHA * clog2(pr) + beta * (b / pc) * (pr - 1) / pr * d_i)
@@ -107,7 +117,7 @@ def test_eq9_domain_conv3(alexnet, knl):
     b = 2048 / 32
     fwd = ALPHA + beta * b * 13 * 256 * 1
     bwd = ALPHA + beta * b * 13 * 384 * 1
-    wg = 2 * (ALPHA * 9 + beta * 511 / 512 * conv3.weight_elems)
+    wg = 2 * (ALPHA * 9 + beta * 511 / 512 * 3 * 3 * 256 * 384)  # |W| = k_h k_w X_C Y_C
     assert [t.phase for t in terms] == ["forward", "backward_data", "weight_grad"]
     assert [t.seconds for t in terms] == pytest.approx([fwd, bwd, wg], rel=1e-9)
 
@@ -345,13 +355,14 @@ def test_all_device_group_is_priced_where_it_is_worst():
     assert t.group == Group(12, 4, 2) and t.group.nodes == 2
     # hierarchical, by hand (intra α 2 µs, 100 GB/s; inter α 5 µs, 10 GB/s; NCCL's
     # ring, REFERENCES §4: reduce-scatter (p−1)α + (p−1)/p nβ): reduce-scatter and
-    # all-gather inside over 4 ranks, a ring all-reduce across the 2 nodes on n/4 (at
-    # 64 MB the ring beats the tree's 2nβ)
+    # all-gather inside each node, as long as the 8-rank node's (an audit found the
+    # 4-rank node's 3 steps and 3/4 of the bytes priced), a ring all-reduce across the
+    # 2 nodes on n/4, the thinner node's NICs (at 64 MB the ring beats the tree's 2nβ)
     from planner.costs.comm import collective_time
     n = 64e6
     a_i, b_i = cl.intra.latency_s, 1 / cl.intra.bandwidth
     a_x, b_x = cl.inter.latency_s, 1 / cl.inter.bandwidth
-    inside = 3 * a_i + 3 / 4 * n * b_i
+    inside = 7 * a_i + 7 / 8 * n * b_i
     across = 2 * a_x + 2 * (1 / 2) * (n / 4) * b_x
     hier = collective_time("all_reduce", n, Group(12, 4, 2), cl, "hierarchical")[0]
     assert hier == pytest.approx(2 * inside + across, rel=1e-9)

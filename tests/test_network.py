@@ -89,37 +89,46 @@ def test_halo_rows():
     assert net.by_name("pool1").halo_forward == (0, 1)
 
 
-def _conv_net(k: int, s: int, p: int, h: int = 24):
+def _conv_net(k: int, s: int, p: int, h: int = 24, d: int = 1):
     return load_network_text(f"""kind: network
 name: one
 input: [2, {h}, {h}]
 layers:
-  - {{type: conv2d, name: c, out_channels: 2, kernel: {k}, stride: {s}, padding: {p}}}
+  - {{type: conv2d, name: c, out_channels: 2, kernel: {k}, stride: {s}, padding: {p},
+     dilation: {d}}}
 """)
 
 
 def test_halo_rows_count_the_rows_a_block_of_outputs_reads():
-    """Brute force over kernels, strides and paddings: a block of output rows
+    """Brute force over kernels, strides, paddings and dilations: a block of output rows
     ``[o0, o1)`` owns input rows ``[o0·s, o1·s)``; the forward halo is the rows outside
     them its windows read, the backward the output-gradient rows outside ``[o0, o1)``
     whose windows reach its inputs. An audit found a 1×1 convolution padded by 1 (an
     output taller than its input) exchanged nothing, and 3×3 padded by 3 two rows of
-    three: the formula took ``min(p, k − 1)`` rows above."""
+    three: the formula took ``min(p, k − 1)`` rows above. Another (2026-12-07) found a
+    dilated window with a stride over 1 counted the rows between its taps, which it
+    strides over: 3×3 with stride 2, padding 2 and dilation 2 reads one row above and one
+    below a block, not two and one."""
     o0, o1 = 40, 60
     for k in range(1, 8):
         for s in range(1, 5):
             for p in range(0, 7):
-                if (24 + 2 * p - k) // s + 1 < 1:
-                    continue
-                layer = _conv_net(k, s, p).by_name("c")
-                reads = {r for o in range(o0, o1) for r in range(o * s - p, o * s - p + k)}
-                want = (sum(r < o0 * s for r in reads), sum(r >= o1 * s for r in reads))
-                assert layer.halo_forward == want, (k, s, p, layer.halo_forward, want)
-                owned = range(o0 * s, o1 * s)
-                grads = {o for o in range(o0 - 20, o1 + 20)
-                         if any(o * s - p <= r <= o * s - p + k - 1 for r in owned)}
-                want = (sum(o < o0 for o in grads), sum(o >= o1 for o in grads))
-                assert layer.halo_backward == want, (k, s, p, layer.halo_backward, want)
+                for d in range(1, 4):
+                    if (24 + 2 * p - d * (k - 1) - 1) // s + 1 < 1:
+                        continue
+                    layer = _conv_net(k, s, p, d=d).by_name("c")
+                    reads = {o * s - p + d * j for o in range(o0, o1) for j in range(k)}
+                    want = (sum(r < o0 * s for r in reads), sum(r >= o1 * s for r in reads))
+                    assert layer.halo_forward == want, (k, s, p, d, layer.halo_forward, want)
+                    owned = range(o0 * s, o1 * s)
+                    grads = {o for o in range(o0 - 40, o1 + 40)
+                             if any(o * s - p + d * j in owned for j in range(k))}
+                    want = (sum(o < o0 for o in grads), sum(o >= o1 for o in grads))
+                    assert layer.halo_backward == want, (k, s, p, d, layer.halo_backward,
+                                                         want)
+    # the audit's case, by hand: rows 2o − 2 + 2j, so a block [o0, o1) owning
+    # [2·o0, 2·o1) reads 2·o0 − 2 above and 2·o1 below it
+    assert _conv_net(3, 2, 2, d=2).by_name("c").halo_forward == (1, 1)
 
 
 def test_resnet_blocks_and_names():

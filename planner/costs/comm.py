@@ -249,11 +249,24 @@ def _pick(candidates: list[tuple[Bytes, str]]) -> tuple[Bytes, str]:
     return times.min(axis=0), names.pop() if len(names) == 1 else "auto"
 
 
-def hierarchical_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster) -> Bytes:
-    """Two-level algorithm: inside each node over ``per_node`` ranks, across nodes over
-    ``nodes`` ranks on ``1/per_node`` of the data (each local rank on its own NIC)."""
+def widest_node(group: Group, cluster: Cluster) -> int:
+    """Ranks of the group in its widest node. ``per_node`` is the thinnest node's (whose
+    NICs carry the most across); in an uneven group (12 ranks on 8-GPU nodes: 8 + 4) the
+    other nodes hold ``per_node`` at least, so the widest at most what is left of the
+    group, and a node at most its devices."""
     q, m = group.per_node, group.nodes
-    intra = Group(q, q)
+    return min(group.size - (m - 1) * q, cluster.devices_per_node) if m > 1 else q
+
+
+def hierarchical_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster) -> Bytes:
+    """Two-level algorithm: inside each node over its ranks, across nodes over ``nodes``
+    ranks on ``1/per_node`` of the data (each local rank on its own NIC). In an uneven
+    group the phases inside the nodes take as long as the widest node's (8 ranks of
+    8 + 4: 7 steps and 7/8 of the bytes, where the thinner node's take 3 and 3/4; found
+    by an audit), the phase across as long as the thinnest's (its 4 NICs carry 1/4)."""
+    q, m = group.per_node, group.nodes
+    w = widest_node(group, cluster)
+    intra = Group(w, w)
     if m <= 1:
         return _best_flat(op, nbytes, intra, cluster, "auto")[0]
     inter_g = Group(m, 1)
@@ -299,10 +312,7 @@ def nccl_tree_time(nbytes: Bytes, group: Group, cluster: Cluster) -> Bytes:
     channel per NIC of the group's ``q`` ranks in its thinnest node (see the module
     notes)."""
     q, m = group.per_node, group.nodes
-    # the chain is as long as the widest node's: in an uneven group (8 + 4) the others
-    # hold the thinnest node's q at least, so the widest at most what is left of the
-    # group, and a node at most its devices
-    widest = min(group.size - (m - 1) * q, cluster.devices_per_node) if m > 1 else q
+    widest = widest_node(group, cluster)  # the chain is as long as the widest node's
     latency = 2 * (max(widest - 1, 0) * cluster.intra.latency_s
                    + clog2(m) * cluster.inter.latency_s)
     if m <= 1:
@@ -317,16 +327,19 @@ def nccl_ring_time(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster
     each leaving the node through another rank's NIC, so a rank sends ``1/q`` of the
     ring's traffic over its NIC and ``(q−1)/q`` over the node's links, both at once;
     only the steps between nodes (``2(m−1)`` for an all-reduce) pay the network's
-    latency."""
+    latency. In an uneven group the ``q`` NICs are the thinnest node's and the
+    ``(w−1)/w`` over the links the widest node's ``w`` ranks' (8 + 4: 7/8, not 3/4)."""
     p, q, m = group.size, group.per_node, group.nodes
+    # an uneven group's NICs are the thinnest node's (q), its links the widest's (w)
+    w = widest_node(group, cluster)
     a_in, a_net = cluster.intra.latency_s, cluster.inter.latency_s
     b_net = 1.0 / cluster.inter.bandwidth
-    b_in = 1.0 / cluster.intra.bandwidth_for(q) if q > 1 else 0.0
+    b_in = 1.0 / cluster.intra.bandwidth_for(w) if w > 1 else 0.0
     if op == "all_to_all":  # pairwise: (p − q)/p of the bytes leave through the NIC
-        return ((q - 1) * a_in + (p - q) * a_net
-                + max((p - q) / p * b_net, (q - 1) / p * b_in) * nbytes)
+        return ((w - 1) * a_in + (p - q) * a_net
+                + max((p - q) / p * b_net, (w - 1) / p * b_in) * nbytes)
     steps, net, volume = ring_steps(op, p, m)
-    beta = max(b_net / q, (q - 1) / q * b_in)
+    beta = max(b_net / q, (w - 1) / w * b_in)
     return (steps - net) * a_in + net * a_net + volume * nbytes * beta
 
 

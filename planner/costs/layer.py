@@ -596,8 +596,13 @@ def _paper_weights(layer: Layer, ctx: Context) -> float:
     """The paper's ``|W_i|`` of a layer: its weight matrix (biases left out, as Eq. 4
     and 8 write it), none for a layer that shares another's (a tied output head: the
     one weight is reduced once, by its embedding, as the exact accounting does)."""
-    shared = any(layer.index in tied for tied in ctx.network.ties.values())
-    return 0.0 if shared else float(layer.weight_elems)
+    if any(layer.index in tied for tied in ctx.network.ties.values()):
+        return 0.0
+    # REFERENCES §1: |W_i| = k_h k_w X_C Y_C (a convolution), d_i d_{i-1} (a linear layer)
+    bias = (layer.conv.out_channels if layer.conv is not None and layer.conv.bias else
+            layer.linear.out_features if layer.linear is not None and layer.linear.bias
+            else 0)
+    return float(layer.weight_elems - bias)
 
 
 def _sequence_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[CommTerm]:
