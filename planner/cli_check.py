@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from .cli import Finite, Whole, emit, jobs_option, one_stdin, output_option
-from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError, UsageError
+from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError, UsageError, printable
 
 
 @click.command()
@@ -110,9 +110,13 @@ def _estimator_for(cfg: Any, name: str, make: Any, models_dir: str | None) -> An
               help="Slurm: CPUs for each task (#SBATCH and srun --cpus-per-task). Left "
                    "out, a job of whole nodes shares each node's CPUs equally and a job "
                    "of part of a node gets Slurm's default, often one.")
+@click.option("--plan-arg/--no-plan-arg", default=True, show_default=True,
+              help="Give the training program --plan PLAN. Its path is in PLANNER_PLAN "
+                   "either way; a program that refuses arguments it does not know "
+                   "(Megatron-LM's pretrain_gpt.py) needs --no-plan-arg.")
 @output_option
 def launch(plan_file: str, kind: str, script: str, master_port: int,
-           cpus_per_task: int | None, output: str | None) -> None:
+           cpus_per_task: int | None, plan_arg: bool, output: str | None) -> None:
     """What each node needs to start a plan: node count, processes per node, the
     rank-to-device mapping of the placement, the plan path.
 
@@ -131,6 +135,10 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
         raise click.BadParameter(f"{script!r} would be read by torchrun and srun as an "
                                  f"option; name the program as ./{script}",
                                  param_hint="'--script'")
+    if not plan_arg and kind not in ("torchrun", "slurm"):
+        raise click.BadParameter(f"--emit {kind} starts no training program to give "
+                                 "--plan to; use --emit torchrun or slurm",
+                                 param_hint="'--no-plan-arg'")
     if cpus_per_task is not None and kind != "slurm":
         raise click.BadParameter(f"CPUs a task are asked of Slurm; --emit {kind} has no "
                                  "place for them (use --emit slurm, or set them in your "
@@ -152,10 +160,15 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
         click.echo(f"planner: warning: {plan_file}: the plan does not fit in memory "
                    "(memory.fits: false): its ranks will run out of device memory; "
                    "`planner plan` finds one that fits", err=True)
-    for changed in _changed_inputs(doc.data):
+    changed_files, missing = _changed_inputs(doc.data, plan_file)
+    for changed in changed_files:
         click.echo(f"planner: warning: {plan_file}: {changed} has changed since the plan "
                    "was made (its sha256 is not the one the plan records): `planner check` "
                    "prices the plan against it", err=True)
+    for gone in missing:
+        click.echo(f"planner: note: {plan_file}: {gone} is not found here or beside the "
+                   "plan, so whether it changed since the plan was made is not checked",
+                   err=True)
     if kind == "megatron":
         from .megatron import megatron_args
 
@@ -164,7 +177,7 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
         given = click.get_current_context().get_parameter_source("master_port")
         text = render(kind, spec, plan_file, script, master_port,
                       fixed_port=given is click.core.ParameterSource.COMMANDLINE,
-                      cpus_per_task=cpus_per_task)
+                      cpus_per_task=cpus_per_task, plan_arg=plan_arg)
         if (kind == "slurm" and cpus_per_task is None and spec.procs < spec.per_node):
             click.echo(f"planner: warning: {plan_file}: the job takes part of each node "
                        f"({spec.procs} of {spec.per_node} devices), so each task gets "
@@ -176,16 +189,19 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
          executable=kind in ("torchrun", "slurm"))
 
 
-def _changed_inputs(data: Any) -> list[str]:
-    """The network and cluster files a plan records, found where it says (relative to
-    here, as the plan's scripts name paths), whose bytes are not the ones it was made
-    from; a file not found here is not judged (the job may run elsewhere)."""
+def _changed_inputs(data: Any, plan_file: str) -> tuple[list[str], list[str]]:
+    """The network and cluster files a plan records whose bytes are not the ones it was
+    made from, and those not found. A file is looked for where the plan says (relative
+    to here, as the plan's scripts name paths), then relative to the plan's folder; one
+    found in neither place is not judged (the job may run elsewhere), and is named so
+    that its silence is not read as a pass (found by an audit)."""
     from pathlib import Path
 
     from .loading import file_digest
 
     inputs = data.get("inputs") if isinstance(data, dict) else None
-    out: list[str] = []
+    changed: list[str] = []
+    missing: list[str] = []
     for key in ("network", "cluster"):
         entry = inputs.get(key) if isinstance(inputs, dict) else None
         if not isinstance(entry, dict):
@@ -193,12 +209,17 @@ def _changed_inputs(data: Any) -> list[str]:
         name, want = entry.get("file"), entry.get("sha256")
         if not (isinstance(name, str) and name not in ("", "-") and isinstance(want, str)):
             continue
+        found = next((p for p in (Path(name), Path(plan_file).parent / name)
+                      if p.is_file()), None)
+        if found is None:
+            missing.append(f"its {key} file {printable(name)}")
+            continue
         try:
-            if Path(name).is_file() and file_digest(name) != want:
-                out.append(f"its {key} file {name}")
+            if file_digest(str(found)) != want:
+                changed.append(f"its {key} file {printable(str(found))}")
         except OSError:
             continue
-    return out
+    return changed, missing
 
 
 def _recorded_inputs(data: Any, plan_file: str) -> tuple[str, ...]:

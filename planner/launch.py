@@ -20,7 +20,7 @@ from .errors import Issue, UsageError, printable
 from .fields import show
 from .loading import Document
 from .network import DTYPE_BYTES
-from .schedules import INTERLEAVED, SCHEDULE, SCHEDULES
+from .schedules import INTERLEAVED, SCHEDULE, SCHEDULES, ZERO_BUBBLE
 from .units import MAX_BATCH, MAX_GPUS, count
 
 EMITTERS = ("torchrun", "slurm", "env", "megatron")  #: megatron: planner.megatron
@@ -84,6 +84,15 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
     against the placement too (``planner check`` first reads them with the network,
     whose errors say more)."""
     data = doc.data
+    if isinstance(data, dict) and "plan" in data and data.get("plan") is None \
+            and "placement" not in data:
+        # what `planner plan --format yaml|json` prints when nothing fits (exit 1)
+        why = data.get("error")
+        raise doc.error([Issue("$.plan", "the document records that no plan was found"
+                                         + (f" ({printable(why)})" if isinstance(why, str)
+                                            else "")
+                                         + "; nothing to launch until `planner plan` "
+                                         "finds one")])
     if not isinstance(data, dict) or not isinstance(data.get("placement"), dict):
         raise doc.error([Issue("$", "not a plan with a placement (make one with `planner "
                                     "plan ... --format yaml -o FILE`)")])
@@ -232,6 +241,15 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
                                     f"got {show(order)}"))
             else:
                 schedule = order
+    run = data.get("pipeline")
+    if isinstance(run, dict) and "microbatches" in run and isinstance(problem, dict) \
+            and run["microbatches"] != problem.get("microbatches", 1):
+        # the question's count and the priced pipeline's: an edit to one launches
+        # another batch split than was priced (found by an audit)
+        issues.append(Issue("$.pipeline.microbatches",
+                            f"{show(run['microbatches'])} here, but the problem says "
+                            f"microbatches: {show(problem.get('microbatches', 1))}: the plan "
+                            "was edited; make it again"))
     size = world // stages  # the devices of a stage, which its grids cover
     inputs = data.get("inputs")
     network = inputs.get("network") if isinstance(inputs, dict) else None
@@ -280,7 +298,7 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
                                 f"{'none' if listed == [] else show(listed)}: the plan was "
                                 "edited; make it again"))
             continue
-        bad_group = _group_issue(g, grid, where)
+        bad_group = _group_issue(g, grid, where, per_node, (stage * size) % per_node)
         if bad_group is not None:
             issues.append(bad_group)
             continue
@@ -400,12 +418,22 @@ def _ranks_issue(g: dict[str, Any], grid: list[int], placement: str, first: int,
     return None
 
 
-def _group_issue(g: dict[str, Any], grid: list[int], where: str) -> Issue | None:
+def _group_issue(g: dict[str, Any], grid: list[int], where: str, per_node: int,
+                 offset: int) -> Issue | None:
     """A placement grid's ``row_groups`` / ``col_groups`` against its grid: ``P_c``
-    row groups of ``P_r`` devices and ``P_r`` column groups of ``P_c`` (the launched
-    ranks build them from the grid, so an edit to one says another layout)."""
-    for key, size, many in (("row_groups", grid[0], grid[1]),
-                             ("col_groups", grid[1], grid[0])):
+    row groups of ``P_r`` devices and ``P_r`` column groups of ``P_c``, and where they
+    sit on nodes of ``per_node`` devices from ``offset`` in the first (``per_node``,
+    ``nodes``, ``spans_nodes``: what the plan priced each group's collectives on). The
+    launched ranks build the groups from the grid, so an edit to one says another
+    layout; an edited ``devices_per_node`` says another cluster (found by an audit)."""
+    from .layout import make_layout
+
+    placement = g.get("placement")
+    lay = make_layout("model" if grid[0] > 1 else "data", grid[0], grid[1],
+                      placement if placement in ("rows", "cols") else "rows")
+    for key, size, many, made in (
+            ("row_groups", grid[0], grid[1], lay.row_group(per_node, offset)),
+            ("col_groups", grid[1], grid[0], lay.col_group(per_node, offset))):
         group = g.get(key)
         if group is None:
             continue
@@ -416,6 +444,16 @@ def _group_issue(g: dict[str, Any], grid: list[int], where: str) -> Issue | None
                 return Issue(f"{where}.{key}.{field}",
                              f"grid {grid[0]}x{grid[1]} has {want} for {key}.{field}, not "
                              f"{show(group[field])}: the plan was edited; make it again")
+        for field, want2 in (("per_node", made.per_node), ("nodes", made.nodes),
+                             ("spans_nodes", made.spans_nodes)):
+            if field in group and (group[field] != want2
+                                   or isinstance(group[field], bool) != isinstance(want2,
+                                                                                   bool)):
+                return Issue(f"{where}.{key}.{field}",
+                             f"grid {grid[0]}x{grid[1]} ({placement}) on nodes of "
+                             f"{per_node} devices has {show(want2)} for {key}.{field}, not "
+                             f"{show(group[field])}: the plan was edited (or its "
+                             "devices_per_node); make it again")
     return None
 
 
@@ -446,9 +484,16 @@ def _layer_issues(layers: object, owner: dict[str, tuple[int, dict[str, Any]]], 
     from .layout import MODES
 
     for i, lay in enumerate(layers if isinstance(layers, list) else []):
-        if not isinstance(lay, dict) or "grid" not in lay:
+        if not isinstance(lay, dict):
             continue
         where, name = f"$.layers[{i}]", lay.get("name")
+        if "grid" not in lay:
+            # a layer a placement grid lists runs on it: the plan wrote its grid
+            if isinstance(name, str) and name in owner:
+                issues.append(Issue(where, f"layer {show(name)} has no grid, where "
+                                           f"$.placement.grids[{owner[name][0]}] lists it: "
+                                           "the plan was edited; make it again"))
+            continue
         grid, mode = lay["grid"], lay.get("mode")
         if not (isinstance(grid, list) and len(grid) == 2 and all(
                 isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in grid)):
@@ -535,7 +580,8 @@ def _grid_lines(spec: LaunchSpec) -> list[str]:
     size = spec.world // spec.stages
     if spec.stages > 1:
         v = spec.virtual_stages
-        schedule = "1F1B" if v == 1 else \
+        schedule = ("ZB-H1 (zero-bubble 1F1B, the weight gradients deferred)"
+                    if spec.schedule == ZERO_BUBBLE else "1F1B") if v == 1 else \
             f"interleaved 1F1B with {v} model chunks a stage (chunk k of stage s is the " \
             f"network's (k*{spec.stages} + s)-th)"
         micro = count(spec.microbatches, "microbatch", "microbatches")
@@ -553,13 +599,17 @@ def _grid_lines(spec: LaunchSpec) -> list[str]:
 
 
 def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
-         fixed_port: bool = False, cpus_per_task: int | None = None) -> str:
+         fixed_port: bool = False, cpus_per_task: int | None = None,
+         plan_arg: bool = True) -> str:
     """The launch text for one emitter. The rendezvous port is ``port`` unless
     ``MASTER_PORT`` is set where the script runs; with ``fixed_port`` (the user named
     it), ``port`` always. ``cpus_per_task`` (Slurm only) asks sbatch and srun for that
     many CPUs a task; left out, a job of whole nodes shares the node's CPUs equally and
-    a job of part of a node takes Slurm's default."""
+    a job of part of a node takes Slurm's default. ``plan_arg``: the training program
+    is given ``--plan PLAN`` (without, it finds the plan in ``PLANNER_PLAN`` alone, as a
+    program that refuses arguments it does not know, Megatron-LM's, must)."""
     q = shlex.quote
+    given = f" --plan {q(plan_path)}" if plan_arg else ""
     head = [
         f"# planner launch: {count(spec.nodes, 'node')} x "
         f"{count(spec.procs, 'process', 'processes')} "
@@ -663,7 +713,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
                 "# Arguments given to this script are passed on to the training program.",
                 "set -euo pipefail", *checks, *procs,
                 f"export PLANNER_PLAN={q(plan_path)}", *start,
-                f'  {q(script)} --plan {q(plan_path)} "$@"']
+                f'  {q(script)}{given} "$@"']
         return "\n".join(body) + "\n"
     if kind == "slurm":
         # Slurm's block distribution balances the task counts over the nodes (12 tasks on
@@ -720,8 +770,8 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
             ("srun --kill-on-bad-exit=1 --wait=0 " if spec.uneven else
              "srun --kill-on-bad-exit=1 ") + '--cpus-per-task="$CPUS" bash -c '
             + q(f'{guard}RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID '
-                f'WORLD_SIZE={spec.world} exec "${{PYTHON:-python}}" {q(script)} --plan '
-                f'{q(plan_path)} "$@"') + ' planner-task "$@"',
+                f'WORLD_SIZE={spec.world} exec "${{PYTHON:-python}}" {q(script)}{given} '
+                '"$@"') + ' planner-task "$@"',
         ]
         return "\n".join(body) + "\n"
     raise UsageError(f"planner: error: unknown emitter {kind!r}")

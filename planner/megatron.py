@@ -27,9 +27,11 @@ Mapping (each from the plan document alone):
   ``--pipeline-model-parallel-size S`` (``--num-layers-per-virtual-pipeline-stage``
   with ``V > 1``); with ``V = 1`` a first and a last stage of other counts →
   ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``;
+  any other split → ``--pipeline-model-parallel-layout`` (:func:`pipeline_layout`);
 * the step's batch ``B`` in ``M`` microbatches over ``D = P / (T·C·S)`` replicas →
   ``--micro-batch-size B/(M·D) --global-batch-size B``;
-* ZeRO 1 → ``--use-distributed-optimizer``; ``overlap: gradients`` →
+* ZeRO 1 → ``--use-distributed-optimizer`` (within nodes, with
+  ``--num-distributed-optimizer-instances``, the nodes of a stage); ``overlap: gradients`` →
   ``--overlap-grad-reduce``; ``overlap_param_gather`` → ``--overlap-param-gather``;
   ``tp_comm_overlap`` → ``--tp-comm-overlap`` (with sequence parallelism, the only
   collectives it overlaps);
@@ -76,9 +78,13 @@ class NotMegatron(UsageError):
     """A plan Megatron-LM's arguments cannot express (exit 2)."""
 
 
-def _refuse(plan_path: str, why: str, data: dict[str, Any]) -> NotMegatron:
-    """The error for a plan that Megatron-LM cannot run as planned, with the command
-    that prices Megatron-LM's own layouts where the plan compared them."""
+def _refuse(plan_path: str, why: str, data: dict[str, Any],
+            fix: str | None = None) -> NotMegatron:
+    """The error for a plan that Megatron-LM cannot run as planned, with ``fix`` or the
+    command that prices Megatron-LM's own layouts where the plan compared them."""
+    if fix is not None:
+        return NotMegatron(f"planner: error: {printable(plan_path)}: Megatron-LM cannot "
+                           f"run this plan as planned: {why}; {fix}")
     bases = data.get("baselines")
     base = {b.get("name"): b for b in bases if isinstance(b, dict)} \
         if isinstance(bases, list) else {}
@@ -402,6 +408,7 @@ def megatron_args(doc: Document, plan_path: str) -> str:
     weighted = _weighted(doc)
     t, c, e, sp, cp = _split(weighted, plan_path, data)
     _check_sequence(weighted, t, c, sp, plan_path, data)
+    _check_features(weighted, t, plan_path, data)
     moe = [lay for lay in weighted if lay.get("type") == "moe"]
     if moe and t > 1 and not sp:
         raise _refuse(plan_path, f"its mixture of experts runs under tensor parallelism "
@@ -417,31 +424,34 @@ def megatron_args(doc: Document, plan_path: str) -> str:
         raise doc.error([Issue("$.problem.batch", f"expected the step's samples, a whole "
                                                   f"number >= 1, got {show(batch)}")])
     if int(prob.get("zero", 0)) not in (0, 1) or (prob.get("zero") and
-                                                  prob.get("zero_shard", "all") != "all"):
+                                                  prob.get("zero_shard", "all")
+                                                  not in ("all", "node")):
         raise _refuse(plan_path, f"ZeRO stage {prob.get('zero')}"
                                  + (" within nodes" if prob.get("zero_shard") == "node"
                                     else "")
                                  + "; Megatron-LM's distributed optimizer shards the "
-                                   "optimizer state over all replicas (stage 1)", data)
+                                   "optimizer state over the replicas (stage 1)", data)
+    instances = _optimizer_instances(data, prob, world // stages, t * c, e, plan_path)
     counts = _chunks(data, stages, virtual, plan_path)
     args: list[str] = [f"--tensor-model-parallel-size {t}"]
     if sp:
         args.append("--sequence-parallel")
     args.append(f"--pipeline-model-parallel-size {stages}")
+    layout = None
     if virtual > 1:
         if len(set(counts)) > 1:
-            raise _refuse(plan_path, f"its model chunks hold {counts} transformer layers; "
-                                     "Megatron-LM's interleaved chunks hold the same number",
-                          data)
-        args.append(f"--num-layers-per-virtual-pipeline-stage {counts[0]}")
+            layout = pipeline_layout(counts)
+        else:
+            args.append(f"--num-layers-per-virtual-pipeline-stage {counts[0]}")
     elif stages > 1 and len(set(counts)) > 1:
-        middle = counts[1:-1]
-        if len(set(middle)) > 1:
-            raise _refuse(plan_path, f"its stages hold {counts} transformer layers; "
-                                     "Megatron-LM splits them evenly but for the first "
-                                     "and last stage", data)
-        args += [f"--decoder-first-pipeline-num-layers {counts[0]}",
-                 f"--decoder-last-pipeline-num-layers {counts[-1]}"]
+        if len(set(counts[1:-1])) > 1:
+            layout = pipeline_layout(counts)
+        else:
+            args += [f"--decoder-first-pipeline-num-layers {counts[0]}",
+                     f"--decoder-last-pipeline-num-layers {counts[-1]}"]
+    if layout is not None:
+        # quoted as one word in the array below
+        args.append(f"--pipeline-model-parallel-layout {layout}")
     args.append(f"--context-parallel-size {c}")
     if cp:
         types = cp[0] if len(set(cp)) == 1 else " ".join(cp)
@@ -457,6 +467,8 @@ def megatron_args(doc: Document, plan_path: str) -> str:
              f"--global-batch-size {batch}"]
     if prob.get("zero") == 1:
         args.append("--use-distributed-optimizer")
+        if instances > 1:
+            args.append(f"--num-distributed-optimizer-instances {instances}")
     if prob.get("overlap") == "gradients":
         args.append("--overlap-grad-reduce")
         # the buckets as priced, in gradient elements (Megatron-LM's default is
@@ -525,6 +537,81 @@ def _check_sequence(layers: list[dict[str, Any]], t: int, c: int, sp: bool, plan
             raise _refuse(plan_path, f"its {s // c:,} tokens a context-parallel rank do "
                                      f"not split evenly over the {t} ranks of sequence "
                                      "parallelism", data)
+
+
+def pipeline_layout(counts: list[int]) -> str:
+    """Megatron-LM's ``--pipeline-model-parallel-layout`` for chunks of ``counts``
+    transformer layers in network order (chunk ``k`` of stage ``s`` is the
+    ``(k·S + s)``-th, as Megatron-LM numbers its virtual stages): chunks split by ``|``,
+    ``t*n`` for ``n`` transformer layers, the embedding ``E`` in the first and the loss
+    ``L`` (the output head's) in the last; an experimental argument of Megatron-core
+    (2025) that takes any split, where the older ones take equal chunks, or equal
+    stages but the first and the last."""
+    def layers(n: int) -> str:
+        return "" if n == 0 else "t" if n == 1 else f"t*{n}"
+
+    parts = [layers(n) for n in counts]
+    parts[0] = "E" + parts[0]
+    parts[-1] = ",".join(p for p in (parts[-1], "L") if p)
+    return "|".join(parts)
+
+
+def _optimizer_instances(data: dict[str, Any], prob: dict[str, Any], stage_ranks: int,
+                         tc: int, e: int, plan_path: str) -> int:
+    """Megatron-LM's ``--num-distributed-optimizer-instances`` for ZeRO 1 sharded within
+    nodes (``--zero-shard node``): it cuts each data-parallel group (with the context
+    ranks) into that many consecutive slices, reduce-scatters the gradients and gathers
+    the parameters within a slice and all-reduces the shards across slices, as the plan
+    priced, when a slice is a node's replicas: ``(devices of a stage) / (devices a
+    node)`` instances, each node holding whole ``T × C`` groups. 1 where the state is
+    sharded over all replicas (or a stage fits in one node)."""
+    if prob.get("zero") != 1 or prob.get("zero_shard", "all") != "node":
+        return 1
+    per_node = data["placement"].get("devices_per_node")
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
+        return 1  # launch_spec has refused it
+    if stage_ranks <= per_node:
+        return 1
+    if stage_ranks % per_node or per_node % tc:
+        raise _refuse(plan_path, f"ZeRO stage 1 within nodes of {per_node} devices, where "
+                                 f"a stage's {stage_ranks} ranks in groups of {tc} do not "
+                                 "fill whole nodes; Megatron-LM's optimizer instances are "
+                                 "equal slices of each data-parallel group", data)
+    if e > 1:
+        raise _refuse(plan_path, "ZeRO stage 1 within nodes with expert parallelism, which "
+                                 "Megatron-LM refuses (\"Partial DistOpt cannot support MoE "
+                                 "models with expert parallelism\")", data)
+    return stage_ranks // per_node
+
+
+def _check_features(layers: list[dict[str, Any]], t: int, plan_path: str,
+                    data: dict[str, Any]) -> None:
+    """Refuse a tensor-parallel linear layer whose split Megatron-LM cannot make: its
+    column-parallel layers split the output features and its row-parallel ones the input
+    features into ``T`` equal shards (``divide`` asserts it; Transformer Engine's
+    ``Linear`` checks the same), where the planner prices a ragged split as its busiest
+    shard. The output head is padded instead. Plans made before they recorded the
+    features (2026-12-07) are not checked."""
+    if t <= 1:
+        return
+    linear = [lay for lay in layers if lay.get("type") == "linear"]
+    # the last is the output head, whose vocabulary Megatron-LM pads to a multiple of
+    # 128·T (--make-vocab-size-divisible-by): GPT-2's 50,257 tokens run as 50,304 at T=2
+    for lay in linear[:-1]:
+        if lay.get("mode") not in _TENSOR:
+            continue
+        key = "in_features" if lay["mode"].startswith("row") else "out_features"
+        n = lay.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n % t:
+            what = "input" if key == "in_features" else "output"
+            raise _refuse(plan_path, f"layer '{lay.get('name')}' is {lay['mode']} over {t} "
+                                     f"ranks, and its {n:,} {what} features do not split "
+                                     f"evenly over them; Megatron-LM's "
+                                     f"{'row' if key == 'in_features' else 'column'}-parallel"
+                                     " linear layers take equal shards", data,
+                                     f"price a tensor-parallel size that divides {n:,} "
+                                     "(`--grid TxD`), or a width that "
+                                     f"{t} divides")
 
 
 def _moe_args(moe: list[dict[str, Any]], e: int, dtype: str) -> list[str]:

@@ -100,6 +100,9 @@ def layer_record(r: LayerResult, pb: ParamBytes, zero: int = 0) -> dict[str, Any
         rec["seq"] = a.seq  # and a sequence split against (Megatron-LM's even chunks)
         if a.windowed:
             rec["window"] = a.window
+    lin = r.layer.linear
+    if lin is not None:  # what a launcher checks a feature split against (even shards)
+        rec["in_features"], rec["out_features"] = lin.in_features, lin.out_features
     m = r.layer.moe
     if m is not None:  # what a launcher's MoE arguments say
         rec["experts"], rec["top_k"] = m.experts, m.top_k

@@ -653,6 +653,21 @@ def test_launch_checks_the_layers_against_the_placement(runner, tmp_path):
     refused(text.replace("- stage: 1\n", "- stage: 0\n").replace("first_rank: 8\n",
                                                                   "first_rank: 0\n"),
             "no grid for pipeline stage 1")
+    # found by an audit of the launch path, each accepted before:
+    # the priced pipeline's microbatches edited apart from the question's
+    at = text.index("  microbatches: 4\n", text.index("\npipeline:\n"))
+    refused(text[:at] + "  microbatches: 8\n" + text[at + 18:],
+            "8 here, but the problem says microbatches: 4")
+    # a layer's grid removed (every layer's: validated ok, and torchrun emitted)
+    refused(re.sub(r"\n  grid: \[\d+, \d+\]", "", text[layers:]).join(
+        (text[:layers], "")), "layer 'wte' has no grid, where $.placement.grids[0] lists it")
+    # nodes of another size, edited with a node count to match: the groups were priced
+    # on 8-GPU nodes, as their counts say (a 2x4 grid by rows: column group r is ranks
+    # r, r+2, r+4, r+6, all on one 8-GPU node, two a node on 4-GPU nodes)
+    half = text.replace("  devices_per_node: 8\n", "  devices_per_node: 4\n")
+    half = re.sub(r"\n  nodes: 2\n", "\n  nodes: 4\n", half)
+    refused(half, "grid 2x4 (rows) on nodes of 4 devices has 2 for col_groups.per_node, "
+                  "not 4")
 
 
 @pytest.mark.parametrize("gpus", [1, 4])
@@ -843,7 +858,8 @@ def test_a_plan_that_parts_tied_layers_fails(runner, tmp_path):
     text = plan.read_text()
     # the plan splits the table by vocabulary rows and the head alike (model, column) on
     # one grid of at least two rows
-    found = re.search(r"- name: lm_head\n  type: linear\n  mode: column\n"
+    found = re.search(r"- name: lm_head\n  type: linear\n  in_features: 768\n"
+                      r"  out_features: 50257\n  mode: column\n"
                       r"  grid: \[(\d+), (\d+)\]\n", text)
     assert found and int(found[1]) >= 2
     pr, pc = found[1], found[2]
@@ -1031,3 +1047,58 @@ def test_launch_warns_when_the_plan_s_inputs_changed(runner, tmp_path, monkeypat
     os.remove("net.yaml")
     r = invoke(runner, "launch", "plan.yaml")
     assert r.exit_code == 0 and "warning" not in r.stderr
+    # not judged, and said so (an audit found the silence read as a pass)
+    assert ("planner: note: plan.yaml: its network file net.yaml is not found here or "
+            "beside the plan, so whether it changed since the plan was made is not "
+            "checked") in r.stderr
+    # launched from elsewhere, the file beside the plan is found and judged
+    (tmp_path / "sub").mkdir()
+    shutil.copy(EXAMPLES / "networks/alexnet.yaml", tmp_path / "sub" / "net.yaml")
+    shutil.move("plan.yaml", tmp_path / "sub" / "plan.yaml")
+    r = invoke(runner, "launch", "sub/plan.yaml")
+    assert r.exit_code == 0 and "warning" not in r.stderr and "note" not in r.stderr
+    with open(tmp_path / "sub" / "net.yaml", "a") as fh:
+        fh.write("# edited\n")
+    r = invoke(runner, "launch", "sub/plan.yaml")
+    assert "its network file sub/net.yaml has changed since the plan was made" in r.stderr
+
+
+def test_launch_without_the_plan_argument(runner, tmp_path, monkeypatch):
+    """``--no-plan-arg``: the training program is not given ``--plan PLAN`` (Megatron-LM's
+    ``pretrain_gpt.py`` exits on an argument it does not know; found by an audit); the
+    plan's path is still exported as PLANNER_PLAN."""
+    monkeypatch.chdir(tmp_path)
+    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "16", "-b", "256", "-o", "plan.yaml")
+    assert r.exit_code == 0, r.stderr
+    for kind in ("torchrun", "slurm"):
+        with_arg = invoke(runner, "launch", "plan.yaml", "--emit", kind, "--script", "p.py")
+        without = invoke(runner, "launch", "plan.yaml", "--emit", kind, "--script", "p.py",
+                         "--no-plan-arg")
+        assert with_arg.exit_code == without.exit_code == 0
+        assert "p.py --plan plan.yaml" in with_arg.stdout
+        assert "--plan" not in without.stdout.replace("--plan-arg", "")
+        assert "export PLANNER_PLAN=plan.yaml" in without.stdout
+        assert with_arg.stdout.replace(" --plan plan.yaml", "") == without.stdout
+    r = invoke(runner, "launch", "plan.yaml", "--emit", "env", "--no-plan-arg")
+    assert r.exit_code == 2 and "--emit env starts no training program" in r.stderr
+
+
+def test_a_document_without_a_plan_is_named_so(runner, tmp_path, monkeypatch):
+    """What ``plan --format yaml`` prints when nothing fits (``plan: null``, exit 1) was
+    refused by validate and launch as "not a plan with a placement (make one with
+    `planner plan ...`)", advice that had just failed (found by an audit)."""
+    monkeypatch.chdir(ROOT)
+    r = invoke(runner, "plan", "examples/networks/llama3-70b.yaml",
+               "examples/clusters/dgx-h100.yaml", "-p", "8", "-b", "64", "--format", "yaml")
+    assert r.exit_code == 1 and "plan: null" in r.stdout
+    doc = tmp_path / "none.yaml"
+    doc.write_text(r.stdout)
+    line = r.stdout.splitlines().index("plan: null") + 1
+    for command in ("validate", "launch"):
+        out = invoke(runner, command, doc)
+        assert out.exit_code == 2, out.output
+        assert f"none.yaml:{line}:7: error: the document records that no plan was found " \
+               "(no plan fits in memory" in out.stderr
+        assert "nothing to launch until `planner plan` finds one" in out.stderr
+        assert "Traceback" not in out.output

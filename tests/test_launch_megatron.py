@@ -143,6 +143,59 @@ def test_what_megatron_refuses_is_refused(runner, tmp_path):
                            "over the 4 ranks of sequence parallelism")
 
 
+def test_a_linear_layer_megatron_cannot_shard_evenly_is_refused(runner, tmp_path):
+    """Megatron-core's column-parallel linear layer divides its output features by T and
+    the row-parallel one its input features (``divide`` asserts it; found by an audit of
+    the launch path): GPT-2 with a 3,001-wide MLP under T = 2 is refused at its first
+    column layer. Plans record each linear layer's features for it."""
+    odd = tmp_path / "odd.yaml"
+    odd.write_text(GPT2.read_text().replace("out_features: 3072", "out_features: 3001"))
+    assert "out_features: 3001" in odd.read_text()
+    plan = _plan(runner, tmp_path, "cost", odd, DGX, "-p", "8", "-b", "16", "--grid", "2x4",
+                 "--mode", "megatron-sp", "--precision", "bf16", "--optimizer", "adam")
+    fc = next(lay for lay in yaml.safe_load(plan.read_text())["layers"]
+              if lay["name"] == "h.0.mlp.c_fc")
+    assert (fc["in_features"], fc["out_features"]) == (768, 3001)
+    said = _refused(runner, plan, "layer 'h.0.mlp.c_fc' is column-sp over 2 ranks, and its "
+                                  "3,001 output features do not split evenly over them")
+    assert "price a tensor-parallel size that divides 3,001" in said
+    # GPT-2 as it is: its output head's 50,257 tokens are not refused, since Megatron-LM
+    # pads the vocabulary to a multiple of 128·T
+    plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "8", "-b", "16", "--grid", "2x4",
+                 "--mode", "megatron-sp", "--precision", "bf16", "--optimizer", "adam",
+                 name="even.yaml")
+    _args(runner, plan)
+
+
+def test_zero_1_within_nodes_is_partial_distributed_optimizer(runner, tmp_path):
+    """ZeRO 1 sharded within nodes (``--zero-shard node``) reduce-scatters within each
+    node's replicas and all-reduces the shards across nodes; Megatron-LM runs that as
+    ``--num-distributed-optimizer-instances N``, slices of each data-parallel group of
+    ``DP·C / N`` consecutive ranks (found by an audit: it was refused). GPT-2 on 16 H100s
+    (two 8-GPU nodes) at T = 4: 4 replicas, 2 a node, so N = 16 / 8 = 2. On one node the
+    two shardings are one and no instance count is given; with experts split over ranks
+    Megatron-LM refuses it ("Partial DistOpt cannot support MoE models with expert
+    parallelism")."""
+    plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "16", "-b", "32", "--grid", "4x4",
+                 "--mode", "megatron-sp", "--precision", "bf16", "--optimizer", "adam",
+                 "--zero", "1", "--zero-shard", "node")
+    args, _ = _args(runner, plan)
+    assert "--use-distributed-optimizer" in args
+    assert "--num-distributed-optimizer-instances 2" in args
+    plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "8", "-b", "32", "--grid", "4x2",
+                 "--mode", "megatron-sp", "--precision", "bf16", "--optimizer", "adam",
+                 "--zero", "1", "--zero-shard", "node", name="one.yaml")
+    args, _ = _args(runner, plan)
+    assert "--use-distributed-optimizer" in args
+    assert not any(a.startswith("--num-distributed-optimizer-instances") for a in args)
+    mixtral = NETWORKS / "mixtral-8x7b.yaml"
+    plan = _plan(runner, tmp_path, "cost", mixtral, DGX, "-p", "16", "-b", "16", "--pin",
+                 "*.moe.experts=expert:8x2", "--precision", "bf16", "--optimizer", "adam",
+                 "--zero", "1", "--zero-shard", "node", name="moe.yaml")
+    _refused(runner, plan, "Partial DistOpt cannot support MoE models with expert "
+                           "parallelism")
+
+
 def test_a_capacity_factor_is_emitted(runner, tmp_path):
     """A network's capacity factor, which the plan prices on whole buffers, is run as
     priced: --moe-expert-capacity-factor with the buffers padded to it."""
@@ -181,6 +234,31 @@ def test_interleaved_pipeline_with_even_chunks(runner, tmp_path):
     assert "16 ranks: tensor 4 x context 1 x pipeline 2 x data 2" in text
 
 
+def test_uneven_chunks_as_a_pipeline_layout(runner, tmp_path):
+    """Chunks of unequal transformer layers (interleaved, or middle stages of 1F1B) were
+    refused; Megatron-core's ``--pipeline-model-parallel-layout`` takes any split (found
+    by an audit): chunks in Megatron-LM's virtual-stage order split by ``|``, ``t*n``
+    layers, the embedding ``E`` first and the loss ``L`` last. GPT-2 (12 layers) in 2
+    stages of 2 chunks starting at h.3, h.7 and h.11 holds 3, 4, 4 and 1 layers."""
+    from planner.megatron import pipeline_layout
+
+    assert pipeline_layout([3, 4, 4, 1]) == "Et*3|t*4|t*4|t,L"
+    assert pipeline_layout([0, 2, 0]) == "E|t*2|L"
+    plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "16", "-b", "64", "--grid", "4x2",
+                 "--mode", "megatron", "--pipeline", "2", "--virtual-stages", "2",
+                 "--microbatches", "8", "--stage-starts",
+                 "h.3.attn.ln_1,h.7.attn.ln_1,h.11.attn.ln_1", "--optimizer", "sgd")
+    args, text = _args(runner, plan)
+    assert "--pipeline-model-parallel-layout 'Et*3|t*4|t*4|t,L'" in args
+    assert not any(a.startswith(("--num-layers-per-virtual", "--decoder-")) for a in args)
+    plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "32", "-b", "64", "--grid", "4x2",
+                 "--mode", "megatron", "--pipeline", "4", "--microbatches", "8",
+                 "--stage-starts", "h.2.attn.ln_1,h.5.attn.ln_1,h.9.attn.ln_1",
+                 "--optimizer", "sgd", name="mid.yaml")
+    args, _ = _args(runner, plan)
+    assert "--pipeline-model-parallel-layout 'Et*2|t*3|t*4|t*3,L'" in args
+
+
 def test_the_buckets_priced_are_megatrons(runner, tmp_path):
     """Megatron-LM's gradient buckets default to max(40M, 1M x replicas) parameters, not
     the plan's; the arguments carry the plan's --bucket-size in gradient elements (an
@@ -217,7 +295,8 @@ def test_uneven_first_and_last_stages(runner, tmp_path):
     """Three stages of 2, 5 and 5 transformer layers (starts at h.2 and h.7) are
     Megatron-LM's uneven first and last stages (the middle ones share what is left
     evenly); every block recomputed is its uniform method a layer at a time. Four stages
-    of 2, 3, 5 and 2 are not: the middle two differ."""
+    of 2, 3, 5 and 2 are not: the middle two differ, so they are a pipeline layout (they
+    were refused before it was emitted)."""
     common = ("cost", GPT2, DGX, "-p", "6", "-b", "12", "--grid", "2x1", "--mode",
               "megatron", "--pipeline", "3", "--microbatches", "4")
     plan = _plan(runner, tmp_path, *common, "--stage-starts", "h.2.attn.ln_1,h.7.attn.ln_1",
@@ -233,7 +312,8 @@ def test_uneven_first_and_last_stages(runner, tmp_path):
                 "2x1", "--mode", "megatron", "--pipeline", "4", "--microbatches", "4",
                 "--stage-starts", "h.2.attn.ln_1,h.5.attn.ln_1,h.10.attn.ln_1",
                 name="bad.yaml")
-    _refused(runner, bad, "its stages hold [2, 3, 5, 2] transformer layers")
+    args, _ = _args(runner, bad)
+    assert "--pipeline-model-parallel-layout 'Et*2|t*3|t*5|t*2,L'" in args
 
 
 def test_precision_and_overlap_as_megatron_runs_them(runner, tmp_path):

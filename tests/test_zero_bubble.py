@@ -249,6 +249,9 @@ def test_zb_h1_plan_document_table_and_launch(runner, net_file, tmp_path):
     env = invoke(runner, "launch", str(plan), "--emit", "env")
     assert env.exit_code == 0, env.output
     assert "PLANNER_PIPELINE_SCHEDULE=zb-h1" in env.output
+    # the header names the schedule too (it said 1F1B; found by an audit)
+    assert ", ZB-H1 (zero-bubble 1F1B, the weight gradients deferred);" in env.output
+    assert "1F1B;" not in env.output.replace("zero-bubble 1F1B", "")
 
 
 def test_cost_and_check_price_a_zb_h1_grid_alike(runner, net_file, tmp_path):
