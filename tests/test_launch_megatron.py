@@ -248,7 +248,7 @@ def test_uneven_chunks_as_a_pipeline_layout(runner, tmp_path):
                  "--mode", "megatron", "--pipeline", "2", "--virtual-stages", "2",
                  "--microbatches", "8", "--stage-starts",
                  "h.3.attn.ln_1,h.7.attn.ln_1,h.11.attn.ln_1", "--optimizer", "sgd")
-    args, text = _args(runner, plan)
+    args, _ = _args(runner, plan)
     assert "--pipeline-model-parallel-layout 'Et*3|t*4|t*4|t,L'" in args
     assert not any(a.startswith(("--num-layers-per-virtual", "--decoder-")) for a in args)
     plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "32", "-b", "64", "--grid", "4x2",
