@@ -63,7 +63,8 @@ from .errors import Issue, UsageError, printable
 from .fields import show
 from .launch import cp_method
 from .loading import Document
-from .network import DTYPE_BYTES
+from .megatron_model import ModelArgs
+from .network import DTYPE_BYTES, Network
 from .units import count, format_time
 
 #: the modes of each of Megatron-LM's splits
@@ -213,7 +214,7 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
                                  "are sequence-parallel; Megatron-LM's --sequence-parallel "
                                  "is for all of them or none", data)
     by_heads = kinds["tensor"] + kinds["context"]
-    known = _network_heads(data) if any(
+    known = _network_heads(data, plan_path) if any(
         lay.get("type") == "attention" and "heads" not in lay for lay in by_heads) else {}
     for lay in by_heads:
         counts = known.get(str(lay.get("name")))
@@ -237,11 +238,22 @@ def _split(layers: list[dict[str, Any]], plan_path: str, data: dict[str, Any]
     return t, c, e, sp == {True}, cp
 
 
-def _network_heads(data: dict[str, Any]) -> dict[str, tuple[int, int]]:
+def _network_heads(data: dict[str, Any], plan_path: str) -> dict[str, tuple[int, int]]:
     """Each attention layer's query and key/value heads, by name, from the network file
     the plan names, for a plan that does not record them (made before 2026-11-28): where
-    the file is found here (as the launch scripts name paths) and is still the one the
-    plan was made from (its sha256); empty otherwise, and then nothing is checked."""
+    the file is found (:func:`_recorded_network`); empty otherwise, and then nothing is
+    checked."""
+    network = _recorded_network(data, plan_path)
+    if network is None:
+        return {}
+    return {layer.name: (layer.attention.heads, layer.attention.kv_heads)
+            for layer in network.layers if layer.attention is not None}
+
+
+def _recorded_network(data: dict[str, Any], plan_path: str) -> Network | None:
+    """The network the plan was made from: its file where the plan names it (relative
+    to here, as the launch scripts name paths) or beside the plan, if it is still the
+    one the plan was made from (its sha256); None otherwise."""
     from pathlib import Path
 
     from .errors import PlannerError
@@ -253,15 +265,14 @@ def _network_heads(data: dict[str, Any]) -> dict[str, tuple[int, int]]:
     name = entry.get("file") if isinstance(entry, dict) else None
     want = entry.get("sha256") if isinstance(entry, dict) else None
     if not (isinstance(name, str) and name not in ("", "-") and isinstance(want, str)):
-        return {}
+        return None
+    places = [Path(name), Path(plan_path).parent / name]
     try:
-        if not Path(name).is_file() or file_digest(name) != want:
-            return {}
-        network = load_network(name)
+        found = next((p for p in places if p.is_file() and file_digest(str(p)) == want),
+                     None)
+        return None if found is None else load_network(str(found))
     except (OSError, PlannerError):
-        return {}
-    return {layer.name: (layer.attention.heads, layer.attention.kv_heads)
-            for layer in network.layers if layer.attention is not None}
+        return None
 
 
 def _heads(lay: dict[str, Any]) -> str | None:
@@ -498,9 +509,18 @@ def megatron_args(doc: Document, plan_path: str) -> str:
     head = [f"# planner launch: Megatron-LM's parallelism arguments for "
             f"{printable(plan_path)} ({name})",
             f"# {count(world, 'rank')}: tensor {t} x context {c} x pipeline {stages} x data "
-            f"{replicas}" + (f", experts over {e} of the data-parallel ranks" if e > 1 else ""),
-            f"# the model's own arguments are yours to add ({layers} transformer layers: "
-            f"--num-layers {layers}, and its widths)"]
+            f"{replicas}" + (f", experts over {e} of the data-parallel ranks" if e > 1 else "")]
+    model = _model(data, plan_path, layers)
+    if model is None or model.refused is not None:
+        why = ("its network file is not found here or beside the plan, or has changed"
+               if model is None else f"the network is not Megatron-LM's GPT model: "
+                                     f"{model.refused}")
+        head.append(f"# the model's own arguments are yours to add ({layers} transformer "
+                    f"layers: --num-layers {layers}, and its widths; {why})")
+    else:
+        head.append("# PLANNER_MEGATRON_MODEL_ARGS: the network's own arguments, from its "
+                    "file, which does not say:")
+        head += [f"#   {printable(note)}" for note in model.notes]
     if stages > 1 and "--overlap-grad-reduce" in args:
         head.append("# Megatron-LM buckets the gradients of the first pipeline stage (and "
                     "model chunk) only;")
@@ -513,9 +533,30 @@ def megatron_args(doc: Document, plan_path: str) -> str:
         # what its overlap relies on)
         env = ["# Megatron-LM requires this with tensor or context parallelism (before "
                "Blackwell GPUs)", "export CUDA_DEVICE_MAX_CONNECTIONS=1"]
-    return "\n".join(head + env + ["PLANNER_MEGATRON_ARGS=("]
-                     + [f"  {' '.join(shlex.quote(w) for w in a.split())}" for a in args]
-                     + [")"]) + "\n"
+    def array(name: str, values: list[str]) -> list[str]:
+        return [f"{name}=("] + [f"  {' '.join(shlex.quote(w) for w in a.split())}"
+                               for a in values] + [")"]
+
+    body = array("PLANNER_MEGATRON_ARGS", args)
+    if model is not None and model.refused is None:
+        body += array("PLANNER_MEGATRON_MODEL_ARGS", model.args)
+    return "\n".join(head + env + body) + "\n"
+
+
+def _model(data: dict[str, Any], plan_path: str, layers: int) -> ModelArgs | None:
+    """The network's model arguments (:mod:`planner.megatron_model`), where its file is
+    found unchanged; None otherwise."""
+    from .megatron_model import model_args
+
+    network = _recorded_network(data, plan_path)
+    if network is None:
+        return None
+    model = model_args(network)
+    if model.refused is None and f"--num-layers {layers}" not in model.args:
+        # the plan's chunks count the same attention layers: never seen, but a model
+        # that disagrees with the stages must not be emitted beside them
+        model.refused = f"its attention layers are not the plan's {layers}"
+    return model
 
 
 def _check_sequence(layers: list[dict[str, Any]], t: int, c: int, sp: bool, plan_path: str,

@@ -65,6 +65,140 @@ def test_tensor_parallel_plan(runner, tmp_path):
     assert "--num-layers 32" in text
 
 
+def _model_args(text):
+    """The arguments between ``PLANNER_MEGATRON_MODEL_ARGS=(`` and ``)`` (None: none)."""
+    lines = text.splitlines()
+    if "PLANNER_MEGATRON_MODEL_ARGS=(" not in lines:
+        return None
+    start = lines.index("PLANNER_MEGATRON_MODEL_ARGS=(")
+    return [line.strip() for line in lines[start + 1:lines.index(")", start)]]
+
+
+def test_model_arguments_from_the_network_file(runner, tmp_path):
+    """The network's own arguments, derived by hand from each file's text (its header
+    comment gives the same figures): Llama 3 8B is 32 layers of 4,096 with 32 query and 8
+    key/value heads, a SwiGLU MLP of 14,336 (its fused gate and up projection 28,672 wide),
+    RMSNorm, rotary positions, no biases, no dropout, an untied head, 8,192 tokens. GPT-2
+    keeps Megatron-LM's defaults where they are its own (learned positions, LayerNorm,
+    GELU, biases, a tied head) and its attention dropout 0.1; Qwen2 7B has biases on Q,
+    K and V alone; DeepSeekMoE 16B a dense first layer (10,944) before 27 of 64 experts
+    of 1,408, 6 a token, and 2 shared ones. Gemma 2's local and global attention layers
+    alternate: no arguments, and why."""
+    plan = _plan(runner, tmp_path, "cost", LLAMA, DGX, "-p", "64", "-b", "16", "--optimizer",
+                 "adam", "--grid", "4x16", "--mode", "megatron-sp")
+    _, text = _args(runner, plan)
+    assert _model_args(text) == [
+        "--num-layers 32", "--hidden-size 4096", "--ffn-hidden-size 14336",
+        "--num-attention-heads 32", "--group-query-attention", "--num-query-groups 8",
+        "--seq-length 8192", "--max-position-embeddings 8192",
+        "--position-embedding-type rope", "--normalization RMSNorm", "--swiglu",
+        "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+        "--attention-dropout 0", "--hidden-dropout 0"]
+    assert "#   the tokenizer of its 128,256-token vocabulary" in text
+    assert "#   --rotary-base" in text and "#   --norm-epsilon" in text
+    plan = _plan(runner, tmp_path, "cost", GPT2, DGX, "-p", "8", "-b", "16", "--grid", "2x4",
+                 "--mode", "megatron", name="gpt2.yaml")
+    _, text = _args(runner, plan)
+    assert _model_args(text) == [
+        "--num-layers 12", "--hidden-size 768", "--ffn-hidden-size 3072",
+        "--num-attention-heads 12", "--seq-length 1024", "--max-position-embeddings 1024",
+        "--attention-dropout 0.1"]
+    assert "#   --hidden-dropout for its dropout layers" in text
+    qwen = NETWORKS / "qwen2-7b.yaml"
+    plan = _plan(runner, tmp_path, "cost", qwen, DGX, "-p", "8", "-b", "8", "--grid", "4x2",
+                 "--mode", "megatron-sp", "--optimizer", "adam", name="qwen.yaml")
+    got = _model_args(_args(runner, plan)[1])
+    assert got is not None and got[got.index("--swiglu") + 1:] == [
+        "--disable-bias-linear", "--add-qkv-bias", "--untie-embeddings-and-output-weights",
+        "--attention-dropout 0", "--hidden-dropout 0"]
+    moe = NETWORKS / "deepseek-moe-16b.yaml"
+    plan = _plan(runner, tmp_path, "cost", moe, DGX, "-p", "8", "-b", "8", "--grid", "1x8",
+                 "--optimizer", "adam", name="moe.yaml")
+    got = _model_args(_args(runner, plan)[1])
+    assert got is not None
+    assert got[:3] == ["--num-layers 28", "--hidden-size 2048", "--ffn-hidden-size 10944"]
+    moe_args = got[got.index("--num-experts 64"):got.index("--swiglu")]
+    assert moe_args == ["--num-experts 64", "--moe-router-topk 6",
+                        "--moe-ffn-hidden-size 1408",
+                        "--moe-shared-expert-intermediate-size 2816",
+                        "--moe-layer-freq '[0]*1+[1]*27'"]
+    gemma = NETWORKS / "gemma2-9b.yaml"
+    plan = _plan(runner, tmp_path, "cost", gemma, DGX, "-p", "8", "-b", "8", "--grid", "1x8",
+                 "--optimizer", "adam", name="gemma.yaml")
+    _, text = _args(runner, plan)
+    assert _model_args(text) is None
+    assert "the network is not Megatron-LM's GPT model: its attention layers' windows " \
+           "differ (0, 4096))" in text
+    # the network file gone: the parallelism alone, and why
+    copy = tmp_path / "copy.yaml"
+    copy.write_text(LLAMA.read_text())
+    plan = _plan(runner, tmp_path, "cost", copy, DGX, "-p", "64", "-b", "16", "--grid",
+                 "4x16", "--mode", "megatron-sp", "--optimizer", "adam", name="gone.yaml")
+    copy.unlink()
+    _, text = _args(runner, plan)
+    assert _model_args(text) is None
+    assert "--num-layers 32, and its widths; its network file is not found here or " \
+           "beside the plan, or has changed)" in text
+
+
+def _megatron_params(args: list[str], vocab: int) -> int:
+    """The parameters of the GPT model Megatron-LM builds from ``args``, by its layer
+    shapes: per decoder layer the fused QKV projection ``h × (n·d + 2·g·d)`` and the output
+    ``n·d × h`` (``n`` heads of ``d``, ``g`` key/value groups), the MLP ``3·h·f`` under
+    SwiGLU (``2·h·f`` otherwise), or ``E`` experts of ``3·h·f_e``, their router ``h·E``
+    and shared experts ``3·h·f_s``; biases unless disabled (Q, K and V alone with
+    --add-qkv-bias); two norms of ``h`` (RMSNorm) or ``2h`` (LayerNorm) a layer and a
+    final one; the token table, the head unless tied, learned positions."""
+    d = dict(a.partition(" ")[::2] for a in args)
+    h, layers, heads = int(d["--hidden-size"]), int(d["--num-layers"]), \
+        int(d["--num-attention-heads"])
+    groups = int(d.get("--num-query-groups", heads))
+    hd = int(d.get("--kv-channels", h // heads))
+    ffn, glu = int(d["--ffn-hidden-size"]), "--swiglu" in d
+    bias = "--disable-bias-linear" not in d
+    norm = h if d.get("--normalization") == "RMSNorm" else 2 * h
+    qkv = heads * hd + 2 * groups * hd
+    attention = h * qkv + heads * hd * h + (qkv if bias or "--add-qkv-bias" in d else 0) \
+        + (h if bias else 0)
+    dense = (3 if glu else 2) * h * ffn + ((ffn * (2 if glu else 1) + h) if bias else 0)
+    experts = int(d.get("--num-experts", 0))
+    pattern = [1 if experts else 0] * layers
+    if "--moe-layer-freq" in d:
+        pattern = []
+        for run in d["--moe-layer-freq"].strip("'").split("+"):  # [f]*n
+            flag, n = run.split("*")
+            pattern += [int(flag.strip("[]"))] * int(n)
+    moe = experts * (3 if glu else 2) * h * int(d.get("--moe-ffn-hidden-size", 0)) \
+        + h * experts + 3 * h * int(d.get("--moe-shared-expert-intermediate-size", 0))
+    total = sum(attention + (moe if flag else dense) + 2 * norm for flag in pattern)
+    total += norm + vocab * h * (2 if "--untie-embeddings-and-output-weights" in d else 1)
+    if d.get("--position-embedding-type", "learned_absolute") == "learned_absolute":
+        total += int(d["--max-position-embeddings"]) * h
+    return total
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "llama3-70b", "llama2-13b", "mistral-7b",
+                                  "qwen2-7b", "gpt2-small", "mixtral-8x7b",
+                                  "deepseek-moe-16b"])
+def test_model_arguments_build_the_networks_parameters(name):
+    """The model Megatron-LM builds from the arguments has the network's parameters,
+    counted from Megatron-LM's layer shapes (:func:`_megatron_params`) against the
+    network file's own count (GPT-2 small 124,439,808 and Llama 3 8B 8,030,261,248,
+    REFERENCES §7 and the file's header): exact, so no width, head count, bias or tie is
+    off."""
+    from planner.inputs import load_network
+    from planner.megatron_model import model_args
+
+    net = load_network(NETWORKS / f"{name}.yaml")
+    got = model_args(net)
+    assert got.refused is None, got.refused
+    vocab = next(lay.embedding.vocab for lay in net.layers if lay.embedding is not None)
+    assert _megatron_params(got.args, vocab) == sum(lay.params for lay in net.layers)
+    known = {"gpt2-small": 124_439_808, "llama3-8b": 8_030_261_248}
+    if name in known:
+        assert _megatron_params(got.args, vocab) == known[name]
+
+
 @pytest.mark.parametrize("cp, attention, want", [
     ("p2p", "domain", "p2p"), ("allgather", "domain", "all_gather"),
     ("p2p", "ulysses", "a2a"),
