@@ -114,9 +114,14 @@ def _estimator_for(cfg: Any, name: str, make: Any, models_dir: str | None) -> An
               help="Give the training program --plan PLAN. Its path is in PLANNER_PLAN "
                    "either way; a program that refuses arguments it does not know "
                    "(Megatron-LM's pretrain_gpt.py) needs --no-plan-arg.")
+@click.option("--strict", is_flag=True,
+              help="Write nothing and exit 1 where a warning would be given: a plan that "
+                   "does not fit in memory, or whose network or cluster file has changed "
+                   "since it was made (for CI jobs and launch wrappers).")
 @output_option
 def launch(plan_file: str, kind: str, script: str, master_port: int,
-           cpus_per_task: int | None, plan_arg: bool, output: str | None) -> None:
+           cpus_per_task: int | None, plan_arg: bool, strict: bool,
+           output: str | None) -> None:
     """What each node needs to start a plan: node count, processes per node, the
     rank-to-device mapping of the placement, the plan path.
 
@@ -156,15 +161,18 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
                          "every node; write it with `planner plan ... -o plan.yaml`")
     doc = load_file(plan_file)
     spec = launch_spec(doc, plan_file)
+    said = "error" if strict else "warning"
     if not spec.fits:
-        click.echo(f"planner: warning: {plan_file}: the plan does not fit in memory "
+        click.echo(f"planner: {said}: {plan_file}: the plan does not fit in memory "
                    "(memory.fits: false): its ranks will run out of device memory; "
                    "`planner plan` finds one that fits", err=True)
     changed_files, missing = _changed_inputs(doc.data, plan_file)
     for changed in changed_files:
-        click.echo(f"planner: warning: {plan_file}: {changed} has changed since the plan "
+        click.echo(f"planner: {said}: {plan_file}: {changed} has changed since the plan "
                    "was made (its sha256 is not the one the plan records): `planner check` "
                    "prices the plan against it", err=True)
+    if strict and (changed_files or not spec.fits):
+        raise click.exceptions.Exit(EXIT_CHECK_FAILED)
     for gone in missing:
         click.echo(f"planner: note: {plan_file}: {gone} is not found here or beside the "
                    "plan, so whether it changed since the plan was made is not checked",

@@ -526,6 +526,9 @@ def test_slurm_on_cpus_asks_for_no_gpus_and_a_plan_that_does_not_fit_warns(runne
     assert out.stderr == (f"planner: warning: {dgx}: the plan does not fit in memory "
                           "(memory.fits: false): its ranks will run out of device memory; "
                           "`planner plan` finds one that fits\n")
+    out = invoke(runner, "launch", dgx, "--emit", "slurm", "--strict")
+    assert out.exit_code == 1 and not out.stdout
+    assert out.stderr.startswith(f"planner: error: {dgx}: the plan does not fit in memory")
 
 
 def test_launch_does_not_overwrite_the_program(runner, tmp_path, monkeypatch):
@@ -1061,6 +1064,14 @@ def test_launch_warns_when_the_plan_s_inputs_changed(runner, tmp_path, monkeypat
         fh.write("# edited\n")
     r = invoke(runner, "launch", "sub/plan.yaml")
     assert "its network file sub/net.yaml has changed since the plan was made" in r.stderr
+    # --strict: an error, exit 1, and nothing written (for CI and wrappers)
+    r = invoke(runner, "launch", "sub/plan.yaml", "--strict", "-o", "run.sh")
+    assert r.exit_code == 1 and not r.stdout and not os.path.exists("run.sh")
+    assert "planner: error: sub/plan.yaml: its network file sub/net.yaml has changed" \
+        in r.stderr
+    shutil.copy(EXAMPLES / "networks/alexnet.yaml", tmp_path / "sub" / "net.yaml")
+    r = invoke(runner, "launch", "sub/plan.yaml", "--strict", "-o", "run.sh")
+    assert r.exit_code == 0 and os.path.exists("run.sh") and "warning" not in r.stderr
 
 
 def test_launch_without_the_plan_argument(runner, tmp_path, monkeypatch):
