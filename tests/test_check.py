@@ -309,14 +309,14 @@ def test_a_plan_with_an_impossible_layer_is_an_input_error(runner, tmp_path, lay
     plans.mkdir()
     text = (CI / "plans" / "resnet50-dgx-64.yaml").read_text()
     # the classifier (a linear layer, no height to split), in whatever layout the plan has
-    found = re.search(r"- name: fc\n  type: linear\n  mode: [a-z-]+\n  grid: \[\d+, \d+\]\n",
-                      text)
-    assert found is not None
+    found = re.search(r"- name: fc\n  type: linear\n((?:  (?:in|out)_features: \d+\n)*)"
+                      r"  mode: [a-z-]+\n  grid: \[\d+, \d+\]\n", text)
+    assert found is not None and found.group(1)  # the features the plan records
     entry = found.group(0)
-    # the line numbers of `said` count from the layer's entry
-    first = text[:text.index(entry)].count("\n")
-    (plans / "p.yaml").write_text(text.replace(entry, "- name: fc\n  type: linear\n  "
-                                                      f"{layer}\n"))
+    # the line numbers of `said` count from the layer's layout, as if right after its type
+    first = text[:text.index(entry)].count("\n") + found.group(1).count("\n")
+    (plans / "p.yaml").write_text(text.replace(entry, "- name: fc\n  type: linear\n"
+                                                      f"{found.group(1)}  {layer}\n"))
     said = re.sub(r"^:(\d+):", lambda m: f":{first + int(m.group(1))}:", said)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(_config("plans/p.yaml"))
