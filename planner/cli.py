@@ -317,10 +317,10 @@ def render_data(data: Any, fmt: str | None, output: str | None,
 
     if fmt is None:
         fmt = format_for(output)
-    if fmt == "json":
-        emit(to_json(data), output, protect)
-    elif fmt == "yaml":
-        emit(to_yaml(data), output, protect)
+    if fmt in ("json", "yaml"):
+        text = to_json(data) if fmt == "json" else to_yaml(data)
+        _readable_plan(data, text)
+        emit(text, output, protect)
     else:
         assert table is not None
         if output not in (None, "-"):
@@ -331,6 +331,32 @@ def render_data(data: Any, fmt: str | None, output: str | None,
                 print_fitted(con, table())
             else:  # piped or captured: the bytes a file gets, at the console's width
                 click.echo(_plain_table(table(), con.width), nl=False)
+
+
+def _readable_plan(data: Any, text: str) -> None:
+    """Refuse a plan document that ``validate``, ``launch`` and ``check`` would refuse as
+    too large to read: one with every rank listed (``--expand-ranks``) on hundreds of
+    thousands of devices (found by an audit: 44.6 MB written, exit 0, then refused by
+    the commands that read plans)."""
+    from .loading import MAX_PLAN_FILE_BYTES
+
+    if not (isinstance(data, dict) and "placement" in data):
+        return
+    size = len(text.encode())
+    if size > MAX_PLAN_FILE_BYTES:
+        from .units import format_bytes
+
+        raise UsageError(f"planner: error: the plan would be {format_bytes(size)}, over the "
+                         f"{format_bytes(MAX_PLAN_FILE_BYTES)} that validate, launch and "
+                         "check read"
+                         + ("; --expand-ranks lists every rank of every group: leave it out "
+                            "(each grid's rules say the same)" if _expanded(data) else ""))
+
+
+def _expanded(data: dict[str, Any]) -> bool:
+    grids = data.get("placement", {}).get("grids", [])
+    return any(isinstance(g, dict) and isinstance(g.get("row_groups"), dict)
+               and "ranks" in g["row_groups"] for g in grids)
 
 
 def _plain_table(renderable: Any, width: int) -> str:
@@ -368,12 +394,25 @@ def count_or_auto(value: str, most: int, what: str) -> int | str:
     except ValueError:
         n = 0
     if not 1 <= n <= most:
-        raise click.BadParameter(f"{value!r}: give the number of {what} or auto")
+        raise click.BadParameter(f"{value!r}: give the number of {what}, 1 to {most:,}, or "
+                                 "auto")
     return n
 
 
 def _jobs_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
-    return count_or_auto(value, 1024, "searches to run at once (1 or more)")
+    try:
+        return count_or_auto(value, 1024, "searches to run at once")
+    except click.BadParameter as exc:
+        # from PLANNER_JOBS, the environment is what to fix (found by an audit; click
+        # records where a value came from only after its callback)
+        import sys
+
+        given = any(a in ("-j", "--jobs") or a.startswith(("--jobs=", "-j"))
+                    for a in sys.argv[1:])
+        if not given and os.environ.get("PLANNER_JOBS") == value:
+            raise click.BadParameter(f"PLANNER_JOBS={value}: {exc.message.split(': ', 1)[1]}",
+                                     param_hint="'PLANNER_JOBS'") from None
+        raise
 
 
 def jobs_option(what: str) -> Callable[[F], F]:

@@ -666,6 +666,16 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
                          "json is the fit report: give one of them")
     protect = (*files, *([cluster_path] if cluster_path else []))
     check_output(output, protect)
+    if cluster_path is not None:
+        # a file that is not a cluster is refused before the fit's report is printed
+        # (found by an audit); its network section is checked once the fit fills it
+        from .inputs import cluster_kind_issue
+        from .loading import load_file
+
+        doc = load_file(cluster_path)
+        issue = cluster_kind_issue(doc)
+        if issue is not None:
+            raise doc.error([issue])
     notes: list[str] = []
     files = _once(files, notes)
     fits = fit_all(read_samples(files, notes))

@@ -152,7 +152,7 @@ def problem_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _microbatches_option(ctx: click.Context, param: click.Parameter, value: str
                          ) -> int | str:
-    return count_or_auto(value, MAX_BATCH, "microbatches (1 or more, a divisor of --batch)")
+    return count_or_auto(value, MAX_BATCH, "microbatches (a divisor of --batch)")
 
 
 def _recompute_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -832,11 +832,11 @@ pin_option = click.option(
 
 
 def _pipeline_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
-    return count_or_auto(value, MAX_GPUS, "stages (1 or more, a divisor of --gpus)")
+    return count_or_auto(value, MAX_GPUS, "stages (a divisor of --gpus)")
 
 
 def _virtual_option(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
-    return count_or_auto(value, MAX_GPUS, "model chunks a pipeline stage (1 or more)")
+    return count_or_auto(value, MAX_GPUS, "model chunks a pipeline stage")
 
 
 @click.command()
@@ -1912,6 +1912,13 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
             param_hint="'--batch-per-device'")
     ins = inputs_of(network, cluster, kw)
     check_output(output, ins)
+    if output not in (None, "-") and os.path.splitext(output)[1].lower() in (
+            ".png", ".svg", ".pdf", ".jpg", ".jpeg"):
+        # -o writes the table, CSV, YAML or JSON: a plot named by -o got the table's text
+        # (found by an audit)
+        raise click.BadParameter(f"{output!r} names an image, and -o writes the sweep's "
+                                 "table, CSV, YAML or JSON; --plot FILE.png draws the plot",
+                                 param_hint="'-o'")
     if plot:
         check_output(plot, ins)  # an input named is refused first, whatever its suffix
         if os.path.splitext(plot)[1].lower() != ".png":

@@ -59,10 +59,28 @@ def _wrong_kind(kind: str, expected: str) -> Issue:
                           f"give the {expected} file the plan was made from")
     hint = ""
     if {kind, expected} == {"network", "cluster"}:
-        # `plan CLUSTER NETWORK`: the commands take the network first
-        hint = (f"; is it the {kind} file? (plan, cost, compare and sweep take NETWORK, "
-                "then CLUSTER)")
+        hint = f"; is it the {kind} file? " + _order_hint()
     return Issue("$.kind", f"expected a {expected} file, got 'kind: {kind}'{hint}")
+
+
+def _order_hint() -> str:
+    """Where the command being run takes its network and cluster files (a hint for a
+    file of the other kind; found by an audit: show, check and comm fit were told what
+    plan, cost, compare and sweep take)."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    path = ctx.command_path.split() if ctx is not None else []
+    command = path[-1] if path else ""
+    if command == "show":
+        return "(show takes a NETWORK file)"
+    if command == "check":
+        return ("(a training configuration names its files under 'network' and "
+                "'cluster': are they swapped?)")
+    if command in ("predict", "fit", "eval"):  # kernels and comm: --cluster FILE
+        return "(--cluster takes a CLUSTER file)"
+    # `plan CLUSTER NETWORK`: the commands take the network first
+    return "(plan, cost, compare and sweep take NETWORK, then CLUSTER)"
 
 
 def network_from_document(doc: Document) -> Network:
@@ -80,6 +98,14 @@ def network_from_document(doc: Document) -> Network:
     if issues or net is None:
         raise doc.error(issues or [Issue("$", "invalid network")])
     return net
+
+
+def cluster_kind_issue(doc: Document) -> Issue | None:
+    """Why a document is not a cluster file (None: it says it is one)."""
+    kind = detect_kind(doc.data)
+    if kind is None:
+        return _kind_issue(doc, "cluster")
+    return _wrong_kind(kind, "cluster") if kind != "cluster" else None
 
 
 def cluster_from_document(doc: Document) -> Cluster:

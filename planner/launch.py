@@ -14,12 +14,14 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from .cluster import ALGORITHMS
 from .costs import COST_MODELS, OVERLAPS
 from .costs.memory import OPTIMIZERS
 from .errors import Issue, UsageError, printable
 from .fields import show
 from .loading import Document
 from .network import DTYPE_BYTES
+from .plan import DEFAULT_ALGORITHM
 from .schedules import INTERLEAVED, SCHEDULE, SCHEDULES, ZERO_BUBBLE
 from .units import MAX_BATCH, MAX_GPUS, count
 
@@ -165,6 +167,9 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
                                                f"{{sha256: <64 hex digits>}}, got "
                                                f"{show(models)}: the plan was edited; make "
                                                "it again"))
+    if data.get("objective", "time") not in ("time", "comm"):
+        issues.append(Issue("$.objective", f"expected time or comm (what the search "
+                                           f"minimised), got {show(data['objective'])}"))
     memory = data.get("memory")
     if isinstance(memory, dict) and not isinstance(memory.get("fits", False), bool):
         issues.append(Issue("$.memory.fits", f"expected true or false, got "
@@ -200,7 +205,14 @@ def launch_spec(doc: Document, plan_path: str, check_layers: bool = True) -> Lau
     if isinstance(problem, dict) and not issues:
         for key, mine, want in (("gpus", "devices", world), ("nodes", "nodes", nodes)):
             got = problem.get(key)
-            if got is not None and got != want:
+            if got is not None and (isinstance(got, bool) or not isinstance(got, int)
+                                    or got < 1):
+                # the problem's own value is what is wrong: said there (an audit found
+                # it said at the placement's)
+                issues.append(Issue(f"$.problem.{key}", f"expected a whole number >= 1, got "
+                                                        f"{show(got)}: the plan was edited; "
+                                                        "make it again"))
+            elif got is not None and got != want:
                 issues.append(Issue(f"$.placement.{mine}", f"{want} here, but the problem "
                                                            f"says {key}: {show(got)}: the plan "
                                                            "was edited; make it again"))
@@ -358,6 +370,24 @@ def _problem_issues(problem: dict[str, Any], issues: list[Issue]) -> None:
         if key in problem and problem[key] not in options:
             issues.append(Issue(f"$.problem.{key}", f"expected one of {', '.join(options)}, "
                                                     f"got {show(problem[key])}"))
+    # found by an audit: edited to anything, these were called a stale plan by check
+    # (exit 1) or printed into Megatron-LM's refusal
+    recompute = problem.get("recompute", "none")
+    if not ((isinstance(recompute, str) and (recompute in ("none", "auto", "blocks")
+                                             or recompute.isdigit()))
+            or (isinstance(recompute, int) and not isinstance(recompute, bool)
+                and recompute >= 0)):
+        issues.append(Issue("$.problem.recompute", f"expected none, auto, blocks or a number "
+                                                   f"of blocks, got {show(recompute)}"))
+    algorithm = problem.get("algorithm", DEFAULT_ALGORITHM)
+    if algorithm != DEFAULT_ALGORITHM and algorithm not in ALGORITHMS:
+        issues.append(Issue("$.problem.algorithm", f"expected {DEFAULT_ALGORITHM} or one of "
+                                                   f"{', '.join(ALGORITHMS)}, got "
+                                                   f"{show(algorithm)}"))
+    if "estimator" in problem and problem["estimator"] not in ("mlp", "roofline"):
+        issues.append(Issue("$.problem.estimator", f"expected mlp or roofline (what timed "
+                                                   f"the kernels), got "
+                                                   f"{show(problem['estimator'])}"))
     if "master_weights" in problem and not isinstance(problem["master_weights"], bool):
         issues.append(Issue("$.problem.master_weights", f"expected true or false, got "
                                                         f"{show(problem['master_weights'])}"))
@@ -381,9 +411,17 @@ def _names_issues(layers: object, owner: dict[str, tuple[int, dict[str, Any]]],
     would start groups for layers nobody priced)."""
     records = layers if isinstance(layers, list) else []
     names = [(i, lay.get("name")) for i, lay in enumerate(records) if isinstance(lay, dict)]
-    seen: set[object] = set()
+    seen: set[str] = set()
     for i, n in names:
-        if isinstance(n, str) and n in seen:
+        if not isinstance(n, str) or not n:
+            # a list or a mapping is no name (and no key of a set: found by an audit,
+            # which crashed validate, launch and check with exit 3)
+            issues.append(Issue(f"$.layers[{i}].name" if "name" in records[i] else
+                                f"$.layers[{i}]", f"expected the layer's name as text, got "
+                                                  f"{show(n)}: the plan was edited; make it "
+                                                  "again"))
+            return
+        if n in seen:
             issues.append(Issue(f"$.layers[{i}].name", f"layer {show(n)} is listed twice: "
                                                        "the plan was edited; make it again"))
             break

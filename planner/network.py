@@ -1253,6 +1253,23 @@ def _build_seq(b: _Builder, specs: list[_Spec], prefix: str, shape: Shape | None
             b.reserved.add(pre[:-1])
         elif spec.name is not None:
             b.reserved.add(f"{pre}.{spec.name}" if pre else spec.name)
+    # a name given outside a repeat group that lies among a copy's names (g.0.linear1
+    # beside `repeat: 2, name: g`) would push that copy's own names aside (its linear
+    # layer became g.0.linear2 where copy 1's is g.1.linear1, so a pin g.*.linear1 met
+    # the wrong layer; found by an audit)
+    copies = {pre.removesuffix("\0") for _, pre, copy in expanded if copy is not None}
+    for spec, pre, copy in expanded:
+        if copy is not None or spec.name is None or pre.endswith("\0"):
+            continue
+        full = f"{pre}.{spec.name}" if pre else spec.name
+        parts = full.split(".")
+        inside = next((".".join(parts[:k]) for k in range(1, len(parts))
+                       if ".".join(parts[:k]) in copies), None)
+        if inside is not None:
+            b.issues.append(Issue(spec.path, f"layer name '{full}' lies among the names of "
+                                             f"repeat copy '{inside}' ({inside}.<layer>); "
+                                             "rename it"))
+            b.failed = True
     for spec, pre, copy in expanded:
         if not prefix:  # the network's own list: where each of its specs starts
             if copy is not None:

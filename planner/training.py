@@ -215,6 +215,10 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
 
     issues: list[Issue] = []
     base = Path(path).resolve().parent
+    # where its paths are relative to, as messages say it (standard input has no folder:
+    # the current one; found by an audit)
+    folder = (f"the current folder, {base}" if str(path) == "-" else
+              f"the configuration's folder, {base}")
     kind = detect_kind(doc.data)
     if kind == "plan":
         raise doc.error([Issue("$", "this is a plan, not a training configuration; name it "
@@ -248,13 +252,13 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
             p = (base / rel).resolve()
             if p.is_dir():
                 f.error(key, f"{key} '{rel}' is a directory; name the {key} YAML file in it "
-                             f"(paths are relative to the configuration's folder, {base})")
+                             f"(paths are relative to {folder})")
             elif p.exists() and not p.is_file():  # /dev/null, a named pipe
                 f.error(key, f"{key} file '{rel}' is not a regular file; name the {key} "
                              "YAML file")
             elif not p.is_file():
-                f.error(key, f"{key} file '{rel}' not found (paths are relative to the "
-                             f"configuration's folder, {base})")
+                f.error(key, f"{key} file '{rel}' not found (paths are relative to "
+                             f"{folder})")
             paths[key] = p
     gpus = f.req("gpus", integer(1, MAX_GPUS))
     batch = f.req("batch", integer(1, MAX_BATCH))

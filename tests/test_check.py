@@ -656,6 +656,32 @@ def test_launch_checks_the_layers_against_the_placement(runner, tmp_path):
     refused(text.replace("- stage: 1\n", "- stage: 0\n").replace("first_rank: 8\n",
                                                                   "first_rank: 0\n"),
             "no grid for pipeline stage 1")
+    # found by an audit of bad inputs: a layer's name that is a list crashed validate,
+    # launch and check (exit 3); problem settings edited to anything were called stale
+    # by check (exit 1) or printed into Megatron-LM's refusal
+    at = text.index("  name: wte\n", text.index("\nlayers:\n"))
+    refused(text[:at] + "  name: [1, 2]\n" + text[at + 12:],
+            "expected the layer's name as text, got [1, 2]")
+    for key, said in (("recompute", "expected none, auto, blocks or a number of blocks, "
+                                    "got 'banana'"),
+                      ("algorithm", "expected cluster default or one of auto, ring, tree, "
+                                    "recursive, hierarchical, got 'banana'"),
+                      ("estimator", "expected mlp or roofline (what timed the kernels), "
+                                    "got 'banana'"),
+                      ("gpus", "expected a whole number >= 1, got 'banana'")):
+        edited = re.sub(rf"\n  {key}: [^\n]*\n", f"\n  {key}: banana\n", text, count=1)
+        assert edited != text, key
+        said_at = refused(edited, said, f"(at $.problem.{key})")
+        line = edited[:edited.index(f"\n  {key}: banana\n") + 1].count("\n") + 1
+        assert f"bad.yaml:{line}:" in said_at, (key, said_at)
+    searched = tmp_path / "searched.yaml"
+    r = invoke(runner, "plan", EXAMPLES / "networks/alexnet.yaml",
+               EXAMPLES / "clusters/dgx-h100.yaml", "-p", "8", "-b", "64", "-o", searched)
+    assert r.exit_code == 0, r.stderr
+    plan_text = searched.read_text()
+    assert "\nobjective: time\n" in plan_text
+    refused(plan_text.replace("\nobjective: time\n", "\nobjective: banana\n"),
+            "expected time or comm (what the search minimised), got 'banana'")
     # found by an audit of the launch path, each accepted before:
     # the priced pipeline's microbatches edited apart from the question's
     at = text.index("  microbatches: 4\n", text.index("\npipeline:\n"))

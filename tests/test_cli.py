@@ -511,3 +511,75 @@ def test_more_small_messages(runner, tmp_path):
     plan = ROOT_EXAMPLES / "ci" / "plans" / "resnet50-dgx-64.yaml"
     r = invoke(runner, "launch", plan, "--script", "-x")
     assert r.exit_code == 2 and "name the program as ./-x" in r.stderr
+
+
+def test_messages_an_input_audit_found(runner, tmp_path, monkeypatch):
+    """Found by an audit of bad inputs (2026-12-07), none of them a crash: each command
+    names the file order it takes; PLANNER_JOBS out of range is named as the variable,
+    with the range; -o naming an image is refused where --plot draws one; a
+    configuration from standard input has its paths relative to the current folder; a
+    `--only` that leaves every row out says so; comm fit refuses a --cluster file that
+    is not a cluster before printing its report."""
+    alexnet, dgx = NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml"
+    r = invoke(runner, "show", dgx)
+    assert r.exit_code == 2 and "is it the cluster file? (show takes a NETWORK file)" \
+        in r.stderr
+    r = invoke(runner, "plan", dgx, alexnet, "-p", "8", "-b", "8")
+    assert r.exit_code == 2 and "(plan, cost, compare and sweep take NETWORK, then " \
+        "CLUSTER)" in r.stderr
+    monkeypatch.setenv("PLANNER_JOBS", "100000")
+    r = invoke(runner, "plan", alexnet, dgx, "-p", "8", "-b", "8")
+    assert r.exit_code == 2
+    assert "PLANNER_JOBS=100000: give the number of searches to run at once, 1 to 1,024, " \
+           "or auto" in r.stderr
+    monkeypatch.delenv("PLANNER_JOBS")
+    r = invoke(runner, "plan", alexnet, dgx, "-p", "8", "-b", "8", "-j", "4097")
+    assert r.exit_code == 2 and "'4097': give the number of searches to run at once, 1 to " \
+        "1,024, or auto" in r.stderr
+    png = tmp_path / "x.png"
+    r = invoke(runner, "sweep", alexnet, dgx, "--gpus", "8", "--batch", "64", "-o", png)
+    assert r.exit_code == 2 and not png.exists()
+    assert "names an image, and -o writes the sweep's table, CSV, YAML or JSON; --plot " \
+           "FILE.png draws the plot" in r.stderr
+    monkeypatch.chdir(tmp_path)
+    cfg = "kind: training\nnetwork: nope.yaml\ncluster: c.yaml\ngpus: 8\nbatch: 8\n" \
+          "strategy: {grid: 1x8}\n"
+    from planner.cli import cli
+
+    r = runner.invoke(cli, ["check", "-"], input=cfg)
+    assert r.exit_code == 2
+    assert f"network file 'nope.yaml' not found (paths are relative to the current " \
+           f"folder, {tmp_path})" in r.stderr
+    gemm = tmp_path / "g.csv"
+    rows = (ROOT / "models" / "data" / "neusight" / "neusight_linear_fp32.csv").read_text()
+    gemm.write_text("\n".join(rows.splitlines()[:40]) + "\n")
+    r = invoke(runner, "kernels", "fit", gemm, "--only", "conv", "-o", tmp_path / "m")
+    assert r.exit_code == 2
+    assert "(the data have gemm rows, which --only conv leaves out)" in r.stderr
+    sweep = ROOT / "tests" / "data"
+    nccl = next(iter(sorted(sweep.rglob("*all_reduce*.txt"))), None)
+    assert nccl is not None
+    r = invoke(runner, "comm", "fit", nccl, "--cluster", alexnet)
+    assert r.exit_code == 2 and not r.stdout
+    assert "expected a cluster file, got 'kind: network'; is it the network file? " \
+           "(--cluster takes a CLUSTER file)" in r.stderr
+
+
+def test_a_plan_too_large_to_read_back_is_not_written(runner, tmp_path, monkeypatch):
+    """`plan --expand-ranks` on 524,288 devices wrote 44.6 MB, which validate, launch and
+    check refuse to read (32 MiB; found by an audit): the plan is refused instead (exit
+    2, nothing written), naming --expand-ranks. Here the limit is lowered to 20 KiB,
+    between AlexNet's plan on 64 devices with its ranks listed (about 22 KiB) and without
+    (about 17 KiB)."""
+    import planner.loading
+
+    out = tmp_path / "p.yaml"
+    args = ("plan", NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml", "-p", "64", "-b",
+            "256", "-o", out)
+    monkeypatch.setattr(planner.loading, "MAX_PLAN_FILE_BYTES", 20 * 2**10)
+    r = invoke(runner, *args, "--expand-ranks")
+    assert r.exit_code == 2 and not out.exists()
+    assert "over the 20 KiB that validate, launch and check read; --expand-ranks lists " \
+           "every rank of every group: leave it out" in r.stderr
+    r = invoke(runner, *args)  # the rules alone fit
+    assert r.exit_code == 0 and out.exists()

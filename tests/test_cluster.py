@@ -25,6 +25,30 @@ def test_catalog_has_required_devices_with_sources():
         assert dev.peak("fp32") > 0 and dev.memory_bytes > 0 and dev.memory_bandwidth > 0
 
 
+def test_a_board_name_with_its_memory_gets_that_memory():
+    """A device named with its memory size (``Tesla V100-SXM2-16GB``, as nvidia-smi names
+    the card) is a board with that memory: the 16 GB V100s were aliases of the 32 GB
+    boards, so a plan "fit" in 31 GiB on a 16 GiB card (found by an audit). Every alias
+    that names a size in GB names its board's (the H100's 80 GB and the H200's 141 GB
+    are marketing sizes of 79.6 and 140.4 GiB)."""
+    import re
+
+    for name, gib in (("Tesla V100-SXM2-16GB", 16), ("Tesla V100-PCIE-16GB", 16),
+                      ("Tesla V100-SXM2-32GB", 32), ("Tesla V100-PCIE-32GB", 32)):
+        dev = lookup_device(name)
+        assert dev is not None and dev.memory_bytes == gib * 2**30, name
+    same = lookup_device("Tesla V100-SXM2-16GB"), lookup_device("V100-SXM2")
+    assert same[0] is not None and same[1] is not None
+    assert (same[0].chip, same[0].peak("fp32"), same[0].memory_bandwidth) == \
+        (same[1].chip, same[1].peak("fp32"), same[1].memory_bandwidth)
+    for dev in catalog().values():
+        for alias in dev.aliases:
+            m = re.search(r"(\d+)\s*GB", alias)
+            if m:
+                assert abs(dev.memory_bytes / 1e9 - int(m.group(1))) / int(m.group(1)) \
+                    < 0.10, (dev.name, alias)
+
+
 def test_neusight_names_reachable():
     """Every GPU of NeuSight's device_configs is reachable under its exact name."""
     path = ROOT / "models" / "data" / "neusight" / "neusight_device_configs.csv"

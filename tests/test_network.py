@@ -222,6 +222,30 @@ layers:
         "blk.0.fc", "blk.0.relu1", "blk.1.fc", "blk.1.relu1"]
 
 
+def test_a_name_among_a_repeat_copys_names_is_an_error():
+    """A layer named ``g.0.linear1`` beside ``repeat: 2, name: g`` took copy 0's own name
+    for its linear layer, which became ``g.0.linear2`` where copy 1's is ``g.1.linear1``
+    (found by an audit): an error at the layer, exit 2 from the commands."""
+    text = """kind: network
+input: [16, 8]
+layers:
+  - {name: g.0.linear1, type: linear, out_features: 8}
+  - repeat: 2
+    name: g
+    layers:
+      - {type: linear, out_features: 8}
+      - {type: relu}
+"""
+    with pytest.raises(InputError) as err:
+        load_network_text(text)
+    assert "layer name 'g.0.linear1' lies among the names of repeat copy 'g.0'" in \
+        str(err.value)
+    # beside them, under another prefix, it is a name like any other
+    net = load_network_text(text.replace("g.0.linear1", "g0.linear1"))
+    assert [layer.name for layer in net.layers] == [
+        "g0.linear1", "g.0.linear1", "g.0.relu1", "g.1.linear1", "g.1.relu1"]
+
+
 def test_glob_match():
     net = load_network(NETWORKS / "alexnet.yaml")
     assert [layer.name for layer in net.match("fc*")] == ["fc6", "fc7", "fc8"]

@@ -130,7 +130,10 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
         models[model.family] = model
         reports.append(report)
     if not models:
-        raise UsageError("planner: error: no GEMM or convolution measurements to fit")
+        have = [t.family for t in (train.gemm, train.conv) if len(t)]
+        raise UsageError("planner: error: no GEMM or convolution measurements to fit"
+                         + (f" (the data have {' and '.join(have)} rows, which --only "
+                            f"{', '.join(sorted(families))} leaves out)" if have else ""))
     bands = fit_bands(models, test)
     accuracy = evaluate(models, test, bands)
     seconds = time.perf_counter() - start
