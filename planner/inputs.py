@@ -17,12 +17,22 @@ KINDS = ("network", "cluster", "training")
 PLAN_KEYS = frozenset(("planner", "inputs", "problem", "iteration", "placement", "baselines"))
 
 
+#: what the planner writes that is no input of its own (by :func:`detect_kind`'s kind)
+WRITTEN = {"sweep": "the output of `planner sweep`", "show": "the output of `planner show`"}
+
+
 def detect_kind(data: Any) -> str | None:
     """What a document is: its ``kind`` key, or a guess from its keys."""
     if not isinstance(data, dict):
         return None
     if len(PLAN_KEYS.intersection(data)) >= 3:
         return "plan"  # written by `planner plan` or `planner cost` (even if edited)
+    # what `planner sweep` and `planner show` write, which were read as a cluster file
+    # (a sweep names its device) and a network (found by an audit)
+    if "planner" in data and "results" in data:
+        return "sweep"
+    if isinstance(data.get("network"), str) and "input_shape" in data and "layers" in data:
+        return "show"
     kind = data.get("kind")
     if isinstance(kind, str):
         return kind
@@ -57,6 +67,8 @@ def _wrong_kind(kind: str, expected: str) -> Issue:
     if kind == "plan":
         return Issue("$", f"this is a plan written by planner, not a {expected} file; "
                           f"give the {expected} file the plan was made from")
+    if kind in WRITTEN:
+        return Issue("$", f"this is {WRITTEN[kind]}, not a {expected} file")
     hint = ""
     if {kind, expected} == {"network", "cluster"}:
         hint = f"; is it the {kind} file? " + _order_hint()
@@ -163,6 +175,9 @@ def validate_file(path: str | os.PathLike[str]) -> tuple[str, Any]:
         from .launch import launch_spec
 
         return kind, launch_spec(doc, str(path))
+    if kind in WRITTEN:
+        raise doc.error([Issue("$", f"this is {WRITTEN[kind]}, not an input: validate checks "
+                                    "networks, clusters, training configurations and plans")])
     raise doc.error([_kind_issue(doc, None)])
 
 

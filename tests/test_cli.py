@@ -583,3 +583,23 @@ def test_a_plan_too_large_to_read_back_is_not_written(runner, tmp_path, monkeypa
            "every rank of every group: leave it out" in r.stderr
     r = invoke(runner, *args)  # the rules alone fit
     assert r.exit_code == 0 and out.exists()
+
+
+def test_the_planners_own_outputs_are_named_when_read_as_inputs(runner, tmp_path):
+    """What `sweep` and `show` write, given where an input goes, is named as that (an
+    audit found a sweep read as a cluster file, for its `device:`, and show's YAML as a
+    network missing its `input`)."""
+    alexnet, dgx = NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml"
+    sweep, shown = tmp_path / "sw.yaml", tmp_path / "show.yaml"
+    assert invoke(runner, "sweep", alexnet, dgx, "--gpus", "8", "--batch", "64", "-o",
+                  sweep).exit_code == 0
+    assert invoke(runner, "show", alexnet, "-o", shown).exit_code == 0
+    r = invoke(runner, "validate", sweep, shown)
+    assert r.exit_code == 2
+    assert f"{sweep}:1:1: error: this is the output of `planner sweep`, not an input" \
+        in r.stderr
+    assert f"{shown}:1:1: error: this is the output of `planner show`, not an input" \
+        in r.stderr
+    r = invoke(runner, "plan", shown, sweep, "-p", "8", "-b", "8")
+    assert r.exit_code == 2
+    assert "this is the output of `planner show`, not a network file" in r.stderr

@@ -35,6 +35,25 @@ def test_nccl_tests_parser_reads_ranks_nodes_op_and_times():
     assert {r.op for r in ag} == {"all_gather"}
 
 
+def test_ranks_uneven_over_nodes_are_noted():
+    """Two nodes running 15 + 1 ranks are fitted as 8 a node, which times the lone rank's
+    NIC as a node's: a note says so (found by an audit; it was fitted in silence)."""
+    text = FIXTURES[3].read_text()
+    hosts = re.findall(r"#\s+Rank\s+\d+ Group\s+\d+ Pid\s+\d+ on\s+(\S+)", text)
+    assert len(hosts) == 16 and len(set(hosts)) == 2
+    a, b = sorted(set(hosts))
+    moved = re.sub(rf"on(\s+){b} ", rf"on\g<1>{a} ", text)  # all 16 on the first node
+    moved = re.sub(rf"on(\s+){a} ", rf"on\g<1>{b} ", moved, count=1)  # then one back
+    notes: list[str] = []
+    rows = parse_nccl_tests(moved, "x.txt", notes)
+    assert {(r.ranks, r.nodes) for r in rows} == {(16, 2)}
+    assert any("its 16 ranks run unevenly on 2 nodes (1 to 15 a node): the fit prices "
+               "them as 8 a node" in n for n in notes), notes
+    even: list[str] = []
+    parse_nccl_tests(text, "x.txt", even)
+    assert not any("unevenly" in n for n in even)
+
+
 def test_parser_infers_the_collective_without_its_name():
     # no 'Collective test starting' line and an uninformative file name: count × 4 B ×
     # ranks == size and redop 'none' make it an all-gather
@@ -106,7 +125,9 @@ def test_nccl_output_without_its_rank_lines_or_with_bad_times_is_an_error(tmp_pa
     with pytest.raises(InputError, match="cannot tell how many ranks ran"):
         read_samples([table])
     row = next(i for i, ln in enumerate(lines) if ln.strip().startswith("4096 "))
-    for bad in ("nan", "inf", "-5.0", "1e-310"):  # a subnormal time overflowed the fit
+    # a subnormal time overflowed the fit; 0.001 µs was fitted as latency-bound (an
+    # audit: no collective completes in under 0.5 µs)
+    for bad in ("nan", "inf", "-5.0", "1e-310", "0.001"):
         toks = lines[row].split()
         toks[5] = bad  # the out-of-place time
         edited = [*lines[:row], "  ".join(toks), *lines[row + 1:]]
@@ -115,7 +136,8 @@ def test_nccl_output_without_its_rank_lines_or_with_bad_times_is_an_error(tmp_pa
         with pytest.raises(InputError) as info:
             read_samples([f])
         assert str(info.value).startswith(f"{f}:{row + 1}:1: error: expected a time "
-                                          f"between 1 ns and 1 day, got {bad}")
+                                          "between 0.5 µs (no collective is faster) and "
+                                          f"1 day, got {bad} µs")
 
 
 def test_fit_recovers_the_fixture_parameters():
@@ -457,8 +479,9 @@ def test_comm_fit_bad_csv(runner, tmp_path):
     bad.write_text("gpu,bytes,n_gpus,n_nodes,mean_time_ms\nX,1000,8,1,fast\n")
     r = invoke(runner, "comm", "fit", bad)
     assert r.exit_code == 2
-    assert r.stderr.startswith(f"{bad}:2:12: error: expected a time between 1 ns and 1 day "
-                               "(milliseconds) in column 'mean_time_ms', got 'fast'")
+    assert r.stderr.startswith(f"{bad}:2:12: error: expected a time between 0.5 µs (no "
+                               "collective is faster) and 1 day (milliseconds) in column "
+                               "'mean_time_ms', got 'fast'")
     # not-a-number, infinite and overflowing values name their row and cell too (they
     # used to reach the fit: an internal error, or a fit with MAPE nan; then each was
     # one message at column 1 for the whole row: found by an audit)

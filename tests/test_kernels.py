@@ -1920,6 +1920,30 @@ def test_eval_unrecognised_header_exits_2(runner, tmp_path):
     r = invoke(runner, "kernels", "eval", bad)
     assert r.exit_code == 2
     assert r.stderr.startswith(f"{bad}:1:1: error: unrecognised CSV header")
+    # the nearest layout's missing column, and the header's near spelling of it, pointed
+    # at (an audit found the header cut short at 120 characters, hiding the wrong one)
+    cols = "device,dtype,op,m,n,k,batch,conv_n,conv_c,conv_h,conv_w,conv_k,conv_r,conv_s," \
+           "stride_h,stride_w,pad_h,pad_w,dil_h,dil_w,groups,time_us,repeats,harness"
+    bad.write_text(cols + "\nH100-SXM,float32,gemm,128,128,256,1" + "," * 14
+                   + ",0.0058,50,profile\n")
+    r = invoke(runner, "kernels", "eval", bad)
+    assert r.exit_code == 2
+    col = cols.index("time_us") + 1
+    assert r.stderr.startswith(f"{bad}:1:{col}: error: unrecognised CSV header: the nearest "
+                               "layout, profile, needs 'time_ms' (the header has 'time_us')")
+
+
+def test_rows_without_a_time_are_said_at_the_row(runner, tmp_path):
+    """A DeepBench convolution row with all three passes' times empty (DeepBench leaves
+    a pass it did not time empty) gives nothing to evaluate: said at its line, not as
+    "no measurement rows after the header" at the header (found by an audit)."""
+    bad = tmp_path / "conv.csv"
+    bad.write_text("gpu,precision,W,H,C,N,K,filter_w_S,filter_h_R,pad_w,pad_h,stride_w,"
+                   "stride_h,fwd_ms,bwd_data_ms,bwd_filter_ms\n"
+                   "Tesla T4,fp32,700,161,1,4,32,20,5,0,0,2,2,,,\n")
+    r = invoke(runner, "kernels", "eval", bad)
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"{bad}:2:1: error: no row gives a time")
 
 
 def test_eval_refuses_what_it_would_have_to_guess_at(runner, tmp_path):

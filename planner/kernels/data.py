@@ -226,6 +226,35 @@ def shape_holdout(family: str, shape: tuple[int, ...]) -> bool:
     return zlib.crc32(key.encode("ascii")) % 100 < HOLDOUT_PERCENT
 
 
+def _header_issue(display: str, header: list[str], first: str,
+                  shapes_only: bool) -> Located:
+    """A header of no layout: the closest layout's missing columns, each with the
+    header's near spelling of it where there is one (and the first such column pointed
+    at), then every layout's columns. An audit found the header cut short at 120
+    characters, hiding the column that was wrong (``time_us`` for ``time_ms``)."""
+    import difflib
+
+    # the nearest: the fewest of its columns missing (the profile layout's four before
+    # DeepBench's sixteen)
+    name, cols = min(LAYOUTS.items(), key=lambda kv: sum(c not in header for c in kv[1]))
+    missing = [c for c in cols if c not in header]
+    extra = [h for h in header if h not in cols]
+    col, hints = 1, []
+    for c in missing:
+        near = difflib.get_close_matches(c, extra, n=1, cutoff=0.6) or \
+            [h for h in extra if h.lower() == c.lower()]
+        hints.append(f"{c!r}" + (f" (the header has {near[0]!r})" if near else ""))
+        if near and col == 1:
+            at = header.index(near[0])
+            col = len(",".join(first.split(",")[:at])) + (2 if at else 1)
+    want = "; ".join(f"{n}: {', '.join(c)}" for n, c in LAYOUTS.items())
+    if shapes_only:
+        want += "; or for shapes alone: op and the profile layout's shape columns"
+    return Located(display, 1, col, f"unrecognised CSV header: the nearest layout, {name}, "
+                                    f"needs {', '.join(hints)}; the layouts' columns are "
+                                    f"{want}", "$", first[:160])
+
+
 def detect_layout(header: Sequence[str], shapes_only: bool = False) -> str | None:
     """The layout whose required columns the header has (None if none matches). Read for
     its shapes only, a header with an ``op`` column is the profile layout without the
@@ -400,12 +429,7 @@ def parse_csv(text: str, display: str, shapes_only: bool = False) -> Dataset:
         seen.add(name)
     layout = detect_layout(header, shapes_only)
     if layout is None:
-        want = "; ".join(f"{name}: {', '.join(cols)}" for name, cols in LAYOUTS.items())
-        if shapes_only:
-            want += "; or for shapes alone: op and the profile layout's shape columns"
-        raise InputError([Located(
-            display, 1, 1, f"unrecognised CSV header {','.join(header)[:120]!r}; expected "
-            f"the columns of one layout ({want})", "$", text.splitlines()[0][:160])])
+        raise InputError([_header_issue(display, header, text.splitlines()[0], shapes_only)])
     reader = _Reader(display, text, header, layout, shapes_only)
     out = Dataset(files=[display])
     is_linear = "linear" in Path(display).name.lower()
@@ -444,6 +468,14 @@ def parse_csv(text: str, display: str, shapes_only: bool = False) -> Dataset:
     out.conv.set_positions(0)
     if not len(out):
         what = "kernel shapes" if shapes_only else "measurement rows"
+        if reader.line > 1 and not shapes_only:
+            # rows there were, none with a time (a DeepBench row's three passes all
+            # empty): said at the first (found by an audit: it was said at the header)
+            row_at = next(i for i, line in enumerate(reader.lines[1:], start=2)
+                          if line.strip())
+            raise InputError([Located(display, row_at, 1, "no row gives a time (this one "
+                                      "and any after it have every time column empty)",
+                                      "$", reader.lines[row_at - 1][:160])])
         raise InputError([Located(display, 1, 1, f"no {what} after the header", "$")])
     return out
 
