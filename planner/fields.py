@@ -26,7 +26,13 @@ MAX_DIM = 2**40
 
 
 class Invalid(ValueError):
-    """A value that a converter rejects; the message says what was expected."""
+    """A value that a converter rejects; the message says what was expected. ``at``:
+    the part of the value that is wrong (``[1]``: its second item), for a location
+    inside it."""
+
+    def __init__(self, message: str, at: str = "") -> None:
+        super().__init__(message)
+        self.at = at
 
 
 def type_name(value: object) -> str:
@@ -287,7 +293,7 @@ class Fields:
         try:
             return conv(self.data[key])
         except Invalid as exc:
-            self.issues.append(Issue(self.at(key), str(exc)))
+            self.issues.append(Issue(self.at(key) + exc.at, str(exc)))
             return None
 
     def missing(self, message: str) -> None:

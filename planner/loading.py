@@ -74,7 +74,17 @@ _INF = re.compile(r"^[-+]?\.(?:inf|Inf|INF)$")
 _NAN = re.compile(r"^\.(?:nan|NaN|NAN)$")
 _SIMPLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
 _NUMBER_START = frozenset("0123456789+-.")
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x85\u2028\u2029\ufeff\ufffe\uffff]")
+#: characters an editor shows as none or as part of a line, which YAML reads otherwise:
+#: line breaks to the YAML reader (every later line number one off from the editor's) and
+#: a byte-order mark inside the file (found by an audit: reported as a syntax error)
+_INVISIBLE = {"\x85": "NEXT LINE, a line break to YAML that editors do not show as one",
+              "\u2028": "LINE SEPARATOR, a line break to YAML that editors do not show "
+                         "as one",
+              "\u2029": "PARAGRAPH SEPARATOR, a line break to YAML that editors do not "
+                         "show as one",
+              "\ufeff": "a byte-order mark inside the file (one file pasted into "
+                         "another?)"}
 
 
 class Mark(NamedTuple):
@@ -358,6 +368,8 @@ def decode(raw: bytes, name: str, what: str | None = None) -> str:
         col = pos - (text.rfind("\n", 0, pos) + 1)
         if m.group() == "\x00":
             message = f"found a NUL byte: this looks like a binary file, not {what} text"
+        elif m.group() in _INVISIBLE:
+            message = (f"found U+{ord(m.group()):04X} ({_INVISIBLE[m.group()]}); delete it")
         else:
             message = (f"found control character U+{ord(m.group()):04X}, which {what} text "
                        "cannot contain; delete it (or save the file as plain UTF-8 text)")

@@ -1664,7 +1664,13 @@ def _input_shape(value: object) -> Shape:
         raise Invalid(f"expected at most 3 dimensions ([C, H, W]), got {len(value)}; the "
                       "batch dimension is not part of the input shape")
     conv = integer(1)
-    return tuple(conv(v) for v in value)
+    dims = []
+    for i, v in enumerate(value):
+        try:
+            dims.append(conv(v))
+        except Invalid as exc:  # at the item, not the list's bracket (found by an audit)
+            raise Invalid(str(exc), at=f"[{i}]") from None
+    return tuple(dims)
 
 
 def _spec_count(spec: _Spec) -> int:

@@ -124,6 +124,26 @@ def test_control_character(tmp_path):
     assert "control character U+0007" in p.message
 
 
+@pytest.mark.parametrize("char, said", [
+    ("\u2028", "U+2028 (LINE SEPARATOR, a line break to YAML that editors do not show as one)"),
+    ("\u2029", "U+2029 (PARAGRAPH SEPARATOR"),
+    ("\x85", "U+0085 (NEXT LINE"),
+    ("\ufeff", "U+FEFF (a byte-order mark inside the file"),
+])
+def test_characters_an_editor_does_not_show_are_named(tmp_path, char, said):
+    """YAML reads U+2028, U+2029 and U+0085 as line breaks that editors do not show, so
+    every later line number was one off; a byte-order mark inside the file was a syntax
+    error (found by an audit). Each is named where it is, in the editor's lines; at the
+    very start a byte-order mark is still fine."""
+    f = tmp_path / "x.yaml"
+    f.write_text(f"a: 1\nb: x{char}y\nc: 2\n", encoding="utf-8")
+    with pytest.raises(InputError) as exc:
+        load_file(f)
+    (p,) = exc.value.problems
+    assert (p.line, p.column) == (2, 5)
+    assert f"found {said}" in p.message and p.message.endswith("; delete it")
+
+
 def test_bom_is_fine(tmp_path):
     f = tmp_path / "bom.yaml"
     f.write_bytes("\ufeffa: 1\n".encode())
