@@ -772,7 +772,9 @@ def _plan_layout(rec: dict[str, Any], where: str, layer: Layer,
                      if cfg.pipeline > 1 else f"grid {pr}x{pc} has {pr * pc} devices; the "
                                               f"configuration has gpus={gpus}")
     if mode == "data" and pr != 1:
-        return Issue(f"{where}.grid", f"data parallelism is the grid [1, {gpus}]")
+        return Issue(f"{where}.grid", f"layer {layer.name} is data parallel on the grid "
+                                      f"{show(grid)}, and data parallelism is the grid "
+                                      f"[1, {gpus}]: the plan was edited; make it again")
     if placement not in PLACEMENTS:
         return Issue(f"{where}.placement", f"expected placement one of "
                                            f"{', '.join(PLACEMENTS)}, got {show(placement)}")
