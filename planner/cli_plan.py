@@ -186,6 +186,9 @@ class Question:
     schedule: str = SCHEDULE
     #: told what an ``auto`` search tries now (what, value): ``("microbatches", "16")``
     progress: Callable[[str, str], None] | None = None
+    #: the pins were checked to match layers of the whole network: a pipeline stage's
+    #: question, where a pin may match none of the stage's own layers
+    pins_matched: bool = False
 
     @property
     def zero_auto(self) -> bool:
@@ -764,10 +767,34 @@ def pin_candidates(q: Question, pins: tuple[str, ...]) -> dict[int, list[Any]]:
             out[layer.index] = allowed
             break
     for i, pin in enumerate(parsed):
-        if not used[i]:
+        if not used[i] and not q.pins_matched:
             why = unmatched_pin_message(pin, q.network, parsed[:i])
             raise UsageError(f"planner: error: --{why}")
     return out
+
+
+def pins_match_the_network(network: Any, pins: tuple[str, ...]) -> None:
+    """UsageError for a pin that sets no layer of the whole network (first matching pin
+    wins), before a pipeline's stages are searched: a stage's layers need not match
+    every pin (`--pin 'fc*=model:2x4'` sets VGG-16's classifier, in its last stage, and
+    was refused as matching no layer of the first; found by an audit of the README)."""
+    from .layout import parse_pin, pin_grid_devices
+    from .strategies import unmatched_pin_message
+
+    # (a grid is a stage's: read against its own size, which pin_misfits checked)
+    parsed = [parse_pin(text, pin_grid_devices(text) or 1) for text in pins]
+    used = [False] * len(parsed)
+    for layer in network.layers:
+        if not layer.has_weights:
+            continue
+        first = next((i for i, pin in enumerate(parsed)
+                      if _matches(layer.name, pin.pattern)), None)
+        if first is not None:
+            used[first] = True
+    for i, pin in enumerate(parsed):
+        if not used[i]:
+            why = unmatched_pin_message(pin, network, parsed[:i])
+            raise UsageError(f"planner: error: --{why}")
 
 
 def run_search(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
@@ -1382,6 +1409,9 @@ def _pipeline_search(q: Question, stages: int | str, objective: str, pins: tuple
 
     counts = stage_counts(q, stages, objective, virtual)
     misfit = pin_misfits(q, stages, counts, pins)
+    if pins:
+        pins_match_the_network(q.network, pins)
+        q = dataclasses.replace(q, pins_matched=True)
     bounds = count_bounds(q, counts, virtual)
     context = stage_context(q)
     flat_q = dataclasses.replace(q)

@@ -36,7 +36,7 @@ from planner.pipeline import (
 )
 from planner.search import Space, Weights
 
-from .conftest import ROOT, invoke
+from .conftest import CLUSTERS, NETWORKS, ROOT, invoke
 from .helpers import FixedEstimator, cluster, mlp
 
 SEQ, DIM = 64, 128
@@ -850,6 +850,23 @@ def test_zero_auto_with_stages_is_one_setting_for_every_stage(runner, files, tmp
     assert cost["problem"]["zero"] == pick
     assert {k: v for k, v in cost.items() if k != "command"} == \
         {k: v for k, v in costs[pick].items() if k != "command"}
+
+
+def test_a_pin_need_not_match_every_stage(runner):
+    """A pin sets the layers it matches wherever they are: VGG-16's classifier (fc6-fc8)
+    is in the last of 2 stages, and `plan --pipeline 2 --pin 'fc*=model:2x4'` exited 2,
+    "matches no layer of 'vgg16[0:12]'", the first stage (found by an audit of the README,
+    which said it plans it); a pin that matches no layer of the network still exits 2."""
+    base = ("plan", NETWORKS / "vgg16.yaml", CLUSTERS / "dgx-h100.yaml", "-p", "16", "-b",
+            "64", "--pipeline", "2", "--estimator", "roofline", "--format", "json")
+    out = invoke(runner, *base, "--pin", "fc*=model:2x4")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    fcs = [r for r in doc["layers"] if r["name"] in ("fc6", "fc7", "fc8")]
+    assert [(r["mode"], r["grid"], r["stage"]) for r in fcs] == [("model", [2, 4], 1)] * 3
+    bad = invoke(runner, *base, "--pin", "zz*=model:2x4")
+    assert bad.exit_code == 2
+    assert "--pin 'zz*=model:2x4' matches no layer of 'vgg16'" in bad.stderr
 
 
 def test_a_pins_grid_is_one_stages(runner, files):

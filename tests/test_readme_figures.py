@@ -98,6 +98,10 @@ def _torchtitan(network: str, recompute: str, per_gpu: int, setting: str,
 #: (name, command, README pattern (whitespace as any run of it), figure -> how to read it
 #: from the command's JSON). A pattern's groups are the quoted figures.
 CASES: list[Case] = [
+    ("GPT-2 small unfused on one H100 in bf16 (Per-layer costs; found stale by an audit)",
+     ["cost", GPT2, H100, "-p", "1", "-b", "8", "--precision", "bf16"],
+     r"GPT-2 small on one H100 in bf16 at batch 8 takes (?P<t>[\d.]+) ms an iteration",
+     {"t": _ms("time_s")}),
     ("Mistral 7B, a sliding window (Network)",
      ["plan", str(NETWORKS / "mistral-7b.yaml"), H100, "-p", "64", "-b", "64", "--optimizer",
       "adam"],
