@@ -291,7 +291,8 @@ def test_a_bad_jobs_count_is_a_usage_error(runner, monkeypatch):
     assert "--jobs" in res.stderr and "searches to run at once" in res.stderr
     monkeypatch.setenv("PLANNER_JOBS", "many")
     res = invoke(runner, "sweep", GPT2, DGX, "-p", "8", "-b", "32")
-    assert res.exit_code == 2 and "'many'" in res.stderr
+    # the variable named, as what to fix (an audit found it named --jobs)
+    assert res.exit_code == 2 and "PLANNER_JOBS=many: give the number" in res.stderr
 
 
 def _tight_cluster(tmp_path: Path, mib: int) -> str:
