@@ -77,8 +77,6 @@ def test_one_grid_domain(runner):
     (["--pin", "fc*=model:32x16:diagonal"], "placement 'diagonal' must be rows or cols"),
     (["--pin", "fc*=model::cols"], "a placement needs the grid it places, e.g. "
      "'fc*=model:4x2:cols'"),
-    (["--pin", "fc*=model:512x1:cols"], "the grid 512x1 has one dimension, so nothing to "
-     "place"),
     (["--grid", "16x32", "--mode", "data"], "--mode data is the grid 1x512; --grid 16x32 "
                                             "needs --mode model, domain, megatron, megatron-sp "
                                             "or megatron-cp"),
@@ -212,3 +210,26 @@ def test_chunks_without_grids_are_input_errors(runner, tmp_path):
     for args in (["validate", bad], ["launch", bad]):
         r = invoke(runner, *args)
         assert r.exit_code == 2 and "no grid for model chunk 1 of the 2 a stage" in r.stderr
+
+
+def test_a_plans_layouts_read_back_as_pins(runner):
+    """Every layer's layout as the plan writes it (mode, grid and placement, `rows` on a
+    grid of one dimension too) is a pin `cost` takes, and prices the plan's step: an
+    audit found `--pin wte=data:1x8:rows`, copied from a plan, refused (exit 2) for
+    placing a grid of one dimension."""
+    import json
+
+    gpt2 = NETWORKS / "gpt2-small.yaml"
+    dgx = CLUSTERS / "dgx-h100.yaml"
+    args = (gpt2, dgx, "-p", "8", "-b", "16", "--format", "json")
+    plan = json.loads(invoke(runner, "plan", *args).stdout)
+    pins = []
+    for rec in plan["layers"]:
+        if "follows" in rec:
+            continue
+        pr, pc = rec["grid"]
+        pins += ["--pin", f"{rec['name']}={rec['mode']}:{pr}x{pc}:{rec['placement']}"]
+    assert any(p.endswith(":1x8:rows") for p in pins)
+    cost = invoke(runner, "cost", *args, *pins)
+    assert cost.exit_code == 0, cost.stderr
+    assert json.loads(cost.stdout)["iteration"]["time_s"] == plan["iteration"]["time_s"]
