@@ -1744,8 +1744,8 @@ def search_recompute(ctx: Context, options: Options, inner: Searcher
     return res, c, o
 
 
-#: how much evaluation the local search may spend: layers evaluated in all (a network of
-#: 20 layers may try 500 assignments, one of 1,000 layers 10)
+#: how much evaluation the local search may spend from each start: layers evaluated in
+#: all (a network of 20 layers may try 500 assignments a start, one of 1,000 layers 10)
 LOCAL_BUDGET = 10_000
 #: the local search is skipped when the plan is this close to the lower bound (relative)
 LOCAL_GAP = 1e-2

@@ -305,7 +305,10 @@ def test_local_search_finds_what_the_dynamic_program_misses(monkeypatch):
     monkeypatch.undo()
     local = search(ctx, opts)
     assert local.best.evaluation.time_s < 0.95 * plain.best.evaluation.time_s
-    assert local.explored - plain.explored <= search_module.LOCAL_BUDGET // len(net.layers) + 1
+    # each of the LOCAL_STARTS starts spends at most its budget (and one more pass's
+    # worth of the last layer): 1,303 assignments here (the README's table)
+    per_start = search_module.LOCAL_BUDGET // len(net.layers) + 1
+    assert local.explored - plain.explored <= search_module.LOCAL_STARTS * per_start
     assert any("local search" in n for n in local.notes)
     assert local.lower_bound_s == plain.lower_bound_s
     # without overlap the dynamic program is exact and nothing is searched further
