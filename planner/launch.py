@@ -685,7 +685,7 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
     if kind == "env":
         lines = [
             f"PLANNER_PLAN={q(plan_path)}",
-            f"MASTER_PORT={port}",
+            f"MASTER_PORT={port}" if fixed_port else f'MASTER_PORT="${{MASTER_PORT:-{port}}}"',
             f"PLANNER_NODES={spec.nodes}",
             f"PLANNER_PROCS_PER_NODE={spec.procs}",
             f"PLANNER_WORLD_SIZE={spec.world}",

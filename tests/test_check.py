@@ -389,7 +389,7 @@ def test_launch(runner, kind, monkeypatch, tmp_path):
         assert "SLURM_PROCID" in out
     else:
         assert "PLANNER_WORLD_SIZE=64" in out and "PLANNER_NODES=8" in out
-        assert "MASTER_PORT=29500" in out.splitlines()
+        assert 'MASTER_PORT="${MASTER_PORT:-29500}"' in out.splitlines()
     if kind != "env":  # a script bash can run
         script = tmp_path / "run.sh"
         script.write_text(out)
@@ -787,6 +787,29 @@ def test_an_explicit_master_port_is_kept(runner, tmp_path, monkeypatch):
     assert '--master-port="12345"' in out and "MASTER_PORT:-" not in out
     out = invoke(runner, "launch", plan, "--emit", "slurm", "--master-port", "12345").stdout
     assert "export MASTER_PORT=12345\n" in out
+
+
+def test_the_env_file_keeps_a_master_port_set_where_it_is_read(runner, tmp_path, monkeypatch):
+    """`env`'s MASTER_PORT, as torchrun's and Slurm's: a default that the environment
+    where the file is sourced overrides, unless --master-port named it (the env file
+    replaced a port the job had chosen; found by the launch audit)."""
+    monkeypatch.chdir(ROOT)
+    plan = "examples/ci/plans/resnet50-dgx-64.yaml"
+
+    def sourced(text: str, port: str | None) -> str:
+        path = tmp_path / "plan.env"
+        path.write_text(text)
+        env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
+        if port is not None:
+            env["MASTER_PORT"] = port
+        ran = subprocess.run(["bash", "-c", f'set -a; . {path}; set +a; echo "$MASTER_PORT"'],
+                             capture_output=True, text=True, env=env, check=True)
+        return ran.stdout.strip()
+
+    out = invoke(runner, "launch", plan, "--emit", "env").stdout
+    assert sourced(out, None) == "29500" and sourced(out, "23456") == "23456"
+    out = invoke(runner, "launch", plan, "--emit", "env", "--master-port", "12345").stdout
+    assert sourced(out, None) == "12345" and sourced(out, "23456") == "12345"
 
 
 def test_launch_scripts_cannot_be_injected_through_names(runner, tmp_path):
