@@ -252,3 +252,43 @@ def test_microbatches_that_fit_by_hand():
     # 64.81 / 0.13 = 499 passes: more than the batch's 64 samples
     assert _microbatches_that_fit(64, 1, SimpleNamespace(
         capacity=78.65 * gib, peak=81.33 * gib + 62.0 * gib, per_batch=64.81 * gib)) is None
+
+
+def test_repair_takes_the_fastest_one_layer_move_that_fits(tmp_path):
+    """From the fastest assignment with the capacity one byte under its peak, the repair's
+    first step is the fastest of the one-layer moves that fit (every move that lowers
+    the peak fits), checked against all of them; and from there nothing is left to do."""
+    import dataclasses
+
+    from planner import search as search_module
+    from planner.cli_plan import load_question
+    from planner.evaluate import EvalCache
+
+    from .test_search import CLUSTER_4X4, CONV3
+
+    (tmp_path / "n.yaml").write_text(CONV3)
+    (tmp_path / "c.yaml").write_text(CLUSTER_4X4)
+    q = load_question(str(tmp_path / "n.yaml"), str(tmp_path / "c.yaml"), 16, 32, "exact",
+                      "gradients", "25MiB", "momentum", None, None, "auto", None)
+    fastest = search(q.ctx, q.options).best
+    peak = fastest.evaluation.memory.peak
+    device = q.cluster.device
+    cl = dataclasses.replace(q.cluster, reserved_memory=device.memory_bytes - (peak - 1))
+    ctx = make_context(q.network, cl, q.options, q.ctx.estimator)
+    space = Space(ctx, q.options, {})
+    start = search_module.Candidate("search", fastest.assignment,
+                                    evaluate(ctx, q.options, fastest.assignment))
+    assert not start.evaluation.memory.fits
+    cache, best = EvalCache(), None
+    for i, lays in space.candidates.items():
+        for lay in lays:
+            if lay == start.assignment[i]:
+                continue
+            ev = evaluate(ctx, q.options, {**start.assignment, i: lay}, cache)
+            if ev.memory.fits and (best is None or ev.time_s < best):
+                best = ev.time_s
+    assert best is not None
+    fixed, spent = search_module.repair(space, start, "time")
+    assert fixed is not None and fixed.evaluation.memory.fits
+    assert fixed.evaluation.time_s == pytest.approx(best, rel=1e-12)
+    assert spent == sum(len(lays) - 1 for lays in space.candidates.values())
