@@ -126,9 +126,12 @@ def main() -> None:
             free = [lay.index for lay in q.network.layers
                     if lay.has_weights and lay.index not in tied]
             cache, times, peaks = EvalCache(), [], []
-            for combo in itertools.product(*(space.candidates[i] for i in free)):
-                a = dict(zip(free, combo, strict=True))
-                a.update({t: a[o] for t, o in tied.items()})
+            for combo in itertools.product(*(range(len(space.candidates[i])) for i in free)):
+                # a tied layer takes the layout at its owner's position (their candidates
+                # are aligned: the embedding's model-sp is the head's column-sp)
+                pos = dict(zip(free, combo, strict=True))
+                pos.update({t: pos[o] for t, o in tied.items()})
+                a = {i: space.candidates[i][j] for i, j in pos.items()}
                 ev = evaluate(q.ctx, q.options, a, cache)
                 times.append(ev.time_s)
                 peaks.append(ev.memory.peak)
