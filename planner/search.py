@@ -1932,18 +1932,31 @@ def improve(space: Space, start: Candidate, objective: str, lower: float | None,
     windows: list[tuple[tuple[int, ...], ...]] = [
         tuple(ranked[a:a + w]) for w in range(2, WINDOW + 1)
         for a in range(len(ranked) - w + 1)]
-    # each group's cheapest layout (by its own cost, as the moves are ordered) on each
-    # grid and placement
-    on_grid: dict[tuple[int, ...], dict[tuple[int, int, str], int]] = {}
-    for g in groups:
+
+    @functools.cache
+    def on_grid(g: tuple[int, ...]) -> dict[tuple[int, int, str], int]:
+        """The group's cheapest layout (by its own cost, as the moves are ordered) on
+        each grid and placement."""
         firsts: dict[tuple[int, int, str], int] = {}
         for j in order[g]:
             lay = space.candidates[g[0]][j]
             firsts.setdefault((lay.pr, lay.pc, lay.placement), j)
-        on_grid[g] = firsts
-    # each group's layouts by value, and the rank of each position in its own order
-    position = {g: {space.candidates[g[0]][j]: j for j in order[g]} for g in groups}
-    rank_of = {g: {j: r for r, j in enumerate(order[g])} for g in groups}
+        return firsts
+
+    @functools.cache
+    def position(g: tuple[int, ...]) -> dict[Layout, tuple[int, int]]:
+        """The group's layouts by value: their position, and their rank in its order."""
+        return {space.candidates[g[0]][j]: (j, r) for r, j in enumerate(order[g])}
+
+    def picks(win: tuple[tuple[int, ...], ...]) -> list[list[int]]:
+        """The run's moves onto one grid, then onto one layout, cheapest first."""
+        out = [[on_grid(g)[key] for g in win] for key in
+               sorted(set.intersection(*(set(on_grid(g)) for g in win)))]
+        common = set.intersection(*(set(position(g)) for g in win))
+        out += [[position(g)[lay][0] for g in win] for lay in sorted(
+            common, key=lambda lay: (sum(position(g)[lay][1] for g in win), lay.label()))]
+        return out
+
     while state["spent"] < budget:
         while quiet < 2 and state["spent"] < budget:
             improved = False
@@ -1962,14 +1975,10 @@ def improve(space: Space, start: Candidate, objective: str, lower: float | None,
             groups.reverse()
         moved = False
         for win in windows:  # a run of layers moved onto one grid or layout together
+            if state["spent"] >= budget:
+                break
             current = state["best"].assignment
-            picks = [[on_grid[g][key] for g in win] for key in
-                     sorted(set.intersection(*(set(on_grid[g]) for g in win)))]
-            common = set.intersection(*(set(position[g]) for g in win))
-            picks += [[position[g][lay] for g in win] for lay in sorted(
-                common, key=lambda lay: (sum(rank_of[g][position[g][lay]] for g in win),
-                                         lay.label()))]
-            for pick in picks:
+            for pick in picks(win):
                 if state["spent"] >= budget:
                     break
                 trial = dict(current)
