@@ -78,7 +78,15 @@ from .evaluate import (
     time_and_comm,
     zero_label,
 )
-from .layout import Dist, Layout, divisors, holds_alike, input_dist, make_layout
+from .layout import (
+    SEQUENCE_MODES,
+    Dist,
+    Layout,
+    divisors,
+    holds_alike,
+    input_dist,
+    make_layout,
+)
 from .network import Layer
 from .ops import Elementwise, Kernel
 from .strategies import CONTEXT_MODE, candidate_layouts, grid_layout, megatron_modes, why_invalid
@@ -1879,8 +1887,10 @@ def improve(space: Space, start: Candidate, objective: str, lower: float | None,
     layouts in order of their own cost with the gradient term halved; every order is
     fixed, so the result is deterministic. When neither direction helps, runs of 2 to
     :data:`WINDOW` consecutive layers (by index) move together: onto one grid and
-    placement (each layer its cheapest layout there), onto one layout they all have,
-    and onto the layouts of each of ``guides`` (other answers, fitting or not); a
+    placement (each layer its cheapest layout there), with the sequence split turned
+    off or on in the whole run (Ulysses attention's off being the heads split; a tied
+    head with the embedding or keeping its own), onto one layout they all have, and
+    onto the layouts of each of ``guides`` (other answers, fitting or not); a
     move that helps starts the one-layer passes again. A single layer's move cannot
     drop the redistribution between two layers that must change together (the audit's
     three-layer convolution network under a tight capacity: both convolutions to domain
@@ -1945,13 +1955,57 @@ def improve(space: Space, start: Candidate, objective: str, lower: float | None,
 
     @functools.cache
     def position(g: tuple[int, ...]) -> dict[Layout, tuple[int, int]]:
-        """The group's layouts by value: their position, and their rank in its order."""
-        return {space.candidates[g[0]][j]: (j, r) for r, j in enumerate(order[g])}
+        """The group's layouts by value (its first layer's; of tied layouts alike there,
+        the cheapest): their position, and their rank in its order."""
+        out: dict[Layout, tuple[int, int]] = {}
+        for r, j in enumerate(order[g]):
+            out.setdefault(space.candidates[g[0]][j], (j, r))
+        return out
+
+    @functools.cache
+    def where(g: tuple[int, ...]) -> dict[tuple[Layout, ...], int]:
+        """The group's positions by its layers' layouts."""
+        return {tuple(space.candidates[i][j] for i in g): j for j in order[g]}
+
+    @functools.cache
+    def by_modes(g: tuple[int, ...]) -> dict[tuple[str, ...], int]:
+        """The group's positions by its layers' modes and the first one's grid and
+        placement (the first in the group's order where several match)."""
+        out: dict[tuple[str, ...], int] = {}
+        for j in order[g]:
+            lays = [space.candidates[i][j] for i in g]
+            out.setdefault((*(x.mode for x in lays), str(lays[0].grid),
+                            lays[0].placement), j)
+        return out
+
+    def switch(mode: str, on: bool) -> str:
+        """A mode with its sequence split turned on or off (Ulysses attention's off is
+        the heads split); the mode itself where it has no such twin."""
+        if on:
+            return f"{mode}-sp" if f"{mode}-sp" in SEQUENCE_MODES else mode
+        return "model" if mode == "ulysses" else mode.removesuffix("-sp")
+
+    def toggled(g: tuple[int, ...], j: int, on: bool, alone: bool) -> int:
+        """Position of the group's layouts ``j`` with the sequence split turned on or
+        off on the same grid, in every layer of the group or (``alone``) its first
+        (a tied head may keep its split): ``j`` itself where there is no such layout."""
+        lays = [space.candidates[i][j] for i in g]
+        rest = [x.mode if alone else switch(x.mode, on) for x in lays[1:]]
+        key = (switch(lays[0].mode, on), *rest, str(lays[0].grid), lays[0].placement)
+        return by_modes(g).get(key, j)
 
     def picks(win: tuple[tuple[int, ...], ...]) -> list[list[int]]:
-        """The run's moves onto one grid, then onto one layout, cheapest first."""
+        """The run's moves onto one grid, then with the sequence split turned off and
+        on for the whole run, then onto one layout, cheapest first."""
         out = [[on_grid(g)[key] for g in win] for key in
                sorted(set.intersection(*(set(on_grid(g)) for g in win)))]
+        current = state["best"].assignment
+        now = [where(g).get(tuple(current[i] for i in g), -1) for g in win]
+        if min(now) >= 0:
+            for on, alone in itertools.product((False, True), (False, True)):
+                pick = [toggled(g, j, on, alone) for g, j in zip(win, now, strict=True)]
+                if pick not in out:
+                    out.append(pick)
         common = set.intersection(*(set(position(g)) for g in win))
         out += [[position(g)[lay][0] for g in win] for lay in sorted(
             common, key=lambda lay: (sum(position(g)[lay][1] for g in win), lay.label()))]

@@ -816,3 +816,75 @@ def test_under_a_tight_memory_capacity_the_search_finds_the_brute_force_best(tmp
         if found.time_s > best * (1 + 1e-9):
             missed.append((capacity / 2**20, found.time_s, best))
     assert not missed
+
+
+TF1 = """kind: network
+name: tf1
+input: [128]
+layers:
+  - {name: wte, type: embedding, vocab: 4096, dim: 256}
+  - {name: wpe, type: positional_embedding, positions: 128}
+  - repeat: 1
+    name: h
+    layers:
+      - name: attn
+        type: residual
+        body:
+          - {name: ln_1, type: layernorm}
+          - {name: attn, type: attention, heads: 8, causal: true}
+      - name: mlp
+        type: residual
+        body:
+          - {name: ln_2, type: layernorm}
+          - {name: c_fc, type: linear, out_features: 1024}
+          - {name: gelu, type: gelu}
+          - {name: c_proj, type: linear, out_features: 256}
+  - {name: ln_f, type: layernorm}
+  - {name: lm_head, type: linear, out_features: 4096, bias: false, tie: wte}
+"""
+
+
+def test_a_run_of_layers_turns_its_sequence_split_off_together(tmp_path):
+    """A one-block transformer with its head tied to the embedding, 4 GPUs on nodes of 2
+    at 10 Gbit/s, 24.19 MiB a GPU: from the sequence-parallel plan the search returned
+    (3,817 us; the audit's brute force over all 43,520 assignments found 3,485.3 us),
+    no one-layer move helps, and the plan the brute force found turns the sequence
+    split off in four layers at once, the tied head keeping its own. The local search
+    from that plan is at least as fast as every plan between the two (each subset of
+    the four layers moved), found by enumerating them here. Before, the run's moves
+    looked a tied group up by its first layer's layout alone, which named another of
+    the head's layouts, and did not reach it."""
+    (tmp_path / "n.yaml").write_text(TF1)
+    (tmp_path / "c.yaml").write_text(CLUSTER_4X4.replace("nodes: 4\ndevices_per_node: 4",
+                                                         "nodes: 8\ndevices_per_node: 2")
+                                     .replace("100 Gbit/s", "10 Gbit/s"))
+    q = load_question(str(tmp_path / "n.yaml"), str(tmp_path / "c.yaml"), 4, 8, "exact",
+                      "gradients", "25MiB", "momentum", None, None, "auto", None)
+    cl = dataclasses.replace(q.cluster,
+                             reserved_memory=q.cluster.device.memory_bytes - 24.19 * 2**20)
+    ctx = make_context(q.network, cl, q.options, q.ctx.estimator)
+    space = Space(ctx, q.options, {})
+    space.prepare_transitions()
+    index = {lay.name: lay.index for lay in q.network.layers}
+
+    def layout(name: str, label: str):
+        return next(x for x in space.candidates[index[name]] if x.label() == label)
+
+    start = {index[n]: layout(n, lab) for n, lab in (
+        ("wte", "model-sp 4x1"), ("h.0.attn.attn", "ulysses 4x1"),
+        ("h.0.mlp.c_fc", "column-sp 4x1"), ("h.0.mlp.c_proj", "row-sp 4x1"),
+        ("lm_head", "column-sp 4x1"))}
+    target = {index[n]: layout(n, lab) for n, lab in (
+        ("wte", "model 4x1"), ("h.0.attn.attn", "model 4x1"),
+        ("h.0.mlp.c_fc", "column 4x1"), ("h.0.mlp.c_proj", "row 4x1"))}
+    cache = EvalCache()
+    between = []
+    for k in range(1, 5):
+        for moved in itertools.combinations(target, k):
+            ev = evaluate(ctx, q.options, {**start, **{i: target[i] for i in moved}}, cache)
+            if ev.memory.fits:
+                between.append(ev.time_s)
+    first = search_module.Candidate("search", start, evaluate(ctx, q.options, start, cache))
+    assert first.evaluation.memory.fits and min(between) < 0.95 * first.evaluation.time_s
+    better, _, _ = search_module.improve(space, first, "time", None)
+    assert better.evaluation.time_s <= min(between) * (1 + 1e-9)
