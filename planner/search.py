@@ -1509,13 +1509,7 @@ def search(ctx: Context, options: Options, objective: str = "time",
         over = sorted((c for c in cands if not c.evaluation.memory.fits
                        and c.score(objective) < bar),
                       key=lambda c: (c.score(objective), c.name))
-        tried: list[dict[int, Layout]] = []
-        for c in over:
-            if len(tried) == REPAIRS:
-                break
-            if any(c.assignment == t for t in tried):
-                continue
-            tried.append(c.assignment)
+        for c in _distinct(over, REPAIRS):
             fixed, spent = repair(space, c, objective)
             moves += spent
             if fixed is not None:
@@ -1533,20 +1527,11 @@ def search(ctx: Context, options: Options, objective: str = "time",
         # time from one start missed plans 2-11% faster that two moves reach, or that
         # start from another answer (found by an audit against brute force); with
         # overlap none the program is exact unless memory constrained it
-        starts: list[Candidate] = []
-        for c in rank:
-            if len(starts) == LOCAL_STARTS:
-                break
-            if all(c.assignment != o.assignment for o in starts):
-                starts.append(c)
+        starts = _distinct(rank, LOCAL_STARTS)
         # the windows' guides: the best answers whatever their memory
-        guides: list[dict[int, Layout]] = []
         every = cands + [b.chosen for b in bases if b.chosen is not None]
-        for c in sorted(every, key=lambda c: (c.score(objective), c.name)):
-            if len(guides) == GUIDES:
-                break
-            if all(c.assignment != g for g in guides):
-                guides.append(c.assignment)
+        guides = [c.assignment for c in _distinct(
+            sorted(every, key=lambda c: (c.score(objective), c.name)), GUIDES)]
         first = best
         for start in starts:
             if lower is not None and best.score(objective) - lower <= \
@@ -1814,6 +1799,41 @@ def _move_groups(space: Space) -> tuple[list[tuple[int, ...]],
     return groups, order
 
 
+def _moved(space: Space, current: dict[int, Layout],
+           moves: Iterable[tuple[tuple[int, ...], int]]) -> dict[int, Layout]:
+    """``current`` with each group of ``moves`` at its candidate position."""
+    trial = dict(current)
+    for g, j in moves:
+        for i in g:
+            trial[i] = space.candidates[i][j]
+    return trial
+
+
+def _one_layer_moves(space: Space, groups: list[tuple[int, ...]],
+                     order: dict[tuple[int, ...], list[int]],
+                     current: dict[int, Layout] | Callable[[], dict[int, Layout]]
+                     ) -> Iterable[dict[int, Layout]]:
+    """Every one-group change of ``current``, groups in order, each group's layouts in
+    ``order``. ``current`` may be a callable, read afresh for each move, so that a
+    consumer that keeps a move moves on from it."""
+    for g in groups:
+        for j in order[g]:
+            now = current() if callable(current) else current
+            if any(now[i] != space.candidates[i][j] for i in g):
+                yield _moved(space, now, [(g, j)])
+
+
+def _distinct(cands: Iterable[Candidate], n: int) -> list[Candidate]:
+    """The first ``n`` candidates with distinct assignments."""
+    out: list[Candidate] = []
+    for c in cands:
+        if len(out) == n:
+            break
+        if all(c.assignment != o.assignment for o in out):
+            out.append(c)
+    return out
+
+
 def repair(space: Space, start: Candidate, objective: str) -> tuple[Candidate | None, int]:
     """From an answer that does not fit, one layer's move at a time toward one that
     does: each step prices every one-layer change (tied layers together) that lowers
@@ -1839,29 +1859,23 @@ def repair(space: Space, start: Candidate, objective: str) -> tuple[Candidate | 
     for _ in range(REPAIR_STEPS):
         fit: tuple[float, dict[int, Layout]] | None = None
         step: tuple[float, float, float, dict[int, Layout]] | None = None
-        for g in groups:
-            for j in order[g]:
-                if spent >= budget:
-                    break
-                if all(current[i] == space.candidates[i][j] for i in g):
-                    continue
-                trial = dict(current)
-                for i in g:
-                    trial[i] = space.candidates[i][j]
-                spent += 1
-                memory, ev = evaluate_fitting(ctx, options, trial, space.cache)
-                if memory.peak >= peak:
-                    continue
-                if ev is not None:
-                    value = ev.comm_s if objective == "comm" else ev.time_s
-                    if fit is None or value < fit[0]:
-                        fit = (value, trial)
-                elif fit is None:
-                    time_s, comm_s = time_and_comm(ctx, options, trial, space.cache)
-                    value = comm_s if objective == "comm" else time_s
-                    rate = (value - score) / (peak - memory.peak)
-                    if step is None or rate < step[0]:
-                        step = (rate, memory.peak, value, trial)
+        for trial in _one_layer_moves(space, groups, order, current):
+            if spent >= budget:
+                break
+            spent += 1
+            memory, ev = evaluate_fitting(ctx, options, trial, space.cache)
+            if memory.peak >= peak:
+                continue
+            if ev is not None:
+                value = ev.comm_s if objective == "comm" else ev.time_s
+                if fit is None or value < fit[0]:
+                    fit = (value, trial)
+            elif fit is None:
+                time_s, comm_s = time_and_comm(ctx, options, trial, space.cache)
+                value = comm_s if objective == "comm" else time_s
+                rate = (value - score) / (peak - memory.peak)
+                if step is None or rate < step[0]:
+                    step = (rate, memory.peak, value, trial)
         if fit is not None:
             trial = fit[1]
             return Candidate("search", trial, evaluate(ctx, options, trial, space.cache)), spent
@@ -1917,21 +1931,22 @@ def improve(space: Space, start: Candidate, objective: str, lower: float | None,
     # backward pass readies gradients), until a pass each way changes nothing
     groups.sort(key=lambda g: -g[0])
     quiet = 0
-    state: dict[str, Any] = {"best": start, "score": score, "spent": 0, "blocked": False}
+    best, spent, blocked = start, 0, False
 
     def attempt(trial: dict[int, Layout]) -> bool:
         """Price ``trial``; keep it when it fits and scores better."""
-        state["spent"] += 1
-        if timed and m * space.score(trial, path) >= state["score"]:
+        nonlocal best, score, spent, blocked
+        spent += 1
+        if timed and m * space.score(trial, path) >= score:
             return False  # its critical path alone is no faster than the plan
         time_s, comm_s = time_and_comm(ctx, options, trial, space.cache)
-        if (comm_s if objective == "comm" else time_s) >= state["score"] * (1 - 1e-9):
+        if (comm_s if objective == "comm" else time_s) >= score * (1 - 1e-9):
             return False
         cand = Candidate("search", trial, evaluate(ctx, options, trial, space.cache))
         if not cand.evaluation.memory.fits:
-            state["blocked"] = True
+            blocked = True
             return False
-        state["best"], state["score"] = cand, cand.score(objective)
+        best, score = cand, cand.score(objective)
         return True
 
     # the guides' windows: runs of consecutive layers set to another answer's layouts
@@ -1999,7 +2014,7 @@ def improve(space: Space, start: Candidate, objective: str, lower: float | None,
         on for the whole run, then onto one layout, cheapest first."""
         out = [[on_grid(g)[key] for g in win] for key in
                sorted(set.intersection(*(set(on_grid(g)) for g in win)))]
-        current = state["best"].assignment
+        current = best.assignment
         now = [where(g).get(tuple(current[i] for i in g), -1) for g in win]
         if min(now) >= 0:
             for on, alone in itertools.product((False, True), (False, True)):
@@ -2011,44 +2026,34 @@ def improve(space: Space, start: Candidate, objective: str, lower: float | None,
             common, key=lambda lay: (sum(position(g)[lay][1] for g in win), lay.label()))]
         return out
 
-    while state["spent"] < budget:
-        while quiet < 2 and state["spent"] < budget:
+    while spent < budget:
+        while quiet < 2 and spent < budget:
             improved = False
-            for g in groups:
-                for j in order[g]:
-                    current = state["best"].assignment
-                    if all(current[i] == space.candidates[i][j] for i in g):
-                        continue
-                    if state["spent"] >= budget:
-                        break
-                    trial = dict(current)
-                    for i in g:
-                        trial[i] = space.candidates[i][j]
-                    improved = attempt(trial) or improved
+            for trial in _one_layer_moves(space, groups, order, lambda: best.assignment):
+                if spent >= budget:
+                    break
+                improved = attempt(trial) or improved
             quiet = 0 if improved else quiet + 1
             groups.reverse()
         moved = False
         for win in windows:  # a run of layers moved onto one grid or layout together
-            if state["spent"] >= budget:
+            if spent >= budget:
                 break
-            current = state["best"].assignment
+            current = best.assignment
             for pick in picks(win):
-                if state["spent"] >= budget:
+                if spent >= budget:
                     break
-                trial = dict(current)
-                for g, j in zip(win, pick, strict=True):
-                    for i in g:
-                        trial[i] = space.candidates[i][j]
+                trial = _moved(space, current, zip(win, pick, strict=True))
                 if trial[win[0][0]] == current[win[0][0]] or \
                         trial[win[-1][0]] == current[win[-1][0]]:
                     continue  # a shorter window's move, or a single layer's
                 if attempt(trial):
                     moved = True
-                    current = state["best"].assignment
+                    current = best.assignment
         for guide in guides:
             for win in windows:
-                current = state["best"].assignment
-                if state["spent"] >= budget:
+                current = best.assignment
+                if spent >= budget:
                     break
                 ends = [any(current[i] != guide[i] for i in g) for g in (win[0], win[-1])]
                 if not all(ends):
@@ -2061,7 +2066,7 @@ def improve(space: Space, start: Candidate, objective: str, lower: float | None,
         if not moved:
             break
         quiet = 0
-    return state["best"], state["spent"], state["blocked"]
+    return best, spent, blocked
 
 
 #: most answers of the program the memory search tries (each a full dynamic program)

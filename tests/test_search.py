@@ -23,6 +23,8 @@ from planner.layout import SHARDED_MODES, holds_alike, make_layout
 from planner.plan import group_ranks
 from planner.search import LOCAL_GAP, Space, Weights, search, solve
 
+from .benchmarks.memory_brute_force import NETWORKS as SMALL_NETWORKS
+from .benchmarks.memory_brute_force import at_capacity, question
 from .conftest import CLUSTERS, NETWORKS, invoke
 from .helpers import FixedEstimator, cluster
 
@@ -681,31 +683,8 @@ def test_the_critical_path_bounds_the_step_of_any_assignment(
     assert 0 < bound <= ev.time_s * (1 + 1e-12)
 
 
-_TF1 = """kind: network
-name: tf1
-input: [128]
-dtype: float32
-layers:
-  - {name: wte, type: embedding, vocab: 4096, dim: 256}
-  - {name: wpe, type: positional_embedding, positions: 128}
-  - repeat: 1
-    name: h
-    layers:
-      - name: attn
-        type: residual
-        body:
-          - {name: ln_1, type: layernorm}
-          - {name: attn, type: attention, heads: 8, causal: true}
-      - name: mlp
-        type: residual
-        body:
-          - {name: ln_2, type: layernorm}
-          - {name: c_fc, type: linear, out_features: 1024}
-          - {name: gelu, type: gelu}
-          - {name: c_proj, type: linear, out_features: 256}
-  - {name: ln_f, type: layernorm}
-  - {name: lm_head, type: linear, out_features: 4096, bias: false, tie: wte}
-"""
+#: a one-block transformer, its head tied to the embedding
+_TF1 = SMALL_NETWORKS["tf1"]
 
 
 def _small_cluster(nodes: int, per_node: int, gbit: int) -> str:
@@ -756,30 +735,6 @@ def test_the_local_search_starts_from_more_than_one_plan(runner, tmp_path):
         assert seconds("plan", *base, "--pin", pin) >= planned * (1 - 1e-9), pin
 
 
-CONV3 = """kind: network
-name: conv3
-input: [3, 64, 64]
-layers:
-  - {name: conv1, type: conv2d, out_channels: 32, kernel: 3, padding: 1}
-  - {name: relu1, type: relu}
-  - {name: conv2, type: conv2d, out_channels: 64, kernel: 3, padding: 1}
-  - {name: relu2, type: relu}
-  - {name: pool, type: maxpool, kernel: 2}
-  - {name: flat, type: flatten}
-  - {name: fc, type: linear, out_features: 100}
-"""
-
-CLUSTER_4X4 = """kind: cluster
-name: c4x4
-nodes: 4
-devices_per_node: 4
-device: H100-SXM
-network:
-  intra_node: {name: nvl, latency: 3 us, bandwidth: 300 GB/s}
-  inter_node: {name: ib, latency: 10 us, bandwidth: 100 Gbit/s}
-"""
-
-
 def test_under_a_tight_memory_capacity_the_search_finds_the_brute_force_best(tmp_path):
     """A three-layer convolution network on 16 GPUs, batch 32, overlapped gradients, the
     shipped kernel models; for 11 capacities from the leanest assignment's peak to the
@@ -790,10 +745,7 @@ def test_under_a_tight_memory_capacity_the_search_finds_the_brute_force_best(tmp
     against its memory, for any gradient weight, and is two layers' move away from any
     answer (541.2 us, model 2x8 for both, before). The local search's window moves (a
     run of layers onto one grid or one layout together) reach it."""
-    (tmp_path / "n.yaml").write_text(CONV3)
-    (tmp_path / "c.yaml").write_text(CLUSTER_4X4)
-    q = load_question(str(tmp_path / "n.yaml"), str(tmp_path / "c.yaml"), 16, 32, "exact",
-                      "gradients", "25MiB", "momentum", None, None, "auto", None)
+    q = question(tmp_path, "conv3", "4x4", 16, 32)
     space = Space(q.ctx, q.options, {})
     free = [lay.index for lay in q.network.layers if lay.has_weights]
     cache = EvalCache()
@@ -804,44 +756,17 @@ def test_under_a_tight_memory_capacity_the_search_finds_the_brute_force_best(tmp
         peaks.append(ev.memory.peak)
     assert len(times) == 4950
     fastest = min(range(len(times)), key=times.__getitem__)
-    device = q.cluster.device
     missed = []
     for k in range(11):
         capacity = min(peaks) + k * (peaks[fastest] - min(peaks)) / 11 + 1.0
-        cl = dataclasses.replace(q.cluster, reserved_memory=device.memory_bytes - capacity)
-        ctx = make_context(q.network, cl, q.options, q.ctx.estimator)
-        best = min(t for t, m in zip(times, peaks, strict=True) if m <= cl.capacity_bytes)
+        ctx = at_capacity(q, capacity)
+        best = min(t for t, m in zip(times, peaks, strict=True)
+                   if m <= ctx.cluster.capacity_bytes)
         found = search(ctx, q.options).best.evaluation
         assert found.memory.fits
         if found.time_s > best * (1 + 1e-9):
             missed.append((capacity / 2**20, found.time_s, best))
     assert not missed
-
-
-TF1 = """kind: network
-name: tf1
-input: [128]
-layers:
-  - {name: wte, type: embedding, vocab: 4096, dim: 256}
-  - {name: wpe, type: positional_embedding, positions: 128}
-  - repeat: 1
-    name: h
-    layers:
-      - name: attn
-        type: residual
-        body:
-          - {name: ln_1, type: layernorm}
-          - {name: attn, type: attention, heads: 8, causal: true}
-      - name: mlp
-        type: residual
-        body:
-          - {name: ln_2, type: layernorm}
-          - {name: c_fc, type: linear, out_features: 1024}
-          - {name: gelu, type: gelu}
-          - {name: c_proj, type: linear, out_features: 256}
-  - {name: ln_f, type: layernorm}
-  - {name: lm_head, type: linear, out_features: 4096, bias: false, tie: wte}
-"""
 
 
 def test_a_run_of_layers_turns_its_sequence_split_off_together(tmp_path):
@@ -854,15 +779,8 @@ def test_a_run_of_layers_turns_its_sequence_split_off_together(tmp_path):
     the four layers moved), found by enumerating them here. Before, the run's moves
     looked a tied group up by its first layer's layout alone, which named another of
     the head's layouts, and did not reach it."""
-    (tmp_path / "n.yaml").write_text(TF1)
-    (tmp_path / "c.yaml").write_text(CLUSTER_4X4.replace("nodes: 4\ndevices_per_node: 4",
-                                                         "nodes: 8\ndevices_per_node: 2")
-                                     .replace("100 Gbit/s", "10 Gbit/s"))
-    q = load_question(str(tmp_path / "n.yaml"), str(tmp_path / "c.yaml"), 4, 8, "exact",
-                      "gradients", "25MiB", "momentum", None, None, "auto", None)
-    cl = dataclasses.replace(q.cluster,
-                             reserved_memory=q.cluster.device.memory_bytes - 24.19 * 2**20)
-    ctx = make_context(q.network, cl, q.options, q.ctx.estimator)
+    q = question(tmp_path, "tf1", "8x2", 4, 8)
+    ctx = at_capacity(q, 24.19 * 2**20)
     space = Space(ctx, q.options, {})
     space.prepare_transitions()
     index = {lay.name: lay.index for lay in q.network.layers}

@@ -258,23 +258,14 @@ def test_repair_takes_the_fastest_one_layer_move_that_fits(tmp_path):
     """From the fastest assignment with the capacity one byte under its peak, the repair's
     first step is the fastest of the one-layer moves that fit (every move that lowers
     the peak fits), checked against all of them; and from there nothing is left to do."""
-    import dataclasses
-
     from planner import search as search_module
-    from planner.cli_plan import load_question
     from planner.evaluate import EvalCache
 
-    from .test_search import CLUSTER_4X4, CONV3
+    from .benchmarks.memory_brute_force import at_capacity, question
 
-    (tmp_path / "n.yaml").write_text(CONV3)
-    (tmp_path / "c.yaml").write_text(CLUSTER_4X4)
-    q = load_question(str(tmp_path / "n.yaml"), str(tmp_path / "c.yaml"), 16, 32, "exact",
-                      "gradients", "25MiB", "momentum", None, None, "auto", None)
+    q = question(tmp_path, "conv3", "4x4", 16, 32)
     fastest = search(q.ctx, q.options).best
-    peak = fastest.evaluation.memory.peak
-    device = q.cluster.device
-    cl = dataclasses.replace(q.cluster, reserved_memory=device.memory_bytes - (peak - 1))
-    ctx = make_context(q.network, cl, q.options, q.ctx.estimator)
+    ctx = at_capacity(q, fastest.evaluation.memory.peak - 1)
     space = Space(ctx, q.options, {})
     start = search_module.Candidate("search", fastest.assignment,
                                     evaluate(ctx, q.options, fastest.assignment))

@@ -23,9 +23,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import planner.cli  # noqa: F401  (loads the command modules in their order)
 from planner.cli_plan import load_question
+from planner.costs.layer import Context
 from planner.errors import NoFeasiblePlan
 from planner.evaluate import EvalCache, evaluate, make_context
 from planner.search import Space, search
@@ -109,6 +111,23 @@ QUESTIONS = (
 CAPACITIES = 11
 
 
+def question(folder: Path, net: str, cluster: str, p: int, b: int,
+             optimizer: str = "momentum") -> Any:
+    """The question as `planner plan` loads it (overlapped gradients, the shipped kernel
+    models), its network and cluster written to ``folder``."""
+    (folder / "n.yaml").write_text(NETWORKS[net])
+    (folder / "c.yaml").write_text(CLUSTERS[cluster])
+    return load_question(str(folder / "n.yaml"), str(folder / "c.yaml"), p, b, "exact",
+                         "gradients", "25MiB", optimizer, None, None, "auto", None)
+
+
+def at_capacity(q: Any, capacity: float) -> Context:
+    """The question's context with ``capacity`` bytes of each device left to the plan."""
+    cl = dataclasses.replace(q.cluster,
+                             reserved_memory=q.cluster.device.memory_bytes - capacity)
+    return make_context(q.network, cl, q.options, q.ctx.estimator)
+
+
 def main() -> None:
     quick = "--quick" in sys.argv[1:]
     slower, total, searched = [], 0, 0.0
@@ -116,11 +135,7 @@ def main() -> None:
         for net, cl, p, b, optimizer, big in QUESTIONS:
             if quick and big:
                 continue
-            (Path(tmp) / "n.yaml").write_text(NETWORKS[net])
-            (Path(tmp) / "c.yaml").write_text(CLUSTERS[cl])
-            q = load_question(str(Path(tmp) / "n.yaml"), str(Path(tmp) / "c.yaml"), p, b,
-                              "exact", "gradients", "25MiB", optimizer, None, None, "auto",
-                              None)
+            q = question(Path(tmp), net, cl, p, b, optimizer)
             space = Space(q.ctx, q.options, {})
             tied = {t: g[0] for g in space.ties for t in g[1:]}
             free = [lay.index for lay in q.network.layers
@@ -140,14 +155,11 @@ def main() -> None:
             print(f"{net} on {cl}, {p} devices, batch {b}, {optimizer}: {len(times):,} "
                   f"assignments, peaks {lean / 2**20:.2f}-{peaks[fastest] / 2**20:.2f} MiB",
                   flush=True)
-            device = q.cluster.device
             for k in range(CAPACITIES):
                 capacity = lean + k * (peaks[fastest] - lean) / CAPACITIES + 1.0
-                cl2 = dataclasses.replace(q.cluster,
-                                          reserved_memory=device.memory_bytes - capacity)
-                ctx = make_context(q.network, cl2, q.options, q.ctx.estimator)
+                ctx = at_capacity(q, capacity)
                 best = min(t for t, m in zip(times, peaks, strict=True)
-                           if m <= cl2.capacity_bytes)
+                           if m <= ctx.cluster.capacity_bytes)
                 start = time.perf_counter()
                 try:
                     found = search(ctx, q.options).best.evaluation.time_s
