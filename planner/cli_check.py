@@ -148,6 +148,17 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
         raise click.BadParameter(f"CPUs a task are asked of Slurm; --emit {kind} has no "
                                  "place for them (use --emit slurm, or set them in your "
                                  "own launcher)", param_hint="'--cpus-per-task'")
+    source = click.get_current_context().get_parameter_source
+    named = click.core.ParameterSource.COMMANDLINE
+    if source("script") is named and kind in ("env", "megatron"):
+        raise click.BadParameter(f"--emit {kind} starts no training program; use --emit "
+                                 "torchrun or slurm, or leave --script out",
+                                 param_hint="'--script'")
+    if source("master_port") is named and kind == "megatron":
+        raise click.BadParameter("--emit megatron writes Megatron-LM's parallelism "
+                                 "arguments, which hold no rendezvous port; set it where "
+                                 "the job starts (torchrun --master-port, MASTER_PORT)",
+                                 param_hint="'--master-port'")
     from pathlib import Path
 
     from .output import is_stream
@@ -182,12 +193,12 @@ def launch(plan_file: str, kind: str, script: str, master_port: int,
 
         text = megatron_args(doc, plan_file)
     else:
-        given = click.get_current_context().get_parameter_source("master_port")
         text = render(kind, spec, plan_file, script, master_port,
-                      fixed_port=given is click.core.ParameterSource.COMMANDLINE,
+                      fixed_port=source("master_port") is named,
                       cpus_per_task=cpus_per_task, plan_arg=plan_arg)
         if (kind == "slurm" and cpus_per_task is None and spec.procs < spec.per_node):
-            click.echo(f"planner: warning: {plan_file}: the job takes part of each node "
+            # advice, not a fault of the plan: --strict does not fail on it
+            click.echo(f"planner: note: {plan_file}: the job takes part of each node "
                        f"({spec.procs} of {spec.per_node} devices), so each task gets "
                        "Slurm's default CPUs, often one, for its data loading; "
                        "--cpus-per-task N asks for N", err=True)

@@ -647,6 +647,9 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
     is given ``--plan PLAN`` (without, it finds the plan in ``PLANNER_PLAN`` alone, as a
     program that refuses arguments it does not know, Megatron-LM's, must)."""
     q = shlex.quote
+    if plan_path.startswith("-"):
+        # the training program's parser would read "--plan -x.yaml" as an option
+        plan_path = f"./{plan_path}"
     given = f" --plan {q(plan_path)}" if plan_arg else ""
     head = [
         f"# planner launch: {count(spec.nodes, 'node')} x "
@@ -742,7 +745,9 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
         checks = [] if spec.nodes == 1 else [
             f': "${{NODE_RANK:?set NODE_RANK to the index of this node, 0..{last}}}"',
             # a node rank that is not 0..last would start torchrun on a wrong rank range
-            'case "$NODE_RANK" in *[!0-9]*) NODE_RANK_OK=0 ;; *) NODE_RANK_OK=1 ;; esac',
+            # (more than 9 digits would overflow test's integers, which then reads false)
+            'case "$NODE_RANK" in *[!0-9]*|??????????*) NODE_RANK_OK=0 ;; '
+            '*) NODE_RANK_OK=1 ;; esac',
             f'if [ "$NODE_RANK_OK" = 0 ] || [ "$NODE_RANK" -gt {last} ]; then',
             f'  echo "NODE_RANK must be a node index, 0..{last}; got $NODE_RANK" >&2; exit 2',
             "fi",
@@ -799,8 +804,9 @@ def emit(kind: str, spec: LaunchSpec, plan_path: str, script: str, port: int,
             f'export MASTER_PORT={port}' if fixed_port else
             f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"' if whole else
             # a job of part of a node shares it with other jobs, whose rank 0 would
-            # listen on the same default port: one from the job's id
-            'export MASTER_PORT="${MASTER_PORT:-$(( 15000 + SLURM_JOB_ID % 20000 ))}"',
+            # listen on the same default port: one from the job's id, below Linux's
+            # ephemeral ports (32768 and up), which connections take at random
+            'export MASTER_PORT="${MASTER_PORT:-$(( 15000 + SLURM_JOB_ID % 17000 ))}"',
             f"export PLANNER_PLAN={q(plan_path)}",
             *cpus,
             # --wait=0: a site's WaitTime would end the job that long after the first

@@ -290,7 +290,9 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes,
     operating-system error (no permission, disk full) is a :class:`UsageError` naming
     the file."""
     target = output_target(path, protect)
-    data = text.encode("utf-8") if isinstance(text, str) else text
+    # a path that is not UTF-8 reaches the text as surrogates (a launch script naming
+    # it): written back as the bytes it was
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
     if is_stream(target):
         try:
             with open(target, "wb") as fh:

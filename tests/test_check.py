@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -376,8 +377,9 @@ def test_training_pin_errors_name_the_file_key(runner, tmp_path, command):
 @pytest.mark.parametrize("kind", ["torchrun", "slurm", "env"])
 def test_launch(runner, kind, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
+    script = () if kind == "env" else ("--script", "examples/launch/train.py")
     result = invoke(runner, "launch", "examples/ci/plans/resnet50-dgx-64.yaml", "--emit", kind,
-                    "--script", "examples/launch/train.py")
+                    *script)
     assert result.exit_code == 0, result.stderr
     out = result.stdout
     assert "rank k runs on node k // 8, local device k % 8" in out
@@ -471,7 +473,8 @@ def test_slurm_uneven_plan_keeps_ranks_on_their_nodes(runner, tmp_path):
 def test_slurm_cpus_per_task(runner, tmp_path):
     """A job of part of a node (4 of a DGX's 8 GPUs) shares the node with other jobs and
     is not --exclusive, so SLURM_CPUS_ON_NODE counts the CPUs Slurm gave it, by default
-    one a task: the script says so, launch warns, and --cpus-per-task N asks sbatch and
+    one a task: the script says so, launch notes it (advice: --strict does not fail on it,
+found by an audit), and --cpus-per-task N asks sbatch and
     srun for N. Given for whole nodes it replaces the equal share; other emitters refuse
     it (exit 2), since they have nowhere to put it."""
     plan = _alexnet_plan(runner, tmp_path, 4, 128)
@@ -480,9 +483,10 @@ def test_slurm_cpus_per_task(runner, tmp_path):
     assert "#SBATCH --exclusive" not in out.stdout
     assert "#SBATCH --cpus-per-task" not in out.stdout
     assert "# part of a node: each task gets Slurm's default CPUs" in out.stdout
-    assert out.stderr == (f"planner: warning: {plan}: the job takes part of each node (4 "
+    assert out.stderr == (f"planner: note: {plan}: the job takes part of each node (4 "
                           "of 8 devices), so each task gets Slurm's default CPUs, often "
                           "one, for its data loading; --cpus-per-task N asks for N\n")
+    assert invoke(runner, "launch", plan, "--emit", "slurm", "--strict").exit_code == 0
     out = invoke(runner, "launch", plan, "--emit", "slurm", "--cpus-per-task", "12")
     assert out.exit_code == 0 and out.stderr == "", out.stderr
     assert "#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=4\n" \
@@ -716,12 +720,12 @@ def test_launch_one_partly_used_node(runner, tmp_path, gpus):
     # a job of part of a node shares it: its rank 0 listened on 29500 as every other
     # such job's did (an audit); the default port comes from the job's id
     assert "--exclusive" not in out
-    assert 'export MASTER_PORT="${MASTER_PORT:-$(( 15000 + SLURM_JOB_ID % 20000 ))}"\n' in out
+    assert 'export MASTER_PORT="${MASTER_PORT:-$(( 15000 + SLURM_JOB_ID % 17000 ))}"\n' in out
     ran = subprocess.run(["bash", "-c", out.split("export MASTER_PORT=")[1].split("\n")[0]
                           .join(("export MASTER_PORT=", '\necho "$MASTER_PORT"'))],
                          capture_output=True, text=True,
                          env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "123456"})
-    assert ran.stdout == f"{15000 + 123456 % 20000}\n", ran.stderr
+    assert ran.stdout == f"{15000 + 123456 % 17000}\n", ran.stderr
     # --master-port on one node: --standalone took a free port whatever was asked
     out = invoke(runner, "launch", plan, "--emit", "torchrun", "--master-port", "1234").stdout
     assert "--standalone" not in out
@@ -764,8 +768,10 @@ def test_torchrun_uneven_plan_runs_fewer_processes_on_the_last_node(runner, tmp_
                     f"--master-addr=node0 --master-port=29500 train.py --plan {plan}"
                     for node, n in ((0, 8), (1, 4))]
     # a node rank that is no node's (found by an audit: 'abc' ran 8 processes after a
-    # shell error) stops the script; the script's arguments reach the program
-    for bad in ("abc", "2", "-1"):
+    # shell error) stops the script, as does one of 20 digits, which overflowed test's
+    # integers into a false comparison and started torchrun on it (an audit); the
+    # script's arguments reach the program
+    for bad in ("abc", "2", "-1", "99999999999999999999"):
         env["NODE_RANK"] = bad
         ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
         assert ran.returncode == 2 and ran.stdout == ""
@@ -1142,6 +1148,40 @@ def test_launch_without_the_plan_argument(runner, tmp_path, monkeypatch):
         assert with_arg.stdout.replace(" --plan plan.yaml", "") == without.stdout
     r = invoke(runner, "launch", "plan.yaml", "--emit", "env", "--no-plan-arg")
     assert r.exit_code == 2 and "--emit env starts no training program" in r.stderr
+
+
+def test_launch_paths_a_training_program_or_a_file_system_would_misread(runner, tmp_path,
+                                                                         monkeypatch):
+    """Found by an audit: a plan path starting with '-' was written as ``--plan -p.yaml``,
+    which the training program's parser reads as an option (argparse: "expected one
+    argument"), so every rank failed; it is written ``./-p.yaml``. A path that is not
+    UTF-8 (the file system's bytes, \\xff) made ``-o`` fail with an internal error; the
+    script names the file by its bytes. Options an emitter has no place for are refused,
+    as ``--cpus-per-task`` and ``--no-plan-arg`` are, not dropped."""
+    monkeypatch.chdir(tmp_path)
+    plan = _alexnet_plan(runner, tmp_path, 16, 256)
+    shutil.copy(plan, "-p.yaml")
+    for kind in ("torchrun", "slurm", "env"):
+        r = invoke(runner, "launch", "--emit", kind, "--", "-p.yaml")
+        assert r.exit_code == 0, r.stderr
+        assert "PLANNER_PLAN=./-p.yaml\n" in r.stdout and " -p.yaml" not in r.stdout
+    out = invoke(runner, "launch", "--", "-p.yaml").stdout
+    assert "train.py --plan ./-p.yaml \"$@\"" in out
+    odd = os.fsdecode(b"pl\xffan.yaml")
+    shutil.copy(plan, odd)
+    r = invoke(runner, "launch", odd, "-o", "run.sh")
+    assert r.exit_code == 0, r.stderr
+    written = Path("run.sh").read_bytes()
+    assert b"export PLANNER_PLAN='pl\xffan.yaml'\n" in written
+    assert written.startswith(b"#!/usr/bin/env bash\n")
+    assert subprocess.run(["bash", "-n", "run.sh"]).returncode == 0
+    for args, option in ((("--emit", "env", "--script", "p.py"), "'--script'"),
+                         (("--emit", "megatron", "--script", "p.py"), "'--script'"),
+                         (("--emit", "megatron", "--master-port", "1234"),
+                          "'--master-port'")):
+        r = invoke(runner, "launch", "p.yaml", *args)
+        assert r.exit_code == 2 and f"Invalid value for {option}" in r.stderr, r.stderr
+        assert not r.stdout
 
 
 def test_a_document_without_a_plan_is_named_so(runner, tmp_path, monkeypatch):
