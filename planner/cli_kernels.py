@@ -643,8 +643,10 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
 
     Reads nccl-tests output (all_reduce_perf, all_gather_perf, reduce_scatter_perf),
     DeepBench's all-reduce CSV and the 8×H200 sweep CSV. Single-node rows fit the
-    intra-node tier, multi-node rows the inter-node tier (NCCL's ring); NVLS rows fit
-    the intra-node `nvls:` sub-section. Prints the fit and its error per (system,
+    intra-node tier (NCCL's ring), multi-node rows the inter-node tier as a plan prices
+    them (the cluster's collectives.algorithm, by default the fastest of NCCL's ring and
+    tree and the hierarchical all-reduce); NVLS rows fit the intra-node `nvls:`
+    sub-section. Prints the fit and its error per (system,
     collective, ranks) on stderr; writes the fitted `network:` section as YAML, or with
     --cluster the cluster file with its fitted tiers replaced in place.
     """
@@ -666,9 +668,11 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
                          "json is the fit report: give one of them")
     protect = (*files, *([cluster_path] if cluster_path else []))
     check_output(output, protect)
+    algorithm, library = "auto", None
     if cluster_path is not None:
         # a file that is not a cluster is refused before the fit's report is printed
         # (found by an audit); its network section is checked once the fit fills it
+        from .cluster import ALGORITHMS, LIBRARIES
         from .inputs import cluster_kind_issue
         from .loading import load_file
 
@@ -676,9 +680,17 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
         issue = cluster_kind_issue(doc)
         if issue is not None:
             raise doc.error([issue])
+        # the fit is judged, and across nodes made, as the file prices collectives
+        # (its `collectives:`; an invalid one is reported once the file is checked)
+        coll = doc.data.get("collectives") if isinstance(doc.data, dict) else None
+        if isinstance(coll, dict):
+            if coll.get("algorithm") in ALGORITHMS:
+                algorithm = coll["algorithm"]
+            if coll.get("library") in LIBRARIES:
+                library = coll["library"]
     notes: list[str] = []
     files = _once(files, notes)
-    fits = fit_all(read_samples(files, notes))
+    fits = fit_all(read_samples(files, notes), algorithm, library)
     for note in notes:
         click.echo(f"planner: note: {note}", err=True)
     for f in fits:
@@ -715,7 +727,7 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     for f in fits:
         for note in f.notes:
             click.echo(f"planner: note: {note}", err=True)
-    _print_comm(fits)
+    _print_comm(fits, algorithm)
     if fmt == "json":
         # the reader's notes too (rows with wrong results left out, a run with no table):
         # a report written to a file would otherwise lose them to the terminal
@@ -752,18 +764,21 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
          output, protect)
 
 
-def _print_comm(fits: list[Any]) -> None:
+def _print_comm(fits: list[Any], algorithm: str) -> None:
     from rich.table import Table
 
     from .cli import console, print_fitted
 
-    tiers = Table(title="fitted tiers (ring model; NVLS: in-switch all-reduce, its "
-                        "algorithm bandwidth)",
+    across = ("NCCL's ring" if algorithm == "ring" else
+              f"the planner's '{algorithm}' choice of algorithm")
+    tiers = Table(title="fitted tiers (intra: NCCL's ring; inter: " + across
+                        + "; NVLS: in-switch all-reduce, its algorithm bandwidth)",
                   title_justify="left")
     for col in ("system", "tier", "latency", "bandwidth", "rows", "from"):
         tiers.add_column(col, justify="right" if col in ("rows", "latency", "bandwidth")
                          else "left")
-    errs = Table(title="planner's error with the fitted tiers", title_justify="left")
+    errs = Table(title=f"planner's error with the fitted tiers (collectives: {{algorithm: "
+                       f"{algorithm}}}, as a plan prices them)", title_justify="left")
     for col in ("system", "collective", "ranks", "nodes", "n", "MAPE %", "max %"):
         errs.add_column(col, justify="left" if col in ("system", "collective") else "right")
     for f in fits:
