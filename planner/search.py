@@ -2174,6 +2174,8 @@ def _batch_that_fits(batch: int, gpus: int, mem: MemoryReport) -> int | None:
     if room <= 0 or mem.per_batch <= 0 or batch <= 1:
         return None
     fits = math.floor(batch * room / mem.per_batch)
+    if fits < 1:  # not even one sample's activations fit (an audit: "about --batch 1")
+        return None
     if fits >= gpus:
         fits -= fits % gpus
     return max(1, min(fits, batch - 1))
@@ -2256,9 +2258,13 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
             tips.append(f"a smaller batch (about --batch {smaller}, if activations fall in "
                         f"proportion: they and the workspace are {format_bytes(per_batch)} "
                         "of the peak)")
+        rest = mem.peak - per_batch
         alone = "" if smaller is not None else (
             "; a smaller batch alone cannot fit: the peak less its activations and "
-            f"workspace is {format_bytes(mem.peak - per_batch)}")
+            f"workspace is {format_bytes(rest)}") if rest > mem.capacity else (
+            "; a smaller batch alone cannot fit: the peak less its activations and "
+            f"workspace is {format_bytes(rest)}, and one sample's, about "
+            f"{format_bytes(per_batch / max(1, opts.batch))}, do not fit beside it")
         tips.append(f"more devices ({more}{alone})")
         if mem.peak - per_batch > mem.capacity:
             # what no batch changes does not fit either: what shrinks it helps too

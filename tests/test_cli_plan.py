@@ -885,3 +885,15 @@ def test_the_leanest_layout_counts_the_baselines_grids(runner):
     assert need and float(need[1]) <= sp["memory"]["peak_bytes"] / 2**30 + 0.05, r.stderr
     assert "a smaller batch (about --batch" in r.stderr
     assert "a smaller batch alone cannot fit" not in r.stderr
+
+
+def test_microbatch_counts_are_the_divisors_found_by_their_square_root():
+    """``--microbatches auto`` tries the divisors of the batch; they were found by
+    scanning 1..batch, which for a batch of 2^40 (accepted) ran for hours before the
+    first search (an audit). Checked against the scan where it is cheap."""
+    from planner.cli_plan import divisors
+
+    for n in range(1, 600):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert divisors(2**40) == [2**k for k in range(41)]
+    assert len(divisors(720720)) == 240  # 2^4·3^2·5·7·11·13: 5·3·2·2·2·2 divisors

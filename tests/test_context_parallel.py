@@ -632,3 +632,23 @@ def test_the_stages_search_finds_context_parallelism(runner):
     assert plan["iteration"]["time_s"] < cp["iteration"]["time_s"]
     modes = [lay["mode"] for lay in plan["layers"] if lay["type"] in ("attention", "linear")]
     assert modes.count("domain") > len(modes) / 2, modes
+
+
+def test_ring_attention_time_the_step_accounts_for(runner):
+    """Found by an audit: ring attention's steps can wait longer than its traffic takes
+    (each of its n steps' kernels runs below the whole core's rate), and the step's
+    exposed communication was capped at comm_s, so time_s was 13 ms more than compute_s
+    + exposed_comm_s (Llama 3 8B on 13 H100s). The document promises time_s = compute_s
+    + exposed_comm_s; the table says where the excess comes from."""
+    import json
+
+    args = (EXAMPLES / "networks/llama3-8b.yaml", EXAMPLES / "clusters/dgx-h100.yaml",
+            "-p", "13", "-b", "1", "--optimizer", "adam")
+    r = invoke(runner, "plan", *args, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    it = json.loads(r.stdout)["iteration"]
+    # the document's 4 significant digits: half a unit of each of the three figures
+    assert it["time_s"] == pytest.approx(it["compute_s"] + it["exposed_comm_s"], abs=6e-5)
+    assert it["exposed_comm_s"] > 1.1 * it["comm_s"]  # the case: more than the traffic
+    table = invoke(runner, "plan", *args).stdout
+    assert "with ring attention's steps;" in " ".join(table.split())

@@ -328,3 +328,28 @@ def test_sums_up_to_each_point_are_the_direct_sums(points, items):
 
     expected = [float(sum(size for pos, size in items if pos <= p)) for p in points]
     assert _sums_up_to(points, [(pos, float(size)) for pos, size in items]) == expected
+
+
+def test_the_documents_memory_parts_sum_to_its_peak(runner):
+    """Found by an audit: each part of the breakdown was rounded to whole bytes on its
+    own, so on GPT-2 small over 7 devices (ZeRO-free, but 124M parameters' activations in
+    sevenths) they summed to one byte more than peak_bytes. The parts are whole bytes
+    summing to the peak; the helper gives leftover bytes to the largest fractions."""
+    import json
+
+    from planner.costs.memory import whole_parts
+
+    from .conftest import EXAMPLES, invoke
+
+    for extra in ((), ("--zero", "3")):
+        r = invoke(runner, "plan", EXAMPLES / "networks/gpt2-small.yaml",
+                   EXAMPLES / "clusters/dgx-h100.yaml", "-p", "7", "-b", "3", *extra,
+                   "--format", "json")
+        assert r.exit_code == 0, r.stderr
+        m = json.loads(r.stdout)["memory"]
+        assert sum(m["breakdown"].values()) == m["peak_bytes"]
+    # 0.5 + 0.5 + 0.5 = 1.5 rounds to 2: the first two take the two halves, each rounded
+    # alone they would be 0 + 0 + 0 (round half to even)
+    assert whole_parts([0.5, 0.5, 0.5]) == [1, 1, 0]
+    assert whole_parts([10.2, 20.3, 30.7]) == [10, 20, 31]  # 61.2 -> 61
+    assert whole_parts([3.0, 4.0]) == [3, 4]

@@ -806,3 +806,23 @@ def test_a_run_of_layers_turns_its_sequence_split_off_together(tmp_path):
     assert first.evaluation.memory.fits and min(between) < 0.95 * first.evaluation.time_s
     better, _, _ = search_module.improve(space, first, "time", None)
     assert better.evaluation.time_s <= min(between) * (1 + 1e-9)
+
+
+def test_no_plan_names_no_batch_where_one_sample_does_not_fit():
+    """Found by an audit: Llama 3 8B on 2 H100s with Adam at batch 8 advised "about
+    --batch 1", which needs 79.94 GiB of 78.65. The activations fall to 0 samples before
+    they fit (the rest of the peak, 60.3 GiB, leaves room for less than one sample's
+    20 GiB), so no batch is named, and the advice says why."""
+    net = load_network(NETWORKS / "llama3-8b.yaml")
+    cl = load_cluster(CLUSTERS / "dgx-h100.yaml")
+    opts = Options(gpus=2, batch=8, optimizer="adam")
+    with pytest.raises(NoFeasiblePlan) as exc:
+        search(make_context(net, cl, opts), opts)
+    said = str(exc.value)
+    assert "--batch" not in said
+    assert re.search(r"a smaller batch alone cannot fit: the peak less its activations and "
+                     r"workspace is [\d.]+ GiB, and one sample's, about [\d.]+ GiB, do not "
+                     r"fit beside it", said), said
+    one = Options(gpus=2, batch=1, optimizer="adam")
+    with pytest.raises(NoFeasiblePlan):  # the batch the advice named
+        search(make_context(net, cl, one), one)
