@@ -213,6 +213,51 @@ class _Closed:
         return False
 
 
+class _Dropping:
+    """Stands for a standard error that fails when written (``2>/dev/full``, a full disk
+    under a log, an I/O error): what does not get through is dropped, as a closed
+    stderr's is (:class:`_Closed`), so that a failed note or message does not change the
+    command's exit code (an uncaught OSError made every command exit 1, which planner
+    means as "the answer is no"). Every other attribute is the stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except OSError:
+            self._lost()
+            return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            self._lost()
+
+    def _lost(self) -> None:
+        """Point the descriptor at the null device, so that the bytes still buffered and
+        Python's flush at exit (which fails with status 120) go nowhere."""
+        try:
+            fd = self._stream.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, fd)
+            finally:
+                os.close(devnull)
+            self._stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def fail(message: str) -> NoReturn:
     """Abort with a usage problem (exit 2)."""
     raise UsageError(f"planner: error: {message}")
@@ -561,6 +606,8 @@ def main(argv: list[str] | None = None) -> None:
     if _closed(sys.stderr):
         sys.stderr = _Closed(report=False)
     _tolerant_streams()
+    if not isinstance(sys.stderr, (_Closed, _Dropping)):
+        sys.stderr = _Dropping(sys.stderr)
     _one_blas_thread()
     _unix_signals()
     try:
@@ -569,6 +616,14 @@ def main(argv: list[str] | None = None) -> None:
         if _INTERRUPTED:  # click prints "Aborted!" and exits 1, a "no" answer here
             raise SystemExit(130) from None
         raise
+    except OSError as exc:
+        # what the top level writes before any command runs (--help, --version) to a
+        # full or closed stdout: reported as a subcommand's is (exit 2, no traceback)
+        where = exc.filename if exc.filename is not None else "standard output"
+        _discard_stdout()
+        click.echo(f"planner: error: cannot write to {where}: {exc.strerror or exc}",
+                   err=True)
+        raise SystemExit(EXIT_INPUT) from None
 
 
 _INTERRUPTED = False

@@ -49,7 +49,7 @@ def _kind_issue(doc: Document, expected: str | None) -> Issue:
     data = doc.data
     want = expected or "network', 'kind: cluster' or 'kind: training"
     if data is None:
-        return Issue("$", f"the file is empty: expected a YAML mapping with 'kind: {want}'")
+        return Issue("$", f"{doc.nothing()}: expected a YAML mapping with 'kind: {want}'")
     if not isinstance(data, dict):
         return Issue("$", f"expected a YAML mapping at the top level (with 'kind: {want}')")
     kind = data.get("kind")

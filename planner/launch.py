@@ -525,6 +525,20 @@ def _layer_issues(layers: object, owner: dict[str, tuple[int, dict[str, Any]]], 
         if not isinstance(lay, dict):
             continue
         where, name = f"$.layers[{i}]", lay.get("name")
+        # every layer's stage and chunk, those that follow another's layout too (they
+        # are on no grid's list: an audit found `stage: banana` passed)
+        bad = [Issue(f"{where}.{key}", f"layer {show(name)}: expected its {what}, "
+                                       + (f"a whole number 0 to {many - 1}" if many > 1
+                                          else f"0 (the plan has no {none})")
+                                       + f", got {show(lay[key])}")
+               for key, many, what, none in (
+                   ("stage", stages, "pipeline stage", "pipeline"),
+                   ("chunk", virtual, "model chunk", "model chunks"))
+               if key in lay and (isinstance(lay[key], bool) or not isinstance(lay[key], int)
+                                  or not 0 <= lay[key] < many)]
+        if bad:
+            issues += bad
+            continue
         if "grid" not in lay:
             # a layer a placement grid lists runs on it: the plan wrote its grid
             if isinstance(name, str) and name in owner:
@@ -541,6 +555,11 @@ def _layer_issues(layers: object, owner: dict[str, tuple[int, dict[str, Any]]], 
         if mode not in MODES:
             issues.append(Issue(f"{where}.mode", f"expected one of {', '.join(MODES)}, got "
                                                  f"{show(mode)}"))
+            continue
+        if "placement" in lay and lay["placement"] not in ("rows", "cols"):
+            issues.append(Issue(f"{where}.placement", f"layer {show(name)}: unknown "
+                                                      f"placement {show(lay['placement'])}; "
+                                                      "expected rows or cols"))
             continue
         if grid[0] * grid[1] != size:
             issues.append(Issue(f"{where}.grid", f"layer {show(name)}: grid {grid[0]}x"

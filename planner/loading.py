@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from .errors import MAX_ISSUES, InputError, Issue, Located, UsageError, whole_file
+from .errors import MAX_ISSUES, InputError, Issue, Located, UsageError, printable, whole_file
 
 # Bounds that keep any input file within about a second and 150 MB (the hostile-input
 # tests hold the planner to 2 s and 200 MB): a 20,000-layer network written out layer by
@@ -104,6 +104,17 @@ class Document:
     marks: dict[str, Mark] = field(default_factory=dict)
     key_marks: dict[str, Mark] = field(default_factory=dict)
     _lines: list[str] | None = field(default=None, repr=False, compare=False)
+    #: how the file wrote a null it holds at the top level (``~``, ``null``), or None
+    #: (it holds something else, or nothing: empty, comments alone)
+    null_text: str | None = None
+
+    def nothing(self) -> str:
+        """What a document without data holds, for a message that asks for a mapping:
+        "the file is empty" (nothing, comments alone) or "the file holds null (~), not a
+        mapping" (an audit found a file of ``~`` alone said to be empty)."""
+        if self.null_text is None:
+            return "the file is empty"
+        return f"the file holds null ({printable(self.null_text)}), not a mapping"
 
     def line(self, index: int) -> str | None:
         """Source line ``index`` (0-based), or None (split once: a file with thousands of
@@ -500,6 +511,8 @@ def _parse_text(text: str, file: str, loader_class: Any) -> Document:
         nonlocal root, root_set
         if not stack:
             root, root_set = value, True
+            if value is None and getattr(event, "value", ""):  # `~`, `null`: not nothing
+                doc.null_text = str(event.value)
             return
         top = stack[-1]
         top.size += size

@@ -231,7 +231,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                                f"'{'cluster' if kind == 'network' else 'network'}', 'gpus' "
                                "and 'batch'")])
     if doc.data is None:  # as the network and cluster loaders say it
-        raise doc.error([Issue("$", "the file is empty: expected a YAML mapping with 'kind: "
+        raise doc.error([Issue("$", f"{doc.nothing()}: expected a YAML mapping with 'kind: "
                                     "training', 'network', 'cluster', 'gpus', 'batch' and "
                                     "'strategy'")])
     f = Fields(doc.data, "$", issues, "a training configuration")
@@ -307,7 +307,7 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
     cp_comm = f.opt("cp_comm_type", choice(CP_COMM_TYPES), "p2p")
     param_gather = f.opt("overlap_param_gather", boolean, False)
     cross_entropy = f.opt("cross_entropy", choice(CROSS_ENTROPY), "fused")
-    bucket = f.opt("bucket_size", bucket_size, float(DEFAULT_BUCKET_BYTES))
+    bucket = f.opt("bucket_size", _bucket_size, float(DEFAULT_BUCKET_BYTES))
     cost_model = f.opt("cost_model", choice(COST_MODELS), "exact")
     # `plan --zero auto` searches the setting; a launch runs one, which CI must check
     searched = [k for k in ("zero", "zero_shard") if f.data.get(k) == "auto"]
@@ -435,6 +435,20 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                           tp_comm_overlap=bool(tp_overlap), cp_comm_type=cp_comm,
                           overlap_param_gather=bool(param_gather),
                           cross_entropy=cross_entropy)
+
+
+def _bucket_size(value: object) -> float:
+    """``bucket_size``: :func:`~planner.fields.bucket_size`, but a negative or non-finite
+    number is refused with a size that is one (an audit found ``-5`` told "such as '-5
+    MiB'", itself refused)."""
+    import math
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            value < 0 or not math.isfinite(value)):
+        raise Invalid(f"expected a size of 0 or more with its unit, such as '25 MiB' "
+                      f"(PyTorch DDP's default), got {show(value)} (0 for one bucket per "
+                      "layer)")
+    return bucket_size(value)
 
 
 def _dtype(value: object) -> str:

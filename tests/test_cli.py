@@ -603,3 +603,74 @@ def test_the_planners_own_outputs_are_named_when_read_as_inputs(runner, tmp_path
     r = invoke(runner, "plan", shown, sweep, "-p", "8", "-b", "8")
     assert r.exit_code == 2
     assert "this is the output of `planner show`, not a network file" in r.stderr
+
+
+def _full(args, stream: str):
+    """``planner ARGS`` in a fresh interpreter with ``stream`` (stdout or stderr) on
+    /dev/full, where every write fails with ENOSPC; the other is captured."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    with open("/dev/full", "w") as full:
+        return subprocess.run(
+            [sys.executable, "-m", "planner", *map(str, args)], env=env, cwd=ROOT,
+            timeout=120, stdout=full if stream == "stdout" else subprocess.PIPE,
+            stderr=full if stream == "stderr" else subprocess.PIPE)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_stderr_does_not_change_the_exit_code(tmp_path):
+    """A failed write to stderr (``2>/dev/full``) was an uncaught OSError: every command
+    exited 1, "the answer is no", which a CI gate misreads (found by an audit). What
+    cannot be said is dropped; the exit code is the command's."""
+    r = _full(["validate", tmp_path / "missing.yaml"], "stderr")
+    assert r.returncode == 2, r.stdout
+    out = tmp_path / "shown.yaml"
+    r = _full(["show", NETWORKS / "alexnet.yaml", "-o", out], "stderr")  # "wrote ..."
+    assert r.returncode == 0 and out.read_text().startswith("network:")
+    r = _full(["validate", NETWORKS / "alexnet.yaml"], "stderr")
+    assert r.returncode == 0 and b": ok (network 'alexnet'" in r.stdout
+    r = _full(["show", NETWORKS / "alexnet.yaml", "--batch", "0"], "stderr")  # click's usage
+    assert r.returncode == 2 and r.stdout == b""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_top_level_help_and_version_to_a_full_stdout_are_a_message(tmp_path):
+    """``planner --help >/dev/full`` and ``planner -V >/dev/full`` printed a traceback and
+    exited 1; a subcommand's --help says it cannot write, exit 2, as they now do."""
+    said = b"planner: error: cannot write to standard output: No space left on device\n"
+    for args in (["--help"], ["-V"], ["--version"], ["validate", "--help"]):
+        r = _full(args, "stdout")
+        assert (r.returncode, r.stderr) == (2, said), args
+
+
+def test_a_training_file_of_null_is_not_called_empty(runner, tmp_path):
+    """A configuration holding only ``~`` was "the file is empty"; it holds null, and the
+    message says so."""
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("~\n")
+    r = invoke(runner, "check", cfg)
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"{cfg}:1:1: error: the file holds null (~), not a "
+                               "mapping: expected a YAML mapping with 'kind: training'")
+    cfg.write_text("# nothing yet\n")
+    r = invoke(runner, "check", cfg)
+    assert r.exit_code == 2 and f"{cfg}: error: the file is empty: expected" in r.stderr
+
+
+def test_a_negative_bucket_size_suggests_a_size_that_is_valid(runner, tmp_path):
+    """``bucket_size: -5`` was told "such as '-5 MiB'", which is refused in turn."""
+    cfg = tmp_path / "train.yaml"
+    text = (ROOT_EXAMPLES / "ci" / "resnet50-dgx.yaml").read_text().replace(
+        "../", f"{ROOT_EXAMPLES}/").replace("plans/", f"{ROOT_EXAMPLES}/ci/plans/")
+    for value in ("-5", ".nan", "-.inf"):
+        cfg.write_text(text + f"bucket_size: {value}\n")
+        r = invoke(runner, "validate", cfg)
+        assert r.exit_code == 2
+        assert f"{cfg}:14:14: error: expected a size of 0 or more with its unit, such as " \
+               "'25 MiB' (PyTorch DDP's default)" in r.stderr, r.stderr
+        assert "'-5 MiB'" not in r.stderr and "nan MiB" not in r.stderr
+    cfg.write_text(text + "bucket_size: '25 MiB'\n")
+    assert invoke(runner, "validate", cfg).exit_code == 0

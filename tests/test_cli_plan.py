@@ -859,14 +859,36 @@ def test_an_mfu_over_100_percent_says_why(runner):
     r = invoke(runner, "cost", NETWORKS / "vgg16.yaml", CLUSTERS / "dgx-a100.yaml",
                "-p", "1", "-b", "32")
     assert r.exit_code == 0, r.stderr
-    assert "MFU 129.1% of the float32 peak (over 100%: the FLOPs are counted as a direct" \
-        in " ".join(r.stdout.split()), r.stdout
+    assert "MFU 129.1% of the float32 peak (over 100%: convolutions are counted as a " \
+        "direct convolution does them, and Winograd's and FFT convolutions multiply less; " \
+        "the network's FLOPs count its first layer's input gradient, which is not " \
+        "computed)" in " ".join(r.stdout.split()), r.stdout
     doc = json.loads(invoke(runner, "cost", NETWORKS / "vgg16.yaml",
                             CLUSTERS / "dgx-a100.yaml", "-p", "1", "-b", "32",
                             "--format", "json").stdout)
     assert doc["iteration"]["mfu"] == pytest.approx(1.291, abs=5e-4)
     r = invoke(runner, "plan", ALEX, DGX, "-p", "64", "-b", "1024")
     assert "MFU 40.8% of the float32 peak\n" in r.stdout
+
+
+def test_one_linear_layers_mfu_over_100_percent_is_not_blamed_on_convolutions(runner,
+                                                                              tmp_path):
+    """Found by an audit: one 8192² linear layer at batch 8,192 in FP32 on an H100 read
+    MFU 107.7% "over 100%: ... Winograd's and FFT convolutions multiply less", in a
+    network without convolutions. The count (3× the forward) includes the first layer's
+    input gradient, which no kernel computes: the two GEMMs that run take 45.3 ms, 2 ×
+    2 · 8192³ FLOPs at 48.6 TFLOP/s, 73% of the 66.9 TFLOP/s peak."""
+    net = tmp_path / "one.yaml"
+    net.write_text("kind: network\nname: one\ninput: [8192]\nlayers:\n"
+                   "  - {type: linear, out_features: 8192}\n")
+    r = invoke(runner, "cost", net, DGX, "-p", "1", "-b", "8192", "--grid", "1x1",
+               "--mode", "data")
+    assert r.exit_code == 0, r.stderr
+    flat = " ".join(r.stdout.split())
+    assert re.search(r"MFU 10\d\.\d% of the float32 peak \(over 100%: the network's FLOPs "
+                     r"count its first layer's input gradient, which is not computed\)",
+                     flat), flat
+    assert "Winograd" not in flat
 
 
 def test_the_leanest_layout_counts_the_baselines_grids(runner):

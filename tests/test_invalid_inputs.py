@@ -31,3 +31,84 @@ def test_invalid_file(runner, path, monkeypatch):
 
 def test_corpus_is_not_empty():
     assert len(CASES) >= 20
+
+
+def _plan(runner, tmp_path, *extra):
+    from .conftest import CLUSTERS, NETWORKS
+
+    out = tmp_path / f"plan{len(extra)}.yaml"
+    r = invoke(runner, "plan", NETWORKS / "gpt2-small.yaml", CLUSTERS / "pcie-8gpu.yaml",
+               "-p", "8", "-b", "16", *extra, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    return out.read_text()
+
+
+def _edited(text: str, name: str, key: str, value: str) -> tuple[str, int, int]:
+    """The plan with layer ``name``'s ``key`` set to ``value`` (added after its name where
+    it has none), and the 1-based line and column of the value."""
+    lines = text.split("\n")
+    at = lines.index(f"  name: {name}") if f"  name: {name}" in lines else \
+        lines.index(f"- name: {name}")
+    start = at if lines[at].startswith("- ") else at - 1
+    for i in range(start, len(lines)):
+        if i > start and lines[i].startswith("- "):
+            break
+        head = lines[i][:2]
+        if lines[i][2:].startswith(f"{key}: "):
+            lines[i] = f"{head}{key}: {value}"
+            return "\n".join(lines), i + 1, len(head) + len(key) + 3
+    lines.insert(at + 1, f"  {key}: {value}")
+    return "\n".join(lines), at + 2, len(key) + 5
+
+
+def test_a_following_layers_stage_is_checked(runner, tmp_path):
+    """The stage of a layer that follows another's layout (on no grid's list) was not
+    checked: `stage: banana`, 9 or -3 passed validate and launch, and so did `stage: 5`
+    in a plan without a pipeline (found by an audit)."""
+    piped, flat = _plan(runner, tmp_path, "--pipeline", "2"), _plan(runner, tmp_path)
+    plan = tmp_path / "edited.yaml"
+    for text, value, expect in ((piped, "banana", "a whole number 0 to 1, got 'banana'"),
+                                (piped, "9", "a whole number 0 to 1, got 9"),
+                                (piped, "-3", "a whole number 0 to 1, got -3"),
+                                (flat, "5", "0 (the plan has no pipeline), got 5")):
+        edited, line, col = _edited(text, "h.8.mlp.ln_2", "stage", value)
+        plan.write_text(edited)
+        for cmd in (["validate"], ["launch", "--emit", "env"]):
+            r = invoke(runner, *cmd, plan)
+            assert r.exit_code == 2, (cmd, value, r.stdout)
+            assert f"{plan}:{line}:{col}: error: layer 'h.8.mlp.ln_2': expected its " \
+                   f"pipeline stage, {expect} (at $.layers[" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr
+    for text, value in ((piped, "1"), (flat, "0")):  # what the plan says, written out
+        plan.write_text(_edited(text, "h.8.mlp.ln_2", "stage", value)[0])
+        assert invoke(runner, "validate", plan).exit_code == 0
+
+
+def test_a_layers_stage_and_placement_are_named_where_they_are_wrong(runner, tmp_path):
+    """`stage: '1'` on a layer with weights was "is 1x4 rows, stage 1 here but 1x4 rows,
+    stage 1 in $.placement.grids[2]", at its grid; `placement: diag` the same kind of
+    comparison. Each is now said at the value: a stage is a whole number, a placement
+    rows or cols."""
+    piped = _plan(runner, tmp_path, "--pipeline", "2")
+    plan = tmp_path / "edited.yaml"
+    for key, value, expect in (("stage", "'1'", "expected its pipeline stage, a whole "
+                                                "number 0 to 1, got '1'"),
+                               ("placement", "diag", "unknown placement 'diag'; expected "
+                                                     "rows or cols")):
+        edited, line, col = _edited(piped, "h.8.mlp.c_fc", key, value)
+        plan.write_text(edited)
+        r = invoke(runner, "validate", plan)
+        assert r.exit_code == 2
+        assert r.stderr.startswith(f"{plan}:{line}:{col}: error: layer 'h.8.mlp.c_fc': "
+                                   f"{expect} (at $.layers["), r.stderr
+        assert "here but" not in r.stderr
+
+
+def test_a_file_of_null_is_not_called_empty(runner, tmp_path):
+    """A file holding only `~` was reported as "the file is empty"."""
+    path = tmp_path / "null.yaml"
+    path.write_text("~\n")
+    r = invoke(runner, "validate", path)
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"{path}:1:1: error: the file holds null (~), not a "
+                               "mapping: expected a YAML mapping with 'kind: network'")
