@@ -263,23 +263,14 @@ def _is_model_manifest(path: Path) -> bool:
 def _keep_other_families(out_dir: str, only: str) -> None:
     """Refuse (before minutes of fitting) to write one family over a model set that has
     others: the new manifest would list only the one, and the others would be lost."""
-    from .kernels.store import MANIFEST
+    from .kernels.store import MANIFEST, existing_families
 
-    path = Path(out_dir) / MANIFEST
-    if not path.is_file():
-        return
-    try:
-        import yaml
-
-        families = set((yaml.safe_load(path.read_text(encoding="utf-8")) or {})
-                       .get("models") or {})
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError):
-        return  # planner's, damaged: refitted over (_check_model_dir)
-    others = sorted(families - {only})
+    others = sorted(existing_families(out_dir) - {only})
     if others:
-        raise UsageError(f"planner: error: {path} has {' and '.join(others)} models that "
-                         f"--only {only} would drop from it; write to another directory "
-                         "(and fit both families to replace the set)")
+        raise UsageError(f"planner: error: {Path(out_dir) / MANIFEST} has "
+                         f"{' and '.join(others)} models that --only {only} would drop from "
+                         "it; write to another directory (and fit both families to replace "
+                         "the set)")
 
 
 @kernels.command("eval")
@@ -306,10 +297,14 @@ def kernels_eval(data: tuple[str, ...], shipped: bool, models_dir: str | None, s
     Prints the row count, the mean absolute percentage error (MAPE), the median and
     90th-percentile absolute percentage errors, and the share of rows whose measured time
     is within the error band the models recorded for kernels like it (about 90% on data
-    like the held-out rows they were cut from). JSON: {"results": [{"device", "op", "n",
-    "mape", "median_ape", "p90_ape", "out_of_range", "in_band"}, ...]}.
+    like the held-out rows they were cut from). Rows of a device the models have no
+    measurements of and do not time (a CPU) are timed by the roofline, as plans on it
+    are; rows of a family the models lack are left out; both are said in notes. JSON:
+    {"results": [{"device", "op", "n", "mape", "median_ape", "p90_ape", "out_of_range",
+    "in_band"}, ...], "skipped": {FAMILY: ROWS}, "roofline_devices": [...], "notes": [...]}.
     """
-    from .kernels.pipeline import evaluate_files
+    from .cluster import lookup_device
+    from .kernels.pipeline import evaluate_report
     from .kernels.store import load_models
 
     data = _all_files(data, shipped)
@@ -318,12 +313,30 @@ def kernels_eval(data: tuple[str, ...], shipped: bool, models_dir: str | None, s
     protect = (*data, *(str(p) for p in sorted(Path(models.directory).iterdir())
                         if p.is_file()))
     check_output(output, protect)
-    results = [r.record() for r in evaluate_files(data, models, split, devices, exclude)]
+    report = evaluate_report(data, models, split, devices, exclude)
+    results = [r.record() for r in report.results]
+    have = ", ".join(sorted(models.models)) or "no"
     if not results:
         raise UsageError(f"planner: error: the models in {models.directory} time none of "
-                         f"these rows (they have {', '.join(sorted(models.models)) or 'no'} "
-                         "models); fit the missing family with `planner kernels fit`")
-    render_data({"results": results}, fmt, output,
+                         f"these rows (they have {have} models); fit the missing family "
+                         "with `planner kernels fit`")
+    notes: list[str] = []
+    for family, rows in sorted(report.skipped.items()):
+        what = "GEMM and bmm" if family == "gemm" else "convolution"
+        notes.append(f"{rows:,} {what} row{'s' if rows > 1 else ''} left out: the models in "
+                     f"{models.directory} have no {family} model (they have {have}); fit "
+                     "it with `planner kernels fit` to judge them")
+    for name in report.roofline:
+        dev = lookup_device(name)
+        kind = dev.kind if dev is not None else "device"
+        notes.append(f"{name} is a {kind} the models have no measurements of: its rows are "
+                     "timed by the roofline at its achievable fractions of peak and "
+                     "bandwidth, as plans on it are (fit a model on its measurements to "
+                     "time it)")
+    for line in notes:
+        click.echo(f"planner: note: {line}", err=True)
+    render_data({"results": results, "skipped": dict(sorted(report.skipped.items())),
+                 "roofline_devices": report.roofline, "notes": notes}, fmt, output,
                 lambda: _results_table(results, f"kernel-time error (split {split}, models "
                                                 f"{models.directory})"), protect)
 
@@ -425,8 +438,9 @@ def kernels_predict(device_name: str, dtype: str, gemm: str | None, conv: str | 
         if pred.sustained_fraction is not None:
             t.add_row("GPU's sustained fraction of peak",
                       f"{pred.sustained_fraction:.3f} ("
-                      + ("fitted on its measurements" if pred.gpu_seen else
-                         "from its datasheet: unseen GPU") + ")")
+                      + ("the achievable fraction the roofline used"
+                         if pred.by_roofline else "fitted on its measurements"
+                         if pred.gpu_seen else "from its datasheet: unseen GPU") + ")")
         if pred.interval_s is not None:
             lo, hi = pred.interval_s
             t.add_row("90% of held-out kernels like it",
@@ -620,11 +634,6 @@ def _warn_other_machine(fit: Any, data: dict[str, Any], cluster_path: str) -> No
                    "another machine", err=True)
 
 
-#: the least share of a row's fitted time its bytes must take somewhere in a tier's
-#: rows for its bandwidth to count as measured (:attr:`planner.commfit.TierFit.bandwidth_share`)
-LATENCY_BOUND = 0.5
-
-
 @comm.command("fit")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
@@ -655,6 +664,7 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     from .commfit import (
         choose,
         fit_all,
+        mark_tiers,
         merge_cluster,
         read_samples,
         validate_network,
@@ -693,6 +703,7 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     fits = fit_all(read_samples(files, notes), algorithm, library)
     for note in notes:
         click.echo(f"planner: note: {note}", err=True)
+    warned: dict[int, list[str]] = {}  # id of a fit -> its warnings, for the JSON notes
     for f in fits:
         where = f"{f.system!r} in {', '.join(f.files)}"
         if f.intra is None and f.inter is None:
@@ -708,7 +719,7 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
                     f"planner: error: no bandwidth fits the {tier.tier} tier of {where}: "
                     "its times do not grow with the message size (measure a wider range "
                     "of sizes, from a few KiB to a few hundred MiB)")
-            if tier.bandwidth_share < LATENCY_BOUND:
+            if tier.latency_bound:
                 # a sweep cut short, or an all-reduce sweep NCCL ran as NVLS from 1 MiB
                 # up: every ring size is latency-bound, and the bandwidth is whatever the
                 # noise makes it (8e15 GB/s from 1-16 KiB on NVLink)
@@ -721,6 +732,7 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
                 if max(bws) > PLAUSIBLE["bandwidth"][2]:
                     raise UsageError(f"planner: error: {why}")
                 click.echo(f"planner: warning: {why}", err=True)
+                warned.setdefault(id(f), []).append(why)  # and a mark in the YAML written
     if system is not None or cluster_path is not None:
         # one system for a cluster file: refused here, before the report is printed
         fits = [choose(fits, system)]
@@ -731,8 +743,10 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
     if fmt == "json":
         # the reader's notes too (rows with wrong results left out, a run with no table):
         # a report written to a file would otherwise lose them to the terminal
-        emit(to_json({"systems": [f.record() for f in fits], "notes": notes}), output,
-             protect)
+        systems = [f.record() for f in fits]
+        for f, rec in zip(fits, systems, strict=True):  # the warnings too (an audit)
+            rec["notes"] = [*rec["notes"], *warned.get(id(f), [])]
+        emit(to_json({"systems": systems, "notes": notes}), output, protect)
         return
     # the command that writes this file again (its --system and --cluster too)
     again = [shlex.quote(printable(f)) for f in files]
@@ -753,15 +767,18 @@ def comm_fit(files: tuple[str, ...], cluster_path: str | None, system: str | Non
                        "comments are not kept): its network section cannot be edited in "
                        "place", err=True)
         emit((header + f"# from {printable(cluster_path)}, network tiers fitted to "
-              f"'{printable(fit.system)}'\n").replace("\n", merged.newline) + merged.text,
-             output, protect)
+              f"'{printable(fit.system)}'\n").replace("\n", merged.newline)
+             + mark_tiers(merged.text, fit), output, protect)
         return
+    # a latency-bound tier is marked where it is written: its bandwidth is not determined
     if len(fits) == 1:
         emit(header + f"# system: {printable(fits[0].system)}\n"
-             + to_yaml({"network": fits[0].network()}), output, protect)
+             + mark_tiers(to_yaml({"network": fits[0].network()}), fits[0]), output, protect)
         return
-    emit(header + to_yaml({"systems": {f.system: {"network": f.network()} for f in fits}}),
-         output, protect)
+    text = to_yaml({"systems": {f.system: {"network": f.network()} for f in fits}})
+    for f in fits:
+        text = mark_tiers(text, f, ("systems", f.system))
+    emit(header + text, output, protect)
 
 
 def _print_comm(fits: list[Any], algorithm: str) -> None:

@@ -378,6 +378,11 @@ def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
     if name == "auto" and kind != "gpu" and models_dir is None and not os.environ.get(ENV):
         return Roofline()  # the models were trained on GPUs only
     est = learned_estimator(models_dir, required=(name == "learned"))
+    if name == "auto" and hasattr(est, "covers") and not est.covers(device):
+        # models of GPUs alone, named by --models-dir or PLANNER_MODELS, for a CPU: the
+        # roofline, as without them (an audit found the GPU models timing a CPU here,
+        # while `kernels predict` and `eval` refuse them that device)
+        return Roofline()
     if name == "learned" and hasattr(est, "covers") and not est.covers(device):
         raise UsageError(f"planner: error: --estimator learned: {device.name} is a {kind} "
                          "and the kernel models have no measurements of it (they were "

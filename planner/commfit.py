@@ -119,6 +119,14 @@ class Sample:
     line: int
 
 
+#: the least share of a row's fitted time its bytes must take somewhere in a tier's rows
+#: for its bandwidth to count as measured (:attr:`TierFit.bandwidth_share`)
+LATENCY_BOUND = 0.5
+
+#: a tier's path in a ``network:`` section
+TIER_PATH = {"intra": ("intra_node",), "inter": ("inter_node",), "nvls": ("intra_node", "nvls")}
+
+
 @dataclass(frozen=True)
 class TierFit:
     """Fitted α and bandwidth of one tier (``intra``, ``inter`` or ``nvls``)."""
@@ -132,6 +140,11 @@ class TierFit:
     #: the largest share of a row's fitted time that its bytes take (the rest: latency);
     #: near 0, every size measured was latency-bound and the bandwidth is not determined
     bandwidth_share: float = 1.0
+
+    @property
+    def latency_bound(self) -> bool:
+        """Whether every row was latency-bound: the bandwidth is not determined."""
+        return self.bandwidth_share < LATENCY_BOUND
 
     def record(self) -> dict[str, Any]:
         """Plain data (SI)."""
@@ -1009,6 +1022,7 @@ def merge_cluster(cluster_path: str, fit: SystemFit) -> MergedCluster:
     lines = doc.text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if lines[0].startswith(FIT_HEADER):  # written by an earlier fit
         lines = lines[2:] if len(lines) > 1 and lines[1].startswith("# from ") else lines[1:]
+    lines = [ln for ln in lines if not _MARK.match(ln)]  # an earlier fit's marks
     try:
         text = _replace_tiers("\n".join(lines), tiers)
         in_place = parse_text(text, cluster_path).data == data
@@ -1084,6 +1098,87 @@ def _block(data: dict[str, Any], indent: int, step: int, first: bool) -> str:
     return "\n".join(out)
 
 
+def undetermined_comment(tier: TierFit) -> str:
+    """The comment written above a latency-bound tier (:attr:`TierFit.latency_bound`)."""
+    key = {"intra": "intra_node bandwidth", "inter": "inter_node bandwidth",
+           "nvls": "nvls algbw"}[tier.tier]
+    return (f"{key} not determined: every size measured was latency-bound (the bytes "
+            f"take at most {tier.bandwidth_share:.0%} of a row's fitted time)")
+
+
+#: a comment :func:`mark_tiers` wrote (a file fitted again loses it, and gets its own)
+_MARK = re.compile(r"^[ \t]*# (intra_node bandwidth|inter_node bandwidth|nvls algbw) not "
+                   r"determined: every size measured was latency-bound \(.*\)[ \t]*$")
+
+
+def mark_tiers(text: str, fit: SystemFit, under: tuple[str, ...] = ()) -> str:
+    """``text`` (YAML) with a comment line above each of ``fit``'s latency-bound tiers
+    (:func:`undetermined_comment`) in the ``network`` section at ``under``
+    (``("systems", NAME)`` for several systems' sections), so that a reader of the file
+    sees its bandwidth is not determined; above the section where a tier's key does not
+    start its line, and at the top where not even that does. The data are unchanged."""
+    marks = [((*under, "network", *TIER_PATH[t.tier]), undetermined_comment(t))
+             for t in (fit.intra, fit.nvls, fit.inter) if t is not None and t.latency_bound]
+    if not marks:
+        return text
+    return _comment_above(text, marks)
+
+
+def _comment_above(text: str, marks: Sequence[tuple[tuple[str, ...], str]]) -> str:
+    """``text`` with ``# comment`` lines above the keys at the given paths (see
+    :func:`mark_tiers`), in the text's line ends."""
+    from .loading import yaml_loader
+
+    newline = "\r\n" if "\r\n" in text else "\r" if "\r" in text else "\n"
+    lf = text.replace("\r\n", "\n").replace("\r", "\n")
+    lines = lf.split("\n")
+    try:
+        root = yaml.compose(lf, Loader=yaml_loader())
+        before = yaml.load(lf, Loader=yaml_loader())
+    except yaml.YAMLError:
+        root, before = None, None
+    inserts: list[tuple[int, str]] = []  # (line index, comment line)
+    top: list[str] = []
+    for path, comment in marks:
+        at = None
+        for depth in range(len(path), 0, -1):  # the key, else the nearest section above
+            key = _key_node(root, path[:depth])
+            if key is None:
+                continue
+            line, col = key.start_mark.line, key.start_mark.column
+            if line < len(lines) and not lines[line][:col].strip():
+                at = (line, " " * col + "# " + comment)
+                break
+        if at is None:
+            top.append("# " + comment)
+        else:
+            inserts.append(at)
+    for line, new in sorted(inserts, key=lambda x: x[0], reverse=True):
+        lines.insert(line, new)
+    out = "\n".join([*top, *lines])
+    try:
+        same = yaml.load(out, Loader=yaml_loader()) == before
+    except yaml.YAMLError:
+        same = False
+    if not same:  # a comment that changed what the file says: at the top instead
+        out = "\n".join([*("# " + c for _, c in marks), lf])
+    return out.replace("\n", newline)
+
+
+def _key_node(root: Any, path: tuple[str, ...]) -> Any:
+    """The key node at ``path`` in a composed YAML tree (None where there is none)."""
+    node, key = root, None
+    for name in path:
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        hit = next(((k, v) for k, v in node.value
+                    if isinstance(k, yaml.ScalarNode) and k.value == name), None)
+        if hit is None:
+            return None
+        key, node = hit
+    return key
+
+
 def validate_network(data: dict[str, Any], name: str) -> None:
     """Raise if the merged cluster data is not a valid cluster (a bug guard)."""
     from .cluster import cluster_from_data
@@ -1100,5 +1195,6 @@ def with_system(fit: SystemFit, system: str) -> SystemFit:
     return replace(fit, system=system)
 
 
-__all__ = ["ErrorRow", "Sample", "SystemFit", "TierFit", "choose", "fit_all", "fit_system",
-           "merge_cluster", "parse_nccl_tests", "predict", "read_samples"]
+__all__ = ["LATENCY_BOUND", "ErrorRow", "Sample", "SystemFit", "TierFit", "choose", "fit_all",
+           "fit_system", "mark_tiers", "merge_cluster", "parse_nccl_tests", "predict",
+           "read_samples"]

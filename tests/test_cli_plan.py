@@ -919,3 +919,16 @@ def test_microbatch_counts_are_the_divisors_found_by_their_square_root():
         assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
     assert divisors(2**40) == [2**k for k in range(41)]
     assert len(divisors(720720)) == 240  # 2^4·3^2·5·7·11·13: 5·3·2·2·2·2 divisors
+
+
+def test_auto_times_a_cpu_by_the_roofline_whatever_models_are_named(runner):
+    """``--estimator auto`` times a CPU by the roofline; named by --models-dir, the
+    shipped GPU models timed it instead (an audit), while ``kernels predict`` and
+    ``eval`` refuse them that device. The same plan either way."""
+    args = (NETWORKS / "alexnet.yaml", CLUSTERS / "cori-knl.yaml", "-p", "4", "-b", "64",
+            "--grid", "1x4", "--mode", "data", "--format", "json")
+    plain = json.loads(invoke(runner, "cost", *args).stdout)
+    named = json.loads(invoke(runner, "cost", *args, "--models-dir",
+                              str(ROOT / "models")).stdout)
+    assert plain["problem"]["estimator"] == named["problem"]["estimator"] == "roofline"
+    assert named["iteration"] == plain["iteration"]

@@ -929,6 +929,76 @@ def test_a_latency_bound_sweep_is_refused_or_warned(runner, tmp_path):
     assert r.exit_code == 0 and "warning" not in r.stderr, r.stderr
 
 
+def test_a_latency_bound_tier_is_noted_in_the_report_and_marked_in_the_yaml(runner,
+                                                                            tmp_path):
+    """The warned latency-bound tier was said on standard error only (an audit): the JSON
+    report has it among the system's notes, and the YAML written (a network section, one
+    of several systems', a cluster file) a comment above the tier saying its bandwidth is
+    not determined, which a fit of the file again replaces, and a fit that determines it
+    drops. The data written are the same."""
+    r = invoke(runner, "comm", "fit", FIXTURES[0], "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    (system,) = json.loads(r.stdout)["systems"]
+    warning = next(ln for ln in r.stderr.splitlines() if ln.startswith("planner: warning:"))
+    assert "the intra tier of" in warning and "is latency-bound" in warning
+    assert system["notes"] == [warning.removeprefix("planner: warning: ")]
+    share = re.search(r"at most (\d+)% of a row's fitted time", warning).group(1)
+    mark = ("# intra_node bandwidth not determined: every size measured was latency-bound "
+            f"(the bytes take at most {share}% of a row's fitted time)")
+
+    def marked(text: str, indent: str) -> list[int]:
+        lines = text.splitlines()
+        at = [i for i, ln in enumerate(lines) if ln == indent + mark]
+        assert all(lines[i + 1] == indent + "intra_node:" for i in at), text
+        return at
+
+    r = invoke(runner, "comm", "fit", FIXTURES[0])
+    assert r.exit_code == 0, r.stderr
+    assert len(marked(r.stdout, "  ")) == 1
+    assert yaml.safe_load(r.stdout)["network"] == system["network"]
+    r = invoke(runner, "comm", "fit", FIXTURES[0], DEEPBENCH)
+    assert r.exit_code == 0, r.stderr
+    assert len(marked(r.stdout, "      ")) == 1  # systems: NAME: network:
+    assert r.stdout.count("not determined") == 1  # DeepBench's boxes measured bandwidth
+    out = tmp_path / "dgx.yaml"
+    r = invoke(runner, "comm", "fit", FIXTURES[0], "--cluster", CLUSTERS / "dgx-h100.yaml",
+               "-o", out)
+    assert r.exit_code == 0, r.stderr
+    text = out.read_text()
+    assert len(marked(text, "  ")) == 1
+    assert yaml.safe_load(text)["network"]["intra_node"] == system["network"]["intra_node"]
+    again = tmp_path / "again.yaml"
+    r = invoke(runner, "comm", "fit", FIXTURES[0], "--cluster", out, "-o", again)
+    assert r.exit_code == 0, r.stderr
+    assert len(marked(again.read_text(), "  ")) == 1
+    # all three collectives: the rings of all_gather / reduce_scatter determine it
+    fixed = tmp_path / "fixed.yaml"
+    r = invoke(runner, "comm", "fit", *FIXTURES[:3], "--cluster", out, "-o", fixed)
+    assert r.exit_code == 0 and "warning" not in r.stderr, r.stderr
+    assert "not determined" not in fixed.read_text()
+    r = invoke(runner, "comm", "fit", *FIXTURES[:3], "--format", "json")
+    assert json.loads(r.stdout)["systems"][0]["notes"] == []
+
+
+def test_a_mark_keeps_the_line_ends_and_never_changes_the_data():
+    """The comment goes above the tier's key in the text's own line ends; where the key
+    does not start its line (a flow-style section) above the nearest one that does, else
+    at the top: never inside a flow mapping."""
+    from planner.commfit import _comment_above
+
+    mark = [(("network", "intra_node"), "intra_node bandwidth not determined (x)")]
+    for nl in ("\n", "\r\n", "\r"):
+        text = nl.join(["kind: cluster", "network:", "  intra_node:", "    latency: 1 us", ""])
+        assert _comment_above(text, mark) == nl.join(
+            ["kind: cluster", "network:", "  # intra_node bandwidth not determined (x)",
+             "  intra_node:", "    latency: 1 us", ""])
+    flow = "kind: cluster\nnetwork: {intra_node: {latency: 1 us}}\n"
+    assert _comment_above(flow, mark) == \
+        "kind: cluster\n# intra_node bandwidth not determined (x)\n" + flow.split("\n", 1)[1]
+    top = "{network: {intra_node: {latency: 1 us}}}\n"
+    assert _comment_above(top, mark) == "# intra_node bandwidth not determined (x)\n" + top
+
+
 def test_nccl_output_with_a_comma_on_its_first_line(runner, tmp_path):
     """OpenMPI's `--tag-output` (`[1,0]<stdout>:` before every line) and a pasted launch
     command naming hosts (`-H a:8,b:8`) put a comma on the first line, which made the

@@ -18,7 +18,7 @@ from planner.cluster import lookup_device, registered_devices
 from planner.costs.compute import kernel_arrays, roofline_seconds
 from planner.errors import InputError, ModelDataError
 from planner.kernels import LearnedEstimator, load_models
-from planner.kernels.data import detect_layout, parse_csv, read_csv
+from planner.kernels.data import PROFILE_COLUMNS, detect_layout, parse_csv, read_csv
 from planner.kernels.estimator import TIME_BITS, conv_rows, reproducible, scale_rows
 from planner.kernels.features import DeviceSpecs
 from planner.kernels.model import RANGE_TOLERANCE_LOG2
@@ -167,6 +167,93 @@ def test_a_model_set_without_a_family_says_so(runner, model_copy):
     assert r.exit_code == 2 and "time none of these rows (they have gemm models)" in r.stderr
 
 
+def _gemm_only(model_copy: Path) -> Path:
+    """``model_copy`` without its conv model (as a fit with --only gemm writes it)."""
+    (model_copy / "conv.npz").unlink()
+    doc = yaml.safe_load((model_copy / MANIFEST).read_text())
+    del doc["models"]["conv"]
+    (model_copy / MANIFEST).write_text(yaml.safe_dump(doc))
+    return model_copy
+
+
+def test_eval_says_which_rows_no_model_times(runner, model_copy, tmp_path):
+    """Rows of a family the models lack were left out of eval silently (an audit): said
+    on standard error and in the JSON (`skipped`, `notes`), and the rows judged are the
+    other family's, as before."""
+    models = _gemm_only(model_copy)
+    convs = tmp_path / "conv.csv"
+    lines = DB_CONV.read_text().splitlines()
+    convs.write_text("\n".join(lines[:1] + lines[1:30]) + "\n")
+    n_conv = len(read_csv(convs).conv)
+    assert n_conv > 0
+    r = invoke(runner, "kernels", "eval", DB_GEMM, convs, "--models-dir", models,
+               "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    note = (f"{n_conv:,} convolution rows left out: the models in {models} have no conv "
+            "model (they have gemm); fit it with `planner kernels fit` to judge them")
+    assert doc["skipped"] == {"conv": n_conv}
+    assert doc["notes"] == [note] and doc["roofline_devices"] == []
+    assert f"planner: note: {note}\n" in r.stderr
+    assert sum(x["n"] for x in doc["results"]) == len(read_csv(DB_GEMM).gemm)
+    assert not any(x["op"].startswith("conv") for x in doc["results"])
+    # nothing left out: no note
+    r = invoke(runner, "kernels", "eval", DB_GEMM, "--models-dir", models, "--format", "json")
+    assert json.loads(r.stdout)["skipped"] == {} and "note" not in r.stderr
+
+
+def _cpu_rows(device: str) -> tuple[str, list[tuple[int, int, int, int, float]]]:
+    """A profile CSV of GEMMs and bmm on ``device`` and its rows (m, n, k, batch, ms)."""
+    rows = [(512, 512, 512, 1, 0.9), (1024, 256, 2048, 1, 2.5), (64, 64, 64, 1, 0.02),
+            (128, 128, 64, 8, 0.15)]
+    head = ",".join(PROFILE_COLUMNS)
+    body = [f"{device},float32,{'bmm' if b > 1 else 'gemm'},{m},{n},{k},{b}"
+            + "," * 14 + f",{t},3,profile" for m, n, k, b, t in rows]
+    return "\n".join([head, *body]) + "\n", rows
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_eval_times_a_device_the_models_do_not_cover_by_the_roofline(runner, tmp_path,
+                                                                      cluster):
+    """A CPU the models have no measurements of: predict refuses it and plans time it
+    by the roofline, but eval printed the GPU models' errors on it (an audit). It is
+    judged by the roofline plans use (the catalog's, or the cluster file's, achievable
+    fractions of peak and bandwidth), every row out of the models' range, and says so."""
+    name, extra = "cori-knl", []
+    if cluster:
+        name = "my-cpu"
+        clus = tmp_path / "cpu.yaml"
+        clus.write_text("kind: cluster\ndevices_per_node: 1\ndevice: {base: cori-knl, "
+                        "name: my-cpu, peak_flops: {fp32: 2 TFLOPS}}\nnetwork:\n  "
+                        "inter_node: {latency: 2 us, bandwidth: 6 GB/s}\n")
+        extra = ["--cluster", clus]
+    text, rows = _cpu_rows(name)
+    data = tmp_path / "cpu.csv"
+    data.write_text(text)
+    r = invoke(runner, "kernels", "eval", data, *extra, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    dev = lookup_device(name)
+    assert dev.kind == "cpu"
+    peak = dev.peak("fp32") * dev.compute_efficiency
+    bw = dev.memory_bandwidth * dev.memory_efficiency
+    want = {}
+    for m, n, k, b, ms in rows:
+        t = max(2.0 * m * n * k * b / peak, 4.0 * b * (m * k + k * n + m * n) / bw)
+        want.setdefault("bmm" if b > 1 else "gemm", []).append(abs(t - ms / 1e3) / (ms / 1e3))
+    got = {x["op"]: x for x in doc["results"]}
+    assert set(got) == set(want)
+    for op, errs in want.items():
+        assert got[op]["device"] == dev.name and got[op]["n"] == len(errs)
+        assert got[op]["mape"] == pytest.approx(100 * np.mean(errs), abs=0.006)
+        assert got[op]["out_of_range"] == len(errs) and got[op]["in_band"] is None
+    note = (f"{dev.name} is a cpu the models have no measurements of: its rows are timed by "
+            "the roofline at its achievable fractions of peak and bandwidth, as plans on it "
+            "are (fit a model on its measurements to time it)")
+    assert doc["roofline_devices"] == [dev.name] and doc["notes"] == [note]
+    assert f"planner: note: {note}\n" in r.stderr
+
+
 def test_bad_checksum_names_the_file(model_copy):
     path = model_copy / "gemm.npz"
     raw = bytearray(path.read_bytes())
@@ -261,6 +348,33 @@ def test_fit_of_one_family_never_drops_the_other(runner, model_copy):
                         "--only gemm would drop from it; write to another directory (and "
                         "fit both families to replace the set)\n")
     assert {p.name: p.read_bytes() for p in model_copy.iterdir() if p.is_file()} == before
+
+
+def test_a_fit_of_data_without_a_family_never_drops_it(runner, model_copy, tmp_path):
+    """Without --only, GEMM measurements alone fitted into a model set with a conv model
+    wrote a manifest listing only gemm (an audit: predict then timed convolutions by
+    "roofline (no conv model)"): refused as --only gemm is, before fitting, and the set
+    is untouched. A new folder, and a set of the families fitted, are written."""
+    gemms = tmp_path / "gemm.csv"
+    lines = DB_GEMM.read_text().splitlines()
+    gemms.write_text("\n".join(lines[:1] + lines[1::8]) + "\n")
+    before = {p.name: p.read_bytes() for p in model_copy.iterdir() if p.is_file()}
+    r = invoke(runner, "kernels", "fit", gemms, "--max-iter", "2", "-o", model_copy)
+    assert r.exit_code == 2
+    assert r.stderr == (f"planner: error: {model_copy / MANIFEST} has conv models that this "
+                        "fit would drop from it (the data give no convolution rows to fit); "
+                        "write to another directory, or fit both families to replace the "
+                        "set (add convolution measurements, e.g. --shipped-data)\n")
+    assert "fitted" not in r.stderr  # refused before any network was fitted
+    assert {p.name: p.read_bytes() for p in model_copy.iterdir() if p.is_file()} == before
+    out = tmp_path / "new"
+    r = invoke(runner, "kernels", "fit", gemms, "--max-iter", "2", "--members", "1", "-o",
+               out, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert set(load_dir(out).models) == {"gemm"}
+    # the same family again into it: nothing of it is dropped
+    r = invoke(runner, "kernels", "fit", gemms, "--max-iter", "2", "-o", out)
+    assert r.exit_code == 0, r.stderr
 
 
 def test_neusight_run_nuisances_belong_to_neusight_runs(runner, tmp_path):
@@ -2163,7 +2277,8 @@ def test_profile_shapes_problems_exit_2(runner, tmp_path):
     bad.write_text("op,m,n,k\ngemm,4,4,4\n")
     r = invoke(runner, "kernels", "profile", "--device", "cpu", "--shapes", bad, "-o", out)
     assert r.exit_code == 2 and "Traceback" not in r.stderr
-    assert f"{bad}:2:1: error: a gemm row needs the column batch" in r.stderr
+    assert f"{bad}:1:1: error: the header lacks the column batch, which gemm rows need (1 " \
+           "row here, the first at line 2;" in r.stderr
     assert not out.exists()
 
 
@@ -2190,8 +2305,44 @@ def test_a_profile_file_without_a_rows_shape_columns_is_an_input_error(runner, t
                    "H100,float32,conv_fwd,1.0\n")
     r = invoke(runner, "kernels", "eval", bad)
     assert r.exit_code == 2 and "internal error" not in r.stderr
-    assert f"{bad}:2:14: error: a gemm row needs the columns m, n, k, batch" in r.stderr
-    assert f"{bad}:3:14: error: a conv_fwd row needs the columns conv_n," in r.stderr
+    assert f"{bad}:1:1: error: the header lacks the columns m, n, k, batch, which gemm " \
+           "rows need (1 row here, the first at line 2;" in r.stderr
+    assert f"{bad}:1:1: error: the header lacks the columns conv_n, conv_c," in r.stderr
+
+
+def test_a_missing_column_is_said_once_at_the_header(runner, tmp_path):
+    """A profile file without a column its rows need was an error at every row (an
+    audit): once, at line 1, with the ops and rows that need it."""
+    text, _ = _cpu_rows("V100-SXM2")
+    lines = text.splitlines()
+    at = lines[0].split(",").index("batch")
+    drop = [",".join(c for i, c in enumerate(ln.split(",")) if i != at) for ln in lines]
+    bad = tmp_path / "nobatch.csv"
+    bad.write_text("\n".join(drop) + "\n")
+    r = invoke(runner, "kernels", "eval", bad)
+    assert r.exit_code == 2
+    errors = [ln for ln in r.stderr.splitlines() if ": error: " in ln]
+    assert errors == [f"{bad}:1:1: error: the header lacks the column batch, which gemm and "
+                      f"bmm rows need ({len(lines) - 1} rows here, the first at line 2; the "
+                      "layout `planner kernels profile` writes: " + ",".join(PROFILE_COLUMNS)
+                      + ") (at $)"]
+
+
+@pytest.mark.parametrize("source", ["profile", "deepbench"])
+def test_a_repeated_header_row_is_said_at_its_line(runner, tmp_path, source):
+    """Two files concatenated, the second's header kept: its cells read as an unknown
+    device 'device', a dtype 'dtype', ... (an audit): one error, at that line."""
+    if source == "profile":
+        lines = _cpu_rows("V100-SXM2")[0].splitlines()
+    else:
+        lines = DB_GEMM.read_text().splitlines()[:6]
+    data = tmp_path / "twice.csv"
+    data.write_text("\n".join([*lines[:3], lines[0], *lines[3:]]) + "\n")
+    r = invoke(runner, "kernels", "eval", data)
+    assert r.exit_code == 2
+    assert [ln for ln in r.stderr.splitlines() if ": error: " in ln] == [
+        f"{data}:4:1: error: repeated header row (a file appended to another?); remove it "
+        "(at $)"]
 
 
 def test_profile_without_torch_is_a_clear_error(runner, tmp_path, monkeypatch):
@@ -2262,6 +2413,33 @@ def test_an_interrupted_or_killed_fit_stops_its_workers(tmp_path):
             time.sleep(0.2)
         assert _fit_workers(mark) == [], sig
     assert not (tmp_path / "m").exists()
+
+
+def test_predict_shows_the_fraction_the_roofline_used(runner):
+    """A kernel the models do not answer for (a 15 x 15 filter; FP64) is timed by the
+    roofline at the device's achievable fraction of peak, which predict shows (it showed
+    the model's fitted level, 'fitted on its measurements': an audit); a kernel the model
+    times keeps the fitted level."""
+    v100 = lookup_device("V100-SXM2")
+    args = ("kernels", "predict", "--device", "V100-SXM2", "--conv", "32,64,56,56,64,15,15,1,7")
+    rec = json.loads(invoke(runner, *args, "--format", "json").stdout)
+    assert rec["source"] == "roofline (out of range)"
+    assert rec["sustained_fraction"] == v100.compute_efficiency
+    table = invoke(runner, *args).stdout
+    assert f"{v100.compute_efficiency:.3f} (the achievable fraction the roofline used)" in table
+    assert "fitted on its measurements" not in table
+    a100 = lookup_device("A100")
+    rec = json.loads(invoke(runner, "kernels", "predict", "--device", "A100", "--dtype", "fp64",
+                            "--gemm", "4096,4096,4096", "--format", "json").stdout)
+    assert rec["source"] == "roofline (no float64 data)"
+    assert rec["sustained_fraction"] == a100.compute_efficiency
+    args = ("kernels", "predict", "--device", "V100-SXM2", "--gemm", "4096,4096,4096")
+    rec = json.loads(invoke(runner, *args, "--format", "json").stdout)
+    level, _ = load_dir(MODELS).get("gemm").level(
+        DeviceSpecs.single(v100, "float32", 1), ["V100-SXM2"], ["float32"])
+    assert rec["source"] == "mlp:gemm-fp32"
+    assert rec["sustained_fraction"] == pytest.approx(float(level[0]), rel=1e-12)
+    assert "(fitted on its measurements)" in invoke(runner, *args).stdout
 
 
 def test_predict_bound_is_the_datasheet_s_without_a_model(runner):

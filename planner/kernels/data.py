@@ -290,6 +290,12 @@ class _Reader:
         #: first row, with how many rows name it
         self._unknown_at: dict[str, int] = {}
         self._unknown_rows: Counter[str] = Counter()
+        #: columns the header lacks that rows need (by the columns missing: their error's
+        #: index in ``problems``, at the header, and the rows that need them)
+        self._missing_at: dict[tuple[str, ...], int] = {}
+        self._missing_rows: Counter[tuple[str, ...]] = Counter()
+        self._missing_ops: dict[tuple[str, ...], list[str]] = {}
+        self._missing_line: dict[tuple[str, ...], int] = {}  #: the first row's line
 
     def _col(self, name: str) -> int:
         """1-based column of the cell (characters), for the message."""
@@ -361,14 +367,39 @@ class _Reader:
             return None
         return dev.name
 
+    def missing(self, op: str, columns: list[str]) -> None:
+        """A row whose op needs ``columns`` the header lacks: said once, at the header
+        (line 1), with the ops and the number of rows that need them (not once a row)."""
+        key = tuple(columns)
+        self._missing_rows[key] += 1
+        ops = self._missing_ops.setdefault(key, [])
+        if op not in ops:
+            ops.append(op)
+        if key in self._missing_at:
+            return
+        self._missing_at[key] = len(self.problems)
+        first = self.lines[0] if self.lines else None
+        self.problems.append(Located(self.display, 1, 1, "", "$",
+                                     first[:160] if first is not None else None))
+        self._missing_line[key] = self.line
+
     def finish(self) -> list[Located]:
         """The problems, each unknown device's first error saying how many more rows
-        name it (one message a device, not one a row)."""
+        name it (one message a device, not one a row), each missing column's error its
+        ops and rows."""
         out = list(self.problems)
         for text, i in self._unknown_at.items():
             if (n := self._unknown_rows[text]) > 1:
                 out[i] = replace(out[i], message=f"{out[i].message}; "
                                                  f"{count(n - 1, 'more row')} name it")
+        for key, i in self._missing_at.items():
+            n = self._missing_rows[key]
+            ops = self._missing_ops[key]
+            out[i] = replace(out[i], message=(
+                f"the header lacks the column{'s' if len(key) > 1 else ''} "
+                f"{', '.join(key)}, which {' and '.join(ops)} rows need "
+                f"({count(n, 'row')} here, the first at line {self._missing_line[key]}; "
+                f"the layout `planner kernels profile` writes: {','.join(PROFILE_COLUMNS)})"))
         return out
 
     def dtype(self, name: str) -> str | None:
@@ -443,6 +474,14 @@ def parse_csv(text: str, display: str, shapes_only: bool = False) -> Dataset:
                 reader.problems.append(Located(
                     display, reader.line, 1, f"expected {len(header)} fields as in the "
                     f"header, found {len(row)}", "$", reader.lines[reader.line - 1]
+                    if reader.line <= len(reader.lines) else None))
+                continue
+            if [c.strip() for c in row] == header:
+                # a second file appended to this one, its header too: its cells read as
+                # an unknown device 'device', a dtype 'dtype', ... (an audit)
+                reader.problems.append(Located(
+                    display, reader.line, 1, "repeated header row (a file appended to "
+                    "another?); remove it", "$", reader.lines[reader.line - 1][:160]
                     if reader.line <= len(reader.lines) else None))
                 continue
             reader.row = row
@@ -630,9 +669,7 @@ def _profile(r: _Reader, out: Dataset, is_linear: bool) -> None:
     need = GEMM_DIMS if op in GEMM_OPS else PROFILE_CONV_DIMS if op in CONV_OPS else ()
     missing = [c for c in need if c not in r.index]
     if missing:
-        r.error("op", f"a {op} row needs the column{'s' if len(missing) > 1 else ''} "
-                      f"{', '.join(missing)}, which the header lacks (the layout "
-                      f"`planner kernels profile` writes: {','.join(PROFILE_COLUMNS)})")
+        r.missing(op, missing)  # said once, at the header
         return
     if op in GEMM_OPS:
         dims = [r.integer(c) for c in GEMM_DIMS]

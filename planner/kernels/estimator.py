@@ -402,6 +402,12 @@ class Prediction:
     #: held-out rows the interval comes from
     interval_rows: int | None = None
 
+    @property
+    def by_roofline(self) -> bool:
+        """Whether the roofline timed it (its :attr:`sustained_fraction` is then the
+        device's achievable fraction of peak from the catalog or cluster file)."""
+        return self.source.startswith("roofline")
+
     def record(self) -> dict[str, Any]:
         """Plain data."""
         return {"seconds": self.seconds, "source": self.source, "bound_s": self.bound_s,
@@ -453,9 +459,9 @@ class LearnedEstimator:
     def covers(self, device: Device) -> bool:
         """Whether the models may time ``device``: any GPU (an unseen one from its
         datasheet), another kind only where a model was fitted on its measurements."""
-        prefix = f"{device.name}|"
-        return device.kind == "gpu" or any(
-            k.startswith(prefix) for m in self.models.models.values() for k in m.first.levels)
+        from .evaluate import covers
+
+        return covers(self.models.models, device)
 
     def estimate(self, kernels: Sequence[Kernel], device: Device, dtype: str) -> KernelTimes:
         """Seconds for each kernel on ``device`` in ``dtype`` (a network dtype name).
@@ -584,6 +590,10 @@ class LearnedEstimator:
                 band = bands.band(float(band_variable(bands.by, member, timed_bound)[0]))
                 interval = (seconds * band.low, seconds * band.high)
                 interval_rows = band.n
+        if times.source[0].startswith("roofline"):
+            # the roofline timed it at the catalog's achievable fraction of peak, not at
+            # the model's fitted level (an audit: predict showed the fitted one)
+            frac = device.compute_efficiency
         return Prediction(seconds, times.source[0], bound, roof, frac, seen, ok, scale,
                           interval, interval_rows)
 

@@ -7,18 +7,22 @@ predicted time of a row includes its harness's per-call overhead (see
 the roofline bound (what the estimator would do) and counted. Given the models' error
 bands (:mod:`.bands`), it also gives the share of rows whose measured time fell within
 their band: about 90% on rows like the held-out ones the bands were cut from, fewer on a
-GPU or shapes unlike them. :func:`fit_bands` cuts the bands.
+GPU or shapes unlike them. :func:`fit_bands` cuts the bands. Rows of a device the models
+do not time (:func:`covers`: a CPU they have no measurements of) are judged by the
+roofline that prices plans on it; rows of a family the models lack are counted, not
+judged (:func:`evaluate_all`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from ..cluster import Device, lookup_device
 from .bands import (
     CUTS,
     MIN_ROWS,
@@ -120,14 +124,62 @@ def summarise(device: str, op: str, errors: FloatArray, out_of_range: int,
                   in_band)
 
 
+@dataclass
+class Evaluation:
+    """What :func:`evaluate_all` found: the results, and the rows it could not judge."""
+
+    results: list[Result] = field(default_factory=list)
+    #: family → rows of it that no model of the set times (a GEMM-only set's
+    #: convolution rows): left out of the results
+    skipped: dict[str, int] = field(default_factory=dict)
+    #: devices whose rows the roofline timed, as plans on them are: the models were
+    #: fitted on none of their measurements and are not used for them (a CPU)
+    roofline: list[str] = field(default_factory=list)
+
+
+def covers(models: Mapping[str, Ensemble], device: Device) -> bool:
+    """Whether the models time ``device`` (as :meth:`.estimator.LearnedEstimator.covers`
+    decides for plans): any GPU (an unseen one from its datasheet), another kind only
+    where a model was fitted on its measurements."""
+    prefix = f"{device.name}|"
+    return device.kind == "gpu" or any(
+        k.startswith(prefix) for m in models.values() for k in m.first.levels)
+
+
 def evaluate(models: Mapping[str, Ensemble], data: Dataset,
              bands: Mapping[str, OpBands] | None = None) -> list[Result]:
     """Per (device, op) errors of ``models`` (by family) on every row of ``data``, and
-    with ``bands`` the share of rows within their error band."""
-    results: list[Result] = []
+    with ``bands`` the share of rows within their error band (:func:`evaluate_all`'s
+    results)."""
+    return evaluate_all(models, data, bands).results
+
+
+def evaluate_all(models: Mapping[str, Ensemble], data: Dataset,
+                 bands: Mapping[str, OpBands] | None = None) -> Evaluation:
+    """Per (device, op) errors on every row of ``data``, timed as plans time them: by
+    ``models`` (by family), with ``bands`` the share of rows within their error band;
+    rows of a device the models do not cover (:func:`covers`: a CPU they have no
+    measurements of) by the roofline of :class:`planner.costs.compute.Roofline`, every
+    such row counted out of range; rows of a family the models lack are counted in
+    ``skipped``, not judged."""
+    out = Evaluation()
+    roofline: set[str] = set()
     for table in data.tables():
         model = models.get(table.family)
-        if model is None or not len(table):
+        known: dict[str, bool] = {}
+        for name in set(table.device):
+            dev = lookup_device(name)
+            known[name] = dev is None or covers(models, dev)  # None: Table.devices says
+        outside = np.array([not known[d] for d in table.device], dtype=bool)
+        if outside.any():
+            part = table.select(outside)
+            out.results += _roofline_results(part)
+            roofline.update(part.device)
+            table = table.select(~outside)
+        if not len(table):
+            continue
+        if model is None:
+            out.skipped[table.family] = out.skipped.get(table.family, 0) + len(table)
             continue
         pred, ok, value = _predict(model, table)
         actual = np.asarray(table.seconds)
@@ -142,8 +194,39 @@ def evaluate(models: Mapping[str, Ensemble], data: Dataset,
             label = band_key(op, dt)
             judged = m & ~np.isnan(inside)
             share = float(np.mean(inside[judged]) * 100.0) if judged.any() else None
-            results.append(summarise(dev, label, err[m], int(np.sum(~ok[m])), share))
-    results.sort(key=lambda r: (r.device, r.op))
+            out.results.append(summarise(dev, label, err[m], int(np.sum(~ok[m])), share))
+    out.results.sort(key=lambda r: (r.device, r.op))
+    out.roofline = sorted(roofline)
+    return out
+
+
+def _roofline_results(table: Table) -> list[Result]:
+    """Per (device, op) errors of the roofline estimator plans use on a device the
+    models do not cover (:class:`planner.costs.compute.Roofline`: the catalog's
+    achievable fractions of peak and bandwidth); every row is out of the models' range,
+    and none has an error band."""
+    from ..costs.compute import Roofline
+    from ..ops import Conv, Gemm, Kernel
+
+    rows = table.shape_array()
+    pred = np.empty(len(table))
+    devices = table.devices()
+    kernels: list[Kernel] = [
+        Gemm(*(int(v) for v in row)) if table.family == "gemm" else
+        Conv(*(int(v) for v in row), phase=op.removeprefix("conv_"))  # type: ignore[arg-type]
+        for row, op in zip(rows, table.op, strict=True)]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, (dev, dt) in enumerate(zip(table.device, table.dtype, strict=True)):
+        groups.setdefault((dev, dt), []).append(i)
+    for (_, dt), idx in groups.items():
+        times = Roofline().estimate([kernels[i] for i in idx], devices[idx[0]], dt)
+        pred[idx] = times.seconds
+    err = ape(pred, np.asarray(table.seconds))
+    dev_arr, op_arr, dt_arr = (np.asarray(c) for c in (table.device, table.op, table.dtype))
+    results: list[Result] = []
+    for dev, op, dt in sorted(set(zip(table.device, table.op, table.dtype, strict=True))):
+        m = (dev_arr == dev) & (op_arr == op) & (dt_arr == dt)
+        results.append(summarise(dev, band_key(op, dt), err[m], int(m.sum())))
     return results
 
 
@@ -185,4 +268,5 @@ def fit_bands(models: Mapping[str, Ensemble], data: Dataset) -> dict[str, OpBand
     return out
 
 
-__all__ = ["Result", "ape", "evaluate", "fit_bands", "predict_table", "summarise"]
+__all__ = ["Evaluation", "Result", "ape", "covers", "evaluate", "evaluate_all", "fit_bands",
+           "predict_table", "summarise"]

@@ -26,10 +26,17 @@ from ..errors import UsageError
 from ..threads import BLAS_THREAD_VARS
 from .bands import bands_record
 from .data import Dataset, Table, read_files
-from .evaluate import Result, evaluate, fit_bands
+from .evaluate import Evaluation, Result, evaluate, evaluate_all, fit_bands
 from .features import gemm_work
 from .model import Ensemble
-from .store import Extra, ModelSet, save_models, sha256_file
+from .store import (
+    MANIFEST,
+    Extra,
+    ModelSet,
+    existing_families,
+    save_models,
+    sha256_file,
+)
 from .train import FitOptions, FitReport, fit_family
 
 SPLITS = ("all", "train", "test")
@@ -126,6 +133,8 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     models: dict[str, Ensemble] = {}
     reports: list[FitReport] = []
     tables = [t for t in (train.gemm, train.conv) if t.family in families and len(t)]
+    if out_dir is not None and tables:
+        _keep_families(out_dir, {t.family for t in tables})
     for model, report in fit_tables(tables, opts, progress):
         models[model.family] = model
         reports.append(report)
@@ -170,6 +179,20 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
                                      + "".join(f" --leave-out {d}" for d in left)))
         outcome.files = save_models(out_dir, models, extra)
     return outcome
+
+
+def _keep_families(out_dir: str | Path, fitted: set[str]) -> None:
+    """Refuse, before fitting, to write over a model set with a family this fit has no
+    rows of: the new manifest would list only the families fitted, and the others' models
+    would be lost (as ``--only`` is refused, :func:`planner.cli_kernels.kernels_fit`)."""
+    others = sorted(existing_families(out_dir) - fitted)
+    if others:
+        what = " and ".join({"gemm": "GEMM", "conv": "convolution"}.get(f, f) for f in others)
+        raise UsageError(
+            f"planner: error: {Path(out_dir) / MANIFEST} has {' and '.join(others)} models "
+            f"that this fit would drop from it (the data give no {what} rows to fit); write "
+            "to another directory, or fit both families to replace the set (add "
+            f"{what} measurements, e.g. --shipped-data)")
 
 
 def _family_options(opts: FitOptions, family: str) -> dict[str, Any]:
@@ -286,12 +309,20 @@ def evaluate_files(paths: Sequence[str | Path], models: ModelSet,
                    split: str = "all", devices: Sequence[str] = (),
                    exclude: Sequence[str] = ()) -> list[Result]:
     """Per (device, op) errors of ``models`` on the CSV files."""
+    return evaluate_report(paths, models, split, devices, exclude).results
+
+
+def evaluate_report(paths: Sequence[str | Path], models: ModelSet,
+                    split: str = "all", devices: Sequence[str] = (),
+                    exclude: Sequence[str] = ()) -> Evaluation:
+    """:func:`evaluate_files` with the rows it could not judge and the devices the
+    roofline timed (:class:`.evaluate.Evaluation`)."""
     data = select(read_files(paths), split, canonical_devices(devices),
                   canonical_devices(exclude))
     if not len(data):
         raise UsageError("planner: error: no rows left to evaluate (check --split, "
                          "--device and --exclude)")
-    return evaluate(dict(models.models), data, models.error_bands)
+    return evaluate_all(dict(models.models), data, models.error_bands)
 
 
 @dataclass(frozen=True)
@@ -336,4 +367,4 @@ def achieved_fractions(paths: Sequence[str | Path],
 
 
 __all__ = ["SPLITS", "Achieved", "FitOutcome", "achieved_fractions", "evaluate_files",
-           "fit_models", "fit_tables", "select"]
+           "evaluate_report", "fit_models", "fit_tables", "select"]

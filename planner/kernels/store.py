@@ -293,6 +293,19 @@ def save_models(directory: str | Path, models: Mapping[str, Ensemble],
     return written
 
 
+def existing_families(directory: str | Path) -> set[str]:
+    """The families a model directory's manifest lists (empty: no manifest, or one that
+    cannot be read, which a fit may replace): what a fit writing there must keep."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return set()
+    try:
+        return {str(f) for f in (yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+                .get("models") or {}}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError):
+        return set()  # planner's, damaged: refitted over
+
+
 def _load_model(directory: Path, family: str, rec: Any, version: int) -> Ensemble:
     where = f"models.{family}"
     if not isinstance(rec, dict):
