@@ -346,9 +346,14 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
                                     f"got {toks[0]!r}", raw, raw.index(toks[0]) + 1)
         if not toks or not toks[0].isdigit():
             continue
-        if len(toks) < len(header):
+        starts = [tok.start() + 1 for tok in re.finditer(r"\S+", raw)]
+        if len(toks) != len(header):
+            # more fields than the header names shift nothing it reads, but say the row
+            # is not the table's (two ranks' lines run together, a note pasted in): an
+            # audit found them read in silence, where fewer were refused
             raise _fail(display, i, f"expected {len(header)} columns as in the nccl-tests "
-                        f"header, found {len(toks)}", raw)
+                        f"header, found {len(toks)}", raw,
+                        starts[len(header)] if len(toks) > len(header) else 1)
         t_idx = header.index("time")
         values: list[float] = []
         for name, k, kind in (("size", header.index("size"), int),
@@ -356,13 +361,12 @@ def _parse_run(lines: list[str], first: int, end: int, display: str,
             try:
                 values.append(kind(toks[k]))
             except ValueError:
-                column = [tok.start() for tok in re.finditer(r"\S+", raw)][k] + 1
                 raise _fail(display, i, f"expected a number in the {name} column, got "
-                                        f"{toks[k]!r}", raw, column) from None
+                                        f"{toks[k]!r}", raw, starts[k]) from None
         size, count, secs = int(values[0]), int(values[1]), values[2] * unit
         if size > 0 and not (math.isfinite(secs) and MIN_TIME_S <= secs <= MAX_TIME_S):
             raise _fail(display, i, "expected a time between 0.5 µs (no collective is "
-                        f"faster) and 1 day, got {toks[t_idx]} µs", raw)
+                        f"faster) and 1 day, got {toks[t_idx]} µs", raw, starts[t_idx])
         # out-of-place and in-place results each have their count of wrong results
         # (#wrong); older nccl-tests printed the largest deviation instead (error: 1e-06
         # on a correct float sum), wrong only when it is large

@@ -135,9 +135,22 @@ def test_nccl_output_without_its_rank_lines_or_with_bad_times_is_an_error(tmp_pa
         f.write_text("\n".join(edited) + "\n")
         with pytest.raises(InputError) as info:
             read_samples([f])
-        assert str(info.value).startswith(f"{f}:{row + 1}:1: error: expected a time "
-                                          "between 0.5 µs (no collective is faster) and "
-                                          f"1 day, got {bad} µs")
+        # at the time's column (it was column 1, the size's: an audit)
+        column = edited[row].index(f"  {bad}  ") + 3
+        assert str(info.value).startswith(f"{f}:{row + 1}:{column}: error: expected a "
+                                          "time between 0.5 µs (no collective is faster) "
+                                          f"and 1 day, got {bad} µs")
+    # a row with more fields than the header is refused at the first extra one (it was
+    # read in silence, where fewer fields were refused)
+    toks = lines[row].split()
+    extra = "  ".join([*toks, "17"])
+    f = tmp_path / "all_reduce_extra.txt"
+    f.write_text("\n".join([*lines[:row], extra, *lines[row + 1:]]) + "\n")
+    with pytest.raises(InputError) as info:
+        read_samples([f])
+    assert str(info.value).startswith(
+        f"{f}:{row + 1}:{extra.rindex('17') + 1}: error: expected {len(toks)} columns as in "
+        f"the nccl-tests header, found {len(toks) + 1}")
 
 
 def test_fit_recovers_the_fixture_parameters():
