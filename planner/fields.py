@@ -299,8 +299,11 @@ class Fields:
     def missing(self, message: str) -> None:
         """Record a key missing from this mapping, at the key that holds the mapping
         (``intra_node:``) where there is one: the mapping's own position is its first
-        key's, which has nothing to do with the one missing."""
-        self.issues.append(Issue(self.path, message, at_key=True))
+        key's, which has nothing to do with the one missing. Not where the value is no
+        mapping at all: that is said once, and keys missing from it are no news (an
+        audit found 'network: [1, 2]' told of two missing tiers before the list)."""
+        if self.ok:
+            self.issues.append(Issue(self.path, message, at_key=True))
 
     def error(self, key: str | None, message: str) -> None:
         """Record a problem at ``key`` (or at the mapping when None)."""

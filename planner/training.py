@@ -407,6 +407,16 @@ def training_from_document(doc: Document, path: str | Path) -> TrainingConfig:
                     issues.append(Issue(f"{sf.at('pins')}[{i}]",
                                         str(exc).removeprefix("planner: error: ")))
             strategy["placement"] = sf.opt("placement", choice(("rows", "cols")), "rows")
+        # a grid's companions beside a plan or pins: say what they go with (an audit
+        # found 'mode' beside a plan called unknown among grid, pins and plan)
+        if not sf.has("grid"):
+            for key in ("mode", "placement") if "plan" in strategy else ("mode",):
+                if sf.has(key):  # known here: not also "unknown"
+                    own = "a plan carries its own" if "plan" in strategy else \
+                        "each pin names its own"
+                    with_ = "'grid' (the layout of every layer)" if key == "mode" else \
+                        "'grid' or 'pins'"
+                    sf.error(key, f"'{key}' goes with {with_}; {own}: drop '{key}'")
         sf.finish()
     else:
         f.missing("missing required key 'strategy' (plan, grid or pins)")

@@ -112,3 +112,35 @@ def test_a_file_of_null_is_not_called_empty(runner, tmp_path):
     assert r.exit_code == 2
     assert r.stderr.startswith(f"{path}:1:1: error: the file holds null (~), not a "
                                "mapping: expected a YAML mapping with 'kind: network'")
+
+
+def test_a_grids_companions_beside_a_plan_say_what_they_go_with(runner, tmp_path):
+    """Found by an audit: 'mode' beside a plan was "unknown key 'mode' in the strategy;
+    expected one of: grid, pins, plan", which names the key it goes with as if 'mode'
+    were misspelt; and 'network: [1, 2]' in a cluster told of two missing tiers before
+    saying the network is a list."""
+    from .conftest import CLUSTERS, NETWORKS
+
+    plan = tmp_path / "p.yaml"
+    assert invoke(runner, "plan", NETWORKS / "alexnet.yaml", CLUSTERS / "dgx-h100.yaml",
+                  "-p", "8", "-b", "256", "-o", plan).exit_code == 0
+    for key, value, with_ in (("mode", "model", "'grid' (the layout of every layer)"),
+                              ("placement", "cols", "'grid' or 'pins'")):
+        cfg = tmp_path / f"t-{key}.yaml"
+        cfg.write_text(f"kind: training\nnetwork: {NETWORKS / 'alexnet.yaml'}\n"
+                       f"cluster: {CLUSTERS / 'dgx-h100.yaml'}\ngpus: 8\nbatch: 256\n"
+                       f"strategy: {{plan: p.yaml, {key}: {value}}}\n")
+        r = invoke(runner, "check", cfg)
+        assert r.exit_code == 2
+        column = cfg.read_text().splitlines()[5].index(value) + 1
+        assert r.stderr.startswith(f"{cfg}:6:{column}: error: '{key}' goes with {with_}; "
+                                   f"a plan carries its own: drop '{key}'"), r.stderr
+        assert "unknown key" not in r.stderr
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("kind: cluster\nname: x\nnodes: 1\ndevices_per_node: 8\n"
+                       "device: H100-SXM\nnetwork: [1, 2]\n")
+    r = invoke(runner, "validate", cluster)
+    assert r.exit_code == 2
+    assert r.stderr.count("error:") == 1 and "missing required key" not in r.stderr
+    assert f"{cluster}:6:10: error: expected the network as a mapping of keys, got a " \
+        "list" in r.stderr
