@@ -90,9 +90,14 @@ def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
 
 
 def _estimator_for(cfg: Any, name: str, make: Any, models_dir: str | None) -> Any:
-    from .inputs import load_cluster
+    from .inputs import cluster_from_document
+    from .loading import load_file
+    from .training import _display
 
-    device = load_cluster(cfg.cluster_path).device
+    # errors name the file as the check's do, relative to here (GitHub attaches an
+    # annotation to a repository path only; an audit found this one absolute)
+    device = cluster_from_document(load_file(cfg.cluster_path,
+                                             _display(cfg.cluster_path))).device
     return make(name, models_dir, device)
 
 

@@ -1079,7 +1079,11 @@ def test_min_mfu(runner, tmp_path):
     cfg.write_text(text + f"min_mfu: {mfu * 1.001:.5f}\n")
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 1
-    assert f"predicted MFU {mfu:.1%}" in result.stdout and "under the" in result.stdout
+    # 0.1% apart: shown with the decimals that tell them apart (34.56% under 34.59%)
+    shown = re.search(r"predicted MFU (\d+\.\d\d)% .* under the (\d+\.\d\d)% required",
+                      result.stdout)
+    assert shown and float(shown[1]) == pytest.approx(mfu * 100, abs=0.01), result.stdout
+    assert float(shown[2]) == pytest.approx(mfu * 100.1, abs=0.006)
     cfg.write_text(text + "min_mfu: 1.5\n")
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 2 and "c.yaml:7:10" in result.stderr, result.stderr
@@ -1202,3 +1206,44 @@ def test_a_document_without_a_plan_is_named_so(runner, tmp_path, monkeypatch):
                "(no plan fits in memory" in out.stderr
         assert "nothing to launch until `planner plan` finds one" in out.stderr
         assert "Traceback" not in out.output
+
+
+def test_a_figure_at_its_gate_shows_the_digits_that_fail_it(runner, tmp_path, monkeypatch):
+    """Found by an audit: the plan document's MFU (4 digits) copied into min_mfu failed
+    with "MFU 53.6% ... under the 53.6% required": the figure is shown with as many
+    decimals as it takes to tell it from the limit. And a cluster file's errors, found
+    while choosing the estimator, named it by its absolute path, which GitHub cannot
+    attach to a repository file; they name it as the configuration does."""
+    monkeypatch.chdir(tmp_path)
+    plan = _alexnet_plan(runner, tmp_path, 8, 256)
+    mfu = yaml.safe_load(plan.read_text())["iteration"]["mfu"]
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/alexnet.yaml'}\n"
+                   f"cluster: {EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 8\nbatch: 256\n"
+                   f"min_mfu: {mfu}\nstrategy: {{plan: p.yaml}}\n")
+    r = invoke(runner, "check", cfg, "--format", "json")
+    got = next(f for f in json.loads(r.stdout)["configs"][0]["checks"]
+               if f["check"] == "efficiency")
+    text = invoke(runner, "check", cfg).stdout
+    line = next(ln for ln in text.splitlines() if "[efficiency]" in ln)
+    shown = re.search(r"predicted MFU ([\d.]+)% .* the ([\d.]+)% required", line)
+    assert shown, line
+    if got["ok"]:
+        assert float(shown[1]) >= float(shown[2])
+    else:  # under the limit: the two figures shown differ, and in the right order
+        assert float(shown[1]) < float(shown[2]), line
+    assert float(shown[1]) == pytest.approx(got["mfu"] * 100, abs=0.01)  # JSON: 4 digits
+    from planner.training import _apart
+
+    assert _apart(1.08105, 1.081, 3) == ("1.0811", "1.0810")  # the audit's slowdown
+    assert _apart(1.2, 1.1, 3) == ("1.200", "1.100") and _apart(1.1, 1.1, 3)[0] == "1.100"
+    # the cluster's errors, relative to here
+    bad = tmp_path / "badcl.yaml"
+    bad.write_text((EXAMPLES / "clusters/dgx-h100.yaml").read_text().replace(
+        "bandwidth: 351.3", "bandwith: 351.3"))
+    cbc = tmp_path / "cbc.yaml"
+    cbc.write_text(f"kind: training\nnetwork: {EXAMPLES / 'networks/alexnet.yaml'}\n"
+                   "cluster: badcl.yaml\ngpus: 8\nbatch: 8\nstrategy: {grid: 8x1}\n")
+    r = invoke(runner, "check", "cbc.yaml", "--format", "github")
+    assert r.exit_code == 2
+    assert r.stdout.startswith("::error file=badcl.yaml,line=17,col=3,"), r.stdout
