@@ -6,6 +6,7 @@ is reported once, as plain text on stderr, with its exit code (see :mod:`planner
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -570,8 +571,22 @@ def devices(fmt: str | None, output: str | None) -> None:
     from .report import devices_table
 
     check_output(output, ())
-    data = {"devices": [device_record(d) for d in catalog().values()]}
+    data = _catalog_figures({"devices": [device_record(d) for d in catalog().values()]})
     render_data(data, fmt, output, lambda: devices_table(list(catalog().values())))
+
+
+def _catalog_figures(data: Any) -> Any:
+    """The catalog's figures as its file gives them: 12 significant digits (66.9 TFLOP/s
+    read 66900000000000.01, the float product of 66.9 and 10^12: an audit), whole numbers
+    as integers (85520809984 bytes, not 85520809984.0)."""
+    if isinstance(data, dict):
+        return {k: _catalog_figures(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_catalog_figures(v) for v in data]
+    if isinstance(data, float) and math.isfinite(data):
+        v = float(f"{data:.12g}")
+        return int(v) if v.is_integer() and abs(v) < 2**53 else v
+    return data
 
 
 _attached: list[bool] = []

@@ -2051,8 +2051,11 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
                     "device": cl.device.name, "objective": objective,
                     "scaling": "weak" if weak else "strong",
                     "problem": settings, "results": rows}, 4)
-    if plot:
+    if plot and any(r["feasible"] for r in rows):
         _plot(data["results"], plot, ins, f"{_network_name(network)} on {cl.name}")
+    elif plot:  # empty axes would replace a plot the user had (an audit)
+        click.echo(f"planner: note: {plot} is not written: no row of the sweep has a plan "
+                   "to draw", err=True)
     if fmt == "csv":
         emit(_sweep_csv(data["results"]), output, ins)
     else:

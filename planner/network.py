@@ -1018,10 +1018,11 @@ _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 
 def _layer_name(value: object) -> str:
     s = string(value)
-    bad = sorted(set(s) - _NAME_CHARS)
+    bad = list(dict.fromkeys(c for c in s if c not in _NAME_CHARS))  # in order of use
     if bad:
-        raise Invalid(f"layer names use letters, digits and _ - . : / [ ] only; found "
-                      f"{''.join(bad)!r} in {s!r}")
+        raise Invalid(f"layer names use the ASCII letters and digits and _ - . : / [ ] "
+                      "only (they become keys of plan files, ranks' group names and "
+                      f"--pin patterns); found {''.join(bad)!r} in {s!r}")
     if len(s) > 200:
         raise Invalid("layer names are at most 200 characters")
     return s

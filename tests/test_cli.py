@@ -674,3 +674,18 @@ def test_a_negative_bucket_size_suggests_a_size_that_is_valid(runner, tmp_path):
         assert "'-5 MiB'" not in r.stderr and "nan MiB" not in r.stderr
     cfg.write_text(text + "bucket_size: '25 MiB'\n")
     assert invoke(runner, "validate", cfg).exit_code == 0
+
+
+def test_the_device_catalogs_figures_are_as_its_file_gives_them(runner):
+    """Found by an audit: ``devices --format json`` printed the H100's FP32 peak as
+    66900000000000.01, the float product of the catalog's 66.9 and 10^12, and its
+    memory as 85520809984.0: 12 significant digits, whole numbers as integers."""
+    import json
+
+    r = invoke(runner, "devices", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    h100 = next(d for d in json.loads(r.stdout)["devices"] if d["name"] == "H100-SXM")
+    assert h100["peak_flops"]["fp32"] == 66_900_000_000_000
+    assert type(h100["peak_flops"]["fp32"]) is int
+    assert h100["memory_bytes"] == 85_520_809_984 and type(h100["memory_bytes"]) is int
+    assert ".01" not in r.stdout and ".0," not in r.stdout

@@ -932,3 +932,20 @@ def test_auto_times_a_cpu_by_the_roofline_whatever_models_are_named(runner):
                               str(ROOT / "models")).stdout)
     assert plain["problem"]["estimator"] == named["problem"]["estimator"] == "roofline"
     assert named["iteration"] == plain["iteration"]
+
+
+def test_a_sweep_without_a_plan_leaves_an_existing_plot_alone(runner, tmp_path):
+    """Found by an audit: a sweep in which no row has a plan (AlexNet at batch 2,048 on
+    one GPU of 1 GiB) exits 1, and replaced the PNG named by --plot with empty axes;
+    the file is left as it was, and a note says why."""
+    pytest.importorskip("matplotlib")  # the test extra installs it: CI runs this
+    small = tmp_path / "small.yaml"
+    small.write_text((CLUSTERS / "dgx-h100.yaml").read_text().replace(
+        "device: H100-SXM", "device: {base: H100-SXM, memory: 2 GiB}"))
+    keep = tmp_path / "keep.png"
+    keep.write_bytes(b"\x89PNG mine")
+    r = invoke(runner, "sweep", ALEX, small, "-p", "1", "-b", "2048", "--plot", keep)
+    assert r.exit_code == 1, r.stderr
+    assert keep.read_bytes() == b"\x89PNG mine"
+    assert f"planner: note: {keep} is not written: no row of the sweep has a plan" \
+        in r.stderr
