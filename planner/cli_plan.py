@@ -1839,6 +1839,7 @@ def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
             "plan": {"iteration": doc["iteration"], "memory": {
                 k: doc["memory"][k] for k in ("peak_bytes", "capacity_bytes", "fits")},
                 "layouts": _layout_summary(doc)},
+            **({"zero_auto": doc["zero_auto"]} if "zero_auto" in doc else {}),
             "baselines": doc["baselines"]}
     render_data(data, fmt, output, lambda: baselines_table(doc), ins)
 

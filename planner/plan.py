@@ -558,7 +558,16 @@ def baselines_table(doc: dict[str, Any]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title="baselines",
+    prob = doc.get("problem") or {}
+    zero = prob.get("zero") or 0
+    # every row is priced at the plan's ZeRO stage: say which, and where --zero auto
+    # chose it (compare printed the baselines at stage 3 with no word of it: an audit)
+    title = "baselines" + (
+        f" (each at ZeRO stage {zero}"
+        + (" within each node" if prob.get("zero_shard") == "node" else "")
+        + (", the stage --zero auto chose for the plan" if doc.get("zero_auto") else "")
+        + ")" if zero else "")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title=title,
               title_justify="left")
     for col in ("strategy", "iteration", "communication", "exposed", "memory", "speedup"):
         t.add_column(col, justify="left" if col == "strategy" else "right",
