@@ -42,8 +42,13 @@ def test_alexnet_pure_data_weight_gradients_81_4_ms(alexnet, knl):
     ev = evaluate(ctx, opts, {lay.index: make_layout("data", 1, 512)
                               for lay in alexnet.layers if lay.has_weights})
     assert ev.weight_grad_s == pytest.approx(0.0814, rel=0.005)
-    # and exactly Eq. 4 summed by hand: 2 Σ_i (α⌈log P⌉ + β (P−1)/P |W_i|), 4-byte words
-    weights = [lay.weight_elems for lay in alexnet.layers if lay.has_weights]
+    # and exactly Eq. 4 summed by hand: 2 Σ_i (α⌈log P⌉ + β (P−1)/P |W_i|), 4-byte words,
+    # |W_i| without biases as in Eq. 8 (REFERENCES §1: 60,954,656 weights; an audit found
+    # the biases in Eq. 4 alone)
+    weights = [lay.weight_elems - (lay.conv.out_channels if lay.conv is not None else
+                                   lay.linear.out_features)
+               for lay in alexnet.layers if lay.has_weights]
+    assert sum(weights) == 60_954_656
     eq4 = sum(2 * (ALPHA * 9 + 4 / BW * 511 / 512 * w) for w in weights)
     assert ev.weight_grad_s == pytest.approx(eq4, rel=1e-9)
     assert ev.activation_comm_s == 0.0
@@ -73,8 +78,6 @@ def test_eq8_and_its_limits(alexnet, knl, pr_exp, layer_i):
     else:
         assert layer.linear is not None
         w = layer.linear.in_features * layer.linear.out_features
-    if pr == 1:  # pure data parallelism reduces every parameter, biases too (README)
-        w = layer.params
     d_i = layer.out_elems
     eq8 = 0.0
     if pr > 1:

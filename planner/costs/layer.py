@@ -534,7 +534,9 @@ def _weighted_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm
     terms: list[CommTerm] = []
     own = layer.params  # a tied head's shared weight is reduced once, by its embedding
     if layout.mode == "data":
-        terms += gradient_terms(ctx, allg, own)
+        # the paper's Eq. 4 reduces |W_i| without biases, as its Eq. 8 does (P_r = 1
+        # gives Eq. 4): the biases were in one and not the other (an audit)
+        terms += gradient_terms(ctx, allg, _paper_weights(layer, ctx) if ctx.paper else own)
         return terms
     if layout.mode == "column":
         # Megatron's column-parallel linear: the output stays split by features; the
