@@ -77,15 +77,16 @@ def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
             click.echo(line)
         for err in errors:
             click.echo(err.render(), err=True)
+    failed = sum(1 for r in reports if not r.ok)
+    if fmt == "text" and (failed or (errors and len(configs) > 1)):
+        # the summary, also where some are invalid (an audit found it left out then)
+        from .units import count
+
+        click.echo(f"planner check: {failed} of {count(len(configs), 'configuration')} "
+                   "failed" + (f", {len(errors)} invalid" if errors else ""), err=True)
     if errors:
         raise click.exceptions.Exit(EXIT_INPUT)
-    if not all(r.ok for r in reports):
-        failed = sum(1 for r in reports if not r.ok)
-        if fmt == "text":
-            from .units import count
-
-            click.echo(f"planner check: {failed} of {count(len(reports), 'configuration')} "
-                       "failed", err=True)
+    if failed:
         raise click.exceptions.Exit(EXIT_CHECK_FAILED)
 
 

@@ -1247,3 +1247,13 @@ def test_a_figure_at_its_gate_shows_the_digits_that_fail_it(runner, tmp_path, mo
     r = invoke(runner, "check", "cbc.yaml", "--format", "github")
     assert r.exit_code == 2
     assert r.stdout.startswith("::error file=badcl.yaml,line=17,col=3,"), r.stdout
+
+
+def test_the_summary_counts_the_invalid_too(runner, monkeypatch):
+    """Found by an audit: with an invalid configuration among them, the text report left
+    out its summary line; it counts the failed and the invalid ones (exit 2)."""
+    monkeypatch.chdir(ROOT)
+    r = invoke(runner, "check", "examples/ci/resnet50-dgx.yaml",
+               "examples/ci/gpt2-does-not-fit.yaml", "examples/ci/broken.yaml")
+    assert r.exit_code == 2
+    assert r.stderr.endswith("planner check: 1 of 3 configurations failed, 1 invalid\n")
