@@ -1048,16 +1048,19 @@ def test_leave_one_gpu_out(runner, tmp_path, gpu):
                gpu, "--split", "test", "--format", "json")
     (row,) = [x for x in json.loads(r.stdout)["results"] if x["op"] == "gemm"]
     assert row["n"] == 335
-    # the README's figures (18.73 and 10.39%; 19.9 and 11.4% before the cross-GPU
-    # monotonicity pairs), within half a point: the fit carries the CPU's BLAS rounding
-    # into its weights (before those pairs, an AMD EPYC whose OpenBLAS ran its Haswell
-    # kernels measured 20.17 and 10.98% against 19.9 and 11.4% under SkylakeX kernels)
-    assert row["mape"] == pytest.approx({"T4": 18.73, "V100-PCIe": 10.39}[gpu], abs=0.5)
+    # the README's figures within a point: the fit carries the CPU's BLAS rounding into
+    # its weights. Measured on AMD EPYCs (2026-12-07): 18.73 and 10.39% where OpenBLAS
+    # ran its SkylakeX kernels, 18.72 and 11.04% where OpenBLAS 0.3.31 (numpy 2.4.6)
+    # chose its Haswell ones on the same kind of CPU (0.5 points allowed before; the
+    # second machine failed it); and within issue 4's 20% either way
+    assert row["mape"] == pytest.approx({"T4": 18.73, "V100-PCIe": 10.39}[gpu], abs=1.0)
+    assert row["mape"] <= 20.0
     # README "Error bands": on a GPU it has not seen, fewer rows than the 90% of the
-    # held-out ones fall in their band (measured 28.1% on the T4, 83.6% on the V100-PCIe;
-    # 23.6 and 74.3% before the cross-GPU pairs; 3 points allowed for another CPU's
-    # rounding in the fit)
-    assert row["in_band"] == pytest.approx({"T4": 28.1, "V100-PCIe": 83.6}[gpu], abs=3.0)
+    # held-out ones fall in their band (28.1% on the T4, 83.6% on the V100-PCIe under
+    # SkylakeX kernels; 30.45 and 80.6% under Haswell ones: 4 points allowed for the
+    # CPU's rounding in the fit)
+    assert row["in_band"] == pytest.approx({"T4": 28.1, "V100-PCIe": 83.6}[gpu], abs=4.0)
+    assert row["in_band"] < 90.0
 
 
 def _run_benchmark(script: str, *args: str, env: dict[str, str] | None = None) -> str:
