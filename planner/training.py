@@ -588,8 +588,16 @@ def _plan_assignment(cfg: TrainingConfig, net: Network, cl: Cluster, options: Op
                             + (f" ({printable(where)})" if isinstance(where, str) else "")
                             + f", not {names[key]!r} ({_rel(key, cfg)})")
         elif want != _file_sha(fpath):
-            problems.append(f"the {key} file {_rel(key, cfg)} changed since the plan was "
-                            "made")
+            where = entry.get("file") if isinstance(entry, dict) else None
+            if isinstance(where, str) and where not in ("", "-") \
+                    and Path(where).name != fpath.name:
+                # made from another file of the same name inside: not an edit of this
+                # one (an audit found a copy's plan reported as this file "changed")
+                problems.append(f"the plan was made from the {key} file "
+                                f"{printable(where)}, and {_rel(key, cfg)} is not its bytes")
+            else:
+                problems.append(f"the {key} file {_rel(key, cfg)} changed since the plan "
+                                "was made")
     prob = data.get("problem") or {}
     if not isinstance(prob, dict):
         prob = {}

@@ -1257,3 +1257,32 @@ def test_the_summary_counts_the_invalid_too(runner, monkeypatch):
                "examples/ci/gpt2-does-not-fit.yaml", "examples/ci/broken.yaml")
     assert r.exit_code == 2
     assert r.stderr.endswith("planner check: 1 of 3 configurations failed, 1 invalid\n")
+
+
+def test_a_plan_of_another_file_is_not_called_this_one_changed(runner, tmp_path,
+                                                                monkeypatch):
+    """Found by an audit: a plan made from mlpcopy.yaml, checked against mlp.yaml (the
+    same network name, other bytes), was reported as "the network file mlp.yaml changed
+    since the plan was made"; it names the file the plan was made from. An edit of the
+    file the plan names is still "changed"."""
+    monkeypatch.chdir(tmp_path)
+    text = (EXAMPLES / "networks/alexnet.yaml").read_text()
+    Path("copy.yaml").write_text(text + "# a copy\n")
+    Path("net.yaml").write_text(text)
+    r = invoke(runner, "plan", "copy.yaml", EXAMPLES / "clusters/dgx-h100.yaml", "-p", "8",
+               "-b", "256", "-o", "p.yaml")
+    assert r.exit_code == 0, r.stderr
+    cfg = Path("c.yaml")
+    cfg.write_text(f"kind: training\nnetwork: net.yaml\ncluster: "
+                   f"{EXAMPLES / 'clusters/dgx-h100.yaml'}\ngpus: 8\nbatch: 256\n"
+                   "strategy: {plan: p.yaml}\n")
+    r = invoke(runner, "check", cfg)
+    assert r.exit_code == 1
+    assert "the plan was made from the network file copy.yaml, and net.yaml is not its " \
+        "bytes" in r.stdout, r.stdout
+    assert "changed since" not in r.stdout
+    Path("copy.yaml").write_text(text + "# edited\n")
+    cfg.write_text(cfg.read_text().replace("network: net.yaml", "network: copy.yaml"))
+    r = invoke(runner, "check", cfg)
+    assert r.exit_code == 1 and "the network file copy.yaml changed since the plan was " \
+        "made" in r.stdout, r.stdout
