@@ -198,7 +198,10 @@ def kernels_fit(data: tuple[str, ...], out_dir: str, shipped: bool,
                          "or pass --replace-shipped to rebuild them")
     _check_model_dir(out_dir, (*data, *(str(p) for _, p in files)))
     if only is not None:
-        _keep_other_families(out_dir, only)
+        from .kernels.pipeline import keep_families
+
+        # refused before minutes of fitting
+        keep_families(out_dir, {only}, only)
     opts = FitOptions(seed=seed, members=members, hidden=hidden, mono_weight=monotone_weight,
                       mono_cross_weight=monotone_cross_weight)
     if max_iter is not None:
@@ -258,19 +261,6 @@ def _is_model_manifest(path: Path) -> bool:
     except OSError:
         return False
     return re.search(rb"^kind:\s*['\"]?planner-kernel-models", head, re.M) is not None
-
-
-def _keep_other_families(out_dir: str, only: str) -> None:
-    """Refuse (before minutes of fitting) to write one family over a model set that has
-    others: the new manifest would list only the one, and the others would be lost."""
-    from .kernels.store import MANIFEST, existing_families
-
-    others = sorted(existing_families(out_dir) - {only})
-    if others:
-        raise UsageError(f"planner: error: {Path(out_dir) / MANIFEST} has "
-                         f"{' and '.join(others)} models that --only {only} would drop from "
-                         "it; write to another directory (and fit both families to replace "
-                         "the set)")
 
 
 @kernels.command("eval")

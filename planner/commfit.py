@@ -789,10 +789,16 @@ def predict(fit: SystemFit, sample: Sample, algorithm: str = "auto",
 RING_ONLY = 0.5
 
 
+def _relative_errors(fit: SystemFit, rows: Sequence[Sample], algorithm: str,
+                     library: str | None) -> np.ndarray[Any, Any]:
+    """(predicted − measured) / measured of each row."""
+    return np.array([(predict(fit, r, algorithm, library) - r.seconds) / r.seconds
+                     for r in rows])
+
+
 def _relative_sse(fit: SystemFit, rows: Sequence[Sample], algorithm: str,
                   library: str | None) -> float:
-    return float(sum(((predict(fit, r, algorithm, library) - r.seconds) / r.seconds) ** 2
-                     for r in rows))
+    return float(np.sum(_relative_errors(fit, rows, algorithm, library) ** 2))
 
 
 def refit_inter(fit: SystemFit, rows: Sequence[Sample], algorithm: str,
@@ -862,11 +868,10 @@ def fit_system(system: str, rows: Sequence[Sample], algorithm: str = "auto",
         # rows a ring alone prices far better than the fastest algorithm does came from
         # a ring alone (NCCL_ALGO=Ring, or a library without trees): say so, since the
         # cluster file must then name it
-        as_ring = replace(out, inter=ring)
-        sse_ring = _relative_sse(as_ring, multi, "ring", library)
-        if sse_ring < RING_ONLY * _relative_sse(out, multi, algorithm, library):
-            mape = 100.0 * float(np.mean([abs(predict(as_ring, r, "ring", library)
-                                              - r.seconds) / r.seconds for r in multi]))
+        as_ring = _relative_errors(replace(out, inter=ring), multi, "ring", library)
+        if float(np.sum(as_ring ** 2)) < RING_ONLY * _relative_sse(out, multi, algorithm,
+                                                                  library):
+            mape = 100.0 * float(np.mean(np.abs(as_ring)))
             out.notes.append(
                 f"{system}: the runs across nodes follow a ring alone (NCCL_ALGO=Ring, or "
                 f"a library without trees?), which prices them within {mape:.1f}% (MAPE) "

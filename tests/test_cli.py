@@ -646,20 +646,6 @@ def test_top_level_help_and_version_to_a_full_stdout_are_a_message(tmp_path):
         assert (r.returncode, r.stderr) == (2, said), args
 
 
-def test_a_training_file_of_null_is_not_called_empty(runner, tmp_path):
-    """A configuration holding only ``~`` was "the file is empty"; it holds null, and the
-    message says so."""
-    cfg = tmp_path / "train.yaml"
-    cfg.write_text("~\n")
-    r = invoke(runner, "check", cfg)
-    assert r.exit_code == 2
-    assert r.stderr.startswith(f"{cfg}:1:1: error: the file holds null (~), not a "
-                               "mapping: expected a YAML mapping with 'kind: training'")
-    cfg.write_text("# nothing yet\n")
-    r = invoke(runner, "check", cfg)
-    assert r.exit_code == 2 and f"{cfg}: error: the file is empty: expected" in r.stderr
-
-
 def test_a_negative_bucket_size_suggests_a_size_that_is_valid(runner, tmp_path):
     """``bucket_size: -5`` was told "such as '-5 MiB'", which is refused in turn."""
     cfg = tmp_path / "train.yaml"

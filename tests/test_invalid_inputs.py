@@ -104,14 +104,21 @@ def test_a_layers_stage_and_placement_are_named_where_they_are_wrong(runner, tmp
         assert "here but" not in r.stderr
 
 
-def test_a_file_of_null_is_not_called_empty(runner, tmp_path):
-    """A file holding only `~` was reported as "the file is empty"."""
+@pytest.mark.parametrize("command, kind", [("validate", "network"), ("check", "training")])
+def test_a_file_of_null_is_not_called_empty(runner, tmp_path, command, kind):
+    """A file (a network's, a training configuration's) holding only `~` was reported as
+    "the file is empty"; it holds null, and the message says so. One of comments alone
+    is still empty."""
     path = tmp_path / "null.yaml"
     path.write_text("~\n")
-    r = invoke(runner, "validate", path)
+    r = invoke(runner, command, path)
     assert r.exit_code == 2
     assert r.stderr.startswith(f"{path}:1:1: error: the file holds null (~), not a "
-                               "mapping: expected a YAML mapping with 'kind: network'")
+                               f"mapping: expected a YAML mapping with 'kind: {kind}'")
+    if command == "check":
+        path.write_text("# nothing yet\n")
+        r = invoke(runner, command, path)
+        assert r.exit_code == 2 and f"{path}: error: the file is empty: expected" in r.stderr
 
 
 def test_a_grids_companions_beside_a_plan_say_what_they_go_with(runner, tmp_path):

@@ -134,7 +134,7 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     reports: list[FitReport] = []
     tables = [t for t in (train.gemm, train.conv) if t.family in families and len(t)]
     if out_dir is not None and tables:
-        _keep_families(out_dir, {t.family for t in tables})
+        keep_families(out_dir, {t.family for t in tables})
     for model, report in fit_tables(tables, opts, progress):
         models[model.family] = model
         reports.append(report)
@@ -181,18 +181,21 @@ def fit_models(paths: Sequence[str | Path], out_dir: str | Path | None,
     return outcome
 
 
-def _keep_families(out_dir: str | Path, fitted: set[str]) -> None:
-    """Refuse, before fitting, to write over a model set with a family this fit has no
-    rows of: the new manifest would list only the families fitted, and the others' models
-    would be lost (as ``--only`` is refused, :func:`planner.cli_kernels.kernels_fit`)."""
+def keep_families(out_dir: str | Path, fitted: set[str], only: str | None = None) -> None:
+    """Refuse, before fitting, to write over a model set with a family this fit does not
+    write (``--only`` the other, or data without its rows): the new manifest would list
+    only the families fitted, and the others' models would be lost."""
     others = sorted(existing_families(out_dir) - fitted)
-    if others:
-        what = " and ".join({"gemm": "GEMM", "conv": "convolution"}.get(f, f) for f in others)
-        raise UsageError(
-            f"planner: error: {Path(out_dir) / MANIFEST} has {' and '.join(others)} models "
-            f"that this fit would drop from it (the data give no {what} rows to fit); write "
-            "to another directory, or fit both families to replace the set (add "
-            f"{what} measurements, e.g. --shipped-data)")
+    if not others:
+        return
+    head = f"planner: error: {Path(out_dir) / MANIFEST} has {' and '.join(others)} models that "
+    if only is not None:
+        raise UsageError(head + f"--only {only} would drop from it; write to another "
+                         "directory (and fit both families to replace the set)")
+    what = " and ".join({"gemm": "GEMM", "conv": "convolution"}.get(f, f) for f in others)
+    raise UsageError(head + f"this fit would drop from it (the data give no {what} rows to "
+                     "fit); write to another directory, or fit both families to replace the "
+                     f"set (add {what} measurements, e.g. --shipped-data)")
 
 
 def _family_options(opts: FitOptions, family: str) -> dict[str, Any]:
@@ -367,4 +370,4 @@ def achieved_fractions(paths: Sequence[str | Path],
 
 
 __all__ = ["SPLITS", "Achieved", "FitOutcome", "achieved_fractions", "evaluate_files",
-           "evaluate_report", "fit_models", "fit_tables", "select"]
+           "evaluate_report", "fit_models", "fit_tables", "keep_families", "select"]
