@@ -930,8 +930,13 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
         with searching() as q.progress, running(resolve_jobs(jobs)):
             if auto:
                 doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks, virtual)
-            else:
+            elif pipeline != 1:
                 doc = plan_for(q, pipeline, objective, pins, expand_ranks, virtual)
+            else:
+                try:
+                    doc = plan_for(q, pipeline, objective, pins, expand_ranks, virtual)
+                except NoFeasiblePlan as exc:
+                    raise more_devices(q, exc, objective, pins) from None
     except NoFeasiblePlan as exc:
         _no_plan_document(q, exc, fmt, output)
         raise
@@ -1118,6 +1123,27 @@ def search_flat(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
         raise NoFeasiblePlan(f"{exc} or {tip}", Shortfall(
             short.needed_bytes, short.capacity_bytes, [*short.suggestions, tip]),
             exc.baselines) from exc
+
+
+def more_devices(q: Question, exc: Any, objective: str, pins: tuple[str, ...]) -> Any:
+    """A flat plan that does not fit, its "more devices" advice checked by searching the
+    same question on more devices (:func:`~planner.search.more_devices_checked`); with
+    pins, whose grids are the question's device count's, ``exc`` as it is."""
+    import dataclasses
+
+    from .search import more_devices_checked
+
+    if pins:
+        return exc
+
+    def search_at(n: int) -> None:
+        if q.progress is not None:
+            q.progress("devices", f"{n:,}")
+        run_search(dataclasses.replace(q, options=dataclasses.replace(q.options, gpus=n),
+                                       ctx=dataclasses.replace(q.ctx, gpus=n)), objective, ())
+
+    return more_devices_checked(exc, q.options.gpus, q.options.batch,
+                                q.cluster.max_devices(), search_at)
 
 
 #: ``--microbatches auto`` stops after this many counts in a row slower than the best

@@ -39,8 +39,9 @@ default ``auto``: the fastest of the ring, NCCL's tree and the hierarchical all-
 The network tier is therefore refitted from the ring's solution to minimise the error of
 that choice (:func:`refit_inter`), and the reported error is that of the planner's own
 :func:`~planner.costs.comm.collective_time` with the fitted tiers and the cluster's
-algorithm, per (system, collective, ranks, nodes): what a plan would be off by. Bus bandwidth follows nccl-tests: ``busbw = algbw · 2(n−1)/n`` for
-all-reduce, ``(n−1)/n`` for all-gather and reduce-scatter.
+algorithm, per (system, collective, ranks, nodes): what a plan would be off by. Bus
+bandwidth follows nccl-tests: ``busbw = algbw · 2(n−1)/n`` for all-reduce, ``(n−1)/n``
+for all-gather and reduce-scatter.
 """
 
 from __future__ import annotations

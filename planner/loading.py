@@ -511,8 +511,9 @@ def _parse_text(text: str, file: str, loader_class: Any) -> Document:
         nonlocal root, root_set
         if not stack:
             root, root_set = value, True
-            if value is None and getattr(event, "value", ""):  # `~`, `null`: not nothing
-                doc.null_text = str(event.value)
+            text = getattr(event, "value", None)
+            if value is None and text:  # `~`, `null`: not nothing
+                doc.null_text = str(text)
             return
         top = stack[-1]
         top.size += size

@@ -2285,3 +2285,104 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
                f"available (short by {format_bytes(short)}); try " + " or ".join(tips))
     return NoFeasiblePlan(message, Shortfall(mem.peak, mem.capacity, tips),
                           [b.to_data() for b in bases])
+
+
+#: doublings of ``--gpus`` a plan that does not fit searches before it says how many
+#: devices would do (2x to 256x)
+DEVICE_PROBES = 8
+
+
+def more_devices_checked(exc: NoFeasiblePlan, gpus: int, batch: int, most: int | None,
+                         search_at: Callable[[int], Any]) -> NoFeasiblePlan:
+    """``exc`` (a question on ``gpus`` devices that does not fit) with its "more devices"
+    advice checked: ``search_at`` searches the same question at twice the devices, four
+    times, ... (at most :data:`DEVICE_PROBES` doublings, no more than the ``most`` the
+    cluster holds) until a plan fits, and the advice names that count (with what the
+    leanest layout needs at half of it), or says that more devices alone do not fit and
+    what the leanest layout needs at each count tried. Memory per device does not fall
+    in proportion to the devices (a layer's split is bounded by its heads, channels and
+    the batch; data parallelism keeps the weights whole), so :func:`_no_plan`'s
+    proportional estimate sent Mixtral 8x7B on 24 A100s to 48, where the leanest layout
+    still needs 90.19 GiB of 79 (an audit); 96 fit. Where no count could be tried (twice
+    the devices is more than the cluster holds), ``exc`` as it is."""
+    short = exc.shortfall
+    if short is None:
+        return exc
+    old = next((t for t in short.suggestions if t.startswith("more devices (")), None)
+    head, _, rest = str(exc).partition("; try ")
+    if old is None or rest != " or ".join(short.suggestions):
+        return exc
+    # what the estimate's tip says of a smaller batch stays with the checked one
+    at = old.find("; a smaller batch alone")
+    aside = old[at:-1] if at >= 0 else ""
+    top = min(MAX_GPUS, most or MAX_GPUS)
+    n = gpus
+    tried: list[tuple[int, float]] = []
+    fits: int | None = None
+    ended = False  # a count no layout applies to: more devices cannot help
+    stop = f"more than {gpus * 2**DEVICE_PROBES:,} were not tried"
+    for _ in range(DEVICE_PROBES):
+        n *= 2
+        if n > top:
+            stop = f"this cluster holds {top:,}" if most is not None and most < MAX_GPUS \
+                else "planner plans for at most 2^30"
+            break
+        try:
+            search_at(n)
+        except NoFeasiblePlan as failed:
+            if failed.shortfall is None:  # no layout applies: nor with more devices
+                stop = f"on {n:,} no layout applies to a batch of {batch:,}"
+                ended = True
+                break
+            tried.append((n, failed.shortfall.needed_bytes))
+            continue
+        fits = n
+        break
+    if fits is None and not tried:
+        return exc  # nothing could be tried: the estimate stands
+    if fits is not None:
+        last = (f"; on {tried[-1][0]:,} the leanest layout needs "
+                f"{format_bytes(tried[-1][1])}") if tried else ""
+        tips = [f"more devices (--gpus {fits}: a plan fits there{last}{aside})" if t == old
+                else t
+                for t in short.suggestions]
+        tail = ""
+    elif not ended and (beyond := _beyond(tried, short.needed_bytes,
+                                          short.capacity_bytes)) is not None:
+        last_n, peak = tried[-1]
+        where = f"on all {last_n:,} devices of this cluster" if most is not None and \
+            last_n * 2 > most else f"on {last_n:,}"
+        said = f"a larger cluster: about {beyond:,} devices" if most is not None and \
+            beyond > most else f"about --gpus {beyond}"
+        tips = [f"more devices ({said}, if memory per device keeps falling in proportion; "
+                f"{where} the leanest layout needs {format_bytes(peak)}{aside})" if t == old
+                else t
+                for t in short.suggestions]
+        tail = ""
+    else:
+        tips = [t for t in short.suggestions if t != old]
+        each = [f"{format_bytes(b)} on {m:,}" for m, b in tried]
+        each[0] += " devices"
+        needs = each[0] if len(each) == 1 else ", ".join(each[:-1]) + " and " + each[-1]
+        tail = (f"; more devices alone do not fit: the leanest layout needs {needs} ({stop})"
+                + aside.replace("; a smaller batch alone cannot fit", "; nor does a smaller "
+                                           "batch alone"))
+    message = head + ("; try " + " or ".join(tips) if tips else "") + tail
+    return NoFeasiblePlan(message, Shortfall(short.needed_bytes, short.capacity_bytes, tips),
+                          exc.baselines)
+
+
+def _beyond(tried: list[tuple[int, float]], first: float, capacity: float) -> int | None:
+    """Past the counts ``tried`` (device count, the leanest layout's peak), where none
+    fit: the power-of-two multiple of the last at which its peak, falling in proportion,
+    would fit, while the peak still falls (the last below the one before, or below
+    ``first``, the question's own) and the count stays within what planner plans for;
+    else None."""
+    n, peak = tried[-1]
+    before = tried[-2][1] if len(tried) > 1 else first
+    if peak >= before:
+        return None
+    factor = 2
+    while peak > capacity * factor:
+        factor *= 2
+    return n * factor if n * factor <= MAX_GPUS else None

@@ -70,7 +70,7 @@ with ``schedule: zb-h1``, the same schedule).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -1072,7 +1072,14 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
         try:
             best_s = _search_auto(ctx, options, auto)[0].best.evaluation.time_s
         except NoFeasiblePlan as exc:
-            failure, best_s = exc, None
+            from .search import more_devices_checked
+
+            def search_at(n: int) -> None:
+                _search_auto(replace(ctx, gpus=n), replace(options, gpus=n), auto)
+
+            failure = more_devices_checked(exc, options.gpus, options.batch,
+                                           cl.max_devices(), search_at)
+            best_s = None
     peak_text, cap_text = format_bytes(mem.peak), format_bytes(mem.capacity)
     if peak_text == cap_text and mem.peak != mem.capacity:  # a few bytes apart: say so
         peak_text, cap_text = f"{mem.peak:,.0f} bytes", f"{mem.capacity:,.0f}"

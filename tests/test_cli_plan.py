@@ -104,9 +104,11 @@ def test_no_plan_exits_1(runner, tmp_path):
                     "--estimator", "roofline")
     assert result.exit_code == 1
     assert result.stderr.startswith("planner: no plan fits in memory")
-    # 223.6 GiB on 15.5 GiB: 14.4x → 16 × 2 devices, more than the one node of 8 holds
-    assert "more devices (a larger cluster: about 32 devices, if memory per device falls " \
-           "in proportion; this one holds 8;" in result.stderr
+    # searched on 4 and 8 devices (111.8 and 55.89 GiB), all the one node holds: 55.89 GiB
+    # on 15.5 is 3.6x → 4 × 8 devices, more than the cluster holds
+    assert "more devices (a larger cluster: about 32 devices, if memory per device keeps " \
+           "falling in proportion; on all 8 devices of this cluster the leanest layout " \
+           "needs 55.89 GiB)" in result.stderr
     assert "--pipeline" not in result.stderr  # one layer: no stages to cut it into
 
 
@@ -187,6 +189,26 @@ def test_no_plan_advice_counts_the_step_batch(runner):
     assert "more microbatches (about --microbatches 16: the same batch of 4,096 in 16 " \
            "passes" in r.stderr, r.stderr
     assert "a smaller batch (about --batch 544," in r.stderr
+
+
+def test_more_devices_advice_is_searched(runner):
+    """Mixtral 8x7B on 24 A100s at batch 32 needs 110.5 GiB of 79. Memory per device
+    does not fall in proportion to the devices: the advice had said --gpus 48 (an audit),
+    where the leanest layout still needs 90.19 GiB. The search runs again on 48, then 96,
+    where a plan fits, and the advice names 96 with what 48 needs; planning at 48 and
+    96 gives the same verdicts (the figures are those plan prints there)."""
+    mixtral = NETWORKS / "mixtral-8x7b.yaml"
+    a100 = CLUSTERS / "dgx-a100.yaml"
+    r = invoke(runner, "plan", mixtral, a100, "-p", "24", "-b", "32")
+    assert r.exit_code == 1
+    assert "needs 110.5 GiB per device, 79 GiB is available" in r.stderr, r.stderr
+    assert "try more devices (--gpus 96: a plan fits there; on 48 the leanest layout " \
+           "needs 90.19 GiB) or --zero 1" in r.stderr, r.stderr
+    r = invoke(runner, "plan", mixtral, a100, "-p", "48", "-b", "32")
+    assert r.exit_code == 1
+    assert "the leanest layout found needs 90.19 GiB per device" in r.stderr
+    assert "try more devices (--gpus 96: a plan fits there) or" in r.stderr, r.stderr
+    assert invoke(runner, "plan", mixtral, a100, "-p", "96", "-b", "32").exit_code == 0
 
 
 def test_no_plan_advice_in_a_pipeline_stage_counts_the_run_s_devices(runner):

@@ -370,6 +370,87 @@ def test_no_feasible_plan_reports_shortfall():
         in str(exc.value)
 
 
+def _short(peak_gib: float, more: str = "more devices (--gpus 4)") -> NoFeasiblePlan:
+    """A failure as :func:`search._no_plan` words it: 10 GiB available."""
+    tips = [more, "--zero 1 (shards the optimizer state)"]
+    return NoFeasiblePlan(f"planner: no plan fits in memory: ...; try {' or '.join(tips)}",
+                          search_module.Shortfall(peak_gib * 2**30, 10 * 2**30, tips))
+
+
+def _searched(peaks: dict[int, float | None]):
+    """A search at n devices: a plan where ``peaks[n]`` is at most 10 GiB, a failure with
+    the leanest layout's peak (GiB) where it is more, no layout at all where None."""
+    tried: list[int] = []
+
+    def at(n: int) -> None:
+        tried.append(n)
+        peak = peaks[n]
+        if peak is None:
+            raise NoFeasiblePlan("planner: no feasible plan: no layout applies", None)
+        if peak > 10:
+            raise _short(peak)
+    return at, tried
+
+
+def test_more_devices_advice_searches_doublings():
+    """:func:`search.more_devices_checked`, each way it ends, against the messages worked
+    out by hand from the peaks given (10 GiB available)."""
+    check = search_module.more_devices_checked
+    # a plan fits on 8 (4 still needs 12 GiB): named, with what 4 needs
+    at, tried = _searched({4: 12.0, 8: 9.0})
+    out = check(_short(20.0), 2, 64, None, at)
+    assert tried == [4, 8]
+    assert str(out).endswith("try more devices (--gpus 8: a plan fits there; on 4 the "
+                             "leanest layout needs 12 GiB) or --zero 1 (shards the "
+                             "optimizer state)")
+    assert out.shortfall.suggestions[0].startswith("more devices (--gpus 8:")
+    assert out.shortfall.needed_bytes == 20 * 2**30
+    # the first doubling fits: no count to quote
+    at, _ = _searched({4: 10.0})
+    assert "try more devices (--gpus 4: a plan fits there) or" in str(
+        check(_short(20.0), 2, 64, None, at))
+    # still falling on all 16 the cluster holds: 24 GiB / 10 = 2.4 → 4 × 16 = 64
+    at, tried = _searched({4: 80.0, 8: 48.0, 16: 24.0})
+    out = str(check(_short(100.0), 2, 64, 16, at))
+    assert tried == [4, 8, 16]
+    assert "try more devices (a larger cluster: about 64 devices, if memory per device " \
+           "keeps falling in proportion; on all 16 devices of this cluster the leanest " \
+           "layout needs 24 GiB) or --zero 1" in out, out
+    # no longer falling (16 needs more than 8): more devices are not advised
+    at, _ = _searched({4: 80.0, 8: 48.0, 16: 50.0})
+    out = str(check(_short(100.0), 2, 64, 16, at))
+    assert out.endswith("; try --zero 1 (shards the optimizer state); more devices alone "
+                        "do not fit: the leanest layout needs 80 GiB on 4 devices, 48 GiB "
+                        "on 8 and 50 GiB on 16 (this cluster holds 16)"), out
+    # no layout applies on 8 (the batch of 4 and the layers' splits run out)
+    at, tried = _searched({4: 30.0, 8: None})
+    out = check(_short(60.0), 2, 4, None, at)
+    assert tried == [4, 8]
+    assert str(out).endswith("more devices alone do not fit: the leanest layout needs "
+                             "30 GiB on 4 devices (on 8 no layout applies to a batch of 4)")
+    assert out.shortfall.suggestions == ["--zero 1 (shards the optimizer state)"]
+    # eight doublings tried, 2x to 256x, all short and still falling: past them
+    at, tried = _searched({2 * 2**k: 10000.0 / 2**k for k in range(1, 9)})
+    out = str(check(_short(10000.0), 2, 64, None, at))
+    assert tried == [4 * 2**k for k in range(8)]
+    # 10000 / 256 = 39.06 GiB on 512: 3.9x → 4 × 512 = 2,048
+    assert "try more devices (about --gpus 2048, if memory per device keeps falling in " \
+           "proportion; on 512 the leanest layout needs 39.06 GiB)" in out, out
+    # what the estimate said of a smaller batch is kept, in either ending
+    aside = "; a smaller batch alone cannot fit: the peak less its activations is 30 GiB"
+    at, _ = _searched({4: 12.0, 8: 9.0})
+    assert "(--gpus 8: a plan fits there; on 4 the leanest layout needs 12 GiB" + aside + \
+        ") or" in str(check(_short(20.0, f"more devices (--gpus 4{aside})"), 2, 64, None, at))
+    at, _ = _searched({4: 30.0, 8: None})
+    assert str(check(_short(60.0, f"more devices (--gpus 4{aside})"), 2, 4, None, at)).endswith(
+        "(on 8 no layout applies to a batch of 4); nor does a smaller batch alone: the peak "
+        "less its activations is 30 GiB")
+    # twice the devices is more than the cluster holds: the estimate stands
+    at, tried = _searched({})
+    same = _short(20.0)
+    assert check(same, 4, 64, 4, at) is same and tried == []
+
+
 def test_memory_constraint_changes_the_plan():
     """When data parallelism does not fit, the search splits the weights."""
     net = load_network_text("kind: network\nname: wide\ninput: [20000]\nlayers:\n"

@@ -29,7 +29,6 @@ too.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 OPTIMIZERS = ("sgd", "momentum", "adam")

@@ -168,8 +168,8 @@ def evaluate_all(models: Mapping[str, Ensemble], data: Dataset,
         model = models.get(table.family)
         known: dict[str, bool] = {}
         for name in set(table.device):
-            dev = lookup_device(name)
-            known[name] = dev is None or covers(models, dev)  # None: Table.devices says
+            found = lookup_device(name)
+            known[name] = found is None or covers(models, found)  # None: Table.devices says
         outside = np.array([not known[d] for d in table.device], dtype=bool)
         if outside.any():
             part = table.select(outside)
@@ -212,8 +212,8 @@ def _roofline_results(table: Table) -> list[Result]:
     pred = np.empty(len(table))
     devices = table.devices()
     kernels: list[Kernel] = [
-        Gemm(*(int(v) for v in row)) if table.family == "gemm" else
-        Conv(*(int(v) for v in row), phase=op.removeprefix("conv_"))  # type: ignore[arg-type]
+        Gemm(*[int(v) for v in row]) if table.family == "gemm" else  # type: ignore[arg-type]
+        Conv(*[int(v) for v in row], phase=op.removeprefix("conv_"))  # type: ignore[misc, arg-type]
         for row, op in zip(rows, table.op, strict=True)]
     groups: dict[tuple[str, str], list[int]] = {}
     for i, (dev, dt) in enumerate(zip(table.device, table.dtype, strict=True)):

@@ -132,7 +132,7 @@ def bmm(est: LearnedEstimator) -> None:
     rng = np.random.default_rng(0)
 
     def draw(lo: float, hi: float) -> int:
-        return int(round(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
+        return round(np.exp(rng.uniform(np.log(lo), np.log(hi))))
 
     ks = [Gemm(draw(16, 8192), draw(16, 8192), draw(16, 8192), draw(2, 512))
           for _ in range(PAIRS)]
