@@ -298,12 +298,27 @@ def emit(text: str, output: str | None, protect: tuple[str, ...] = (),
     """Write the product: to stdout, or atomically to ``output`` (``-`` is stdout; a new
     file made ``executable`` when it is a script)."""
     if output is None or output == "-":
-        click.echo(text, nl=False)
+        write_utf8(text)
         return
     from .output import write_atomic
 
     write_atomic(output, text, _read_too(protect), executable)
     click.echo(f"wrote {output}", err=True)
+
+
+def write_utf8(text: str) -> None:
+    """Machine-readable output (JSON, YAML, CSV, scripts) on stdout in UTF-8, as ``-o``
+    files are, whatever the locale: under a Latin-1 one "µs" had gone out as Latin-1
+    bytes a JSON reader refused, and characters beyond it as ``\\uXXXX`` text a YAML
+    reader took literally (an audit)."""
+    out = click.get_text_stream("stdout") if sys.stdout is None else sys.stdout
+    raw = getattr(out, "buffer", None)
+    if raw is None:  # a stream without bytes beneath (a test's StringIO)
+        click.echo(text, nl=False)
+        return
+    out.flush()
+    raw.write(text.encode("utf-8", "surrogateescape"))
+    raw.flush()
 
 
 #: the narrowest console (``COLUMNS=1`` drew tables one character a line)
@@ -326,6 +341,18 @@ def console(stderr: bool = False) -> Any:
     if width is not None:
         width = max(width, MIN_WIDTH)  # narrower, a table prints a character a line
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+def watched(stderr: bool = True) -> bool:
+    """Whether a person watches the stream: a terminal, not a log. Progress lines (cursor
+    moves, redrawn text) are drawn only there, whatever FORCE_COLOR or TTY_COMPATIBLE
+    tell rich: set in a CI job, they had put a spinner's control codes in its log (an
+    audit). Tables keep rich's choice: colour forced is colour asked for."""
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def print_fitted(con: Any, renderable: Any) -> None:

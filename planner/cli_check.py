@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .cli import Finite, Whole, emit, jobs_option, one_stdin, output_option
+from .cli import Finite, Whole, emit, jobs_option, one_stdin, output_option, write_utf8
 from .errors import EXIT_CHECK_FAILED, EXIT_INPUT, InputError, UsageError, printable
 
 
@@ -68,7 +68,7 @@ def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
             except InputError as exc:
                 errors.append(exc)
     if fmt == "json":
-        click.echo(to_json(report_data(reports, errors)), nl=False)
+        write_utf8(to_json(report_data(reports, errors)))
     elif fmt == "github":
         for line in github_lines(reports, errors):
             click.echo(line)
@@ -91,15 +91,23 @@ def check(configs: tuple[str, ...], max_slowdown: float | None, fmt: str,
 
 
 def _estimator_for(cfg: Any, name: str, make: Any, models_dir: str | None) -> Any:
-    from .inputs import cluster_from_document
-    from .loading import load_file
-    from .training import _display
-
     # errors name the file as the check's do, relative to here (GitHub attaches an
     # annotation to a repository path only; an audit found this one absolute)
+    from .errors import NotCovered
+    from .inputs import cluster_from_document
+    from .loading import load_file
+    from .training import _config_error, _display
+
     device = cluster_from_document(load_file(cfg.cluster_path,
                                              _display(cfg.cluster_path))).device
-    return make(name, models_dir, device)
+    try:
+        return make(name, models_dir, device)
+    except NotCovered as exc:
+        # this configuration's cluster, not the command: reported as the configuration's
+        # error, after the others' outcomes (an audit: one CPU cluster stopped the check
+        # of every configuration, with nothing on standard output)
+        raise _config_error(cfg, "$.cluster",
+                            str(exc).removeprefix("planner: error: ")) from None
 
 
 @click.command()

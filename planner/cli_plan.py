@@ -384,7 +384,9 @@ def make_estimator(name: str, models_dir: str | None, device: Any) -> Any:
         # while `kernels predict` and `eval` refuse them that device)
         return Roofline()
     if name == "learned" and hasattr(est, "covers") and not est.covers(device):
-        raise UsageError(f"planner: error: --estimator learned: {device.name} is a {kind} "
+        from .errors import NotCovered
+
+        raise NotCovered(f"planner: error: --estimator learned: {device.name} is a {kind} "
                          "and the kernel models have no measurements of it (they were "
                          "fitted on GPUs); use --estimator roofline or auto")
     return est
@@ -992,7 +994,7 @@ def searching(stream: Any = None, after_s: float = SEARCHING_AFTER_S
     from rich.live import Live
     from rich.text import Text
 
-    from .cli import console
+    from .cli import console, watched
 
     con = console(stderr=True) if stream is None else Console(
         file=stream, force_terminal=True, width=120)
@@ -1001,7 +1003,7 @@ def searching(stream: Any = None, after_s: float = SEARCHING_AFTER_S
     def tell(what: str, value: str) -> None:
         trying[what] = value
 
-    if not con.is_terminal:
+    if not con.is_terminal or (stream is None and not watched()):
         yield tell
         return
     start = time.monotonic()
@@ -1702,7 +1704,9 @@ def pipeline_doc(q: Question, res: Any, flat: Any, bases: list[dict[str, Any]] |
     # what the busiest stage waits for besides its compute, the schedule's bubble apart
     # (the bubble is idle time, not communication: found by an audit, where 70B's
     # exposed figure was all its communication because the bubble outgrew it)
-    exposed = min(comm, max(0.0, res.time_s - res.bubble_s - compute))
+    # (a difference of sums: its rounding residue, 1e-19 s where nothing waits, is 0)
+    gap = res.time_s - res.bubble_s - compute
+    exposed = min(comm, gap if gap > 1e-9 * res.time_s else 0.0)
     iteration = {
         "time_s": res.time_s,
         "compute_s": compute,
@@ -1847,9 +1851,10 @@ def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
     q = load_question(network, cluster, gpus, batch, **kw)
     try:
         result = search_flat(q, objective, pins)
-    except NoFeasiblePlan as exc:
-        if exc.baselines is None or exc.shortfall is None:
+    except NoFeasiblePlan as failed:
+        if failed.baselines is None or failed.shortfall is None:
             raise
+        exc = more_devices(q, failed, objective, pins)  # checked, as plan's advice
         # what was compared, each baseline with its memory, then the reason (exit 1)
         head = plan_header("plan", q.network, q.network_file, q.cluster.name, q.cluster_file,
                            q.options, q.estimator_name, nodes_used(q), q.models_sha256)
@@ -1859,7 +1864,7 @@ def compare(network: str, cluster: str, gpus: int, batch: int, objective: str,
                 "baselines": exc.baselines, "error": str(exc).removeprefix("planner: ")}
         data = rounded(data, 4)
         render_data(data, fmt, output, lambda: baselines_table(data), ins)
-        raise
+        raise exc from None
     doc = plan_doc(q, result, objective, False)
     data = {"planner": doc["planner"], "inputs": doc["inputs"], "problem": doc["problem"],
             "plan": {"iteration": doc["iteration"], "memory": {
@@ -2018,10 +2023,10 @@ def sweep(network: str, cluster: str, gpus_list: str, batch_list: str | None,
     start = time.monotonic()
     progress = None
     task = None
-    from .cli import console
+    from .cli import console, watched
 
     # a progress bar only for a person watching (on a log it left a stray newline)
-    show_progress = console(stderr=True).is_terminal
+    show_progress = console(stderr=True).is_terminal and watched()
 
     def settings_of(q: Question) -> dict[str, Any]:
         """The question's settings, the same for every row."""

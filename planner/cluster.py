@@ -53,6 +53,17 @@ PLAUSIBLE: dict[str, tuple[Kind, float, float]] = {
 }
 
 
+def _with_unit(convert: Callable[[object], float]) -> Callable[[object], float]:
+    """``convert``, with a bare number other than 0 refused: ``reserved_memory: 1`` was
+    one byte, where its writer meant a GiB (an audit; ``bucket_size`` refuses the same)."""
+    def parse(value: object) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0:
+            raise Invalid(f"expected a size with its unit, such as '{value:g} GiB', got "
+                          f"{value:g} (a unit is needed)")
+        return convert(value)
+    return parse
+
+
 def _plausible(what: str, positive: bool = True) -> Callable[[object], float]:
     """A quantity converter within :data:`PLAUSIBLE` bounds."""
     kind, low, high = PLAUSIBLE[what]
@@ -249,10 +260,27 @@ def lookup_device(name: str) -> Device | None:
     return catalog()[canonical] if canonical else None
 
 
+def _model_number(norm: str) -> str | None:
+    """The model of a normalised device name: the letter before its first digits and
+    those digits (``v100`` of "teslav100", ``b200``, ``a10`` of "a10g"), or None."""
+    m = re.search(r"([a-z])(\d+)", norm)
+    return m.group(1) + m.group(2) if m else None
+
+
 def suggest_device(name: str) -> str | None:
-    """The closest catalog name or alias, as a canonical name, for a did-you-mean hint."""
+    """The closest catalog name or alias, as a canonical name, for a did-you-mean hint: a
+    spelling slip, never another model. A name with a model number is matched among the
+    names of that model only ("Tesla V100" → a V100; "B200", "H800", "L40S", "A10G" →
+    nothing: an audit found them offered an H200, an H200, an L4 and an A100); one
+    without among all names, closely."""
     index = _alias_index()
-    close = difflib.get_close_matches(_norm(name), list(index), n=1, cutoff=0.5)
+    norm = _norm(name)
+    model = _model_number(norm)
+    if model is None:
+        close = difflib.get_close_matches(norm, list(index), n=1, cutoff=0.6)
+    else:
+        same = [k for k in index if _model_number(k) == model]
+        close = difflib.get_close_matches(norm, same, n=1, cutoff=0.0)
     return index[close[0]] if close else None
 
 
@@ -494,8 +522,13 @@ def cluster_from_data(data: object, issues: list[Issue]) -> Cluster | None:
         algorithm = cf.opt("algorithm", choice(ALGORITHMS), "auto")
         library = cf.opt_none("library", choice(LIBRARIES))
         cf.finish()
-    reserved = f.opt("reserved_memory", _plausible("size", positive=False), 0.0)
+    reserved = f.opt("reserved_memory", _with_unit(_plausible("size", positive=False)), 0.0)
     f.finish()
+    if not issues and intra is None and inter is None and f.has("network"):
+        # (an audit: `network: {}` was "invalid cluster" at the file's first line)
+        issues.append(Issue("$.network", "no network tier: give intra_node (the links "
+                                         "inside a node) and, for several nodes, "
+                                         "inter_node"))
     if issues or per_node is None or device is None:
         return None
     if intra is None and inter is None:

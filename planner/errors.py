@@ -152,6 +152,12 @@ class UsageError(PlannerError):
     exit_code = EXIT_INPUT
 
 
+class NotCovered(UsageError):
+    """``--estimator learned`` for a device the kernel models have no measurements of:
+    the option and one cluster's device together (``check`` reports it as that
+    configuration's, beside the others' outcomes)."""
+
+
 class ModelDataError(PlannerError):
     """A shipped or user-given model/catalog file is missing, corrupt or inconsistent."""
 

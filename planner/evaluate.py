@@ -25,7 +25,7 @@ memory bandwidth), as for the gradient buckets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cluster import Cluster
@@ -233,6 +233,13 @@ def _check_settings(options: Options, network: Network | None = None) -> None:
         raise UsageError("planner: error: --zero needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
                          "--zero or the cost model")
+    if options.master_weights and network is not None and network.elem_bytes >= 4:
+        # fp32 copies of weights that are fp32 already (or fp64) cost 4 bytes a parameter
+        # for nothing, and with fp64 weights would hold Adam's state in fp32 (an audit)
+        raise UsageError(f"planner: error: master weights are fp32 copies of 16-bit "
+                         f"weights, and the network's are {network.dtype}; drop "
+                         "--master-weights (master_weights), or train in 16 bits "
+                         "(--precision bf16)")
     if options.grad_dtype is not None and options.grad_dtype not in DTYPE_BYTES:
         raise UsageError(f"planner: error: unknown gradient precision "
                          f"{options.grad_dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
@@ -587,32 +594,45 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     kept: dict[tuple[int, Dist | None], float] = {}
     consumer: dict[tuple[int, Dist | None], str | None] = {}  # its first keeper's unit
     first: dict[tuple[int, Dist | None], int] = {}  # the position of its first keeper
+    kept_output: dict[tuple[int, Dist | None], Layer] = {}  # a tensor its producer keeps
     per_layer: dict[int, float] = {}
     batch = ctx.batch
     net = ctx.network
     for r in results:
         layer = r.layer
+        halo = 0.0
         if layer.saves_input:
             src = net.storage_of(layer.inputs[0])
             key = (src, r.dist_in)
+            size = kept_input_bytes(layer, r.layout if layer.has_weights else None,
+                                    r.dist_in, batch, e)
             if key not in kept:
-                kept[key] = kept_input_bytes(layer, r.layout if layer.has_weights else None,
-                                             r.dist_in, batch, e)
+                kept[key] = size
                 consumer[key] = ctx.unit(layer.block) if recomputed(layer, ctx) else None
                 first[key] = layer.index
-            elif not recomputed(layer, ctx):
-                consumer[key] = None  # a keeper outside recomputed blocks: it stays kept
+            else:
+                maker = kept_output.get(key)
+                if maker is not None and (not recomputed(maker, ctx) or ctx.unit(
+                        maker.block) == ctx.unit(layer.block)):
+                    # its producer keeps it for this layer: a domain-split convolution's
+                    # halo rows are the layer's own on top (an audit: they were dropped
+                    # where a ReLU before it kept the tensor), rebuilt with its block
+                    # where it is recomputed, as the search's program counts them
+                    halo = size - local_elems(layer.in_elems, r.dist_in, batch) * e
+                if not recomputed(layer, ctx):
+                    consumer[key] = None  # a keeper outside recomputed blocks: it stays
         if layer.saves_output:
             key = (net.storage_of(layer.index), r.dist_out)
+            size = local_elems(layer.out_elems, r.dist_out, batch) * net.output_bytes(layer)
             if key not in kept:
-                kept[key] = local_elems(layer.out_elems, r.dist_out, batch) * \
-                    net.output_bytes(layer)
+                kept[key] = size
+                kept_output[key] = layer
                 consumer[key] = ctx.unit(layer.block) if recomputed(layer, ctx) else None
                 first[key] = layer.index
             elif not recomputed(layer, ctx):
                 consumer[key] = None
         per_layer[layer.index] = own_kept_bytes(
-            layer, r.layout if layer.has_weights else None, r.dist_in, batch, e)
+            layer, r.layout if layer.has_weights else None, r.dist_in, batch, e) + halo
     rebuilt: tuple[float, ...] = ()
     live: tuple[float, ...] = ()
     if ctx.rebuilt:
@@ -721,9 +741,8 @@ def _bucketed(ctx: Context, results: list[LayerResult], items: list[tuple[int, i
             for x in pending:
                 t = at(x)
                 share = secs * t.bytes / pending_bytes if pending_bytes else 0.0
-                results[x[0]].cost.terms[x[1]] = CommTerm(
-                    t.phase, t.collective, t.group, t.bytes, share, t.algorithm,
-                    (t.note + " bucketed").strip())
+                results[x[0]].cost.terms[x[1]] = replace(
+                    t, seconds=share, note=(t.note + " bucketed").strip(), exposed_s=None)
         pending.clear()
         pending_bytes = 0.0
 

@@ -207,7 +207,9 @@ def choice(options: Iterable[str]) -> Callable[[object], str]:
         if not isinstance(value, str) or value not in opts:
             hint = ""
             if isinstance(value, str):
-                close = difflib.get_close_matches(value, opts, n=1, cutoff=0.6)
+                # the case first: 'SwiGLU' for 'swiglu', 'NCCL' for 'nccl' (an audit)
+                same = [o for o in opts if o.lower() == value.lower()]
+                close = same or difflib.get_close_matches(value, opts, n=1, cutoff=0.6)
                 if close:
                     hint = f"; did you mean '{close[0]}'?"
             listing = ", ".join(opts)
@@ -230,6 +232,11 @@ def pair(conv: Callable[[object], int], what: str) -> Callable[[object], tuple[i
         return v, v
 
     return convert
+
+
+#: PyTorch's input-size arguments, each beside the key its layer type has instead
+INFERRED = {"in_channels": "out_channels", "in_features": "out_features",
+            "embed_dim": "heads", "num_features": "type"}
 
 
 class Fields:
@@ -315,11 +322,23 @@ class Fields:
         for key in self.data:
             if key in known:
                 continue
+            if key in INFERRED and INFERRED[key] in known:
+                # PyTorch's constructor argument: the size comes from the layer before
+                # (an audit: "did you mean 'out_channels'?" led to a wrong width)
+                self.issues.append(Issue(
+                    self.at(key), f"unknown key '{key}' in {self.what}: planner infers a "
+                    "layer's input size from the layer before it; drop it", at_key=True))
+                continue
             close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
             if not close and len(key) >= 2:  # a shortening: 'out' for 'out_features'
                 close = [k for k in sorted(known) if k.startswith(key)][:2]
                 close = close if len(close) == 1 else []
-            hint = f"; did you mean '{close[0]}'?" if close else (
-                f"; expected one of: {', '.join(sorted(known))}" if known else "")
+            if close and close[0] in self.data:
+                # a key the mapping already has is no suggestion (an audit: 'in_channels'
+                # beside 'out_channels' was told "did you mean 'out_channels'?")
+                hint = f"; '{close[0]}' is given already: drop '{key}'"
+            else:
+                hint = f"; did you mean '{close[0]}'?" if close else (
+                    f"; expected one of: {', '.join(sorted(known))}" if known else "")
             self.issues.append(Issue(self.at(key), f"unknown key '{key}' in {self.what}{hint}",
                                      at_key=True))

@@ -239,6 +239,18 @@ def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: in
     # every device by a multiple of g moves every group by whole nodes)
     period = math.lcm(g, *(s * c for s, c in digits))
     span = min(p, period)
+    if span * size > NODE_GROUP_MAX_PAIRS and len(digits) == 1 and not offset \
+            and digits[0][0] < g and g % digits[0][0] == 0:
+        # one digit of a stride that divides a node, from a node's start: the first
+        # group fills ⌈count / per⌉ nodes, the last of them with what is left (2,052
+        # consecutive ranks on 8-GPU nodes: 256 nodes of 8 and one of 4; an audit found
+        # them priced as even, so a larger cluster reduced faster), and every group
+        # alike
+        stride, count = digits[0]
+        per = g // stride
+        m = -(-count // per)
+        thin = count - (m - 1) * per
+        return Group(size, per) if thin == per else Group(size, thin, m)
     if span * size > NODE_GROUP_MAX_PAIRS:
         inside = 1
         for stride, count in digits:

@@ -580,6 +580,14 @@ def _parse_text(text: str, file: str, loader_class: Any) -> Document:
                     issues.append(located(event.start_mark, "expected one YAML document, "
                                           "found more ('---' starts a second one)"))
                     break
+                if event.version is not None and tuple(event.version) < (1, 2):
+                    # read by YAML 1.2's core schema, a 1.1 file's 010 and yes would not
+                    # be what its writer meant (an audit: the directive was ignored)
+                    issues.append(located(event.start_mark, "planner reads YAML 1.2 (010 "
+                                          "is ten, yes is a word), and the file asks for "
+                                          f"YAML {'.'.join(map(str, event.version))}; "
+                                          "drop the %YAML directive and check such values"))
+                    break
                 continue
             if cls is _StreamStart or cls is _DocumentEnd:
                 continue

@@ -62,8 +62,22 @@ from .ops import Conv, Elementwise, Gemm, Kernel
 Shape = tuple[int, ...]
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
 DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
                                  "fp64": "float64", "half": "float16", "float": "float32"}
+
+
+def dtype_hint(text: str) -> str:
+    """What an unknown dtype's message suggests: the dtypes with their short names, and
+    the one meant where only the case is off ('BF16': 'bf16') or a spelling is close."""
+    short = {n: a for a, n in reversed(DTYPE_ALIASES.items())}  # the first of each
+    listing = ", ".join(f"{n} ({short[n]})" if n in short else n for n in DTYPE_BYTES)
+    lower = text.lower()
+    close = [lower] if DTYPE_ALIASES.get(lower, lower) in DTYPE_BYTES else \
+        difflib.get_close_matches(lower, [*DTYPE_BYTES, *DTYPE_ALIASES], n=1)
+    return f"expected one of {listing}" + (f"; did you mean '{close[0]}'?" if close else "")
+
+
 #: The catalog's peak-FLOP/s key for each network dtype.
 DTYPE_PEAK_KEY: dict[str, str] = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
                                   "float64": "fp64"}
@@ -1600,10 +1614,12 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
             # MFU, do not depend on the kernel
             attn_macs //= 2
         if att.windowed:
-            # within a window: its band of query-key pairs (and the softmax's 5 FLOPs a
-            # score over twice the band, as the causal count's is over twice the half)
-            attn_macs = 2 * h * att.window_pairs() * hd
-            sm = 10 * h * att.window_pairs()
+            # within a window: its band of query-key pairs less half the diagonal, as the
+            # causal count's s²/2 is the triangle s(s + 1)/2 less it (an audit: a window
+            # of s − 1 counted more than none), and the softmax's 5 FLOPs a score over
+            # twice that
+            attn_macs = 2 * h * att.window_pairs() * hd - h * seq * hd
+            sm = 10 * h * att.window_pairs() - 5 * h * seq
         if p["rotary"]:
             sm += ROTARY_FLOPS * seq * (q_out + kv_out)
         internal, extra = att.saved()
@@ -1703,10 +1719,7 @@ def network_from_data(data: object, issues: list[Issue]) -> Network | None:
     dtype_raw = f.opt("dtype", string, "float32")
     dtype = DTYPE_ALIASES.get(dtype_raw, dtype_raw)
     if dtype not in DTYPE_BYTES:
-        close = difflib.get_close_matches(dtype, list(DTYPE_BYTES), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        f.error("dtype", f"unknown dtype {dtype_raw!r}; expected one of "
-                         f"{', '.join(DTYPE_BYTES)}{hint}")
+        f.error("dtype", f"unknown dtype {dtype_raw!r}; {dtype_hint(dtype_raw)}")
         dtype = "float32"
     specs = _parse_entries(f.raw("layers"), f.at("layers"), issues, 0) if f.has(
         "layers") else []

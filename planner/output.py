@@ -73,11 +73,20 @@ def _finite(data: Any) -> Any:
 _BaseDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
+#: YAML 1.1's one-letter booleans (https://yaml.org/type/bool.html)
+_ONE_LETTER_BOOLS = frozenset({"y", "Y", "n", "N"})
+
+
 def _reads_as_text(text: str) -> bool:
     """Whether ``text`` written plain reads back as a string by the YAML 1.2 core schema
     as well (planner's reader, :func:`~.loading.resolve_plain`): ``1e3`` and ``0o17``
     are strings to YAML 1.1, whose resolver PyYAML writes by, but numbers to 1.2, so a
-    network named "1e3" came back as 1000.0 from a plan planner had written."""
+    network named "1e3" came back as 1000.0 from a plan planner had written. YAML 1.1's
+    booleans y, Y, n and N, which PyYAML's resolver leaves out (Go's yaml.v2 and
+    yaml-cpp read them as booleans: a layer named "y" came back true there), are quoted
+    too."""
+    if text in _ONE_LETTER_BOOLS:
+        return False
     try:
         return isinstance(resolve_plain(text), str)
     except ValueError:  # a numeral too long to read: quote it

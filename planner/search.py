@@ -398,9 +398,10 @@ class Space:
                 for j, lay in enumerate(lays):
                     dist = self.dists[ins[j]]
                     hit[:, j] = kept_input_bytes(layer, lay, dist, batch, e) * share
-                    if kept == "producer":
-                        hit[ins[j], j] = 0.0
-                    elif kept == "checkpoint":  # only the halo rows, rebuilt
+                    if kept is not None:
+                        # kept there anyway (by its producer, or as the recomputed
+                        # block's checkpoint): only the halo rows of a domain split on
+                        # top, the evaluation keeping the tensor at its largest
                         hit[ins[j], j] -= local_elems(layer.in_elems, dist, batch) * e * \
                             share
                 hit *= self.options.inflight
@@ -2235,9 +2236,8 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
     elif most is not None and run * factor > most:  # more than the cluster holds
         more = (f"a larger cluster: about {run * factor:,} devices, if memory per "
                 f"device falls in proportion; this one holds {most:,}")
-    else:
-        more = f"--gpus {run * factor}" if factor == 2 else \
-            f"about --gpus {run * factor}, if memory per device falls in proportion"
+    else:  # an estimate: plan, compare and check search it (more_devices_checked)
+        more = f"about --gpus {run * factor}, if memory per device falls in proportion"
     net = space.ctx.network
     # --batch is the step's; a microbatch holds 1/M of it, and its activations are the peak's
     per_micro = _batch_that_fits(opts.batch, opts.gpus, mem)

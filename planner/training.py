@@ -111,7 +111,7 @@ from .layout import (
     parse_pin,
 )
 from .loading import Document, Mark, load_file
-from .network import BY_LAYERS, DTYPE_ALIASES, DTYPE_BYTES, Layer, Network
+from .network import BY_LAYERS, DTYPE_ALIASES, DTYPE_BYTES, Layer, Network, dtype_hint
 from .plan import DEFAULT_ALGORITHM
 from .schedules import SCHEDULE, SCHEDULES, ZERO_BUBBLE
 from .strategies import GRID_MODES, StrategyError, fixed_assignment, why_invalid
@@ -466,7 +466,7 @@ def _dtype(value: object) -> str:
     text = string(value)
     name = DTYPE_ALIASES.get(text, text)
     if name not in DTYPE_BYTES:
-        raise Invalid(f"unknown precision {text!r}; expected one of {', '.join(DTYPE_BYTES)}")
+        raise Invalid(f"unknown precision {text!r}; {dtype_hint(text)}")
     return name
 
 
@@ -913,6 +913,11 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
         cfg.recompute, len(net.recompute_units), net.recompute_unit)
     if wrong:
         raise _config_error(cfg, "$.recompute", wrong)
+    if cfg.master_weights and net.elem_bytes >= 4:
+        raise _config_error(cfg, "$.master_weights",
+                            f"master weights are fp32 copies of 16-bit weights, and the "
+                            f"network's are {net.dtype}; drop 'master_weights', or set "
+                            "'precision: bfloat16'")
     most = max_stages(net)
     if cfg.pipeline > most:
         raise _config_error(cfg, "$.pipeline",
@@ -1103,7 +1108,11 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
     if best_s is None:
         assert failure is not None
         why = _as_keys(str(failure).removeprefix("planner: "))
-        findings.append(Finding("speed", False, f"no plan fits at all: {why}", key))
+        # the keys of every speed finding, null where nothing fits (a reader indexing
+        # "ratio" met a KeyError: an audit)
+        findings.append(Finding("speed", False, f"no plan fits at all: {why}", key,
+                                {"time_s": chosen_s, "optimum_s": None, "ratio": None,
+                                 "max_slowdown": cfg.max_slowdown}))
         return CheckReport(cfg, findings, chosen_s, None)
     ratio = chosen_s / best_s if best_s > 0 else 1.0
     ok = ratio <= cfg.max_slowdown * (1 + 1e-9)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import EXAMPLES, ROOT, invoke
+from .conftest import CLUSTERS, EXAMPLES, NETWORKS, ROOT, invoke
 
 CI = EXAMPLES / "ci"
 
@@ -123,6 +123,9 @@ def test_json_format(runner, monkeypatch):
     assert "more devices (gpus: 64: a plan fits there; on 32 the leanest layout needs " \
            "83.77 GiB)" in speed["message"]
     assert "--" not in speed["message"]
+    # the keys of a speed finding that compares, null where no plan fits (an audit)
+    assert (speed["optimum_s"], speed["ratio"], speed["max_slowdown"]) == (None, None, 1.1)
+    assert speed["time_s"] > 0
 
 
 def test_max_slowdown_option(runner, monkeypatch):
@@ -222,8 +225,6 @@ def test_plan_for_another_question_fails(runner, tmp_path):
     ("bucket_size: 0 B", "the plan is for bucket_bytes=26214400, the configuration says "
                          "0"),
     ("overlap: none", "the plan is for overlap=gradients, the configuration says none"),
-    ("master_weights: true", "the plan is for master_weights=false, the configuration says "
-                             "true"),
     ("algorithm: tree", "the plan is for algorithm=auto, the configuration says tree"),
     ("cross_entropy: eager", "the plan is for cross_entropy=fused, the configuration says "
                              "eager"),
@@ -243,6 +244,32 @@ def test_plan_for_another_training_setup_is_stale(runner, tmp_path, setting, sai
     result = invoke(runner, "check", cfg)
     assert result.exit_code == 1
     assert said in result.stdout
+
+
+def test_master_weights_of_fp32_weights_are_refused(runner, tmp_path):
+    """Master weights are fp32 copies of 16-bit weights: asked for a float32 network
+    (ResNet-50's), a configuration is refused at the key (exit 2), as `plan
+    --master-weights` is; they had been priced, 4 bytes a parameter for nothing (an
+    audit; with fp64 weights they had held Adam's state in fp32, less than without)."""
+    cfg = tmp_path / "ci" / "c.yaml"
+    cfg.parent.mkdir()
+    (tmp_path / "plans").mkdir()
+    shutil.copy(CI / "plans" / "resnet50-dgx-64.yaml", tmp_path / "plans" / "p.yaml")
+    text = _config("../plans/p.yaml") + "master_weights: true\n"
+    cfg.write_text(text)
+    result = invoke(runner, "check", cfg)
+    assert result.exit_code == 2
+    line = text.splitlines().index("master_weights: true") + 1
+    assert f"c.yaml:{line}:17: error: master weights are fp32 copies of 16-bit weights, " \
+           "and the network's are float32; drop 'master_weights', or set 'precision: " \
+           "bfloat16'" in result.stdout + result.stderr
+    cfg.write_text(text + "precision: bfloat16\n")
+    assert invoke(runner, "check", cfg).exit_code == 1  # valid; the plan is stale
+    for dtype in ("float32", "float64"):
+        r = invoke(runner, "plan", NETWORKS / "gpt2-small.yaml", CLUSTERS / "dgx-h100.yaml",
+                   "-p", "8", "-b", "8", "--master-weights", "--precision", dtype)
+        assert r.exit_code == 2 and f"the network's are {dtype}; drop --master-weights" \
+            in r.stderr, r.stderr
 
 
 def test_plan_made_with_another_algorithm(runner, tmp_path):
@@ -1288,3 +1315,26 @@ def test_a_plan_of_another_file_is_not_called_this_one_changed(runner, tmp_path,
     r = invoke(runner, "check", cfg)
     assert r.exit_code == 1 and "the network file copy.yaml changed since the plan was " \
         "made" in r.stdout, r.stdout
+
+
+def test_a_cluster_the_learned_models_do_not_cover_is_that_configuration_s_error(
+        runner, monkeypatch):
+    """``--estimator learned`` with a CPU cluster (AlexNet's on Cori KNL) is an error of
+    that configuration, at its cluster key, reported after the other configuration's
+    outcome (exit 2): it had stopped the check of both, nothing on standard output, no
+    annotation (an audit)."""
+    monkeypatch.chdir(ROOT)
+    args = ("check", "examples/ci/resnet50-dgx.yaml", "examples/ci/alexnet-too-slow.yaml",
+            "--estimator", "learned")
+    r = invoke(runner, *args, "--format", "json")
+    assert r.exit_code == 2
+    data = json.loads(r.stdout)
+    assert [c["name"] for c in data["configs"]] == ["resnet50-dgx"]
+    assert data["configs"][0]["ok"] is True
+    [err] = data["errors"]
+    assert err["file"] == "examples/ci/alexnet-too-slow.yaml" and err["line"] == 7
+    assert "cori-knl is a cpu and the kernel models have no measurements of it" in \
+        err["message"]
+    r = invoke(runner, *args, "--format", "github")
+    assert r.exit_code == 2
+    assert "::error file=examples/ci/alexnet-too-slow.yaml,line=7,col=10," in r.stdout

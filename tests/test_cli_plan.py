@@ -209,6 +209,11 @@ def test_more_devices_advice_is_searched(runner):
     assert "the leanest layout found needs 90.19 GiB per device" in r.stderr
     assert "try more devices (--gpus 96: a plan fits there) or" in r.stderr, r.stderr
     assert invoke(runner, "plan", mixtral, a100, "-p", "96", "-b", "32").exit_code == 0
+    # compare says the same (an audit found its advice was the estimate's, --gpus 48)
+    r = invoke(runner, "compare", mixtral, a100, "-p", "24", "-b", "32", "--format", "json")
+    assert r.exit_code == 1
+    assert "more devices (--gpus 96: a plan fits there; on 48 the leanest layout needs " \
+           "90.19 GiB)" in json.loads(r.stdout)["error"]
 
 
 def test_no_plan_advice_in_a_pipeline_stage_counts_the_run_s_devices(runner):
@@ -224,7 +229,8 @@ def test_no_plan_advice_in_a_pipeline_stage_counts_the_run_s_devices(runner):
     assert r.exit_code == 1
     assert "no feasible plan for pipeline stage 0" in r.stderr, r.stderr
     assert "needs 148.6 GiB per device, 78.65 GiB is available" in r.stderr
-    assert r.stderr.rstrip().endswith("or more devices (--gpus 128)"), r.stderr
+    assert r.stderr.rstrip().endswith("or more devices (about --gpus 128, if memory per "
+                                      "device falls in proportion)"), r.stderr
     assert invoke(runner, *cmd, "-p", "128").exit_code == 0
 
 
@@ -771,6 +777,24 @@ def test_a_long_search_says_so_on_a_terminal_only(capsys):
     assert quick.getvalue() == ""
     with searching() as tell:  # stderr captured by pytest: not a terminal
         tell("microbatches", "2")
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("env", ["FORCE_COLOR", "TTY_COMPATIBLE"])
+def test_no_progress_line_on_a_log_whatever_rich_is_told(monkeypatch, capsys, env):
+    """FORCE_COLOR (or TTY_COMPATIBLE) makes rich treat any stream as a terminal; set in
+    a CI job, the search's progress line had put its cursor moves in the job's log (an
+    audit). It is drawn only where a person watches: stderr a terminal."""
+    import time
+
+    from planner.cli import console, watched
+    from planner.cli_plan import searching
+
+    monkeypatch.setenv(env, "1")
+    assert console(stderr=True).is_terminal and not watched()
+    with searching(after_s=0.0) as tell:
+        tell("microbatches", "2")
+        time.sleep(0.3)
     assert capsys.readouterr().err == ""
 
 

@@ -193,3 +193,18 @@ network:
     assert "B·p/(2(p−1))" in msg and "missing required key" not in msg
     cl = load_cluster_text(text.replace("{bandwidth: 457.5", "{algbw: 261.4"))
     assert cl.intra.nvls_algbw == pytest.approx(261.4e9, rel=1e-12)
+
+
+@pytest.mark.parametrize(("name", "meant"), [
+    ("Tesla V100", "V100-SXM2"), ("H100 SXM5", "H100-SXM"), ("titan x pascl", "TITAN-X-Pascal"),
+    ("GTX 1080ti", "GTX-1080-Ti"),
+    # another model is no spelling slip (an audit: each was offered the model on the right)
+    ("B200", None), ("H800", None), ("L40S", None), ("A10G", None), ("RTX A6000", None),
+    ("H1000", None)])
+def test_a_device_suggestion_is_a_spelling_of_the_same_model(name, meant):
+    """A name the catalog lacks gets a did-you-mean only among names of its own model
+    number (the letter before its digits and the digits: B200, H200 and H800 are three
+    GPUs), else none; a name without one, among all names, closely."""
+    from planner.cluster import suggest_device
+
+    assert suggest_device(name) == meant

@@ -31,7 +31,8 @@ A, BETA, N = 1e-5, 1e-9, 1e6  # 10 µs, 1 GB/s, 1 MB
     # all-reduce
     ("all_reduce", "ring", 4, 2 * 3 * A + 2 * 3 / 4 * N * BETA),
     ("all_reduce", "recursive", 8, 2 * 3 * A + 2 * 7 / 8 * N * BETA),
-    ("all_reduce", "recursive", 5, 2 * 3 * A + 2 * 4 / 5 * N * BETA),
+    # 5 = 4 + 1: one rank folded onto a partner and back (MPICH; Thakur et al. §4.4)
+    ("all_reduce", "recursive", 5, (2 * 2 + 2) * A + (2 * 3 / 4 + 2) * N * BETA),
     ("all_reduce", "tree", 8, 2 * 3 * A + 2 * N * BETA),
     # all-gather / reduce-scatter
     ("all_gather", "ring", 4, 3 * A + 3 / 4 * N * BETA),
@@ -286,3 +287,90 @@ def test_nccl_tree_latency_is_the_widest_nodes_chain():
     even = 2 * (7 * 2e-6 + 1 * 5e-6) + 2 * n * max(1 / (8 * 10e9),
                                                     1 / cl.intra.bandwidth_for(8))
     assert nccl_tree_time(n, Group(16, 8), cl) == pytest.approx(even, rel=1e-12)
+
+
+def test_recursive_halving_on_p_not_a_power_of_two():
+    """24 ranks (REFERENCES §1; Thakur et al. 2005 §4.4, MPICH): the 8 over 16 hand their
+    whole vector to a partner first and get their result back at the end, then the 16
+    halve: all-reduce (2·4 + 2)α + (2·15/16 + 2)·nβ, reduce-scatter (4 + 2)α + (15/16 +
+    1 + 1/24)·nβ; an audit found the power-of-two formula, 2·⌈log 24⌉α + 2·23/24·nβ,
+    about half. Bruck's all-gather and powers of two are as before."""
+    assert flat_time("all_reduce", "recursive", N, 24, A, BETA) == pytest.approx(
+        10 * A + (2 * 15 / 16 + 2) * N * BETA, rel=1e-12)
+    assert flat_time("reduce_scatter", "recursive", N, 24, A, BETA) == pytest.approx(
+        6 * A + (15 / 16 + 1 + 1 / 24) * N * BETA, rel=1e-12)
+    assert flat_time("all_gather", "recursive", N, 24, A, BETA) == pytest.approx(
+        5 * A + 23 / 24 * N * BETA, rel=1e-12)
+    assert flat_time("all_reduce", "recursive", N, 16, A, BETA) == pytest.approx(
+        8 * A + 2 * 15 / 16 * N * BETA, rel=1e-12)
+    # on an MPI cluster auto no longer calls it the cheapest at 24: the ring is
+    mpi = dataclasses.replace(cluster(per_node=1), library="mpi")
+    assert collective_time("all_reduce", 1e8, Group(24, 1), mpi)[1] == "ring"
+
+
+@pytest.mark.parametrize(("op", "group", "share"), [
+    ("all_to_all", Group(12, 4, 2), 2 / 3), ("all_to_all", Group(16, 8), 1 / 2),
+    ("all_gather", Group(12, 4, 2), 2 / 3 / 4), ("all_gather", Group(16, 8), 1 / 2 / 8),
+    ("reduce_scatter", Group(20, 4, 3), 16 / 20 / 4)])
+def test_hierarchical_crossing_is_what_the_thinnest_node_must_send(op, group, share):
+    """The step across nodes of a hierarchical collective carries what the thinnest
+    node's q NICs must: (p − q)/p of the data, 1/q of it a NIC for all-gather and
+    reduce-scatter (each rank's share of the result) and all of it for all-to-all (each
+    rank's n bytes). On 12 = 8 + 4 that is 2/3 where an even group's (m − 1)/m is 1/2
+    (an audit: the uneven all-to-all was priced below what the NICs can move). With
+    links inside the node that cost nothing, the time is that share at 10 GB/s."""
+    from planner.costs.comm import hierarchical_time
+
+    cl = cluster(per_node=8, intra=(0.0, 1e18), inter=(0.0, 10e9))
+    n = 1e9
+    assert hierarchical_time(op, n, group, cl) == pytest.approx(share * n / 10e9, rel=1e-6)
+
+
+def test_hybrid_reduction_over_an_uneven_group_reduces_every_rank():
+    """ZeRO within nodes on 25 ranks of 8-GPU nodes (8 + 8 + 8 + 1): the thinnest node's
+    one rank makes shards of 1, nothing sharded, and the reduction is the all-reduce of
+    all 25 ranks, as without ZeRO (an audit found the all-reduce of 4 node
+    representatives, the other 21 ranks unreduced); on 12 = 8 + 4 with shards of 4 the
+    shard's 3 holders (two in the 8-rank node) all-reduce it."""
+    cl = cluster(per_node=8)
+    n = 1.5e8
+    assert collective_time("hybrid_reduce", n, Group(25, 1, 4), cl)[0] == pytest.approx(
+        collective_time("all_reduce", n, Group(25, 1, 4), cl)[0], rel=1e-12)
+    inside = collective_time("reduce_scatter", n, Group(4, 4), cl)[0]
+    across = collective_time("all_reduce", n / 4, Group(3, 1, 2), cl)[0]
+    assert collective_time("hybrid_reduce", n, Group(12, 4, 2), cl)[0] == pytest.approx(
+        inside + across, rel=1e-12)
+    # an even group: one holder a node, as before
+    assert collective_time("hybrid_reduce", n, Group(16, 8), cl)[0] == pytest.approx(
+        collective_time("reduce_scatter", n, Group(8, 8), cl)[0]
+        + collective_time("all_reduce", n / 8, Group(2, 1), cl)[0], rel=1e-12)
+
+
+def test_nvls_is_nccl_s_alone():
+    """In-switch reduction is NCCL's (NVLS); under an MPI library a one-node all-reduce
+    is one of MPI's algorithms (an audit found NVLS offered under MPI)."""
+    cl = cluster(per_node=8, nvls_algbw=400e9, nvls_min_bytes=0.0)
+    assert collective_time("all_reduce", 1e9, Group(8, 8), cl)[1] == "nvls"
+    mpi = dataclasses.replace(cl, library="mpi")
+    assert collective_time("all_reduce", 1e9, Group(8, 8), mpi)[1] != "nvls"
+
+
+def test_large_uneven_groups_are_priced_as_uneven(monkeypatch):
+    """Past NODE_GROUP_MAX_PAIRS the groups of one digit are worked out in closed form:
+    2,052 consecutive ranks on 8-GPU nodes are 256 nodes of 8 and one of 4 (an audit
+    found them priced as even, so 2,052 devices reduced faster than 2,044). The closed
+    form equals the enumeration wherever both run."""
+    import planner.layout as lay
+
+    assert lay.node_group(((1, 2052),), 2052, 8) == Group(2052, 4, 257)
+    assert lay.node_group(((1, 2048),), 2048, 8) == Group(2048, 8)
+    for g in (4, 8):
+        for stride in (1, 2, 4):
+            if g % stride:
+                continue
+            for count in range(2, 40):
+                p = stride * count * 2
+                monkeypatch.setattr(lay, "NODE_GROUP_MAX_PAIRS", 10**12)
+                exact = lay.node_group(((stride, count),), p, g)
+                monkeypatch.setattr(lay, "NODE_GROUP_MAX_PAIRS", 0)
+                assert lay.node_group(((stride, count),), p, g) == exact

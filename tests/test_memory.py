@@ -353,3 +353,24 @@ def test_the_documents_memory_parts_sum_to_its_peak(runner):
     assert whole_parts([0.5, 0.5, 0.5]) == [1, 1, 0]
     assert whole_parts([10.2, 20.3, 30.7]) == [10, 20, 31]  # 61.2 -> 61
     assert whole_parts([3.0, 4.0]) == [3, 4]
+
+
+def test_a_domain_split_convolution_keeps_its_halo_rows_after_a_relu():
+    """Two 3x3 convolutions (padding 1) with a ReLU between, split by height over 4
+    devices (batch 4: 16 of the 64 rows a device). Each convolution keeps its input with
+    a halo row above and below (18 rows); the ReLU keeps the same tensor (its output),
+    which is kept once, at the larger size (an audit: it had been kept at 16 rows, the
+    ReLU's, where the ReLU came first). A row is 4 samples x 8 channels x 64 columns of
+    4 bytes, 8,192 bytes: the input's 18 rows, the ReLU's output's 18 and the network's
+    output's 16 (the loss keeps it) make 52."""
+    from planner.inputs import load_network_text
+
+    net = load_network_text("kind: network\ninput: [8, 64, 64]\nlayers:\n"
+                            "  - {name: c1, type: conv, out_channels: 8, kernel: 3, "
+                            "padding: 1}\n"
+                            "  - {name: r, type: relu}\n"
+                            "  - {name: c2, type: conv, out_channels: 8, kernel: 3, "
+                            "padding: 1}\n")
+    ev = _eval(net, cluster(), {lay.index: make_layout("domain", 4, 1)
+                                for lay in net.layers if lay.has_weights}, 4, 4)
+    assert ev.memory.activations == 52 * 8192

@@ -250,22 +250,24 @@ def test_mistral_7b_and_its_sliding_window():
     sliding window of 4,096 keys on 8,192-token sequences. By hand: 218,112,000 a block,
     ×32, plus 2 · 32,000 · 4096 and 4096: 7,241,732,096 parameters. Query i (from 0) meets
     min(i + 1, 4096) keys: 4096 · 4097 / 2 + 4096 · 4096 = 8192 · 4096 − 4096 · 4095 / 2 =
-    25,167,872 pairs, where causal attention over 8,192 counts 8192² / 2 = 33,554,432. So a
-    layer's core is 2 · 32 · 25,167,872 · 128 MACs (with its projections 8192 · 4096 ·
-    10,240: 549,772,591,104 in all), and its flash kernels meet ⌈25,167,872 / 8192⌉ =
-    3,073 keys a query, against Llama's 4,096."""
+    25,167,872 pairs, where causal attention over 8,192 counts 8192² / 2 = 33,554,432: the
+    triangle's 8192 · 8193 / 2 less half its diagonal, as the band's MACs count it too
+    (25,163,776 pairs: an audit found a window of s − 1 counted above none). So a layer's
+    core is 2 · 32 · 25,163,776 · 128 MACs (with its projections 8192 · 4096 · 10,240:
+    549,739,036,672 in all), and its flash kernels meet ⌈25,167,872 / 8192⌉ = 3,073 keys a
+    query, against Llama's 4,096."""
     net = load_network(NETWORKS / "mistral-7b.yaml")
     assert net.params == 32 * 218_112_000 + 2 * 32_000 * 4096 + 4096 == 7_241_732_096
     attn = net.by_name("layers.0.attn.self_attn")
     a = attn.attention
     assert (a.window, a.windowed, a.window_pairs()) == (4096, True, 25_167_872)
-    assert attn.macs == 8192 * 4096 * 10_240 + 2 * 32 * 25_167_872 * 128 == 549_772_591_104
+    assert attn.macs == 8192 * 4096 * 10_240 + 2 * 32 * 25_163_776 * 128 == 549_739_036_672
     scores = _core(layer_kernels(attn, 1, 2)["forward"])
     assert (scores.m, scores.n, scores.k, scores.batch) == (8192, 3073, 128, 32)
     # the softmax's 5 FLOPs a score over twice the band (as causal attention's count is
     # over twice its half), and the rotary pass's 3 an element of the queries and keys
-    assert attn.flops == 2 * attn.macs + 10 * 32 * 25_167_872 + 3 * 8192 * (4096 + 1024) \
-        == 1_107_724_730_368
+    assert attn.flops == 2 * attn.macs + 10 * 32 * 25_163_776 + 3 * 8192 * (4096 + 1024) \
+        == 1_107_656_310_784
     # Llama 3 8B's layer has the same projections; its causal core is 4/3 of Mistral's...
     llama = load_network(NETWORKS / "llama3-8b.yaml").by_name("layers.0.attn.self_attn")
     assert llama.macs - 8192 * 4096 * 10_240 == 2 * 32 * 8192 * 8192 * 128 // 2
@@ -275,6 +277,12 @@ def test_mistral_7b_and_its_sliding_window():
     s_lay, f_lay = same.layers[0], full.layers[0]
     assert not s_lay.attention.windowed and s_lay.macs == f_lay.macs
     assert layer_kernels(s_lay, 2, 4) == layer_kernels(f_lay, 2, 4)
+    # a narrower window never counts more: 15, one less than the sequence, counts
+    # 16 · 15 − 105 − 8 = 127 pairs, under causal attention's 128
+    macs = [_net("  - {type: attention, heads: 4, causal: true, flash: true"
+                 f"{', window: ' + str(w) if w else ''}}}\n").layers[0].macs
+            for w in (None, 15, 8, 1)]
+    assert macs == sorted(macs, reverse=True) and macs[0] - macs[1] == 2 * 4 * 1 * 16
 
 
 def _core(kernels):
@@ -286,12 +294,13 @@ def test_a_window_without_flash_masks_the_whole_matrix():
     """An unfused kernel computes every score and masks those outside the window, as it
     does causal attention's upper half: its products and its memory are the whole
     16 × 16 matrix a head (4 heads, 16 keys a query), while the model's MACs count the
-    band: window 4 on 16 tokens, 16 · 4 − 4 · 3 / 2 = 58 pairs, 2 · 4 · 58 · 16 MACs for
-    the core (head_dim 64 / 4 = 16) besides the projections' 16 · 64 · 4 · 64."""
+    band: window 4 on 16 tokens, 16 · 4 − 4 · 3 / 2 = 58 pairs less half the diagonal's
+    16, 50, 2 · 4 · 50 · 16 MACs for the core (head_dim 64 / 4 = 16) besides the
+    projections' 16 · 64 · 4 · 64."""
     net = _net("  - {type: attention, heads: 4, causal: true, window: 4}\n")
     lay = net.layers[0]
     assert lay.attention.window_pairs() == 58
-    assert lay.macs == 16 * 64 * 4 * 64 + 2 * 4 * 58 * 16
+    assert lay.macs == 16 * 64 * 4 * 64 + 2 * 4 * 50 * 16
     scores = _core(layer_kernels(lay, 1, 4)["forward"])
     assert (scores.m, scores.n, scores.k, scores.batch) == (16, 16, 16, 4)
     whole = _net("  - {type: attention, heads: 4, causal: true}\n").layers[0]
@@ -318,14 +327,15 @@ def test_gemma2_9b_alternates_local_and_global_attention():
     + 4096 · 3584 = 44,040,192 in attention, 3 · 3584 · 14,336 = 154,140,672 in the MLP,
     4 · 3584 in norms, 198,195,200 a block; ×42, plus 256,000 · 3584 once (tied) and 3584:
     9,241,705,984. Even blocks are local (a 4,096-key window on 8,192 tokens: 25,167,872
-    pairs a head), odd ones global (8192² / 2 = 33,554,432): the two cores differ by
-    8,386,560 pairs · 2 · 16 · 256 = 68,702,699,520 MACs."""
+    pairs a head, less half the diagonal's 8,192 as causal attention's count is:
+    25,163,776), odd ones global (8192² / 2 = 33,554,432): the two cores differ by
+    8,390,656 pairs · 2 · 16 · 256 = 68,736,253,952 MACs."""
     net = load_network(NETWORKS / "gemma2-9b.yaml")
     assert net.params == 42 * 198_195_200 + 256_000 * 3584 + 3584 == 9_241_705_984
     atts = [lay for lay in net.layers if lay.attention is not None]
     assert [a.attention.window for a in atts] == [4096, None] * 21
     local, glob = atts[0], atts[1]
     assert (local.name, glob.name) == ("layers.0.local.self_attn", "layers.0.global.self_attn")
-    assert glob.macs - local.macs == (33_554_432 - 25_167_872) * 2 * 16 * 256 \
-        == 68_702_699_520
+    assert glob.macs - local.macs == (33_554_432 - 25_163_776) * 2 * 16 * 256 \
+        == 68_736_253_952
     assert net.by_name("lm_head").tied_to == "embed_tokens"

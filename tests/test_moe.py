@@ -13,8 +13,14 @@ import json
 
 import pytest
 
-from planner.costs.layer import local_params, shards, weighted_kernels, weighted_terms
-from planner.evaluate import Options, evaluate, make_context, own_kept_bytes
+from planner.costs.layer import held, local_params, shards, weighted_kernels, weighted_terms
+from planner.evaluate import (
+    Options,
+    evaluate,
+    make_context,
+    own_kept_bytes,
+    question_param_bytes,
+)
 from planner.inputs import load_network, load_network_text
 from planner.layout import input_dist, make_layout
 from planner.network import layer_summary
@@ -240,6 +246,13 @@ def test_model_terms_by_hand():
     sp = _terms(weighted_terms(moe, make_layout("model-sp", 4, 2), ctx))
     assert ("forward", "reduce_scatter", 4, x, "tokens") in sp
     assert ("forward", "all_gather", 4, x, "tokens") in sp
+    # no second gather backward: the layer keeps its routed rows of every token and the
+    # router reads the device's own (an audit found it charged as attention's is); with
+    # shared experts, a tensor-parallel MLP keeping its share of its input, it is
+    assert [t for t in sp if t[4] == "tokens again"] == []
+    shared = _net(", shared_experts: 2, shared_ffn: 32").by_name("mlp.moe")
+    assert ("backward_data", "all_gather", 4, x, "tokens again") in _terms(
+        weighted_terms(shared, make_layout("model-sp", 4, 2), ctx))
 
 
 def test_memory_by_hand():
@@ -269,6 +282,32 @@ def test_zero_shards_experts_over_their_replicas():
     ctx, _ = _ctx(net, zero=1)
     terms = weighted_terms(net.by_name("mlp.moe"), make_layout("expert", 4, 2), ctx)
     assert shards(terms) == 2
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+@pytest.mark.parametrize("mode", ["expert", "expert-sp"])
+def test_zero_leaves_experts_without_replicas_whole(zero, mode):
+    """Under ``expert 8x1`` each device holds the only copy of its expert: ZeRO has no
+    replica to shard it over (Rajbhandari et al. 2020, §5: the state is partitioned over
+    the data-parallel processes that hold the same parameters), and only the router is
+    reduced, over all 8. That reduction had sharded the experts 1/8 (an audit: Mixtral
+    8x7B on 8 H100s with ZeRO 1 said 69.22 GiB, fits, where its experts' state alone is
+    63 GiB a device). By hand, Mixtral's first MoE layer in bf16 with Adam: one expert,
+    3 · 4,096 · 14,336 = 176,160,768 parameters, and the router's 4,096 · 8 = 32,768,
+    at 2 + 2 + 12 bytes each whatever the stage: 2,819,096,576 bytes; no gather of the
+    experts at stage 3, the router's over all 8."""
+    net = load_network(NETWORKS / "mixtral-8x7b.yaml").in_dtype("bfloat16")
+    opts = Options(gpus=8, batch=8, optimizer="adam", zero=zero)
+    ctx = make_context(net, cluster(per_node=8), opts, FixedEstimator(1e-5))
+    layer = net.by_name("layers.0.moe.experts")
+    terms = weighted_terms(layer, make_layout(mode, 8, 1), ctx)
+    assert shards(terms) == 1
+    assert local_params(layer, make_layout(mode, 8, 1)) == 176_160_768 + 32_768
+    each = held(question_param_bytes(net, opts), zero, terms).total
+    assert local_params(layer, make_layout(mode, 8, 1)) * each == 2_819_096_576
+    gathers = [(t.group.size, t.bytes) for t in terms if t.phase == "parameters"]
+    assert gathers == [(8, 32_768 * 2)] * (2 if zero == 3 else 1)
+    assert all(t.aside for t in terms if t.phase in ("parameters", "weight_grad"))
 
 
 def test_which_layouts_apply():

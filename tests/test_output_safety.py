@@ -162,6 +162,28 @@ def test_closed_or_full_stdout_is_an_error_not_a_silent_success(tmp_path):
     assert _run_closed(["validate", str(bad)], close=(2,)).returncode == 2
 
 
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_machine_output_on_stdout_is_utf8_whatever_the_locale(tmp_path, encoding):
+    """JSON and YAML on standard output are UTF-8, as -o files are: under a Latin-1
+    locale a network file's path with "ü" and "✓" had gone out as Latin-1 bytes and as
+    ``\\u2713`` text (an audit). The same bytes as with a UTF-8 stdout."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "netz-ü-✓"
+    folder.mkdir()
+    net = folder / "alexnet.yaml"
+    net.write_bytes((NETWORKS / "alexnet.yaml").read_bytes())
+    args = [sys.executable, "-m", "planner", "plan", str(net), str(CLUSTERS / "dgx-h100.yaml"),
+            "-p", "8", "-b", "64", "--format"]
+    for fmt in ("json", "yaml"):
+        outs = [subprocess.run([*args, fmt], capture_output=True, check=True,
+                               env={**os.environ, "PYTHONIOENCODING": enc}).stdout
+                for enc in (encoding, "utf-8")]
+        assert outs[0] == outs[1]
+        assert "netz-ü-✓".encode() in outs[0]
+
+
 def test_unwritable_folder_is_a_message(runner, tmp_path, monkeypatch):
     import tempfile
 
@@ -393,6 +415,20 @@ def test_yaml_writer_matches_pyyaml_on_real_documents(runner, network):
         assert result.exit_code == 0, result.stderr
         data = json.loads(result.stdout)
         assert to_yaml(data) == _to_yaml_pyyaml(data)
+
+
+def test_yaml_one_letter_booleans_are_quoted():
+    """YAML 1.1 reads y, Y, n and N as booleans (https://yaml.org/type/bool.html) though
+    PyYAML does not: layer names "y" and "n" were written plain, which Go's yaml.v2 and
+    yaml-cpp read as true and false (an audit). Quoted, in both writers; words are not."""
+    data = {"layers": [{"name": n} for n in ("y", "Y", "n", "N", "yy", "x")], "y": "n"}
+    text = to_yaml(data)
+    assert text == _to_yaml_pyyaml(data)
+    for n in ("y", "Y", "n", "N"):
+        assert f"- name: '{n}'\n" in text
+    assert "- name: yy\n" in text and "- name: x\n" in text and "'y': 'n'\n" in text
+    import yaml
+    assert yaml.safe_load(text) == data
 
 
 def test_yaml_writer_keeps_aliases_and_odd_types_to_pyyaml():

@@ -18,9 +18,9 @@ collective         algorithm                        time
 all-gather         ring                             (p−1)α + (p−1)/p·nβ
                    recursive (doubling / Bruck)     ⌈log p⌉α + (p−1)/p·nβ
 reduce-scatter     ring                             (p−1)α + (p−1)/p·nβ
-                   recursive (halving)              ⌈log p⌉α + (p−1)/p·nβ
+                   recursive (halving)              ⌈log p⌉α + (p−1)/p·nβ  (p = 2^k)
 all-reduce         ring                             2(p−1)α + 2(p−1)/p·nβ
-                   recursive (Rabenseifner)         2⌈log p⌉α + 2(p−1)/p·nβ
+                   recursive (Rabenseifner)         2⌈log p⌉α + 2(p−1)/p·nβ  (p = 2^k)
                    tree (pipelined double binary)   2⌈log p⌉α + 2nβ
 broadcast          ring (pipelined chain)           (p−1)α + nβ
                    tree (binomial)                  ⌈log p⌉(α + nβ)
@@ -32,6 +32,10 @@ point-to-point     —                                α + nβ
 
 Rabenseifner's all-reduce has exactly the cost the paper charges to its "ring" all-reduce
 (``2α⌈log p⌉ + 2β(p−1)/p·n``), and recursive doubling/Bruck the cost of its all-gather.
+Where ``p`` is not a power of two, recursive halving first folds the ``p − p'`` ranks
+over the largest power of two ``p'`` onto partners, their whole vectors, and returns
+their results at the end (MPICH; Thakur et al. §4.4): reduce-scatter ``(⌊log p⌋ + 2)α +
+((p'−1)/p' + 1 + 1/p)·nβ``, all-reduce ``(2⌊log p⌋ + 2)α + (2(p'−1)/p' + 2)·nβ``.
 
 **Libraries.** ``auto`` takes the fastest algorithm the cluster's collective library
 runs. MPI (``collectives: {library: mpi}``, the default on CPU nodes) has all of the
@@ -67,7 +71,9 @@ inter-node broadcast followed by an intra-node one. All-to-all is two all-to-all
 rank's ``n`` bytes: inside the node, each rank gathers what its node's ranks send to
 its rail (local index) on every node (``(q−1)/q·n`` over NVLink), then across the ``m``
 nodes on each rail (``(m−1)/m·n`` through the rank's own NIC: what leaves a node is what
-its ranks send to the other nodes, and no algorithm sends less).
+its ranks send to the other nodes, and no algorithm sends less). In an uneven group the
+step across carries what the thinnest node's ``q`` NICs must, ``(p−q)/p`` of the data
+(``(m−1)/m`` when even).
 
 **Trees of switches.** A tier may list bandwidths by group size (PCIe systems, where a
 ring behind one switch runs faster than one across switches); a group inside the node
@@ -77,7 +83,8 @@ uses the entry for its size.
 ``HYBRID_SHARD``; MiCS, Zhang et al., VLDB 2023, with node-sized shard groups) reduces a
 gradient with ``hybrid_reduce``: a reduce-scatter inside each node over its ``q`` group
 members, then an all-reduce of the ``n/q``-byte shard across the ``m`` nodes (each local
-rank on its own NIC). It is the hierarchical all-reduce without its final all-gather:
+rank on its own NIC); in an uneven group, over the ``⌈p/q⌉`` ranks that hold the shard,
+more than one in a wider node. It is the hierarchical all-reduce without its final all-gather:
 every rank ends with the sum of its ``1/q`` shard, which the node's ``q`` ranks share.
 
 **NVLS.** On NVSwitch systems NCCL reduces inside the switch from a message size on
@@ -174,16 +181,25 @@ def flat_time(op: Collective, algorithm: str, nbytes: Bytes, p: int, alpha: floa
     frac = (p - 1) / p
     if op == "p2p":
         return alpha + nbytes * beta
+    # recursive halving on a p that is not a power of two: the p − p' ranks over the
+    # largest power of two p' first hand their whole vector to a partner and get their
+    # result back at the end (MPICH's reduce-scatter and Rabenseifner all-reduce; Thakur
+    # et al. 2005 §4.4): one step each way more, and the halving among p'
+    low = 1 << (p.bit_length() - 1)
     if op in ("all_gather", "reduce_scatter"):
         if algorithm == "ring":
             return (p - 1) * alpha + frac * nbytes * beta
+        if algorithm == "recursive" and (op == "all_gather" or low == p):
+            return lg * alpha + frac * nbytes * beta  # Bruck's all-gather: any p
         if algorithm == "recursive":
-            return lg * alpha + frac * nbytes * beta
+            return (clog2(low) + 2) * alpha + ((low - 1) / low + 1 + 1 / p) * nbytes * beta
     elif op == "all_reduce":
         if algorithm == "ring":
             return 2 * (p - 1) * alpha + 2 * frac * nbytes * beta
-        if algorithm == "recursive":
+        if algorithm == "recursive" and low == p:
             return 2 * lg * alpha + 2 * frac * nbytes * beta
+        if algorithm == "recursive":
+            return (2 * clog2(low) + 2) * alpha + (2 * (low - 1) / low + 2) * nbytes * beta
         if algorithm == "tree":
             return 2 * lg * alpha + 2 * nbytes * beta
     elif op == "broadcast":
@@ -270,6 +286,12 @@ def hierarchical_time(op: Collective, nbytes: Bytes, group: Group, cluster: Clus
     if m <= 1:
         return _best_flat(op, nbytes, intra, cluster, "auto")[0]
     inter_g = Group(m, 1)
+    # what crosses a node boundary, as the thinnest node's NICs carry it: (p − q)/p of
+    # the data, which is the (m − 1)/m an exchange among m rails moves in an even group;
+    # in an uneven one (12 = 8 + 4) the 4-rank node's NICs carry 2/3, not 1/2 (an
+    # audit: hierarchical all-to-alls were priced below what the NICs can move)
+    p = group.size
+    cross = m * (p - q) / ((m - 1) * p)
     if op == "all_reduce":
         return (_best_flat("reduce_scatter", nbytes, intra, cluster, "auto")[0]
                 + _best_flat("all_reduce", nbytes / q, inter_g, cluster, "auto")[0]
@@ -277,7 +299,7 @@ def hierarchical_time(op: Collective, nbytes: Bytes, group: Group, cluster: Clus
     if op in ("all_gather", "reduce_scatter"):
         # all-gather: across nodes on each rail (n/q of the result per rail), then inside
         # the node on the full result; reduce-scatter is the mirror image
-        return (_best_flat(op, nbytes / q, inter_g, cluster, "auto")[0]
+        return (_best_flat(op, nbytes * cross / q, inter_g, cluster, "auto")[0]
                 + _best_flat(op, nbytes, intra, cluster, "auto")[0])
     if op == "broadcast":
         return (_best_flat(op, nbytes, inter_g, cluster, "auto")[0]
@@ -287,7 +309,7 @@ def hierarchical_time(op: Collective, nbytes: Bytes, group: Group, cluster: Clus
         # for rail j on any node ((q−1)/q of its n bytes); then each rail exchanges across
         # the m nodes, the rank's NIC carrying the (m−1)/m of the n bytes bound elsewhere
         return (_best_flat(op, nbytes, intra, cluster, "auto")[0]
-                + _best_flat(op, nbytes, inter_g, cluster, "auto")[0])
+                + _best_flat(op, nbytes * cross, inter_g, cluster, "auto")[0])
     return _best_flat(op, nbytes, group, cluster, "auto")[0]
 
 
@@ -299,7 +321,13 @@ def hybrid_reduce_time(nbytes: Bytes, group: Group, cluster: Cluster, alg: str
     q, m = group.per_node, group.nodes
     if m <= 1:
         return _collective("reduce_scatter", nbytes, group, cluster, alg)
-    across, a_name = _collective("all_reduce", nbytes / q, Group(m, 1), cluster, alg)
+    # the replicas of a shard: one a node in an even group; in an uneven one (12 = 8 +
+    # 4, shards of q = 4) two in the 8-rank node and one in the other, every one of
+    # them in the all-reduce (an audit: one a node left ranks unreduced, and with q = 1
+    # the sum of 25 ranks was priced as that of the 4 nodes)
+    holders = -(-group.size // q)
+    replicas = Group(m, 1) if holders == m else Group(holders, 1, m)
+    across, a_name = _collective("all_reduce", nbytes / q, replicas, cluster, alg)
     if q <= 1:
         return across, a_name
     inside, i_name = _collective("reduce_scatter", nbytes, Group(q, q), cluster, alg)
@@ -382,7 +410,8 @@ def _best_flat(op: Collective, nbytes: Bytes, group: Group, cluster: Cluster,
             names = tuple(n for n in names if n != "tree")
     candidates = [(_flat(op, name, nbytes, group, cluster, alpha, beta), name)
                   for name in names]
-    if not group.spans_nodes and algorithm not in FLAT_ALGORITHMS:
+    if not group.spans_nodes and algorithm not in FLAT_ALGORITHMS and \
+            cluster.collective_library == "nccl":
         # NVLS is NCCL's own choice; a named flat algorithm (--algorithm ring) is priced
         # as that algorithm alone
         nv = nvls_time(cluster.intra, op, nbytes, p)

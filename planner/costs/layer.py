@@ -73,6 +73,10 @@ class CommTerm:
     #: the seconds it adds to the critical path when it overlaps its layer's GEMM
     #: (``--tp-comm-overlap``; None: all of them)
     exposed_s: float | None = None
+    #: it reduces (or gathers) parameters beside the layer's bulk: a mixture of experts'
+    #: router and shared experts, which every device holds whole, where its routed
+    #: experts are reduced over their replicas (:func:`shards` goes by the bulk's)
+    aside: bool = False
 
     @property
     def critical_s(self) -> float:
@@ -261,7 +265,7 @@ def rerun_terms(layer: Layer, ctx: Context, terms: list[CommTerm]) -> list[CommT
         return []
     return [CommTerm("recompute", t.collective, t.group, t.bytes, t.seconds, t.algorithm,
                      (t.note.replace("(forward)", "").strip() + " (recompute)").strip(),
-                     t.exposed_s)
+                     t.exposed_s, t.aside)
             for t in terms if t.when == "forward" and t.phase != "parameters"]
 
 
@@ -312,12 +316,12 @@ def price(ctx: Context, op: Collective, group: Group, nbytes: FloatArray,
 
 
 def term(ctx: Context, phase: str, op: Collective, group: Group, nbytes: float,
-         note: str = "") -> CommTerm | None:
+         note: str = "", aside: bool = False) -> CommTerm | None:
     """A collective priced with the context's accounting; None when it moves nothing."""
     if group.size <= 1 or nbytes <= 0:
         return None
     secs, alg = price(ctx, op, group, np.array([float(nbytes)]))
-    return CommTerm(phase, op, group, nbytes, float(secs[0]), alg, note)
+    return CommTerm(phase, op, group, nbytes, float(secs[0]), alg, note, aside=aside)
 
 
 def _halo_group(layout_row: Group) -> Group:
@@ -616,7 +620,10 @@ def _sequence_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> lis
     weight gradient, and reduce-scatters its input gradient where ``column``
     all-reduces it. Per pair the traffic is a ``column`` and ``row`` pair's, plus the
     backward all-gather (which Megatron-LM overlaps with the input gradient's GEMM;
-    here it is on the critical path)."""
+    here it is on the critical path). A mixture of experts keeps its routed rows of
+    every token, and its router runs on the device's own tokens (Megatron-Core routes
+    before its all-gather dispatcher): it gathers the tokens again only for shared
+    experts, a tensor-parallel MLP whose column layer keeps its share."""
     g, o = ctx.per_node, ctx.rank_offset
     row, col = layout.row_group(g, o), layout.col_group(g, o)
     e = ctx.elem_bytes
@@ -638,7 +645,12 @@ def _sequence_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> lis
         _add(terms, term(ctx, "forward", "reduce_scatter", row, y, "tokens"))
         _add(terms, term(ctx, "backward_data", "all_gather", row, y, "tokens"))
     if layout.mode in ("column-sp", "model-sp"):
-        _add(terms, term(ctx, "backward_data", "all_gather", row, x, "tokens again"))
+        m = layer.moe
+        if m is None or m.shared_hidden:
+            # the weight gradient reads the gathered input, of which the layer keeps its
+            # share; a mixture of experts keeps its routed rows of every token
+            # (MoeGeom.saved) and its router reads the device's own tokens
+            _add(terms, term(ctx, "backward_data", "all_gather", row, x, "tokens again"))
         if _needs_input_grad(layer):
             _add(terms, term(ctx, "backward_data", "reduce_scatter", row, x, "tokens"))
     lin = layer.linear
@@ -726,7 +738,8 @@ def expert_terms(layer: Layer, layout: Layout, ctx: Context) -> list[CommTerm]:
     whole = m.router_weights + m.shared_weights()  # on every device
     experts = local_params(layer, layout) - whole
     return (terms + gradient_terms(ctx, layout.col_group(ctx.per_node, ctx.rank_offset), experts)
-            + gradient_terms(ctx, layout.all_group(ctx.per_node, ctx.rank_offset), whole))
+            + gradient_terms(ctx, layout.all_group(ctx.per_node, ctx.rank_offset), whole,
+                             aside=True))
 
 
 def _terms_on(ctx: Context, group: Group,
@@ -1007,7 +1020,8 @@ def _params_terms(layer: Layer, dist: Dist, ctx: Context) -> list[CommTerm]:
     return gradient_terms(ctx, grp, layer.params)
 
 
-def gradient_terms(ctx: Context, group: Group, elems: float) -> list[CommTerm]:
+def gradient_terms(ctx: Context, group: Group, elems: float, aside: bool = False
+                   ) -> list[CommTerm]:
     """The collectives of ``elems`` weight-gradient elements summed over ``group``, the
     devices that hold the same parameters (its data-parallel replicas). Gradients move
     in :attr:`Context.grad_bytes` a element, parameters in the weights' dtype.
@@ -1029,22 +1043,25 @@ def gradient_terms(ctx: Context, group: Group, elems: float) -> list[CommTerm]:
     ``1/q`` shards: the gradient is reduce-scattered inside the node and its shard
     all-reduced across nodes (one ``hybrid_reduce`` term, so that it buckets as one
     collective; :func:`planner.costs.comm.hybrid_reduce_time`), and every parameter
-    gather stays inside the node."""
+    gather stays inside the node. ``aside``: the terms of parameters beside the layer's
+    bulk (:attr:`CommTerm.aside`)."""
     terms: list[CommTerm] = []
     grads, params = elems * ctx.grad_bytes, elems * ctx.elem_bytes
     if ctx.zero == 0:
-        _add(terms, term(ctx, "weight_grad", "all_reduce", group, grads))
+        _add(terms, term(ctx, "weight_grad", "all_reduce", group, grads, aside=aside))
         return terms
     hybrid = ctx.zero_shard == "node" and group.spans_nodes
     shard = Group(group.per_node, group.per_node) if hybrid else group
     if ctx.zero >= 3:
-        _add(terms, term(ctx, "parameters", "all_gather", shard, params, "gather (forward)"))
+        _add(terms, term(ctx, "parameters", "all_gather", shard, params, "gather (forward)",
+                         aside))
         _add(terms, term(ctx, "parameters", "all_gather", shard, params,
-                         "gather (backward)"))
+                         "gather (backward)", aside))
     _add(terms, term(ctx, "weight_grad", "hybrid_reduce" if hybrid else "reduce_scatter",
-                     group, grads))
+                     group, grads, aside=aside))
     if ctx.zero < 3:
-        _add(terms, term(ctx, "parameters", "all_gather", shard, params, "gather (update)"))
+        _add(terms, term(ctx, "parameters", "all_gather", shard, params, "gather (update)",
+                         aside))
     return terms
 
 
@@ -1058,13 +1075,17 @@ def shards(terms: list[CommTerm]) -> int:
     """Over how many devices ZeRO shards a layer with these terms: the replicas its
     weight gradient is reduced over, or under hybrid sharding those in one node (1 when
     nothing is reduced)."""
-    grads = [t for t in terms if t.phase == "weight_grad" and t.when == "gradient"]
-    if not grads:
-        return 1
     # a mixture of experts reduces its experts over their replicas and its router and
     # shared experts over all devices: its shards are the routed experts' (the others'
     # state is sharded as theirs is, over fewer devices than it could be: the memory
-    # errs high, by a router's few kilobytes, or by shared experts' 1/P_c - 1/P)
+    # errs high, by a router's few kilobytes, or by shared experts' 1/P_c - 1/P). Experts
+    # without replicas (P_c = 1) are reduced over no one, and not sharded: the router's
+    # reduction over all P had sharded them 1/P (an audit: Mixtral 8x7B on 8 H100s
+    # under expert 8x1 with ZeRO 1 said 69 GiB, fits, for about 125)
+    grads = [t for t in terms if t.phase == "weight_grad" and t.when == "gradient"
+             and not t.aside]
+    if not grads:
+        return 1
     t = max(grads, key=lambda t: t.bytes)
     return t.group.per_node if t.collective == "hybrid_reduce" else t.group.size
 
