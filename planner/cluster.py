@@ -286,7 +286,8 @@ def suggest_device(name: str) -> str | None:
 
 def _device_name(value: object) -> Device:
     if not isinstance(value, str):
-        raise Invalid(f"expected a device name or a mapping of specs, got {value!r}")
+        raise Invalid(f"expected a catalog device name (`planner devices` lists them), got "
+                      f"{show(value)}")
     dev = lookup_device(value)
     if dev is None:
         hint = suggest_device(value)
@@ -311,6 +312,11 @@ def device_from_data(data: object, path: str, issues: list[Issue], *,
         except Invalid as exc:
             issues.append(Issue(path, str(exc)))
             return None
+    if not catalog_entry and not isinstance(data, (str, dict)):
+        # (an audit: `device: 5` was told only of a mapping of keys)
+        issues.append(Issue(path, f"expected a device: a catalog name (`planner devices` "
+                                  f"lists them) or a mapping of its specs, got {show(data)}"))
+        return None
     f = Fields(data, path, issues, "a device")
     if not f.ok:
         return None

@@ -1099,6 +1099,7 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
     elif kind == "moe":
         p["experts"] = f.req("experts", integer(1, 1_000_000))
         p["top_k"] = f.opt("top_k", integer(1, 1_000_000), 2)
+        p["top_k_given"] = f.has("top_k")
         p["ffn"] = f.req("ffn", integer(1))
         p["activation"] = f.opt("activation", choice(MOE_ACTIVATIONS), "swiglu")
         p["capacity_factor"] = f.opt_none("capacity_factor", number(0.0, 1e6,
@@ -1136,6 +1137,14 @@ def _parse_entry(item: object, path: str, issues: list[Issue], depth: int) -> _S
     if not f.ok:
         return None
     name = f.opt_none("name", _layer_name)
+    if "repeat" in f.data and "layers" not in f.data and f.data.get("type") not in (
+            None, "repeat"):
+        # 'repeat' on a layer of its own: one error that says how to write it (an audit
+        # found four, the layer's keys "unknown in a layer")
+        f.error("repeat", "'repeat' makes a group of copies: write the layer inside it, "
+                          "{repeat: N, layers: [the layer]}")
+        f.finish(allowed_extra=f.data.keys())
+        return None
     if "repeat" in f.data:  # present, not asked: a layer's hints do not offer it
         count = f.req("repeat", integer(1, MAX_LAYERS))
         start = f.opt("start", integer(0, 1_000_000), 0)
@@ -1303,10 +1312,14 @@ def _build_seq(b: _Builder, specs: list[_Spec], prefix: str, shape: Shape | None
     return shape, src
 
 
-def _register(b: _Builder, name: str, path: str) -> None:
+def _register(b: _Builder, name: str, path: str, auto: str | None = None) -> None:
+    """Claim a layer name; ``auto``: what a name the planner gives stands for (a
+    residual block's sum), said where a layer of the file had taken it already."""
     if name in b.names:
+        note = f"; the residual block names {auto} '{name}': rename the layer" if auto \
+            else "; layer names must be unique"
         b.issues.append(Issue(path, f"duplicate layer name '{name}' (first defined at "
-                                    f"{b.names[name]}); layer names must be unique"))
+                                    f"{b.names[name]}){note}"))
     else:
         b.names[name] = path
 
@@ -1337,7 +1350,7 @@ def _build_residual(b: _Builder, spec: _Spec, name: str, shape: Shape | None,
         b.failed = True
         return None, src
     add_name = f"{name}.add"
-    _register(b, add_name, spec.path)
+    _register(b, add_name, spec.path, auto="its sum")
     n = math.prod(body_shape)
     add = Layer(index=len(b.layers), name=add_name, type="add", path=spec.path,
                 input_shape=body_shape, output_shape=body_shape, params=0, weight_elems=0,
@@ -1631,9 +1644,12 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         need((2,), "moe")
         seq, d = shape
         if p["top_k"] > p["experts"]:
-            raise _ShapeError(child_path(path, "top_k"),
-                              f"layer '{name}': top_k={p['top_k']} is more than its "
-                              f"{p['experts']} experts (each token goes to top_k of them)")
+            given = p.get("top_k_given", True)
+            raise _ShapeError(child_path(path, "top_k") if given else path,
+                              f"layer '{name}': top_k={p['top_k']}"
+                              f"{'' if given else ' (the default)'} is more than its "
+                              f"{p['experts']} experts (each token goes to top_k of them)"
+                              + ("" if given else f"; set top_k to at most {p['experts']}"))
         if p["load_imbalance"] > 1 and p["capacity_factor"] is not None:
             raise _ShapeError(child_path(path, "load_imbalance"),
                               f"layer '{name}': a capacity factor caps every expert at "
