@@ -932,12 +932,12 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
         with searching() as q.progress, running(resolve_jobs(jobs)):
             if auto:
                 doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks, virtual)
-            elif pipeline != 1:
-                doc = plan_for(q, pipeline, objective, pins, expand_ranks, virtual)
             else:
                 try:
                     doc = plan_for(q, pipeline, objective, pins, expand_ranks, virtual)
                 except NoFeasiblePlan as exc:
+                    if pipeline != 1:  # a stage's advice is a stage's: not checked
+                        raise
                     raise more_devices(q, exc, objective, pins) from None
     except NoFeasiblePlan as exc:
         _no_plan_document(q, exc, fmt, output)
@@ -1110,7 +1110,9 @@ def search_flat(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
     """:func:`run_search` for a plan without pipeline stages: where nothing fits in memory
     and the network can be cut into stages, the message also suggests ``--pipeline
     auto`` (each stage keeps its layers' weights and state only)."""
-    from .errors import NoFeasiblePlan, Shortfall
+    import dataclasses
+
+    from .errors import NoFeasiblePlan
     from .pipeline import max_stages
 
     try:
@@ -1122,9 +1124,8 @@ def search_flat(q: Question, objective: str, pins: tuple[str, ...]) -> Any:
             raise
         tip = ("pipeline stages (--pipeline auto: each stage keeps only its layers' "
                "weights, gradients and optimizer state)")
-        raise NoFeasiblePlan(f"{exc} or {tip}", Shortfall(
-            short.needed_bytes, short.capacity_bytes, [*short.suggestions, tip]),
-            exc.baselines) from exc
+        more = dataclasses.replace(short, suggestions=[*short.suggestions, tip])
+        raise NoFeasiblePlan(more.message(), more, exc.baselines) from exc
 
 
 def more_devices(q: Question, exc: Any, objective: str, pins: tuple[str, ...]) -> Any:

@@ -185,6 +185,16 @@ class Shortfall:
     needed_bytes: float
     capacity_bytes: float
     suggestions: list[str] = field(default_factory=list)
+    #: the message around the suggestions: what misses by how much, and what follows
+    #: them (:meth:`message`)
+    head: str = ""
+    tail: str = ""
+
+    def message(self) -> str:
+        """``head; try A or B ...tail``: the message of the failure it describes, made
+        again where a suggestion is added or replaced."""
+        tips = " or ".join(self.suggestions)
+        return self.head + (f"; try {tips}" if tips else "") + self.tail
 
 
 class NoFeasiblePlan(PlannerError):

@@ -200,6 +200,16 @@ def make_context(network: Network, cluster: Cluster, options: Options,
                    rank_offset=options.first_rank % cluster.devices_per_node)
 
 
+def master_weights_error(network: Network, options: Options) -> str | None:
+    """Why master weights cannot be asked of this network (None: they can): they are
+    fp32 copies of 16-bit weights. Of fp32 weights they cost 4 bytes a parameter for
+    nothing, and of fp64 ones would hold Adam's state in fp32 (an audit)."""
+    if options.master_weights and network.elem_bytes >= 4:
+        return (f"master weights are fp32 copies of 16-bit weights, and the network's are "
+                f"{network.dtype}")
+    return None
+
+
 def check_question(network: Network, cluster: Cluster, options: Options) -> None:
     """Usage problems of the question itself (exit 2)."""
     if options.gpus < 1:
@@ -233,13 +243,10 @@ def _check_settings(options: Options, network: Network | None = None) -> None:
         raise UsageError("planner: error: --zero needs --cost-model exact: the paper's "
                          "accounting (Gholami et al. 2018) has no sharded optimizer; drop "
                          "--zero or the cost model")
-    if options.master_weights and network is not None and network.elem_bytes >= 4:
-        # fp32 copies of weights that are fp32 already (or fp64) cost 4 bytes a parameter
-        # for nothing, and with fp64 weights would hold Adam's state in fp32 (an audit)
-        raise UsageError(f"planner: error: master weights are fp32 copies of 16-bit "
-                         f"weights, and the network's are {network.dtype}; drop "
-                         "--master-weights (master_weights), or train in 16 bits "
-                         "(--precision bf16)")
+    wrong = None if network is None else master_weights_error(network, options)
+    if wrong:
+        raise UsageError(f"planner: error: {wrong}; drop --master-weights (master_weights), "
+                         "or train in 16 bits (--precision bf16)")
     if options.grad_dtype is not None and options.grad_dtype not in DTYPE_BYTES:
         raise UsageError(f"planner: error: unknown gradient precision "
                          f"{options.grad_dtype!r}; use one of {', '.join(DTYPE_BYTES)}")

@@ -37,7 +37,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -2280,11 +2280,11 @@ def _no_plan(space: Space, cands: list[Candidate], bases: list[Baseline]) -> NoF
         saved = mem.gradients * (1 - ctx.elem_bytes / ctx.grad_bytes)
         tips.append(f"gradients in the weights' dtype (--grad-precision "
                     f"{ctx.network.dtype}: {format_bytes(saved)} less)")
-    message = (f"planner: no plan fits in memory: the leanest layout found needs "
-               f"{format_bytes(mem.peak)} per device, {format_bytes(mem.capacity)} is "
-               f"available (short by {format_bytes(short)}); try " + " or ".join(tips))
-    return NoFeasiblePlan(message, Shortfall(mem.peak, mem.capacity, tips),
-                          [b.to_data() for b in bases])
+    shortfall = Shortfall(mem.peak, mem.capacity, tips, head=(
+        f"planner: no plan fits in memory: the leanest layout found needs "
+        f"{format_bytes(mem.peak)} per device, {format_bytes(mem.capacity)} is "
+        f"available (short by {format_bytes(short)})"))
+    return NoFeasiblePlan(shortfall.message(), shortfall, [b.to_data() for b in bases])
 
 
 #: doublings of ``--gpus`` a plan that does not fit searches before it says how many
@@ -2306,11 +2306,9 @@ def more_devices_checked(exc: NoFeasiblePlan, gpus: int, batch: int, most: int |
     still needs 90.19 GiB of 79 (an audit); 96 fit. Where no count could be tried (twice
     the devices is more than the cluster holds), ``exc`` as it is."""
     short = exc.shortfall
-    if short is None:
-        return exc
-    old = next((t for t in short.suggestions if t.startswith("more devices (")), None)
-    head, _, rest = str(exc).partition("; try ")
-    if old is None or rest != " or ".join(short.suggestions):
+    old = None if short is None else next(
+        (t for t in short.suggestions if t.startswith("more devices (")), None)
+    if short is None or old is None:
         return exc
     # what the estimate's tip says of a smaller batch stays with the checked one
     at = old.find("; a smaller batch alone")
@@ -2340,13 +2338,12 @@ def more_devices_checked(exc: NoFeasiblePlan, gpus: int, batch: int, most: int |
         break
     if fits is None and not tried:
         return exc  # nothing could be tried: the estimate stands
+    tip: str | None = None  # the checked tip in the estimate's place (None: dropped)
+    tail = short.tail
     if fits is not None:
         last = (f"; on {tried[-1][0]:,} the leanest layout needs "
                 f"{format_bytes(tried[-1][1])}") if tried else ""
-        tips = [f"more devices (--gpus {fits}: a plan fits there{last}{aside})" if t == old
-                else t
-                for t in short.suggestions]
-        tail = ""
+        tip = f"more devices (--gpus {fits}: a plan fits there{last}{aside})"
     elif not ended and (beyond := _beyond(tried, short.needed_bytes,
                                           short.capacity_bytes)) is not None:
         last_n, peak = tried[-1]
@@ -2354,22 +2351,19 @@ def more_devices_checked(exc: NoFeasiblePlan, gpus: int, batch: int, most: int |
             last_n * 2 > most else f"on {last_n:,}"
         said = f"a larger cluster: about {beyond:,} devices" if most is not None and \
             beyond > most else f"about --gpus {beyond}"
-        tips = [f"more devices ({said}, if memory per device keeps falling in proportion; "
-                f"{where} the leanest layout needs {format_bytes(peak)}{aside})" if t == old
-                else t
-                for t in short.suggestions]
-        tail = ""
+        tip = (f"more devices ({said}, if memory per device keeps falling in proportion; "
+               f"{where} the leanest layout needs {format_bytes(peak)}{aside})")
     else:
-        tips = [t for t in short.suggestions if t != old]
         each = [f"{format_bytes(b)} on {m:,}" for m, b in tried]
         each[0] += " devices"
         needs = each[0] if len(each) == 1 else ", ".join(each[:-1]) + " and " + each[-1]
-        tail = (f"; more devices alone do not fit: the leanest layout needs {needs} ({stop})"
-                + aside.replace("; a smaller batch alone cannot fit", "; nor does a smaller "
-                                           "batch alone"))
-    message = head + ("; try " + " or ".join(tips) if tips else "") + tail
-    return NoFeasiblePlan(message, Shortfall(short.needed_bytes, short.capacity_bytes, tips),
-                          exc.baselines)
+        tail += (f"; more devices alone do not fit: the leanest layout needs {needs} "
+                 f"({stop})" + aside.replace("; a smaller batch alone cannot fit",
+                                             "; nor does a smaller batch alone"))
+    tips = [t for t in short.suggestions if t != old] if tip is None else \
+        [tip if t == old else t for t in short.suggestions]
+    checked = replace(short, suggestions=tips, tail=tail)
+    return NoFeasiblePlan(checked.message(), checked, exc.baselines)
 
 
 def _beyond(tried: list[tuple[int, float]], first: float, capacity: float) -> int | None:

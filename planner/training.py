@@ -87,6 +87,7 @@ from .evaluate import (
     Options,
     evaluate,
     make_context,
+    master_weights_error,
 )
 from .fields import (
     Fields,
@@ -913,11 +914,10 @@ def prepare_config(cfg: TrainingConfig) -> Prepared:
         cfg.recompute, len(net.recompute_units), net.recompute_unit)
     if wrong:
         raise _config_error(cfg, "$.recompute", wrong)
-    if cfg.master_weights and net.elem_bytes >= 4:
-        raise _config_error(cfg, "$.master_weights",
-                            f"master weights are fp32 copies of 16-bit weights, and the "
-                            f"network's are {net.dtype}; drop 'master_weights', or set "
-                            "'precision: bfloat16'")
+    wrong = master_weights_error(net, options)
+    if wrong:
+        raise _config_error(cfg, "$.master_weights", f"{wrong}; drop 'master_weights', or "
+                                                     "set 'precision: bfloat16'")
     most = max_stages(net)
     if cfg.pipeline > most:
         raise _config_error(cfg, "$.pipeline",

@@ -372,9 +372,10 @@ def test_no_feasible_plan_reports_shortfall():
 
 def _short(peak_gib: float, more: str = "more devices (--gpus 4)") -> NoFeasiblePlan:
     """A failure as :func:`search._no_plan` words it: 10 GiB available."""
-    tips = [more, "--zero 1 (shards the optimizer state)"]
-    return NoFeasiblePlan(f"planner: no plan fits in memory: ...; try {' or '.join(tips)}",
-                          search_module.Shortfall(peak_gib * 2**30, 10 * 2**30, tips))
+    short = search_module.Shortfall(peak_gib * 2**30, 10 * 2**30,
+                                    [more, "--zero 1 (shards the optimizer state)"],
+                                    head="planner: no plan fits in memory: ...")
+    return NoFeasiblePlan(short.message(), short)
 
 
 def _searched(peaks: dict[int, float | None]):
