@@ -356,6 +356,12 @@ def decode(raw: bytes, name: str, what: str | None = None) -> str:
                           (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
         if raw.startswith(bom):
             raise _whole(name, f"the file is {encoding} text; save it as UTF-8")
+    head = raw[:64] if len(raw) % 2 == 0 else b""
+    for zeros, nonzero, encoding in ((head[1::2], head[0::2], "UTF-16LE"),
+                                     (head[0::2], head[1::2], "UTF-16BE")):
+        if len(head) >= 4 and not zeros.strip(b"\x00") and all(nonzero):
+            raise _whole(name, f"the file looks like {encoding} text without a byte-order "
+                               "mark; save it as UTF-8")
     nul = raw.find(b"\x00", 0, 8192)
     if nul >= 0:
         line = raw.count(b"\n", 0, nul)
@@ -422,7 +428,11 @@ def resolve_plain(value: str) -> Any:
     if _INT_OCT.match(value):
         return int(value[2:], 8)
     if _FLOAT.match(value):
-        return float(value)
+        x = float(value)
+        if math.isinf(x):  # 1e400: not "inf", which the file does not say
+            raise ValueError(f"the number {value} is beyond the largest a float holds "
+                             "(about 1.8e308); planner quantities are far smaller")
+        return x
     if _INF.match(value):
         return -math.inf if value.startswith("-") else math.inf
     if _NAN.match(value):
@@ -629,8 +639,12 @@ def _parse_text(text: str, file: str, loader_class: Any) -> Document:
                 continue
             if cls is _Alias:
                 if event.anchor not in anchors:
-                    issues.append(located(sm, f"unknown alias '*{event.anchor}'",
-                                          current_child_path()))
+                    inside = any(frame.anchor == event.anchor for frame in stack)
+                    issues.append(located(
+                        sm, f"alias '*{event.anchor}' is inside the collection "
+                        f"'&{event.anchor}' names, which would then contain itself; write "
+                        "the items out" if inside else f"unknown alias '*{event.anchor}'",
+                        current_child_path()))
                     attach(None, 1, mark, "", event)
                     continue
                 value, size = anchors[event.anchor]

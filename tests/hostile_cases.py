@@ -166,6 +166,8 @@ def _make(kind: str, folder: Path) -> Path | None:
         f.write_bytes("kind: network\nname: réseau\n".encode("latin-1"))
     elif kind == "utf16":
         f.write_bytes("kind: network\nname: t\n".encode("utf-16"))
+    elif kind == "utf16_no_bom":  # as some Windows tools save it: no byte-order mark
+        f.write_bytes("kind: network\nname: t\n".encode("utf-16-be"))
     elif kind == "bell":
         f.write_bytes(b"kind: network\nname: ding\x07dong\n")
     elif kind == "huge":
