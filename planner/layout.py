@@ -214,6 +214,37 @@ def _groups(digits: tuple[tuple[int, int], ...], span: int) -> np.ndarray:
     return members
 
 
+def _one_digit_group(stride: int, count: int, p: int, g: int, offset: int) -> Group:
+    """:func:`node_group` of one digit whose stride divides a node, in closed form: a
+    group whose first member sits at ``o`` in its node has ``⌈(g − o) / stride⌉`` members
+    there, ``g / stride`` in each full node after, and the rest in its last; the groups
+    start at every ``offset + r + k·stride·count`` (``r < stride``), whose places in a
+    node repeat within ``g`` values of ``k`` (2,052 consecutive ranks on 8-GPU nodes:
+    256 nodes of 8 and one of 4; 1,455 on 8-GPU nodes: the second group begins at the
+    node's last device, one member there, and spans 183 nodes; audits found both
+    priced as the first group's)."""
+    per = g // stride
+    worst: tuple[float, int, int] | None = None  # (load, nodes, thinnest)
+    groups = p // (stride * count)
+    for k in range(min(groups, g)):
+        for r in range(stride):
+            o = (offset + r + k * stride * count) % g
+            first = min(count, (g - o + stride - 1) // stride)
+            if first == count:
+                m, q = 1, count
+            else:
+                full, last = divmod(count - first, per)
+                m = 1 + full + (1 if last else 0)
+                q = min(first, per if full else count, last if last else count)
+            load = (m - 1) / (m * q)
+            if worst is None or (load, m) > worst[:2]:
+                worst = (load, m, q)
+    assert worst is not None
+    _, m, q = worst
+    size = count
+    return Group(size, q) if q * m == size else Group(size, q, m)
+
+
 @functools.lru_cache(maxsize=8192)
 def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: int,
                offset: int = 0) -> Group:
@@ -239,18 +270,9 @@ def node_group(digits: tuple[tuple[int, int], ...], p: int, per_node_devices: in
     # every device by a multiple of g moves every group by whole nodes)
     period = math.lcm(g, *(s * c for s, c in digits))
     span = min(p, period)
-    if span * size > NODE_GROUP_MAX_PAIRS and len(digits) == 1 and not offset \
+    if span * size > NODE_GROUP_MAX_PAIRS and len(digits) == 1 \
             and digits[0][0] < g and g % digits[0][0] == 0:
-        # one digit of a stride that divides a node, from a node's start: the first
-        # group fills ⌈count / per⌉ nodes, the last of them with what is left (2,052
-        # consecutive ranks on 8-GPU nodes: 256 nodes of 8 and one of 4; an audit found
-        # them priced as even, so a larger cluster reduced faster), and every group
-        # alike
-        stride, count = digits[0]
-        per = g // stride
-        m = -(-count // per)
-        thin = count - (m - 1) * per
-        return Group(size, per) if thin == per else Group(size, thin, m)
+        return _one_digit_group(*digits[0], p, g, offset)
     if span * size > NODE_GROUP_MAX_PAIRS:
         inside = 1
         for stride, count in digits:

@@ -359,18 +359,28 @@ def test_large_uneven_groups_are_priced_as_uneven(monkeypatch):
     """Past NODE_GROUP_MAX_PAIRS the groups of one digit are worked out in closed form:
     2,052 consecutive ranks on 8-GPU nodes are 256 nodes of 8 and one of 4 (an audit
     found them priced as even, so 2,052 devices reduced faster than 2,044). The closed
-    form equals the enumeration wherever both run."""
+    form equals the enumeration wherever both run, groups that begin inside a node
+    included."""
     import planner.layout as lay
 
     assert lay.node_group(((1, 2052),), 2052, 8) == Group(2052, 4, 257)
     assert lay.node_group(((1, 2048),), 2048, 8) == Group(2048, 8)
-    for g in (4, 8):
-        for stride in (1, 2, 4):
-            if g % stride:
+    # found by an audit: 4 groups of 1,455 on 8-GPU nodes were priced as the first
+    # (7 a node on 182 nodes); the second begins at device 1,455, the last of node 181,
+    # alone there, and spans 183 nodes (1 + 181 full + 6 on the last)
+    assert lay.node_group(((1, 1455),), 5820, 8) == Group(1455, 1, 183)
+    for g in (4, 8, 12):
+        for stride in (1, 2, 3, 4, 6):
+            if g % stride or stride >= g:
                 continue
-            for count in range(2, 40):
-                p = stride * count * 2
-                monkeypatch.setattr(lay, "NODE_GROUP_MAX_PAIRS", 10**12)
-                exact = lay.node_group(((stride, count),), p, g)
-                monkeypatch.setattr(lay, "NODE_GROUP_MAX_PAIRS", 0)
-                assert lay.node_group(((stride, count),), p, g) == exact
+            for count in range(2, 30):
+                for groups in (1, 2, 3):
+                    for offset in (0, 1, g - 1):
+                        p = stride * count * groups
+                        monkeypatch.setattr(lay, "NODE_GROUP_MAX_PAIRS", 10**12)
+                        lay.node_group.cache_clear()
+                        exact = lay.node_group(((stride, count),), p, g, offset)
+                        monkeypatch.setattr(lay, "NODE_GROUP_MAX_PAIRS", 0)
+                        lay.node_group.cache_clear()
+                        assert lay.node_group(((stride, count),), p, g, offset) == exact, \
+                            (g, stride, count, groups, offset)
