@@ -1200,6 +1200,8 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
     from .errors import NoFeasiblePlan
     from .output import rounded
     from .parallel import Ahead
+    from .search import least_state_bytes
+    from .units import format_bytes
 
     batch = q.options.step_batch
     step = pipeline if isinstance(virtual, int) and virtual > 1 and \
@@ -1235,9 +1237,21 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
         qi = question(i)
         return lambda: plan_for(qi, pipeline, objective, pins, expand, virtual)
 
+    # what no count of microbatches changes (flat plans without --zero auto; the first
+    # count is always searched, for the error's tips): a count whose parameter state alone
+    # is over the capacity has no plan, and is not searched
+    zero = max((q.options.zero, *q.zero_stages))
+    capacity = q.cluster.capacity_bytes
+
+    def hopeless(i: int) -> float | None:
+        if i == 0 or pipeline != 1:
+            return None
+        need = least_state_bytes(question(i).ctx, question(i).options, zero)
+        return need if need > capacity else None
+
     def may_run(i: int) -> bool:  # False only where the loop will skip count i
         try:
-            return best is None or not beaten(floor(i), best[0])
+            return hopeless(i) is None and (best is None or not beaten(floor(i), best[0]))
         except Exception:  # the loop raises it when it gets there
             return True
 
@@ -1247,6 +1261,14 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
                 q.progress("microbatches", f"{m:,}")
             try:
                 question(i)
+                need = hopeless(i)
+                if need is not None:
+                    ahead.skip(i)
+                    trials.append({"microbatches": m, "time_s": None, "outcome": (
+                        f"no plan fits in memory: the parameter state alone needs at least "
+                        f"{format_bytes(need)} per device, {format_bytes(capacity)} is "
+                        "available"), "state_bytes": need})
+                    continue
                 if best is not None and beaten(floor(i), best[0]):
                     ahead.skip(i)
                     raise Beaten(floor(i))

@@ -25,6 +25,7 @@ memory bandwidth), as for the gradient buckets.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,7 +55,7 @@ from .costs.layer import (
 from .costs.memory import MemoryReport, ParamBytes, param_bytes
 from .errors import UsageError
 from .layout import EXPERT_MODES, WHOLE_MODES, Dist, Layout, base_mode, input_dist
-from .network import DTYPE_BYTES, Layer, Network
+from .network import DTYPE_BYTES, VIEW_TYPES, Layer, Network
 
 ZERO_STAGES = (0, 1, 2, 3)
 #: how the loss's softmax cross-entropy runs (``--cross-entropy``; :attr:`Options.cross_entropy`)
@@ -360,6 +361,20 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
             cache.moves[key] = hit
         return list(hit)
 
+    def cheaper(terms: list[CommTerm], src: Dist | None, dst: Dist, elems: int, note: str,
+                layer: Layer) -> list[CommTerm]:
+        """The move from ``src``, a copy of the same tensor, where it takes less time."""
+        if src is None:
+            return terms
+        other = moves(src, dst, elems, note, layer)
+        return other if math.fsum(t.seconds for t in other) < math.fsum(
+            t.seconds for t in terms) else terms
+
+    # a block's input as its body's first layer moved it (Network.shared_entries): the
+    # other consumer reads whichever copy is cheaper to move, as the search does
+    shared = net.shared_entries
+    seconds = {blk.shortcut[0]: blk for blk in shared.values() if blk.shortcut}
+    copy: dict[int, Dist] = {}  # by block input
     signatures = cache.signature_ids(ctx)
     for layer in net.layers:
         src = out_dist[layer.inputs[0]]
@@ -374,8 +389,13 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
                 fwd, bwd, est, wgt = time_kernels(weighted_kernels(layer, layout, ctx), ctx)
                 hit = (tuple(weighted_terms(layer, layout, ctx)), fwd, bwd, est, wgt)
                 cache.weighted[key] = hit
-            cost = LayerCost(hit[1], hit[2], hit[3],
-                             moves(src, dst, layer.in_elems, "input", layer) + list(hit[0]),
+            entry = moves(src, dst, layer.in_elems, "input", layer)
+            if layer.index in shared:
+                copy[shared[layer.index].input] = dst
+            elif layer.index in seconds:
+                entry = cheaper(entry, copy.get(seconds[layer.index].input), dst,
+                                layer.in_elems, "input", layer)
+            cost = LayerCost(hit[1], hit[2], hit[3], entry + list(hit[0]),
                              local_params(layer, layout), hit[4])
             out = layout.output_dist()
             results.append(LayerResult(layer, layout, None, cost, dist_in=dst, dist_out=out))
@@ -390,9 +410,11 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
                 fwd, bwd, est, wgt = time_kernels(follower_kernels(layer, body_d, ctx), ctx)
                 fhit = ((), body_d, body_d, fwd, bwd, est, wgt)
                 cache.follower[fkey] = fhit
-            cost = LayerCost(fhit[3], fhit[4], fhit[5],
-                             moves(sc_d, body_d, layer.in_elems, "shortcut", layer),
-                             weight_s=fhit[6])
+            short = moves(sc_d, body_d, layer.in_elems, "shortcut", layer)
+            if layer.inputs[1] in copy:  # an identity shortcut (its input the block's)
+                short = cheaper(short, copy[layer.inputs[1]], body_d, layer.in_elems,
+                                "shortcut", layer)
+            cost = LayerCost(fhit[3], fhit[4], fhit[5], short, weight_s=fhit[6])
             results.append(LayerResult(layer, current[0], current[1], cost, dist_in=body_d,
                                        dist_out=body_d))
             out_dist[layer.index] = body_d
@@ -661,8 +683,11 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
     for r in results:
         r.activation_bytes = per_layer.get(r.layer.index, 0.0)
     # the busiest layer's gradients in flight: its output gradient and input gradient
+    # (one tensor for a flatten or identity that keeps the distribution: a view)
     workspace = max((local_elems(r.layer.out_elems, r.dist_out, batch)
-                     + local_elems(r.layer.in_elems, r.dist_in, batch)) * e for r in results)
+                     + (0 if r.layer.type in VIEW_TYPES and r.dist_in == r.dist_out
+                        else local_elems(r.layer.in_elems, r.dist_in, batch))) * e
+                    for r in results)
     if net.loss and options.cross_entropy != "fused" and results and \
             results[-1].layer.index == len(net.layers) - 1:
         workspace = max(workspace, eager_loss_workspace(net, results[-1], batch))

@@ -433,13 +433,18 @@ class Layer:
     #: its input is a pipeline stage's, made by a layer of the stage before: although it
     #: is the stage network's input, its gradient is computed and sent back
     stage_input: bool = False
+    #: some layer upstream of its input has parameters, so its input's gradient is
+    #: needed (False where only the network input and parameter-free layers, a flatten,
+    #: a ReLU, lead to it: autograd computes no gradient nothing requires)
+    upstream_params: bool = True
 
     @property
     def input_grad(self) -> bool:
         """Whether its backward pass computes its input's gradient: not for the
-        network's input, which nothing upstream waits for, but for a pipeline stage's
-        (the stage before runs its backward pass on it)."""
-        return self.inputs != (-1,) or self.stage_input
+        network's input, nor for what only parameter-free layers made of it (nothing
+        upstream waits for either), but for a pipeline stage's (the stage before runs
+        its backward pass on it)."""
+        return (self.inputs != (-1,) and self.upstream_params) or self.stage_input
 
     @property
     def has_weights(self) -> bool:
@@ -637,7 +642,7 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         # attention keeps no probabilities, so it computes Q·Kᵀ again first
         out["backward_data"] += ([scores] if a.flash else []) + [
             scores, mix, mix, mix, Gemm(t, proj_in, a.dim, role="dgrad-out"), *rope,
-            Gemm(t, a.dim, qkv, role="dgrad")]
+            *([Gemm(t, a.dim, qkv, role="dgrad")] if layer.input_grad else [])]
         out["backward_weight"] += [Gemm(a.dim, proj_in, t, role="wgrad-out"),
                                    Gemm(qkv, a.dim, t, role="wgrad")]
         if not a.flash:
@@ -724,9 +729,9 @@ def _moe_kernels(m: MoeGeom, t: int, eb: int, ffn_split: int, expert_split: int,
                        Gemm(rows, d, f, e_loc), combine]
     # backward: the combine (and the router's weights' gradient), the down product, the
     # activation, the up product, the permutation's scatter-add, the router
-    out["backward_data"] += [combine, Gemm(rows, f, d, e_loc), bwd_act,
-                             Gemm(rows, d, up, e_loc), permute, router]
-    if input_grad:
+    out["backward_data"] += [combine, Gemm(rows, f, d, e_loc), bwd_act, router]
+    if input_grad:  # the tokens' gradient: through the up product, unpermuted, the router
+        out["backward_data"][3:3] = [Gemm(rows, d, up, e_loc), permute]
         out["backward_data"].append(Gemm(t, d, n_exp))
     out["backward_weight"] += [Gemm(d, f, rows, e_loc), Gemm(up, d, rows, e_loc),
                                Gemm(n_exp, d, t)]
@@ -857,7 +862,9 @@ class Network:
         LM's vocabulary-parallel cross-entropy, PyTorch's and Hugging Face's losses on
         ``logits.float()``; Korthikanti et al., MLSys 2023, count the loss's 4·s·b·v/t
         bytes)."""
-        if self.loss and layer.index == len(self.layers) - 1 and self.loss_upcast:
+        last = len(self.layers) - 1
+        # the last layer, or the one a trailing flatten or identity is a view of
+        if self.loss and self.loss_upcast and layer.index in (last, self.storage_of(last)):
             return max(self.elem_bytes, LOSS_BYTES)
         return self.elem_bytes
 
@@ -899,6 +906,27 @@ class Network:
     def flops(self) -> int:
         """Forward FLOPs per sample."""
         return sum(layer.flops for layer in self.layers)
+
+    @functools.cached_property
+    def shared_entries(self) -> dict[int, Block]:
+        """The blocks whose input is read, in the same distribution, once for two
+        consumers: the body's first layer (with weights) moves the block input into its
+        own input distribution, and the other consumer, the add (an identity shortcut) or
+        the shortcut's first layer (with weights), may read that copy instead of the
+        original (its backward adds its gradient to the copy's, which the one move
+        takes back). By the body's first layer."""
+        out: dict[int, Block] = {}
+        layers = self.layers
+        for blk in self.blocks:
+            first = layers[blk.body[0]]
+            if not (first.has_weights and first.inputs[0] == blk.input):
+                continue
+            if blk.shortcut:
+                other = layers[blk.shortcut[0]]
+                if not (other.has_weights and other.inputs[0] == blk.input):
+                    continue
+            out[first.index] = blk
+        return out
 
     @functools.cached_property
     def ties(self) -> dict[int, tuple[int, ...]]:
@@ -1476,17 +1504,23 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         if ph * 2 > kh or pw * 2 > kw:
             raise _ShapeError(child_path(path, "padding"),
                               f"layer '{name}': padding must be at most half the kernel")
-        if kh > h + 2 * ph or kw > w + 2 * pw:
-            raise _ShapeError(child_path(path, "kernel"),
-                              f"layer '{name}': pooling window {kh}×{kw} is larger than its "
-                              f"input {h}×{w}")
         oh = _conv_out(h, kh, sh, ph, 1, p["ceil_mode"])
         ow = _conv_out(w, kw, sw, pw, 1, p["ceil_mode"])
+        # a window past the padded input: with ceil_mode PyTorch still takes one window
+        # while it starts inside (a 3×3 window, stride 2, on 2×2 gives 1×1)
+        if min(oh, ow) < 1:
+            raise _ShapeError(child_path(path, "kernel"),
+                              f"layer '{name}': pooling window {kh}×{kw} is larger than its "
+                              f"input {h}×{w}" + ("" if p["ceil_mode"] else
+                                                  " (ceil_mode: true keeps a window that "
+                                                  "starts inside the input)"))
         pgeom = PoolGeom(kind[:3], (kh, kw), (sh, sw), (ph, pw), c, (h, w), (oh, ow))
         out_n = c * oh * ow
         extra = out_n * 8 if kind == "maxpool" else 0  # int64 argmax indices
-        return mk((c, oh, ow), flops=out_n * kh * kw, pool=pgeom,
-                  saves_input=kind == "maxpool", saved_bytes_extra=extra)
+        # both keep their input for backward (PyTorch's MaxPool2DWithIndicesBackward0 and
+        # AvgPool2DBackward0 save ``self``), max pooling its argmax indices too
+        return mk((c, oh, ow), flops=out_n * kh * kw, pool=pgeom, saves_input=True,
+                  saved_bytes_extra=extra)
     if kind in ("global_avgpool", "adaptive_avgpool"):
         need((3,), kind)
         c, h, w = shape
@@ -1495,7 +1529,9 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
             raise _ShapeError(child_path(path, "output_size"),
                               f"layer '{name}': output size {oh}×{ow} is larger than its "
                               f"input {h}×{w}")
-        return mk((c, oh, ow), flops=c * h * w,
+        # an output of 1×1 is a mean, which keeps only the input's sizes; any other
+        # keeps the input (PyTorch's AdaptiveAvgPool2DBackward0 saves ``self``)
+        return mk((c, oh, ow), flops=c * h * w, saves_input=(oh, ow) != (1, 1),
                   pool=PoolGeom("global" if kind == "global_avgpool" else "adaptive",
                                 (-(-h // oh), -(-w // ow)), (h // oh, w // ow), (0, 0), c,
                                 (h, w), (oh, ow)))
@@ -1767,6 +1803,13 @@ def network_from_data(data: object, issues: list[Issue]) -> Network | None:
     # the loss keeps the network's output for backward (softmax cross-entropy keeps its
     # probabilities: GPT-2's logits, 50,257 a token, or a segmentation's map)
     b.layers[-1] = dataclasses.replace(b.layers[-1], saves_output=True)
+    # whose output needs a gradient: a layer with parameters, or one fed by such a layer
+    trained: list[bool] = []
+    for i, layer in enumerate(b.layers):
+        upstream = any(trained[j] for j in layer.inputs if j >= 0)
+        trained.append(upstream or layer.params > 0 or layer.weight_elems > 0)
+        if not upstream:
+            b.layers[i] = dataclasses.replace(layer, upstream_params=False)
     copy_of, current = [], -1
     for i in range(len(b.layers)):  # each layer's: that of the last spec started at or before it
         current = b.copy_from.get(i, current)

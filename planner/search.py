@@ -115,18 +115,24 @@ class Weights:
     #: accumulation 1/M (counted whole in every microbatch, it weighed M times against
     #: layouts that hold their weights whole)
     step_share: float = 1.0
+    #: what runs once a step after it (ZeRO 1-2's gather of the updated parameters, the
+    #: sequence-parallel norms' gradient all-reduce): ``gradient``'s weight where None;
+    #: under ZeRO 2-3 with microbatches the gradients are reduced every microbatch
+    #: (``gradient`` 1) and these once a step (1/M)
+    update: float | None = None
 
 
 # Columns of a part vector: compute, activation comm, gradient comm, memory bytes, the
-# optimizer step's compute
-_C, _A, _G, _M, _U = 0, 1, 2, 3, 4
-_PARTS = 5
+# optimizer step's compute, the communication after the step
+_C, _A, _G, _M, _U, _S = 0, 1, 2, 3, 4, 5
+_PARTS = 6
 
 
 def _score(parts: np.ndarray, w: Weights) -> np.ndarray:
     score: np.ndarray = (parts[..., _C] * w.compute + parts[..., _A] * w.activation
                          + parts[..., _G] * w.gradient + parts[..., _M] * w.memory
-                         + parts[..., _U] * (w.compute * w.step_share))
+                         + parts[..., _U] * (w.compute * w.step_share)
+                         + parts[..., _S] * (w.gradient if w.update is None else w.update))
     return score
 
 
@@ -255,16 +261,19 @@ class Space:
             arr = self._weighted[key]
             seen: dict[tuple[str, int, int], list[Kernel]] = {}
             for j, lay in enumerate(lays):
-                comm_a = comm_g = 0.0
+                comm_a = comm_g = comm_s = 0.0
                 terms = weighted_terms(layer, lay, ctx)
                 self._buffers[key][j] = max((t.bytes for t in terms), default=0.0)
                 for t in terms:
-                    if self._hideable(t):
+                    if t.when == "update":
+                        comm_s += t.seconds
+                    elif self._hideable(t):
                         comm_g += t.seconds
                     else:
                         comm_a += t.critical_s
                 arr[j, _A] = comm_a
                 arr[j, _G] = comm_g
+                arr[j, _S] = comm_s
                 params_local = local_params(layer, lay)
                 share = held(self.pb, self.options.zero, terms)
                 arr[j, _M] = params_local * share.total + self._own_saved(layer, lay)
@@ -525,7 +534,8 @@ class Space:
         else:
             terms, work, out = follower_terms(layer, dist, ctx)
         for t in terms:
-            parts[_G if self._hideable(t) else _A] += t.critical_s
+            parts[_S if t.when == "update" else _G if self._hideable(t) else _A] += \
+                t.critical_s
         prods = follower_kernels(layer, work, ctx)
         ks = prods["forward"] + prods["backward_data"] + prods["backward_weight"]
         if layer.params:
@@ -653,6 +663,9 @@ class Space:
         index = self.index
         state: dict[int, int] = {-1: index[input_dist(assignment[first.index])]}
         events = self.structure[0] if w.memory else {}
+        shared = self.ctx.network.shared_entries
+        seconds = {blk.shortcut[0] for blk in shared.values() if blk.shortcut}
+        copy: dict[int, int] = {}  # a block input as its body's first layer moved it
         total = 0.0
         for layer, kind in zip(self.layers, self._kinds, strict=True):
             for what, blk in events.get(layer.index, []):
@@ -664,14 +677,27 @@ class Space:
                 lay = assignment[layer.index]
                 j = self.position(layer.index)[lay]
                 total += float(self.weighted_own(layer, w)[j])
-                total += self.moves(layer)[d, index[input_dist(lay)]] * \
-                    w.activation
+                dst = index[input_dist(lay)]
+                if layer.index in seconds and layer.inputs[0] in copy:
+                    # a shortcut's first layer reads the cheaper copy of the block
+                    # input, as the program's carry does
+                    other = copy[layer.inputs[0]]
+                    parts = [self.moves(layer)[x, dst] * w.activation + (
+                        self.entry_memory(layer)[x, j] * w.memory if w.memory else 0.0)
+                        for x in (d, other)]
+                    if parts[1] < parts[0]:
+                        d = other
+                total += self.moves(layer)[d, dst] * w.activation
                 if w.memory:
                     total += self.entry_memory(layer)[d, j] * w.memory
+                if layer.index in shared:
+                    copy[layer.inputs[0]] = dst
                 state[layer.index] = index[lay.output_dist()]
             elif kind == 1:
                 sc = state[layer.inputs[1]]
-                total += self.moves(layer)[sc, d] * w.activation
+                trans = self.moves(layer)
+                total += min(trans[sc, d], trans[copy[sc_in], d]) * w.activation if \
+                    (sc_in := layer.inputs[1]) in copy else trans[sc, d] * w.activation
                 total += float(self.follower_arrays(layer, w)[1][d])
                 state[layer.index] = d
             else:
@@ -778,7 +804,8 @@ def _advance(space: Space, w: Weights, cost: np.ndarray, lo: int, hi: int,
             cost = _weighted_step(space, layer, cost, w, steps,
                                   restrict=origin if layer.index == first_weighted else None,
                                   only=fixed.get(layer.index),
-                                  unpriced=layer.index in unpriced)
+                                  unpriced=layer.index in unpriced,
+                                  copy=layer.index in space.ctx.network.shared_entries)
         elif layer.type == "add":
             cost = _add_step(space, layer, cost, w, steps, blocks[layer.index])
         else:
@@ -824,7 +851,13 @@ def _member_bounds(space: Space, w: Weights, origin: int | None, fixed: dict[int
 
 def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
                    steps: list[_Step], restrict: int | None,
-                   only: int | None = None, unpriced: bool = False) -> np.ndarray:
+                   only: int | None = None, unpriced: bool = False,
+                   copy: bool = False) -> np.ndarray:
+    """A layer with weights: every state to each candidate's output distribution. With
+    ``copy`` (a block's body's first layer, :attr:`Network.shared_entries`), the carry
+    may also become the candidate's input distribution: the block input's copy the layer
+    moved, which the block's other consumer may read instead (the state after it keeps
+    the cheaper carry of the two; ``prev_carry`` of the step points back)."""
     own = space.weighted_own(layer, w)
     if unpriced:
         own = np.where(np.isfinite(own), 0.0, own)
@@ -871,7 +904,25 @@ def _weighted_step(space: Space, layer: Layer, cost: np.ndarray, w: Weights,
         new[rows], bp_cur[rows], bp_lay[rows] = new_h, cur_h, lay_h
     else:
         new, bp_cur, bp_lay = new_h, cur_h, lay_h
-    steps.append(_Step("weighted", layer.index, None, bp_cur, bp_lay))
+    bp_carry = None
+    if copy and k == n:
+        # the copy as the carry: for each candidate, its best state over the carries
+        # (rows), at (its input distribution, its output distribution); kept where
+        # strictly cheaper than the carry unchanged (which wins ties)
+        in_idx, out_idx = space.dist_indices(layer)
+        src = np.argmin(best, axis=0)  # (J,): the best row of each candidate
+        val = best[src, np.arange(best.shape[1])]
+        bp_carry = np.broadcast_to(np.arange(k)[:, None], (k, n)).copy()
+        for j in range(len(val)):  # in order: the first of the cheapest, as elsewhere
+            r, c = int(in_idx[j]), int(out_idx[j])
+            if not val[j] < new[r, c]:
+                continue
+            row = int(rows[src[j]]) if part else int(src[j])
+            new[r, c] = val[j]
+            bp_carry[r, c] = row
+            bp_cur[r, c] = int(prev[src[j], j])
+            bp_lay[r, c] = j
+    steps.append(_Step("weighted", layer.index, bp_carry, bp_cur, bp_lay))
     return new
 
 
@@ -978,7 +1029,8 @@ def _backtrack(space: Space, steps: list[_Step], final: int) -> dict[int, Layout
             assert st.prev_cur is not None and st.layout is not None
             j = int(st.layout[carry, cur])
             out[st.layer] = space.candidates[st.layer][j]
-            cur = int(st.prev_cur[carry, cur])
+            cur, carry = int(st.prev_cur[carry, cur]), (
+                carry if st.prev_carry is None else int(st.prev_carry[carry, cur]))
         elif st.kind == "follower":
             if st.prev_cur is not None:  # None: the layer kept every distribution
                 cur = int(st.prev_cur[carry, cur])
@@ -1290,11 +1342,19 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
                 for pl in (placements if pc > 1 else ("rows",))]
 
     pairs = megatron_modes(space.ctx.network)
-    if "row" in pairs.values() and not ctx.paper:
-        result.append(best_of("megatron", "Megatron-LM: linear layers in column/row pairs, "
-                                          "the other layers model-split, on the best grid",
-                              megatron_options(pairs, "column/row pairs, model elsewhere",
+    megatron_desc = ("Megatron-LM: linear layers in column/row pairs, the other layers "
+                     "model-split, on the best grid")
+    if pairs and not ctx.paper:
+        # no pair, only the output head: Megatron-LM splits it by columns all the same
+        label = "column/row pairs" if "row" in pairs.values() else "column-split head"
+        result.append(best_of("megatron", megatron_desc,
+                              megatron_options(pairs, f"{label}, model elsewhere",
                                                ("rows", "cols"))))
+    elif any(layer.linear is not None for layer in space.layers) and not ctx.paper:
+        result.append(Baseline("megatron", megatron_desc, None, reason=(
+            "no linear layer feeds another one through feature-wise layers only, and the "
+            "last layer is not a linear output head: there is nothing for Megatron-LM's "
+            "column/row pairs to split")))
     sp = megatron_modes(space.ctx.network, sequence=True)
     if any(m.endswith("-sp") for m in sp.values()) and not ctx.paper:
         # rows only, as the search places sequence parallelism
@@ -1313,6 +1373,22 @@ def baselines(space: Space, objective: str, weights: Weights) -> list[Baseline]:
                                     layer, p, pr, pc, CONTEXT_MODE, "rows")))
                                for pr, pc in _grids(p) if pr > 1]))
     return result
+
+
+def least_state_bytes(ctx: Context, options: Options, zero: int | None = None) -> float:
+    """Bytes of parameter state every assignment of the question surely holds on its
+    busiest device: :func:`_state_floor` of the layers' leanest candidate layouts, each
+    taken on its own (whatever ties or pins allow can only hold more). No batch, count
+    of microbatches or recomputation makes a plan hold less, so a question whose floor is
+    over the capacity has no plan at any of them. ``zero``: the highest ZeRO stage tried
+    (default: the question's)."""
+    stage = options.zero if zero is None else zero
+    per = sharded(question_param_bytes(ctx.network, options), stage, math.inf).total
+    p, b = options.gpus, options.batch
+    least = math.fsum(min((local_params(layer, lay)
+                           for lay in candidate_layouts(layer, p, b, ctx.paper)), default=0.0)
+                      for layer in ctx.network.layers if layer.has_weights)
+    return per * least / (1.0 + 1e-12)
 
 
 def _state_floor(space: Space, assignment: dict[int, Layout]) -> float:
@@ -1458,11 +1534,12 @@ def search(ctx: Context, options: Options, objective: str = "time",
     per = 1.0 if sharded_gradients(ctx, options) else 1.0 / options.microbatches
     step = 1.0 / options.microbatches
     if objective == "comm":
-        variants = [Weights(0.0, 1.0, per)]
+        variants = [Weights(0.0, 1.0, per, update=step)]
     elif options.overlap == "none":
-        variants = [Weights(gradient=per, step_share=step)]
+        variants = [Weights(gradient=per, step_share=step, update=step)]
     else:
-        variants = [Weights(gradient=k * per, step_share=step) for k in (1.0, 0.0)]
+        variants = [Weights(gradient=k * per, step_share=step, update=k * step)
+                    for k in (1.0, 0.0)]
     cands: list[Candidate] = []
     seen: dict[tuple[tuple[int, Layout], ...], Candidate] = {}
 
@@ -1492,7 +1569,8 @@ def search(ctx: Context, options: Options, objective: str = "time",
     if len(answers) == 2 and answers[0] != answers[1]:
         # full hiding and no hiding disagree: try the weights in between
         for k in (0.5, 0.25):
-            consider("search", solve(space, Weights(gradient=k * per, step_share=step))[1])
+            consider("search", solve(space, Weights(gradient=k * per, step_share=step,
+                                                    update=k * step))[1])
     bases = baselines(space, objective, variants[0])
     fitting = [c for c in cands if c.evaluation.memory.fits]
     notes: list[str] = []
@@ -1511,6 +1589,21 @@ def search(ctx: Context, options: Options, objective: str = "time",
                        and c.score(objective) < bar),
                       key=lambda c: (c.score(objective), c.name))
         for c in _distinct(over, REPAIRS):
+            fixed, spent = repair(space, c, objective)
+            moves += spent
+            if fixed is not None:
+                kept = consider("search", fixed.assignment)
+                if kept is not None and kept.evaluation.memory.fits:
+                    pool.append(kept)
+    if not pool:
+        # nothing fits: the leanest answers whose sum over layers fits and whose maxima
+        # (the collective buffers, the workspace, which the walk's memory leaves out)
+        # do not, moved a layer at a time (an audit: a plan 4% under the capacity was
+        # one move from the leanest answer at 101%)
+        near = sorted((c for c in cands if (m := c.evaluation.memory).peak
+                       - m.comm_buffers - m.workspace <= m.capacity),
+                      key=lambda c: (c.evaluation.memory.peak, c.name))
+        for c in _distinct(near, REPAIRS):
             fixed, spent = repair(space, c, objective)
             moves += spent
             if fixed is not None:
@@ -1605,7 +1698,10 @@ def search_zero(ctx: Context, options: Options, objective: str = "time",
             # the stage before had nothing faster that did not fit (or was itself
             # skipped): keeping less would find the same plan
             base = prev.stage if prev.outcome == "plan" else 1
-            trials.append(ZeroTrial(stage, f"same as {base}" if stage == 2
+            # (stage 2 reduces the gradients every microbatch where there are several:
+            # then not the same plan, and not a faster one)
+            trials.append(ZeroTrial(stage, f"same as {base}" if stage == 2 and
+                                    options.microbatches == 1
                                     else f"not faster than {base}", shard=shard))
             continue
         opts = dataclasses.replace(options, zero=stage, zero_shard=shard)
@@ -2103,7 +2199,7 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
     the hull is walked with them left out."""
     found: list[Candidate] = []
     timed = Weights(base.compute, base.activation, base.gradient, 0.0,
-                    step_share=base.step_share)
+                    step_share=base.step_share, update=base.update)
     memory = Weights(0.0, 0.0, 0.0, 1.0)
 
     def point(assignment: dict[int, Layout]) -> tuple[float, float]:
@@ -2146,7 +2242,8 @@ def _fit_memory(space: Space, base: Weights, fastest: dict[int, Layout],
         lam = max((t_b - t_a) / (m_a - m_b), 0.0)
         runs += 1
         mid = solve(space, Weights(base.compute, base.activation, base.gradient, lam,
-                                   buffer_cap=cap, step_share=base.step_share))[1]
+                                   buffer_cap=cap, step_share=base.step_share,
+                                   update=base.update))[1]
         t_c, m_c = point(mid)
         if t_c + lam * m_c >= (t_a + lam * m_a) * (1 - 1e-12):
             continue  # on the segment: the hull edge between the two

@@ -236,6 +236,32 @@ def test_a_tied_head_column_split_keeps_its_logits_split():
     assert not holds_alike(make_layout("model", 4, 2), make_layout("column", 2, 4))
 
 
+def test_a_lone_output_head_still_gets_a_megatron_baseline():
+    """Found in review: a network whose only linear layer is its head had no megatron row in
+    `compare` at all, with nothing said. Megatron-LM splits an output layer by columns
+    (ColumnParallelLinear, its logits left split for the loss) with or without pairs, so
+    the baseline is that head; a linear that is neither a pair's nor the head (here, a
+    layer norm after it) leaves the baseline not applicable, with the reason; a network
+    without linear layers has no megatron row, as before."""
+    def megatron(net):
+        opts = Options(gpus=8, batch=64, overlap="none")
+        ctx = make_context(net, cluster(per_node=8), opts, FixedEstimator(1e-5))
+        return [b for b in search(ctx, opts).baselines if b.name == "megatron"]
+
+    (head,) = megatron(mlp([1024, 4096]))
+    assert head.candidate is not None
+    assert head.candidate.description.startswith("column-split head, model elsewhere, ")
+    assert {lay.mode for lay in head.candidate.assignment.values()} == {"column"}
+    (norm,) = megatron(mlp([1024, 4096], extra="  - {name: norm, type: layernorm}\n"))
+    assert norm.candidate is None
+    assert norm.reason.startswith("no linear layer feeds another one through feature-wise "
+                                  "layers only, and the last layer is not a linear output "
+                                  "head")
+    assert megatron(load_network_text(
+        "kind: network\nname: c\ninput: [3, 16, 16]\nlayers:\n"
+        "  - {type: conv2d, out_channels: 8, kernel: 3}\n")) == []
+
+
 def test_the_megatron_baseline_pairs_each_mlp():
     """GPT-2: each block's c_fc column and c_proj row (the GELU between them is
     feature-wise), the tied head column; attention and the table stay model-split. On a

@@ -374,3 +374,35 @@ def test_a_domain_split_convolution_keeps_its_halo_rows_after_a_relu():
     ev = _eval(net, cluster(), {lay.index: make_layout("domain", 4, 1)
                                 for lay in net.layers if lay.has_weights}, 4, 4)
     assert ev.memory.activations == 52 * 8192
+
+
+@pytest.mark.parametrize("view", ["identity", "flatten"])
+def test_a_trailing_view_changes_no_memory(view):
+    """Found by an audit: a bf16 output head followed by an identity (or a flatten) was
+    shown keeping half the bytes for the loss (its bf16 logits, where the loss keeps
+    fp32 probabilities: 6.11 MiB a sample at 16 × 100,000, shown 3.05), and its largest
+    gradients in flight counted the view's input and output gradients as two tensors
+    (buffers 390.6 MiB against 195.4 at batch 64). A view is the same tensor: the same
+    network without it keeps and moves the same bytes."""
+    from planner.inputs import load_network_text
+
+    from .helpers import cluster
+
+    head = "kind: network\ninput: [16, 64]\ndtype: bfloat16\nlayers:\n" \
+           "  - {type: linear, out_features: 100000}\n"
+    plain = load_network_text(head)
+    viewed = load_network_text(head + f"  - {{type: {view}}}\n")
+    # by hand: 16 tokens x 100,000 logits x 4 bytes (fp32 probabilities); the network
+    # input the linear keeps is no layer's output, so no layer's to show
+    for net in (plain, viewed):
+        assert sum(net.activation_bytes(layer) for layer in net.layers) == \
+            16 * 100_000 * 4
+    opts = Options(gpus=1, batch=64)
+    reports = []
+    for net in (plain, viewed):
+        ctx = make_context(net, cluster(), opts)
+        lay = {layer.index: make_layout("data", 1, 1) for layer in net.layers
+               if layer.has_weights}
+        reports.append(evaluate(ctx, opts, lay).memory)
+    assert reports[1].activations == reports[0].activations
+    assert reports[1].workspace == reports[0].workspace

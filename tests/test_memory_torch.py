@@ -76,6 +76,40 @@ layers:
     assert _predicted(net) == got
 
 
+def test_average_pools_keep_their_input_as_autograd_does():
+    """Found by an audit: average pooling kept nothing for backward in the planner;
+    PyTorch's AvgPool2DBackward0 and AdaptiveAvgPool2DBackward0 save their input (a
+    DenseNet transition's 1×1 convolution output, here the first conv's), while an
+    adaptive pool to 1×1 is a mean, which keeps only sizes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.AvgPool2d(2), nn.Conv2d(8, 8, 3, padding=1),
+        nn.AdaptiveAvgPool2d(2), nn.Conv2d(8, 16, 1), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(16, 10))
+    model.train()
+    got = _saved_bytes(model, torch.randn(B, 3, 16, 16))
+    net = load_network_text("""
+kind: network
+input: [3, 16, 16]
+layers:
+  - {type: conv2d, out_channels: 8, kernel: 3, padding: 1}
+  - {type: avgpool, kernel: 2}
+  - {type: conv2d, out_channels: 8, kernel: 3, padding: 1}
+  - {type: adaptive_avgpool, output_size: 2}
+  - {type: conv2d, out_channels: 16, kernel: 1}
+  - {type: adaptive_avgpool, output_size: 1}
+  - {type: flatten}
+  - {type: linear, out_features: 10}
+""")
+    assert _predicted(net) == got
+    # by hand, per sample, fp32: the input image (3·16·16, the first conv's, for its
+    # weights' gradient), the first conv's output (8·16·16, the pool's), the pooled map (8·8·8, the second conv's), its output
+    # (8·8·8, the adaptive pool's), the 2×2 map (8·2·2, the 1×1 conv's), the flattened
+    # 16 (the linear's) and the logits (10, the loss's); the 1×1 conv's output, 16·2·2,
+    # is not kept (a mean)
+    assert got == B * 4 * (3 * 256 + 8 * 256 + 8 * 64 + 8 * 64 + 8 * 4 + 16 + 10)
+
+
 def test_mlp_with_gelu_and_layernorm_matches_autograd():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 16),
@@ -222,3 +256,33 @@ layers:
     per = 4 if kind == "eager" else net.elem_bytes
     assert loss_bytes == 3 * tokens * vocab * per
     assert live.peak == pytest.approx(loss_bytes, rel=0.005)
+
+
+@pytest.mark.parametrize("ceil", [False, True])
+def test_pool_output_sizes_match_pytorch_also_where_the_window_passes_the_input(ceil):
+    """Found by an audit: a pooling window larger than its input was refused, though
+    under ceil_mode PyTorch keeps a window that starts inside it (3×3, stride 2, on 2×2
+    gives 1×1). Every kernel, stride and padding over small inputs: the planner's output
+    size is PyTorch's, and it refuses exactly where PyTorch does."""
+    from planner.errors import InputError
+
+    for size in (1, 2, 3, 5):
+        for k in (1, 2, 3, 4):
+            for s in (1, 2, 3):
+                for pad in range(k // 2 + 1):
+                    x = torch.zeros(1, 1, size, size)
+                    try:
+                        want = nn.functional.max_pool2d(x, k, s, pad,
+                                                        ceil_mode=ceil).shape[-1]
+                    except RuntimeError:
+                        want = None
+                    text = (f"kind: network\ninput: [1, {size}, {size}]\nlayers:\n"
+                            "  - {type: conv2d, out_channels: 1, kernel: 1}\n")
+                    for kind in ("maxpool", "avgpool"):
+                        body = text + (f"  - {{type: {kind}, kernel: {k}, stride: {s}, "
+                                       f"padding: {pad}, ceil_mode: {str(ceil).lower()}}}\n")
+                        try:
+                            got = load_network_text(body).layers[1].output_shape[-1]
+                        except InputError:
+                            got = None
+                        assert got == want, (size, k, s, pad, kind)

@@ -394,3 +394,42 @@ def test_padding_words_say_what_to_write(layer, said):
     with pytest.raises(InputError) as exc:
         load_network_text(text)
     assert said in str(exc.value)
+
+
+def _backward_gemms(text):
+    from planner.network import layer_kernels
+
+    net = load_network_text(text)
+    return {layer.name: [(k.m, k.n, k.k) for k in layer_kernels(layer, 64, 4)["backward_data"]
+                         if isinstance(k, Gemm)] for layer in net.layers}
+
+
+def test_no_input_gradient_where_only_parameter_free_layers_lead_to_it():
+    """Found by an audit: a linear layer after a flatten (or a ReLU) at the network's
+    start was charged its input gradient's GEMM, which autograd skips since nothing
+    upstream requires a gradient; the same network without the flatten was not (8.05 vs
+    9.01 ms of compute for a 150,528 → 4,096 → 1,000 MLP on 8 H100s). A norm with
+    parameters before it needs the gradient (its weights' gradient reads it), and so
+    does everything after the first layer with parameters. An attention or MoE layer
+    first skips its input projection's backward-data GEMM too, as a linear does."""
+    head = "kind: network\nname: n\ninput: [{inp}]\nlayers:\n"
+    mlp = ("  - {name: a, type: linear, out_features: 256}\n  - {type: relu}\n"
+           "  - {name: b, type: linear, out_features: 10}\n")
+    plain = _backward_gemms(head.format(inp=512) + mlp)
+    flat = _backward_gemms(head.format(inp="2, 16, 16") + "  - {type: flatten}\n" + mlp)
+    relu = _backward_gemms(head.format(inp=512) + "  - {type: relu}\n" + mlp)
+    # 64 samples: b's dX is 64 × 256 from 64 × 10; a's would be 64 × 512 from 64 × 256
+    assert plain["a"] == flat["a"] == relu["a"] == []
+    assert plain["b"] == flat["b"] == relu["b"] == [(64, 256, 10)]
+    normed = _backward_gemms(head.format(inp=512) + "  - {type: layernorm}\n" + mlp)
+    assert normed["a"] == [(64, 512, 256)]
+    # attention first: its output projection's dgrad (64·8 tokens, 32 from 32) stays,
+    # the input projection's (32 features from 96 = q, k, v) goes
+    attn = _backward_gemms("kind: network\nname: n\ninput: [8, 32]\nlayers:\n"
+                           "  - {name: at, type: attention, heads: 4}\n"
+                           "  - {type: linear, out_features: 10}\n")
+    assert (512, 32, 32) in attn["at"] and (512, 32, 96) not in attn["at"]
+    second = _backward_gemms("kind: network\nname: n\ninput: [8, 32]\nlayers:\n"
+                             "  - {type: linear, out_features: 32}\n"
+                             "  - {name: at, type: attention, heads: 4}\n")
+    assert (512, 32, 96) in second["at"]

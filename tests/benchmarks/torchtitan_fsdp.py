@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -139,7 +140,7 @@ def main(argv: list[str]) -> None:
               f"{mine:,.0f} | {mine / wps:.3f} | {mem['peak_bytes'] / 2**30:.1f} GiB"
               + ("" if mem["fits"] else " (does not fit)") + " |", flush=True)
     ratios.sort()
-    print(f"\nplanner / torchtitan: median {ratios[len(ratios) // 2]:.3f} "
+    print(f"\nplanner / torchtitan: median {statistics.median(ratios):.3f} "
           f"(from {ratios[0]:.3f} to {ratios[-1]:.3f})")
 
 
