@@ -103,10 +103,10 @@ layers:
 """)
     assert _predicted(net) == got
     # by hand, per sample, fp32: the input image (3·16·16, the first conv's, for its
-    # weights' gradient), the first conv's output (8·16·16, the pool's), the pooled map (8·8·8, the second conv's), its output
-    # (8·8·8, the adaptive pool's), the 2×2 map (8·2·2, the 1×1 conv's), the flattened
-    # 16 (the linear's) and the logits (10, the loss's); the 1×1 conv's output, 16·2·2,
-    # is not kept (a mean)
+    # weights' gradient), the first conv's output (8·16·16, the pool's), the pooled map
+    # (8·8·8, the second conv's), its output (8·8·8, the adaptive pool's), the 2×2 map
+    # (8·2·2, the 1×1 conv's), the flattened 16 (the linear's) and the logits (10, the
+    # loss's); the 1×1 conv's output, 16·2·2, is not kept (a mean)
     assert got == B * 4 * (3 * 256 + 8 * 256 + 8 * 64 + 8 * 64 + 8 * 4 + 16 + 10)
 
 
