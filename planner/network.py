@@ -1135,6 +1135,10 @@ def _read_layer_params(kind: str, f: Fields) -> dict[str, Any]:
         p["load_imbalance"] = f.opt("load_imbalance", number(1.0, 1e6), 1.0)
         p["shared_experts"] = f.opt("shared_experts", integer(0, 1_000_000), 0)
         p["shared_ffn"] = f.opt_none("shared_ffn", integer(1))
+    elif kind == "relu":  # leaky_relu's slope: the same one pass, no parameters
+        f.opt("negative_slope", number(-1e6, 1e6), 0.01)
+    elif kind == "gelu":  # GPT-2's gelu_new is the tanh form: a few FLOPs either way
+        f.opt("approximate", choice(("none", "tanh")), "none")
     elif kind == "softmax":
         pass
     return p

@@ -433,3 +433,20 @@ def test_no_input_gradient_where_only_parameter_free_layers_lead_to_it():
                              "  - {type: linear, out_features: 32}\n"
                              "  - {name: at, type: attention, heads: 4}\n")
     assert (512, 32, 96) in second["at"]
+
+
+def test_pytorch_spellings_of_activations_are_read():
+    """Found by an audit: `leaky_relu` with its `negative_slope` and `gelu` with
+    `approximate: tanh` (GPT-2's gelu_new), as PyTorch writes them, were refused as
+    unknown keys ("in a relu layer"). Both are read; neither changes the layer, and a
+    key that neither takes is still refused."""
+    base = "kind: network\ninput: [64]\nlayers:\n  - {type: linear, out_features: 64}\n"
+    plain = load_network_text(base + "  - {type: relu}\n  - {type: gelu}\n")
+    spelled = load_network_text(base + "  - {type: leaky_relu, negative_slope: 0.2}\n"
+                                       "  - {type: gelu, approximate: tanh}\n")
+    assert [(x.type, x.flops, x.saves_input, x.saves_output) for x in plain.layers] == \
+        [(x.type, x.flops, x.saves_input, x.saves_output) for x in spelled.layers]
+    with pytest.raises(InputError, match="unknown key 'approximate'"):
+        load_network_text(base + "  - {type: relu, approximate: tanh}\n")
+    with pytest.raises(InputError, match="approximate"):
+        load_network_text(base + "  - {type: gelu, approximate: fast}\n")
