@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from planner.costs.comm import Group, clog2
 from planner.costs.layer import redistribute_terms, weighted_terms
 from planner.evaluate import Options, evaluate, make_context
-from planner.inputs import load_cluster, load_network
+from planner.inputs import load_cluster, load_network, load_network_text
 from planner.layout import Dist, make_layout, redistribution
 from planner.strategies import candidate_layouts, why_invalid
 
@@ -416,6 +416,31 @@ def test_gather_whose_members_need_different_blocks_is_an_exchange():
     # data → model 4x4 gathers the 4 quarter-blocks of one batch block in each row group
     r = redistribution(data, make_layout("model", 4, 4).output_dist(), 8)
     assert (r.kind, r.group) == ("gather", Group(4, 4))
+
+
+@pytest.mark.parametrize(("per_node", "rows"), [(8, 1), (1, 2), (16, 2)])
+def test_a_halo_across_nodes_carries_one_side_where_the_other_is_inside(per_node, rows):
+    """Found by an audit: a 3×3 convolution split by height 16 ways on two 8-GPU nodes
+    priced both sides' halo rows (2 × 1 MiB) on the NIC of a device at a node's edge,
+    where one neighbour is across and the other inside, both received at once: the
+    busiest device takes one row across (9.6 µs + 1,048,576 B / 50 GB/s = 30.6 µs on a
+    DGX H100's 400 Gbit/s NIC). One device a node: both rows cross. One node: both come
+    over NVLink, as before."""
+    net = load_network_text(
+        "kind: network\ninput: [64, 256, 256]\nlayers:\n"
+        "  - {name: c1, type: conv2d, out_channels: 64, kernel: 3, padding: 1}\n"
+        "  - {name: c2, type: conv2d, out_channels: 64, kernel: 3, padding: 1}\n")
+    cl = cluster(per_node=per_node, intra=(2.756e-6, 351.3e9), inter=(9.6e-6, 50e9))
+    ctx, _ = _ctx(net, cl, 16, 16)
+    (fwd,) = [t for t in weighted_terms(net.by_name("c2"), make_layout("domain", 16, 1), ctx)
+              if t.note == "halo" and t.phase == "forward"]
+    one_row = 16 * 256 * 64 * 4  # batch 16 (P_c = 1) × width × channels × fp32
+    assert fwd.bytes == rows * one_row
+    link = cl.intra if per_node == 16 else cl.inter
+    assert fwd.seconds == pytest.approx(link.latency_s + rows * one_row / link.bandwidth,
+                                        rel=1e-12)
+    if per_node == 8:
+        assert fwd.seconds == pytest.approx(30.57e-6, rel=1e-3)
 
 
 def test_uneven_batch_blocks_communicate_the_busiest_block():

@@ -329,6 +329,17 @@ def _halo_group(layout_row: Group) -> Group:
     return Group(2, 1 if layout_row.spans_nodes else 2)
 
 
+def _halo_rows(top: int, bottom: int, layout_row: Group) -> int:
+    """Rows of a halo the busiest device receives on the link :func:`_halo_group`
+    prices: both sides, unless the row group spans nodes with at least two of its
+    devices on every node, where a device at a node's edge has one neighbour across
+    (on its NIC) and the other inside (on NVLink, at the same time, and sooner): the
+    larger side (an audit: two 1 MiB rows over the NIC where one crosses)."""
+    if layout_row.spans_nodes and layout_row.per_node >= 2:
+        return max(top, bottom)
+    return top + bottom
+
+
 def _add(terms: list[CommTerm], t: CommTerm | None) -> None:
     if t is not None:
         terms.append(t)
@@ -769,12 +780,13 @@ def halo_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[Com
             _add(terms, term(ctx, "backward_data", "p2p", group,
                              b * w_out * c_out * (kw // 2) * e, "halo"))
         return terms
-    top, bottom = layer.halo_forward
-    _add(terms, term(ctx, "forward", "p2p", group, b * (top + bottom) * w_in * c_in * e, "halo"))
+    row = layout.row_group(ctx.per_node, ctx.rank_offset)
+    rows = _halo_rows(*layer.halo_forward, row)
+    _add(terms, term(ctx, "forward", "p2p", group, b * rows * w_in * c_in * e, "halo"))
     if _needs_input_grad(layer):
-        top_b, bottom_b = layer.halo_backward
+        rows_b = _halo_rows(*layer.halo_backward, row)
         _add(terms, term(ctx, "backward_data", "p2p", group,
-                         b * (top_b + bottom_b) * w_out * c_out * e, "halo"))
+                         b * rows_b * w_out * c_out * e, "halo"))
     return terms
 
 
@@ -937,13 +949,12 @@ def _follower_terms(layer: Layer, dist: Dist, ctx: Context
             layout_row = row
             c, _, w_in = layer.input_shape
             _, _, w_out = layer.output_shape
-            top, bottom = layer.halo_forward
-            top_b, bottom_b = layer.halo_backward
+            rows = _halo_rows(*layer.halo_forward, layout_row)
+            rows_b = _halo_rows(*layer.halo_backward, layout_row)
             grp = _halo_group(layout_row)
-            _add(terms, term(ctx, "forward", "p2p", grp, b * (top + bottom) * w_in * c * e,
+            _add(terms, term(ctx, "forward", "p2p", grp, b * rows * w_in * c * e, "halo"))
+            _add(terms, term(ctx, "backward_data", "p2p", grp, b * rows_b * w_out * c * e,
                              "halo"))
-            _add(terms, term(ctx, "backward_data", "p2p", grp,
-                             b * (top_b + bottom_b) * w_out * c * e, "halo"))
             return terms, work, dist
         if spatial_in and layer.type == "batchnorm":
             stats = 2 * layer.input_shape[0] * 4
