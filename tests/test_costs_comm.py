@@ -346,6 +346,39 @@ def test_hybrid_reduction_over_an_uneven_group_reduces_every_rank():
         + collective_time("all_reduce", n / 8, Group(2, 1), cl)[0], rel=1e-12)
 
 
+def test_the_parts_of_nccl_s_cross_node_costs_that_no_test_checked():
+    """An audit of the tests found three terms of the collective models that could be
+    changed unnoticed; each is checked here by hand on a cluster that makes it count.
+
+    * all-to-all across nodes (NCCL's pairwise exchange): ``(w−1)α_intra + (p−q)α_net +
+      max((p−q)/p·β_net, (w−1)/p·β_intra)·n``; with NVLink slower than the network
+      a rank the NVLink term is the larger (16 ranks = 2 nodes of 8: 7/16 of the bytes
+      at 10 GB/s against 8/16 at 100 GB/s).
+    * the hybrid reduction's replicas of a shard over an uneven group: 13 = 8 + 5 makes
+      shards of 5 held by ⌈13/5⌉ = 3 ranks (two in the 8-rank node), not 2.
+    * a flat algorithm across nodes waits for the slower tier's latency, also where
+      that is the node's own (an MPI ring over 2 nodes of 2 with α_intra 9 µs and
+      α_net 2 µs: 2·3 steps of 9 µs)."""
+    from planner.costs.comm import nccl_ring_time
+
+    slow_links = cluster(per_node=8, intra=(2e-6, 10e9), inter=(5e-6, 100e9))
+    n = 1e9
+    by_hand = 7 * 2e-6 + 8 * 5e-6 + max(8 / 16 / 100e9, 7 / 16 / 10e9) * n
+    assert nccl_ring_time("all_to_all", n, Group(16, 8), slow_links) == pytest.approx(
+        by_hand, rel=1e-12)
+    cl = cluster(per_node=8)
+    inside = collective_time("reduce_scatter", n, Group(5, 5), cl)[0]
+    across = collective_time("all_reduce", n / 5, Group(3, 1, 2), cl)[0]
+    assert collective_time("hybrid_reduce", n, Group(13, 5, 2), cl)[0] == pytest.approx(
+        inside + across, rel=1e-12)
+    mpi = dataclasses.replace(cluster(per_node=2, intra=(9e-6, 100e9), inter=(2e-6, 10e9),
+                                      algorithm="ring"), library="mpi")
+    t, name = collective_time("all_reduce", 8.0, Group(4, 2), mpi)
+    # 2(p−1) = 6 steps at the larger latency, 2(p−1)/p of the bytes at the slower link
+    assert name == "ring"
+    assert t == pytest.approx(6 * 9e-6 + 2 * 3 / 4 * 8.0 / 10e9, rel=1e-12)
+
+
 def test_nvls_is_nccl_s_alone():
     """In-switch reduction is NCCL's (NVLS); under an MPI library a one-node all-reduce
     is one of MPI's algorithms (an audit found NVLS offered under MPI)."""

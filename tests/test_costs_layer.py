@@ -443,6 +443,36 @@ def test_a_halo_across_nodes_carries_one_side_where_the_other_is_inside(per_node
         assert fwd.seconds == pytest.approx(30.57e-6, rel=1e-3)
 
 
+def test_a_split_height_s_pool_halo_and_batch_norm_statistics_by_hand():
+    """An audit of the tests found these bytes unchecked (the pool's halo rows set to 0,
+    or batch norm's statistics halved, passed). Height split 4 ways inside one node
+    (domain 4x1), batch 8 on every device, 16 channels of 32 × 32, fp32: batch norm
+    all-reduces its mean and variance, 2 · 16 · 4 bytes, forward and backward; a 3×3
+    max pool of stride 1 and padding 1 reads one row from each neighbour, forward
+    ``b·(1 + 1)·W·C·e`` = 8 · 2 · 32 · 16 · 4 bytes, and sends the gradient of as many
+    back; across nodes, two devices a node, the larger side alone."""
+    from planner.costs.layer import follower_terms
+
+    net = load_network_text(
+        "kind: network\ninput: [3, 32, 32]\nlayers:\n"
+        "  - {name: c, type: conv2d, out_channels: 16, kernel: 3, padding: 1}\n"
+        "  - {name: bn, type: batchnorm}\n"
+        "  - {name: pool, type: maxpool, kernel: 3, stride: 1, padding: 1}\n"
+        "  - {type: flatten}\n  - {type: linear, out_features: 10}\n")
+    for per_node, rows in ((8, 2), (2, 1)):
+        ctx, _ = _ctx(net, cluster(per_node=per_node), 4, 8)
+        dist = make_layout("domain", 4, 1).output_dist()
+        bn, _, _ = follower_terms(net.by_name("bn"), dist, ctx)
+        # and the gradients of its scale and shift, 2 · 16 fp32, over the 4 holders
+        assert [(t.phase, t.collective, t.bytes) for t in bn] == [
+            ("forward", "all_reduce", 2 * 16 * 4), ("backward_data", "all_reduce", 2 * 16 * 4),
+            ("weight_grad", "all_reduce", 2 * 16 * 4)]
+        pool, _, _ = follower_terms(net.by_name("pool"), dist, ctx)
+        assert [(t.phase, t.collective, t.bytes) for t in pool] == [
+            ("forward", "p2p", 8 * rows * 32 * 16 * 4),
+            ("backward_data", "p2p", 8 * rows * 32 * 16 * 4)]
+
+
 def test_uneven_batch_blocks_communicate_the_busiest_block():
     """B = 50 on P_c = 4: blocks of 13, 13, 12 and 12 samples. The model-parallel
     all-gather of fc2's 32 outputs moves the busiest block, 13 × 32 × 4 bytes (compute

@@ -469,3 +469,26 @@ def test_launch_refuses_an_edited_grid_stage_or_chunk(runner, net_file, tmp_path
     assert words in out.output
     assert f"(at $.placement.grids[0].{key})" in out.output
     assert "Traceback" not in out.output
+
+
+def test_a_stage_s_memory_adds_its_chunks_state_and_takes_their_largest_buffers():
+    """An audit of the tests found the stage's buffers and workspace unchecked (the
+    first or last chunk's in place of the largest passed). By hand, two chunks whose
+    reports are made up: the state adds (1 + 10, 2 + 20, 3 + 30), the activations are
+    the fullest moment's kept tensors (states (2, 0), (1, 1), (2, 1): 8, 7 and 2·4 + 3 =
+    11) plus the larger working set one chunk adds beyond what it keeps (10 − 2·4 = 2
+    and 7 − 2·3 = 1: 2), 13; the buffers and the workspace are the larger chunk's (5 of
+    the first, 6 of the second)."""
+    from types import SimpleNamespace
+
+    from planner.costs.memory import MemoryReport
+    from planner.pipeline import stage_memory
+
+    a = MemoryReport(1.0, 2.0, 3.0, 10.0, 5.0, 1.0, 100.0, kept=4.0)
+    b = MemoryReport(10.0, 20.0, 30.0, 7.0, 2.0, 6.0, 100.0, kept=3.0)
+    chunks = [SimpleNamespace(evaluation=SimpleNamespace(memory=m), inflight=2)
+              for m in (a, b)]
+    got = stage_memory(chunks, [(2, 0), (1, 1), (2, 1)], 100.0)
+    assert (got.weights, got.gradients, got.optimizer) == (11.0, 22.0, 33.0)
+    assert got.activations == 13.0
+    assert (got.comm_buffers, got.workspace, got.kept, got.capacity) == (5.0, 6.0, 7.0, 100.0)

@@ -27,6 +27,15 @@ def test_invalid_file(runner, path, monkeypatch):
     assert got == sorted(expected(path), key=lambda s: (0, 0) if s.startswith("error:")
                          else tuple(int(x) for x in s.split(":")[:2]))
     assert "Traceback" not in result.stderr
+    # under each located message: the file's line, and a caret under its column
+    source = path.read_text(encoding="utf-8").splitlines()
+    out = result.stderr.splitlines()
+    for i, line in enumerate(out):
+        if not line.startswith(f"{path.name}:") or line[len(path.name) + 1].isspace():
+            continue
+        row, col = (int(x) for x in line[len(path.name) + 1:].split(":")[:2])
+        assert out[i + 1] == "    " + source[row - 1].expandtabs(1), (line, out[i + 1])
+        assert out[i + 2] == "    " + " " * (col - 1) + "^", (line, out[i + 2])
 
 
 def test_corpus_is_not_empty():
@@ -151,3 +160,21 @@ def test_a_grids_companions_beside_a_plan_say_what_they_go_with(runner, tmp_path
     assert r.stderr.count("error:") == 1 and "missing required key" not in r.stderr
     assert f"{cluster}:6:10: error: expected the network as a mapping of keys, got a " \
         "list" in r.stderr
+
+
+def test_the_caret_sits_under_the_column_even_on_a_long_line():
+    """Found by an audit of the tests: nothing checked the snippet and caret under a
+    located error (moving the caret a column, or the long line's window, passed every
+    test). A line over 160 characters shows 160 of them from 80 before the column,
+    the caret at 79; a tab is one column, as YAML's marks count it."""
+    from planner.errors import Located
+
+    short = Located("f.yaml", 3, 4, "bad", "$.a", "a: bad\n").render().splitlines()
+    assert short == ["f.yaml:3:4: error: bad (at $.a)", "    a: bad", "    " + "   ^"]
+    long_line = "".join(chr(ord("a") + i % 26) for i in range(300))
+    rendered = Located("f.yaml", 1, 200, "bad", "$", long_line).render().splitlines()
+    assert rendered[1] == "    " + long_line[120:280]
+    assert rendered[2] == "    " + " " * 79 + "^"
+    assert rendered[1][4 + 79] == long_line[199]  # the character at column 200
+    tabbed = Located("f.yaml", 1, 3, "bad", "$", "\tx: y").render().splitlines()
+    assert tabbed[1:] == ["     x: y", "      ^"]

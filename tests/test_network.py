@@ -450,3 +450,28 @@ def test_pytorch_spellings_of_activations_are_read():
         load_network_text(base + "  - {type: relu, approximate: tanh}\n")
     with pytest.raises(InputError, match="approximate"):
         load_network_text(base + "  - {type: gelu, approximate: fast}\n")
+
+
+def test_two_layers_alike_but_for_their_input_gradient_are_priced_apart():
+    """The fuzz tests found it, the day the input gradient became skippable after a
+    first ReLU: the evaluation's cache took two linear layers of one shape for the same
+    cost, so the one after the ReLU (no input gradient) and the one after it (one)
+    were priced alike, whichever came first; the plan's time then differed from the
+    same layouts priced afresh by half a backward pass. (A head follows: the last layer
+    carries the loss's kernels.)"""
+    from planner.evaluate import Options, evaluate, make_context
+    from planner.layout import make_layout
+
+    from .helpers import FixedEstimator, cluster
+
+    net = load_network_text("kind: network\ninput: [64]\nlayers:\n  - {type: relu}\n"
+                            "  - {name: a, type: linear, out_features: 64}\n"
+                            "  - {name: b, type: linear, out_features: 64}\n"
+                            "  - {name: head, type: linear, out_features: 10}\n")
+    opts = Options(gpus=1, batch=8, overlap="none")
+    ctx = make_context(net, cluster(), opts, FixedEstimator(1e-3))
+    ev = evaluate(ctx, opts, {i: make_layout("data", 1, 1) for i in (1, 2, 3)})
+    a, b = (r for r in ev.layers if r.layer.name in ("a", "b"))
+    # one kernel a GEMM: a runs its weight gradient alone, b its input's gradient too
+    assert (a.cost.backward_s, b.cost.backward_s) == (pytest.approx(1e-3),
+                                                      pytest.approx(2e-3))

@@ -127,3 +127,24 @@ def test_long_times_stay_in_seconds_and_rates_group_thousands():
     assert format_time(float("inf")) == "inf s"
     assert [format_rate(x) for x in (419003.4, 100.0, 99.94, 12.54, 0.01234)] == [
         "419,003", "100", "99.9", "12.5", "0.0123"]
+
+
+def test_edges_no_other_test_pinned_down():
+    """An audit of the tests found these could change unnoticed (only the README's
+    golden quickstart output caught the rounding): plans round to 4 significant digits,
+    byte counts to whole bytes; a peak equal to the capacity fits; the fewest
+    microbatches that fit round up (activations of 8 over 3 units of room at 1
+    microbatch need 8/3, so 3, the next divisor of the batch of 6; flooring gave 2,
+    which does not fit)."""
+    from planner.costs.memory import MemoryReport
+    from planner.output import round_sig, rounded
+    from planner.search import _microbatches_that_fit
+
+    assert round_sig(123456.0) == 123500.0 and round_sig(1.23456e-3) == 1.235e-3
+    assert rounded({"x_s": 1.23456e-3, "peak_bytes": 26214400.4, "n": 3}) == {
+        "x_s": 1.235e-3, "peak_bytes": 26214400, "n": 3}
+    assert MemoryReport(1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 4.0).fits
+    assert not MemoryReport(1.0, 1.0, 1.0, 1.0, 0.0, 1e-9, 4.0).fits
+    # weights 4, activations 8: peak 12 of 7; room for activations 7 − 4 = 3
+    mem = MemoryReport(4.0, 0.0, 0.0, 8.0, 0.0, 0.0, 7.0)
+    assert _microbatches_that_fit(6, 1, mem) == 3

@@ -284,7 +284,9 @@ def cost_signature(layer: Layer, ctx: Context) -> tuple[object, ...]:
     return (layer.type, layer.input_shape, layer.output_shape, layer.params,
             layer.weight_elems, layer.conv, layer.pool, layer.linear, layer.attention,
             layer.embedding, layer.moe, layer.inputs == (-1,), layer.stage_input,
-            layer.saves_input,
+            # its input's gradient is computed (not where only parameter-free layers
+            # lead to it: a linear after a first ReLU costs less than one after a linear)
+            layer.input_grad, layer.saves_input,
             layer.saves_output, layer.saved_internal, layer.saved_bytes_extra,
             # an embedding's forward depends on whether a head shares its table (few
             # embeddings: none shares another's costs)
