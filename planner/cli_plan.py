@@ -1134,7 +1134,7 @@ def more_devices(q: Question, exc: Any, objective: str, pins: tuple[str, ...]) -
     pins, whose grids are the question's device count's, ``exc`` as it is."""
     import dataclasses
 
-    from .search import more_devices_checked
+    from .search import leanest_fits, more_devices_checked
 
     if pins:
         return exc
@@ -1142,8 +1142,10 @@ def more_devices(q: Question, exc: Any, objective: str, pins: tuple[str, ...]) -
     def search_at(n: int) -> None:
         if q.progress is not None:
             q.progress("devices", f"{n:,}")
-        run_search(dataclasses.replace(q, options=dataclasses.replace(q.options, gpus=n),
-                                       ctx=dataclasses.replace(q.ctx, gpus=n)), objective, ())
+        at = dataclasses.replace(q, options=dataclasses.replace(q.options, gpus=n),
+                                 ctx=dataclasses.replace(q.ctx, gpus=n))
+        if not leanest_fits(at.ctx, at.options):  # fits: a plan does; else search it
+            run_search(at, objective, ())
 
     return more_devices_checked(exc, q.options.gpus, q.options.batch,
                                 q.cluster.max_devices(), search_at)

@@ -1077,10 +1077,12 @@ def check_config(cfg: TrainingConfig, estimator: Any = None) -> CheckReport:
         try:
             best_s = _search_auto(ctx, options, auto)[0].best.evaluation.time_s
         except NoFeasiblePlan as exc:
-            from .search import more_devices_checked
+            from .search import leanest_fits, more_devices_checked
 
             def search_at(n: int) -> None:
-                _search_auto(replace(ctx, gpus=n), replace(options, gpus=n), auto)
+                at_ctx, at_options = replace(ctx, gpus=n), replace(options, gpus=n)
+                if not leanest_fits(at_ctx, at_options):  # fits: a plan does
+                    _search_auto(at_ctx, at_options, auto)
 
             failure = more_devices_checked(exc, options.gpus, options.batch,
                                            cl.max_devices(), search_at)

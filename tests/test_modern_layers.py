@@ -118,11 +118,12 @@ def test_rotary_attention_by_hand(flash):
     more a sample; one memory-bound pass over Q and K each way (read and write them, 2
     bytes an element in bf16), after the projection forward and before its backward;
     nothing more is kept (the rotated Q and K replace the plain ones)."""
-    plain = _net("  - {name: a, type: attention, heads: 8, kv_heads: 2, bias: false, "
-                 f"flash: {flash}}}\n", "[32, 128]")
-    rope = _net("  - {name: a, type: attention, heads: 8, kv_heads: 2, bias: false, "
-                f"flash: {flash}, rotary: true}}\n", "[32, 128]")
-    a, r = plain.layers[0], rope.layers[0]
+    # (a norm first, with parameters: the attention computes its input's gradient)
+    plain = _net("  - {type: rmsnorm}\n  - {name: a, type: attention, heads: 8, kv_heads: 2, "
+                 f"bias: false, flash: {flash}}}\n", "[32, 128]")
+    rope = _net("  - {type: rmsnorm}\n  - {name: a, type: attention, heads: 8, kv_heads: 2, "
+                f"bias: false, flash: {flash}, rotary: true}}\n", "[32, 128]")
+    a, r = plain.layers[1], rope.layers[1]
     assert r.flops - a.flops == 3 * 32 * (128 + 32)
     assert (r.params, r.saved_internal, r.saved_bytes_extra) == (
         a.params, a.saved_internal, a.saved_bytes_extra)

@@ -199,6 +199,33 @@ def test_nothing_fitting_repairs_the_leanest_answer_whose_maxima_alone_do_not_fi
     assert doc["memory"]["fits"]
 
 
+@pytest.mark.parametrize(("net", "cl", "p", "b", "optimizer"), [
+    ("mlp4", "4x4", 4, 32, "momentum"), ("conv3", "4x4", 8, 8, "adam"),
+    ("tf1", "8x2", 4, 8, "momentum")])
+def test_where_the_leanest_answer_fits_the_search_finds_a_plan(tmp_path, net, cl, p, b,
+                                                               optimizer):
+    """The "more devices" probe asks a count only whether the program's leanest answer
+    fits (leanest_fits), and says a plan fits there if it does: sound only if the search
+    then finds one. Over capacities from below the leanest answer's peak to above it:
+    where it fits the search has a plan, and where the search has none it does not fit."""
+    q = question(tmp_path, net, cl, p, b, optimizer)
+    space = Space(q.ctx, q.options, {})
+    lean = solve(space, Weights(0.0, 0.0, 0.0, 1.0))[1]
+    peak = evaluate(q.ctx, q.options, lean).memory.peak
+    verdicts = []
+    for scale in (0.9, 0.99, 1.0, 1.01, 1.5):
+        ctx = at_capacity(q, peak * scale)
+        fits = search_module.leanest_fits(ctx, q.options)
+        try:
+            search(ctx, q.options)
+            found = True
+        except NoFeasiblePlan:
+            found = False
+        assert found or not fits, scale
+        verdicts.append(fits)
+    assert verdicts == [False, False, True, True, True]
+
+
 TIED_LM = """kind: network
 name: tied
 input: [16]
