@@ -1529,16 +1529,18 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         need((3,), kind)
         c, h, w = shape
         oh, ow = (1, 1) if kind == "global_avgpool" else p["output_size"]
-        if oh > h or ow > w:
-            raise _ShapeError(child_path(path, "output_size"),
-                              f"layer '{name}': output size {oh}×{ow} is larger than its "
-                              f"input {h}×{w}")
+        # PyTorch's windows: output i averages input rows ⌊i·h/oh⌋ to ⌈(i+1)·h/oh⌉, so an
+        # output larger than its input repeats cells (torchvision's VGG on 32 × 32
+        # images pools 1 × 1 to 7 × 7); the FLOPs add every window's reads
+        win_h = [-(-(i + 1) * h // oh) - i * h // oh for i in range(oh)]
+        win_w = [-(-(j + 1) * w // ow) - j * w // ow for j in range(ow)]
         # an output of 1×1 is a mean, which keeps only the input's sizes; any other
         # keeps the input (PyTorch's AdaptiveAvgPool2DBackward0 saves ``self``)
-        return mk((c, oh, ow), flops=c * h * w, saves_input=(oh, ow) != (1, 1),
+        return mk((c, oh, ow), flops=c * sum(win_h) * sum(win_w),
+                  saves_input=(oh, ow) != (1, 1),
                   pool=PoolGeom("global" if kind == "global_avgpool" else "adaptive",
-                                (-(-h // oh), -(-w // ow)), (h // oh, w // ow), (0, 0), c,
-                                (h, w), (oh, ow)))
+                                (max(win_h), max(win_w)), (max(1, h // oh), max(1, w // ow)),
+                                (0, 0), c, (h, w), (oh, ow)))
     if kind in ACTIVATIONS or kind in ("dropout", "softmax"):
         fl = _ELEMENTWISE_FLOPS[kind] * n_in
         if kind == "dropout":

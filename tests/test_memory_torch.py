@@ -286,3 +286,27 @@ def test_pool_output_sizes_match_pytorch_also_where_the_window_passes_the_input(
                         except InputError:
                             got = None
                         assert got == want, (size, k, s, pad, kind)
+
+
+def test_adaptive_average_pooling_matches_pytorch_also_to_a_larger_output():
+    """Found by an audit: an adaptive pool to an output larger than its input was
+    refused, though PyTorch repeats the input's cells (torchvision's VGG-16 on 32 × 32
+    images pools 1 × 1 to 7 × 7). Output sizes and what autograd keeps match PyTorch's;
+    the FLOPs add every window's reads, PyTorch's windows running from ⌊i·h/oh⌋ to
+    ⌈(i+1)·h/oh⌉ (by hand for 7 → 3: rows [0, 3), [2, 5), [4, 7), 9 a column)."""
+    torch.manual_seed(0)
+    for h, oh in ((1, 7), (4, 7), (7, 3), (7, 7), (14, 7)):
+        model = nn.Sequential(nn.Conv2d(3, 2, 1), nn.AdaptiveAvgPool2d(oh), nn.Flatten(),
+                              nn.Linear(2 * oh * oh, 4))
+        x = torch.randn(B, 3, h, h)
+        net = load_network_text(f"kind: network\ninput: [3, {h}, {h}]\nlayers:\n"
+                                "  - {type: conv2d, out_channels: 2, kernel: 1}\n"
+                                f"  - {{type: adaptive_avgpool, output_size: {oh}}}\n"
+                                "  - {type: flatten}\n  - {type: linear, out_features: 4}\n")
+        assert net.layers[1].output_shape == tuple(model[1](model[0](x)).shape[1:])
+        assert _predicted(net) == _saved_bytes(model, x), (h, oh)
+    pool = load_network_text("kind: network\ninput: [2, 7, 7]\nlayers:\n"
+                             "  - {type: conv2d, out_channels: 2, kernel: 1}\n"
+                             "  - {type: adaptive_avgpool, output_size: 3}\n"
+                             "  - {type: flatten}\n  - {type: linear, out_features: 4}\n")
+    assert pool.layers[1].flops == 2 * 9 * 9
