@@ -233,20 +233,29 @@ class Ahead(Generic[T]):
             r, w = os.pipe()
         except OSError:
             return False
+        # Ctrl-C waits until the child is registered, to be killed with the others: one
+        # between the fork and the registration left the child running (a CI run saw
+        # one outlive its command)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            pid = os.fork()
-        except OSError:  # EAGAIN, ENOMEM: too many processes, too little memory
-            os.close(r)
+            try:
+                pid = os.fork()
+            except OSError:  # EAGAIN, ENOMEM: too many processes, too little memory
+                os.close(r)
+                os.close(w)
+                return False
+            if pid == 0:  # the child: compute, send, and leave without cleaning up
+                signal.signal(signal.SIGINT, signal.SIG_DFL)  # the parent handles Ctrl-C
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                os.close(r)
+                _child(call, w, refs)
             os.close(w)
-            return False
-        if pid == 0:  # the child: compute, send, and leave without cleaning up
-            os.close(r)
-            _child(call, w, refs)
-        os.close(w)
-        self._running[i] = (pid, r, bytearray())
-        assert self._sel is not None
-        self._sel.register(r, selectors.EVENT_READ, i)
-        return True
+            self._running[i] = (pid, r, bytearray())
+            assert self._sel is not None
+            self._sel.register(r, selectors.EVENT_READ, i)
+            return True
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def _pump(self) -> None:
         """Read what the children send; an item whose child closed its pipe is done."""

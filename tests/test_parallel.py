@@ -403,3 +403,45 @@ def test_ctrl_c_stops_the_workers_too(tmp_path):
     assert b"Traceback" not in err
     assert not any(_alive(w) for w in workers)  # killed and reaped, none left running
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.yaml"]
+
+
+def test_ctrl_c_between_a_fork_and_its_registration_kills_that_child(monkeypatch):
+    """A CI run under load saw a worker outlive `sweep` after Ctrl-C: an interrupt that
+    lands after the fork, before the parent records the child, left it unknown to the
+    clean-up. The interrupt now waits until the child is recorded (SIGINT blocked over
+    the fork and the registration): here it is sent at the worst moment, as the parent
+    closes its end of the child's pipe, and the child is killed with the rest."""
+    import signal
+
+    def prepare(i: int):
+        return lambda: time.sleep(600)
+
+    real_close, real_fork = os.close, os.fork
+    parent = os.getpid()
+    children: list[int] = []
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid:
+            children.append(pid)
+        return pid
+
+    def close(fd: int) -> None:
+        real_close(fd)
+        if os.getpid() == parent and children and len(children) == 1:
+            children.append(-1)  # once
+            os.kill(parent, signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt), parallel.running(2), \
+            Ahead(2, prepare) as ahead:
+        monkeypatch.setattr(os, "fork", fork)
+        monkeypatch.setattr(os, "close", close)
+        ahead.get(0)
+    monkeypatch.setattr(os, "close", real_close)
+    monkeypatch.setattr(os, "fork", real_fork)
+    child = children[0]
+    for _ in range(200):  # killed and reaped by the clean-up
+        if not _alive(child):
+            break
+        time.sleep(0.01)
+    assert not _alive(child)
