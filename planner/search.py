@@ -1582,34 +1582,34 @@ def search(ctx: Context, options: Options, objective: str = "time",
                          "time for memory (Lagrangian search)")
     pool = fitting + [b.chosen for b in bases if b.fits and b.chosen is not None]
     moves = 0
-    if pool:
-        # the fastest answers that do not fit, moved one layer at a time until they do
-        bar = min(c.score(objective) for c in pool)
-        over = sorted((c for c in cands if not c.evaluation.memory.fits
-                       and c.score(objective) < bar),
-                      key=lambda c: (c.score(objective), c.name))
-        for c in _distinct(over, REPAIRS):
+
+    def repair_from(starts: list[Candidate]) -> int:
+        """Repair the first :data:`REPAIRS` distinct ``starts``, the plans that fit into
+        ``pool``; the assignments priced."""
+        priced = 0
+        for c in _distinct(starts, REPAIRS):
             fixed, spent = repair(space, c, objective)
-            moves += spent
+            priced += spent
             if fixed is not None:
                 kept = consider("search", fixed.assignment)
                 if kept is not None and kept.evaluation.memory.fits:
                     pool.append(kept)
+        return priced
+
+    if pool:
+        # the fastest answers that do not fit, moved one layer at a time until they do
+        bar = min(c.score(objective) for c in pool)
+        moves += repair_from(sorted((c for c in cands if not c.evaluation.memory.fits
+                                     and c.score(objective) < bar),
+                                    key=lambda c: (c.score(objective), c.name)))
     if not pool:
         # nothing fits: the leanest answers whose sum over layers fits and whose maxima
         # (the collective buffers, the workspace, which the walk's memory leaves out)
         # do not, moved a layer at a time (an audit: a plan 4% under the capacity was
         # one move from the leanest answer at 101%)
-        near = sorted((c for c in cands if (m := c.evaluation.memory).peak
-                       - m.comm_buffers - m.workspace <= m.capacity),
-                      key=lambda c: (c.evaluation.memory.peak, c.name))
-        for c in _distinct(near, REPAIRS):
-            fixed, spent = repair(space, c, objective)
-            moves += spent
-            if fixed is not None:
-                kept = consider("search", fixed.assignment)
-                if kept is not None and kept.evaluation.memory.fits:
-                    pool.append(kept)
+        moves += repair_from(sorted((c for c in cands if (m := c.evaluation.memory).peak
+                                     - m.comm_buffers - m.workspace <= m.capacity),
+                                    key=lambda c: (c.evaluation.memory.peak, c.name)))
     if not pool:
         # why, when asked: of the many settings the auto options search, most fail
         raise NoFeasiblePlan.deferred(lambda: _no_plan(space, cands, bases))
