@@ -27,6 +27,7 @@ import pickle
 import selectors
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
@@ -235,9 +236,12 @@ class Ahead(Generic[T]):
             return False
         # Ctrl-C waits until the child is registered, to be killed with the others: one
         # between the fork and the registration left the child running (a CI run saw
-        # one outlive its command)
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
+        # one outlive its command). Blocking SIGINT in this thread is not enough: the
+        # kernel gives a process's signal to any thread that does not block it (a
+        # timer's, a test runner's), and Python then raises KeyboardInterrupt in the
+        # main thread at once; so the interrupt is held at Python's level too, and
+        # raised once the child is on the list.
+        with _interrupts_held() as mask:
             try:
                 pid = os.fork()
             except OSError:  # EAGAIN, ENOMEM: too many processes, too little memory
@@ -254,8 +258,6 @@ class Ahead(Generic[T]):
             assert self._sel is not None
             self._sel.register(r, selectors.EVENT_READ, i)
             return True
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def _pump(self) -> None:
         """Read what the children send; an item whose child closed its pipe is done."""
@@ -289,6 +291,34 @@ class Ahead(Generic[T]):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[set[int | signal.Signals]]:
+    """Hold Ctrl-C over the block: SIGINT blocked in this thread, and, in the main
+    thread, Python's handler replaced by one that notes it; on leaving, the handler is
+    restored and a noted interrupt is raised as it would have been (KeyboardInterrupt
+    under Python's default handler). Yields the mask before, for a forked child to
+    restore with the default handler (it never leaves the block: it exits in it)."""
+    held: list[int] = []
+    # signal.signal works in the main thread alone, and cannot put back a handler
+    # installed outside Python (getsignal None)
+    main = threading.current_thread() is threading.main_thread() \
+        and signal.getsignal(signal.SIGINT) is not None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum)) \
+        if main else None
+    try:
+        yield mask
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if held:
+            if callable(before):
+                before(signal.SIGINT, None)
+            elif before == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
 
 
 class _Pickler(pickle.Pickler):

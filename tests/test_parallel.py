@@ -404,3 +404,64 @@ def test_ctrl_c_stops_the_workers_too(tmp_path):
     assert not any(_alive(w) for w in workers)  # killed and reaped, none left running
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.yaml"]
 
+
+
+def test_ctrl_c_between_a_fork_and_its_registration_kills_that_child(monkeypatch):
+    """An interrupt that lands after a worker's fork, before the parent records the
+    child, left the child unknown to the clean-up, running after the command (a CI
+    run saw one outlive `sweep`). Blocking SIGINT in the main thread did not hold it:
+    the kernel gives a process's signal to any thread that does not block it (a
+    timer's, the test runner's), and Python raises KeyboardInterrupt in the main thread
+    at its next instruction. Here the signal goes to such a thread at the worst moment,
+    as the parent closes its end of the child's pipe, and the main thread then runs
+    Python code for up to a second; the child must be killed with the rest. (On the
+    code that only blocked SIGINT, KeyboardInterrupt is raised in that second, before
+    the registration, and the child lives on.)"""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, args=(30,), daemon=True)
+    other.start()  # created while SIGINT is not blocked: it takes the signal
+
+    def prepare(i: int):
+        return lambda: time.sleep(600)
+
+    real_close, real_fork = os.close, os.fork
+    parent = os.getpid()
+    children: list[int] = []
+    sent: list[bool] = []
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid:
+            children.append(pid)
+        return pid
+
+    def close(fd: int) -> None:
+        real_close(fd)
+        if os.getpid() == parent and children and not sent:
+            sent.append(True)
+            assert other.ident is not None
+            signal.pthread_kill(other.ident, signal.SIGINT)
+            for _ in range(100):  # Python code runs: a pending handler runs here
+                time.sleep(0.01)
+
+    try:
+        with pytest.raises(KeyboardInterrupt), parallel.running(2), \
+                Ahead(2, prepare) as ahead:
+            monkeypatch.setattr(os, "fork", fork)
+            monkeypatch.setattr(os, "close", close)
+            ahead.get(0)
+    finally:
+        monkeypatch.setattr(os, "close", real_close)
+        monkeypatch.setattr(os, "fork", real_fork)
+        stop.set()
+        other.join()
+    assert sent, "the signal was never sent"
+    child = children[0]
+    alive = _alive(child)
+    if alive:  # leave nothing running behind the test
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert not alive, "the child forked before the interrupt outlived the clean-up"
