@@ -333,6 +333,12 @@ def evaluate_fitting(ctx: Context, options: Options, assignment: dict[int, Layou
     return memory, _timeline(ctx, options, results, memory, cache) if memory.fits else None
 
 
+def memory_of(ctx: Context, options: Options, assignment: dict[int, Layout],
+              cache: EvalCache) -> MemoryReport:
+    """The memory report of :func:`evaluate` alone."""
+    return memory_report(ctx, options, _layer_results(ctx, assignment, cache))
+
+
 #: stands in for the memory report where only times are wanted (never shown)
 _UNREPORTED = MemoryReport(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 

@@ -756,6 +756,58 @@ def test_baselines_time_the_grids_that_do_not_fit_only_when_asked(blocks, p, bat
         assert unfitted == 0
 
 
+@pytest.mark.parametrize("p", [4, 8])
+def test_unfitted_families_evaluate_one_grid_in_full(monkeypatch, p):
+    """The baselines that nothing fits answer their fastest and their leanest grid from
+    scores and memory reports alone, then evaluate only that grid: evaluating every grid
+    and keeping them all held 380 MiB of a 10,000-layer search that did not fit
+    (``bench.py --scale``, its third row: 724 → 543 MiB). The answers are those of
+    evaluating every grid: the fastest by (time, rows before cols, description), the
+    leanest by peak memory, then as the fastest."""
+    net = load_network_text(_transformer_text(2))
+    base = cluster(per_node=4)
+    opts = Options(gpus=p, batch=8, optimizer="adam")
+    cl = dataclasses.replace(base, reserved_memory=base.device.memory_bytes - 1e5)
+    ctx = make_context(net, cl, opts)
+    space = Space(ctx, opts, {}, "time")
+    calls: list[int] = []
+    real = search_module.evaluate
+    monkeypatch.setattr(search_module, "evaluate",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    families = [b.unfitted for b in search_module.baselines(space, "time",
+                                                            Weights(gradient=1.0))
+                if b.unfitted is not None]
+    assert sum(len(f.grids) > 1 for f in families) >= 3  # families with grids to choose
+    for family in families:
+        evals = [real(ctx, opts, a) for _, a in family.grids]
+        order = [(ev.time_s, "(cols)" in d, d) for (d, _), ev in
+                 zip(family.grids, evals, strict=True)]
+        calls.clear()
+        lean = family.leanest()
+        assert len(calls) == 1
+        want = min(range(len(evals)), key=lambda i: (evals[i].memory.peak, order[i]))
+        assert lean.description == family.grids[want][0] and lean.evaluation == evals[want]
+        fast = family.fastest()
+        assert len(calls) == 2
+        want = min(range(len(evals)), key=lambda i: order[i])
+        assert fast.description == family.grids[want][0] and fast.evaluation == evals[want]
+        assert family.leanest() is lean and family.fastest() is fast and len(calls) == 2
+
+
+def test_back_pointers_are_kept_narrow():
+    """The program keeps a state matrix of back-pointers a layer; kept as int64 they
+    were most of a 10,000-layer search's memory. Each array is stored in the narrowest
+    signed type that holds it, values unchanged (−1: no layout)."""
+    import numpy as np
+
+    step = search_module._Step("weighted", 3, np.array([[0, 1]]), np.array([[200, 5]]),
+                               np.array([[-1, 40_000]]))
+    assert (step.prev_carry.dtype, step.prev_cur.dtype, step.layout.dtype) == \
+        (np.int8, np.int16, np.int32)
+    assert step.prev_cur.tolist() == [[200, 5]] and step.layout.tolist() == [[-1, 40_000]]
+    assert search_module._Step("begin").prev_cur is None
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(p=st.sampled_from([2, 4, 8]), zero=st.sampled_from([0, 1, 2, 3]),
        optimizer=st.sampled_from(["sgd", "adam"]), microbatches=st.sampled_from([1, 2]),
