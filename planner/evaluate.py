@@ -472,7 +472,8 @@ def kept_input_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, bat
     if layout is not None and layout.mode == "domain" and layer.conv is not None and \
             dist is not None and dist.height:
         rows = layer.input_shape[1] / dist.height[1]
-        size *= (rows + sum(layer.halo_forward)) / rows
+        halo = max(top + bottom for top, bottom in layer.split_halos(dist.height[1])[0])
+        size *= (rows + halo) / rows
     return size
 
 

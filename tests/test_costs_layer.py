@@ -151,9 +151,14 @@ def test_exact_domain_halo_bytes(alexnet):
     conv1 = alexnet.by_name("conv1")
     terms = weighted_terms(conv1, make_layout("domain", 4, 2), ctx)
     halo = [t for t in terms if t.note == "halo"]
-    # forward: 0 rows above + 7 below, of 227 columns × 3 channels, for 32 samples
+    # 227 input rows in blocks [0, 56), [56, 113), [113, 170), [170, 227) and 55 output
+    # rows in [0, 13), [13, 27), [27, 41), [41, 55); output o reads rows 4o … 4o + 10:
+    # device 1 reads 52 … 114, 4 rows above its block and 2 below; device 2 reads
+    # 108 … 170, 5 and 1; device 3 164 … 226, 6 and 0; device 0 0 … 58, 3 below. The
+    # busiest receives 6 rows (the aligned blocks of old priced 7: 0 above, 7 below) of
+    # 227 columns × 3 channels, for 32 samples
     assert len(halo) == 1  # conv1 has no input gradient, so no backward halo
-    assert halo[0].bytes == 32 * 7 * 227 * 3 * 4
+    assert halo[0].bytes == 32 * 6 * 227 * 3 * 4
     conv3 = alexnet.by_name("conv3")
     terms = weighted_terms(conv3, make_layout("domain", 4, 2), ctx)
     fwd, bwd = (t for t in terms if t.note == "halo")
@@ -535,3 +540,34 @@ def test_shared_target_rule_beyond_brute_force_agrees(p, monkeypatch):
     layout_mod.redistribution.cache_clear()
     assert by_digits == brute
     assert ("exchange", True) in brute and ("gather", False) in brute
+
+
+def test_split_height_halos_take_the_real_blocks():
+    """An audit (2026-12-08): 56 rows on 8 devices, 7 each, under a 2 × 2 max pool of
+    stride 2 (28 output rows, 3 or 4 a device): output 3 reads rows 6 and 7, so device 1
+    receives one input row forward (b·1·W·C·e = 8 · 56 · 64 · 4 bytes, batch 8 whole on
+    every device of domain 8x1) and device 0 the gradient of output 3 backward
+    (8 · 28 · 64 · 4); it was priced as no exchange at all. And a 3×3 convolution split
+    two ways: each device has one neighbour and reads one row, not two
+    (4 · 1 · 12 · 16 · 4 bytes: batch 16 over P_c = 4; not twice that)."""
+    from planner.costs.layer import follower_terms
+
+    net = load_network_text(
+        "kind: network\ninput: [64, 56, 56]\nlayers:\n"
+        "  - {name: c0, type: conv2d, out_channels: 64, kernel: 3, padding: 1}\n"
+        "  - {name: pool, type: maxpool, kernel: 2, stride: 2}\n"
+        "  - {name: c1, type: conv2d, out_channels: 64, kernel: 3, padding: 1}\n")
+    ctx, _ = _ctx(net, cluster(per_node=8), 8, 8)
+    pool, _, _ = follower_terms(net.by_name("pool"), make_layout("domain", 8, 1).output_dist(),
+                                ctx)
+    assert [(t.phase, t.collective, t.bytes) for t in pool] == [
+        ("forward", "p2p", 8 * 1 * 56 * 64 * 4), ("backward_data", "p2p", 8 * 1 * 28 * 64 * 4)]
+    two = load_network_text(
+        "kind: network\ninput: [16, 12, 12]\nlayers:\n"
+        "  - {name: c1, type: conv2d, out_channels: 16, kernel: 3, padding: 1}\n"
+        "  - {name: c2, type: conv2d, out_channels: 16, kernel: 3, padding: 1}\n")
+    ctx, _ = _ctx(two, cluster(per_node=8), 8, 16)
+    halo = [(t.phase, t.bytes) for t in weighted_terms(two.by_name("c2"),
+                                                       make_layout("domain", 2, 4), ctx)
+            if t.note == "halo"]
+    assert halo == [("forward", 4 * 1 * 12 * 16 * 4), ("backward_data", 4 * 1 * 12 * 16 * 4)]

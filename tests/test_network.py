@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from planner.errors import InputError
 from planner.inputs import load_network, load_network_text
+from planner.network import halo_rows
 from planner.ops import Conv, Elementwise, Gemm
 
 from .conftest import NETWORKS
@@ -475,3 +478,52 @@ def test_two_layers_alike_but_for_their_input_gradient_are_priced_apart():
     # one kernel a GEMM: a runs its weight gradient alone, b its input's gradient too
     assert (a.cost.backward_s, b.cost.backward_s) == (pytest.approx(1e-3),
                                                       pytest.approx(2e-3))
+
+
+def test_split_halos_are_the_rows_each_device_lacks():
+    """Brute force over kernels, strides, paddings, dilations, heights and splits: with
+    each activation's height in balanced blocks (device ``k`` of ``n`` holds rows
+    ``[⌊k·H/n⌋, ⌊(k+1)·H/n⌋)`` of the input and of the output), a device's forward halo
+    is the input rows its outputs' windows read (``o·s − p + d·j``, inside the image)
+    outside its block, and its backward halo the output rows outside its block whose
+    windows read one of its input rows; the distinct (above, below) pairs."""
+    from planner.network import split_halos
+
+    checked = 0
+    for k, s, p, d in itertools.product(range(1, 6), range(1, 4), range(0, 4), range(1, 3)):
+        for h_in in (5, 13, 24, 27, 56):
+            h_out = (h_in + 2 * p - d * (k - 1) - 1) // s + 1
+            for n in (1, 2, 3, 4, 8):
+                if h_out < 1 or n > min(h_in, h_out):
+                    continue
+                fwd, bwd = set(), set()
+                for dev in range(n):
+                    i0, i1 = dev * h_in // n, (dev + 1) * h_in // n
+                    o0, o1 = dev * h_out // n, (dev + 1) * h_out // n
+                    rows = {o * s - p + d * j for o in range(o0, o1) for j in range(k)}
+                    rows = {r for r in rows if 0 <= r < h_in}
+                    fwd.add((sum(r < i0 for r in rows), sum(r >= i1 for r in rows)))
+                    hits = [o for o in range(h_out)
+                            if any(i0 <= o * s - p + d * j < i1 for j in range(k))]
+                    bwd.add((sum(o < o0 for o in hits), sum(o >= o1 for o in hits)))
+                assert split_halos(k, s, p, d, h_in, h_out, n) == \
+                    (tuple(sorted(fwd)), tuple(sorted(bwd))), (k, s, p, d, h_in, n)
+                checked += 1
+    assert checked > 1500
+
+
+def test_split_halos_by_hand():
+    """The audit's cases (2026-12-08). 56 rows on 8 devices hold 7 each: a 2 × 2 max pool
+    of stride 2 gives 28 rows, 3 or 4 a device ([0, 3), [3, 7), …), and output 3 reads
+    rows 6 and 7, one of them device 0's: one row, where the aligned blocks of before
+    priced none. A 3×3 convolution of stride 2 and padding 1 there: device 1's outputs
+    3 … 6 read rows 5 … 13, two above its [7, 14) (it was priced one). Split two ways,
+    a 3×3 convolution of stride 1 reads one row, from its one neighbour, not two."""
+    from planner.network import split_halos
+
+    assert max(sum(side) for side in split_halos(2, 2, 0, 1, 56, 28, 8)[0]) == 1
+    assert max(sum(side) for side in split_halos(3, 2, 1, 1, 56, 28, 8)[0]) == 2
+    assert split_halos(3, 1, 1, 1, 12, 12, 2) == (((0, 1), (1, 0)), ((0, 1), (1, 0)))
+    # aligned blocks inside the image: halo_rows (the rows `show` lists)
+    fwd, bwd = split_halos(3, 1, 1, 1, 16, 16, 4)
+    assert max(fwd) == halo_rows(3, 1, 1, 1) == (1, 1) and max(bwd) == (1, 1)

@@ -331,15 +331,17 @@ def _halo_group(layout_row: Group) -> Group:
     return Group(2, 1 if layout_row.spans_nodes else 2)
 
 
-def _halo_rows(top: int, bottom: int, layout_row: Group) -> int:
+def _halo_rows(sides: tuple[tuple[int, int], ...], layout_row: Group) -> int:
     """Rows of a halo the busiest device receives on the link :func:`_halo_group`
-    prices: both sides, unless the row group spans nodes with at least two of its
-    devices on every node, where a device at a node's edge has one neighbour across
-    (on its NIC) and the other inside (on NVLink, at the same time, and sooner): the
-    larger side (an audit: two 1 MiB rows over the NIC where one crosses)."""
+    prices, of the devices' (above, below) rows ``sides``
+    (:meth:`planner.network.Layer.split_halos`): both sides, unless the row group spans
+    nodes with at least two of its devices on every node, where a device at a node's
+    edge has one neighbour across (on its NIC) and the other inside (on NVLink, at the
+    same time, and sooner): the larger side (an audit: two 1 MiB rows over the NIC
+    where one crosses)."""
     if layout_row.spans_nodes and layout_row.per_node >= 2:
-        return max(top, bottom)
-    return top + bottom
+        return max((max(top, bottom) for top, bottom in sides), default=0)
+    return max((top + bottom for top, bottom in sides), default=0)
 
 
 def _add(terms: list[CommTerm], t: CommTerm | None) -> None:
@@ -783,10 +785,11 @@ def halo_terms(layer: Layer, layout: Layout, ctx: Context, b: float) -> list[Com
                              b * w_out * c_out * (kw // 2) * e, "halo"))
         return terms
     row = layout.row_group(ctx.per_node, ctx.rank_offset)
-    rows = _halo_rows(*layer.halo_forward, row)
+    fwd, bwd = layer.split_halos(layout.pr)
+    rows = _halo_rows(fwd, row)
     _add(terms, term(ctx, "forward", "p2p", group, b * rows * w_in * c_in * e, "halo"))
     if _needs_input_grad(layer):
-        rows_b = _halo_rows(*layer.halo_backward, row)
+        rows_b = _halo_rows(bwd, row)
         _add(terms, term(ctx, "backward_data", "p2p", group,
                          b * rows_b * w_out * c_out * e, "halo"))
     return terms
@@ -951,8 +954,9 @@ def _follower_terms(layer: Layer, dist: Dist, ctx: Context
             layout_row = row
             c, _, w_in = layer.input_shape
             _, _, w_out = layer.output_shape
-            rows = _halo_rows(*layer.halo_forward, layout_row)
-            rows_b = _halo_rows(*layer.halo_backward, layout_row)
+            fwd, bwd = layer.split_halos(n_h)
+            rows = _halo_rows(fwd, layout_row)
+            rows_b = _halo_rows(bwd, layout_row)
             grp = _halo_group(layout_row)
             _add(terms, term(ctx, "forward", "p2p", grp, b * rows * w_in * c * e, "halo"))
             _add(terms, term(ctx, "backward_data", "p2p", grp, b * rows_b * w_out * c * e,
