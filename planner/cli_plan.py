@@ -4,6 +4,7 @@ commands added by :mod:`planner.search`."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -27,7 +28,7 @@ from .cli import (
 )
 from .costs import COST_MODELS, OVERLAPS
 from .costs.memory import OPTIMIZERS
-from .errors import UsageError
+from .errors import NoFeasiblePlan, UsageError
 from .memo import IdentityMemo
 from .schedules import SCHEDULE, SCHEDULES
 from .units import MAX_BATCH, MAX_GPUS
@@ -931,7 +932,15 @@ def plan(network: str, cluster: str, gpus: int, batch: int, objective: str,
     try:
         with searching() as q.progress, running(resolve_jobs(jobs)):
             if auto:
-                doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks, virtual)
+                try:
+                    doc = microbatches_auto(q, pipeline, objective, pins, expand_ranks,
+                                            virtual)
+                except MicrobatchesFailed as exc:
+                    if pipeline != 1:  # a stage's advice is a stage's: not checked
+                        raise
+                    checked = more_devices(exc.question, exc, objective, pins)
+                    raise (checked if checked is exc else
+                           MicrobatchesFailed(checked, exc.question, exc.trials)) from None
             else:
                 try:
                     doc = plan_for(q, pipeline, objective, pins, expand_ranks, virtual)
@@ -974,6 +983,8 @@ def _no_plan_document(q: Question, exc: Exception, fmt: str | None,
                             "problem": head["problem"], "plan": None}
     if exc.shortfall is not None:
         data["leanest_peak_bytes"] = exc.shortfall.needed_bytes
+    if isinstance(exc, MicrobatchesFailed):
+        data["microbatches_auto"] = exc.trials
     data["error"] = str(exc).removeprefix("planner: ")
     render_data(rounded(data, 4), fmt, None, None)
 
@@ -1188,6 +1199,27 @@ def divisors(n: int) -> list[int]:
     return low + [n // d for d in reversed(low) if d * d != n]
 
 
+class MicrobatchesFailed(NoFeasiblePlan):
+    """``--microbatches auto`` with no count that fits: the failure of the count that came
+    nearest, its question (for the "more devices" advice to check) and the counts
+    tried (for the document that says nothing fits)."""
+
+    def __init__(self, failure: NoFeasiblePlan, question: Question,
+                 trials: list[dict[str, Any]]) -> None:
+        message, lead = str(failure), "planner: no plan fits in memory: "
+        m = question.options.microbatches
+        if message.startswith(lead) and len(trials) > 1:
+            message = (f"planner: no plan fits in memory with any of the {len(trials)} "
+                       f"microbatch counts tried; the nearest, {m:,}: "
+                       + message.removeprefix(lead))
+        super().__init__(message, failure.shortfall, failure.baselines)
+        self.question, self.trials = question, trials
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as the failure alone (a sweep's row in a ``--jobs`` worker)."""
+        return (NoFeasiblePlan, self._resolved())
+
+
 def microbatches_auto(q: Question, pipeline: int | str, objective: str,
                       pins: tuple[str, ...], expand: bool, virtual: int | str = 1
                       ) -> dict[str, Any]:
@@ -1215,7 +1247,7 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
                          f"{pipeline} divides the batch {batch}")
     trials: list[dict[str, Any]] = []
     best: tuple[float, dict[str, Any]] | None = None
-    error: NoFeasiblePlan | None = None
+    errors: list[tuple[int, NoFeasiblePlan]] = []  # (count's place, its failure)
     slower = 0
     # each count's question (or the error asking it raised), made once, by the loop or
     # by the look-ahead deciding whether to start it
@@ -1276,7 +1308,7 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
                     raise Beaten(floor(i))
                 doc = ahead.get(i)
             except NoFeasiblePlan as exc:
-                error = error or exc
+                errors.append((i, exc))
                 trials.append({"microbatches": m, "time_s": None, "outcome": _why(exc)})
                 continue
             except Beaten as exc:  # no faster than the best: as a slower count
@@ -1300,8 +1332,14 @@ def microbatches_auto(q: Question, pipeline: int | str, objective: str,
                 if slower >= MICROBATCH_PATIENCE:
                     break
     if best is None:
-        assert error is not None
-        raise error
+        # the failure of the count that came nearest to fitting (the fewer microbatches
+        # on a tie), with what was tried: the first count's said what 1 microbatch
+        # needs, where more needed far less (Mixtral 8x7B on 8 H100s at batch 128: short
+        # by 557.2 GiB, where 128 microbatches are short by 12.65 GiB; an audit)
+        assert errors
+        i, error = min(errors, key=lambda e: (
+            e[1].shortfall.needed_bytes if e[1].shortfall is not None else math.inf, e[0]))
+        raise MicrobatchesFailed(error, question(i), rounded(trials, 4))
     doc = {k: v for k, v in best[1].items() if k != "layers"}
     doc["microbatches_auto"] = rounded(trials, 4)
     doc["layers"] = best[1]["layers"]

@@ -980,10 +980,13 @@ def test_microbatches_auto_searches_no_count_whose_parameters_alone_do_not_fit(
     assert auto.exit_code == 1
     assert searched == [1]
     one = invoke(runner, *args)
-    # the same shortfall (the tips differ: plan alone searches more devices)
+    # the same shortfall, said of the one count searched of the 7 divisors of 64
+    lead = "planner: no plan fits in memory: "
     head = one.stderr.splitlines()[-1].split("; try ")[0]
-    assert one.exit_code == 1 and head.startswith("planner: no plan fits in memory: ")
-    assert auto.stderr.splitlines()[-1].startswith(head + "; try ")
+    assert one.exit_code == 1 and head.startswith(lead)
+    assert auto.stderr.splitlines()[-1].startswith(
+        "planner: no plan fits in memory with any of the 7 microbatch counts tried; the "
+        "nearest, 1: " + head.removeprefix(lead) + "; try ")
     from planner.evaluate import Options, make_context
     from planner.inputs import load_cluster, load_network
     from planner.search import least_state_bytes
@@ -994,6 +997,50 @@ def test_microbatches_auto_searches_no_count_whose_parameters_alone_do_not_fit(
     # 4 + 4 + 4 bytes (weights, gradients, momentum)
     assert least_state_bytes(ctx, opts) == pytest.approx((16384 * 8192 + 8192) * 12,
                                                          rel=1e-11)
+
+
+def test_microbatches_auto_with_nothing_fitting_names_the_nearest_count(runner, tmp_path):
+    """Where no count of microbatches fits, the error is the count's that came nearest
+    (the fewer on a tie), said as such, and a JSON document on standard output lists
+    every count tried: it was the first count's (Mixtral 8x7B on 8 H100s at batch 128,
+    ZeRO 1: "short by 557.2 GiB" and "about --gpus 128", where 128 microbatches are
+    short by 12.65 GiB and 16 GPUs fit; an audit). Two 3 × 3 convolutions on 2,048²
+    images, 2 GPUs with 1 GiB free, batch 8: activations shrink with the microbatch, and
+    even one sample a device does not fit."""
+    net = tmp_path / "tall.yaml"
+    net.write_text("kind: network\nname: tall\ninput: [3, 2048, 2048]\nlayers:\n"
+                   "  - {type: conv2d, out_channels: 64, kernel: 3, padding: 1}\n"
+                   "  - {type: relu}\n"
+                   "  - {type: conv2d, out_channels: 64, kernel: 3, padding: 1}\n"
+                   "  - {type: relu}\n  - {type: global_avgpool}\n  - {type: flatten}\n"
+                   "  - {type: linear, out_features: 10}\n")
+    small = tmp_path / "small.yaml"
+    small.write_text((CLUSTERS / "dgx-h100.yaml").read_text().replace(
+        "device: H100-SXM", "device: {base: H100-SXM, memory: 2 GiB}"))
+    args = ("plan", net, small, "-p", "2", "-b", "8", "--optimizer", "momentum",
+            "--format", "json")
+    auto = invoke(runner, *args, "--microbatches", "auto", "--jobs", "1")
+    assert auto.exit_code == 1, auto.stderr
+    doc = json.loads(auto.stdout)
+    assert doc["plan"] is None
+    assert [(t["microbatches"], t["time_s"]) for t in doc["microbatches_auto"]] == [
+        (1, None), (2, None), (4, None), (8, None)]
+    need = {}
+    for m in (1, 2, 4, 8):
+        each = invoke(runner, *args, "--microbatches", str(m))
+        assert each.exit_code == 1, each.stderr
+        need[m] = json.loads(each.stdout)["leanest_peak_bytes"]
+        if m == 8:
+            last = each.stderr.splitlines()[-1]
+    assert need[1] > need[2] > need[4] > need[8]
+    assert doc["leanest_peak_bytes"] == need[8]
+    lead = "planner: no plan fits in memory: "
+    head = last.split("; try ")[0]
+    assert head.startswith(lead)
+    assert auto.stderr.splitlines()[-1].startswith(
+        "planner: no plan fits in memory with any of the 4 microbatch counts tried; the "
+        "nearest, 8: " + head.removeprefix(lead) + "; try ")
+    assert doc["error"] == auto.stderr.splitlines()[-1].removeprefix("planner: ")
 
 
 def test_microbatch_counts_are_the_divisors_found_by_their_square_root():
