@@ -1521,13 +1521,15 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
         dh, dw = p["dilation"]
         g, k = p["groups"], p["out_channels"]
         pad = p["padding"]
+        extra_h = extra_w = 0
         if pad == "same":
             if (sh, sw) != (1, 1):
                 raise _ShapeError(child_path(path, "padding"),
                                   "padding: same needs stride 1 (give the padding in rows)")
-            if (dh * (kh - 1)) % 2 or (dw * (kw - 1)) % 2:
-                raise _ShapeError(child_path(path, "padding"),
-                                  "padding: same needs an odd effective kernel size")
+            # an even effective kernel pads one row (column) more after than before:
+            # PyTorch pads the input's copy by that one (F.pad), convolves it with the
+            # symmetric rest, and keeps the copy for backward
+            extra_h, extra_w = (dh * (kh - 1)) % 2, (dw * (kw - 1)) % 2
             pad = (dh * (kh - 1) // 2, dw * (kw - 1) // 2)
         ph, pw = pad
         if c % g:
@@ -1543,14 +1545,17 @@ def _infer(b: _Builder, spec: _Spec, name: str, shape: Shape, src: int) -> Layer
             raise _ShapeError(child_path(path, "kernel"),
                               f"layer '{name}': kernel {kh}×{kw} (dilation {dh}×{dw}) is "
                               f"larger than its padded input {h + 2 * ph}×{w + 2 * pw}")
-        oh, ow = _conv_out(h, kh, sh, ph, dh), _conv_out(w, kw, sw, pw, dw)
+        h_pad, w_pad = h + extra_h, w + extra_w  # the input the convolution reads
+        oh, ow = _conv_out(h_pad, kh, sh, ph, dh), _conv_out(w_pad, kw, sw, pw, dw)
         wts = k * (c // g) * kh * kw
         bias = k if p["bias"] else 0
         macs = oh * ow * k * (c // g) * kh * kw
-        geom = ConvGeom(c, k, (kh, kw), (sh, sw), (ph, pw), (dh, dw), g, p["bias"], (h, w),
-                        (oh, ow))
+        geom = ConvGeom(c, k, (kh, kw), (sh, sw), (ph, pw), (dh, dw), g, p["bias"],
+                        (h_pad, w_pad), (oh, ow))
+        copied = (h_pad, w_pad) != (h, w)
         return mk((k, oh, ow), params=wts + bias, weight_elems=wts + bias, macs=macs,
-                  flops=2 * macs + (oh * ow * k if bias else 0), conv=geom, saves_input=True)
+                  flops=2 * macs + (oh * ow * k if bias else 0), conv=geom,
+                  saves_input=not copied, saved_internal=c * h_pad * w_pad if copied else 0)
     if kind in ("maxpool", "avgpool"):
         need((3,), kind)
         c, h, w = shape

@@ -310,3 +310,36 @@ def test_adaptive_average_pooling_matches_pytorch_also_to_a_larger_output():
                              "  - {type: adaptive_avgpool, output_size: 3}\n"
                              "  - {type: flatten}\n  - {type: linear, out_features: 4}\n")
     assert pool.layers[1].flops == 2 * 9 * 9
+
+
+def test_same_padding_with_an_even_kernel_matches_pytorch():
+    """``padding: same`` with an even effective kernel was refused; PyTorch pads one
+    row (column) more after than before: it copies the input padded by that one
+    (``F.pad``), convolves the copy with the symmetric rest and keeps the copy for
+    backward (a (2, 4) kernel on 3 × 32 × 32 keeps 3 × 33 × 33). Output shapes and the
+    bytes autograd keeps match PyTorch's, dilation included (a kernel of 4 with
+    dilation 2 spans 7 columns: symmetric, no copy of its own)."""
+    import warnings
+
+    torch.manual_seed(0)
+    cases = (((2, 4), (1, 1)), ((4, 4), (1, 2)), ((3, 2), (2, 1)), ((3, 3), (1, 1)))
+    for kernel, dilation in cases:
+        with warnings.catch_warnings():  # PyTorch warns of the asymmetric copy
+            warnings.simplefilter("ignore")
+            model = nn.Sequential(
+                nn.Conv2d(3, 8, kernel, padding="same", dilation=dilation), nn.ReLU(),
+                nn.Conv2d(8, 8, kernel, padding="same", dilation=dilation), nn.ReLU(),
+                nn.Flatten(), nn.Linear(8 * 32 * 32, 10))
+            x = torch.randn(B, 3, 32, 32)
+            torch_shapes = [tuple(model[0](x).shape[1:])]
+            saved = _saved_bytes(model, x)
+        net = load_network_text(
+            "kind: network\ninput: [3, 32, 32]\nlayers:\n"
+            f"  - {{type: conv2d, out_channels: 8, kernel: {list(kernel)}, padding: same, "
+            f"dilation: {list(dilation)}}}\n  - {{type: relu}}\n"
+            f"  - {{type: conv2d, out_channels: 8, kernel: {list(kernel)}, padding: same, "
+            f"dilation: {list(dilation)}}}\n  - {{type: relu}}\n"
+            "  - {type: flatten}\n  - {type: linear, out_features: 10}\n")
+        assert [net.layers[0].output_shape] == torch_shapes == [(8, 32, 32)]
+        internal = sum(lay.saved_internal for lay in net.layers) * net.elem_bytes * B
+        assert _predicted(net) + internal == saved, (kernel, dilation)
