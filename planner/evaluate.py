@@ -55,7 +55,7 @@ from .costs.layer import (
 from .costs.memory import MemoryReport, ParamBytes, param_bytes
 from .errors import UsageError
 from .layout import EXPERT_MODES, WHOLE_MODES, Dist, Layout, base_mode, input_dist
-from .network import DTYPE_BYTES, VIEW_TYPES, Layer, Network
+from .network import DTYPE_BYTES, VIEW_TYPES, Layer, Network, busiest_rows
 
 ZERO_STAGES = (0, 1, 2, 3)
 #: how the loss's softmax cross-entropy runs (``--cross-entropy``; :attr:`Options.cross_entropy`)
@@ -457,10 +457,17 @@ def _layer_results(ctx: Context, assignment: dict[int, Layout],
     return results
 
 
-def local_elems(elems: int, dist: Dist | None, batch: int) -> float:
+def local_elems(elems: int, dist: Dist | None, batch: int, rows: int = 0) -> float:
+    """Elements of a tensor of ``elems`` a sample that the busiest device holds on
+    ``dist``: its largest batch block, and, split by height, its largest block of the
+    tensor's ``rows`` (balanced blocks: ``⌈rows/n⌉``; an audit found memory counted
+    with the mean ``rows/n``, where compute takes the busiest device's rows)."""
     if dist is None:
         return float(elems * batch)
     b = -(-batch // dist.batch[1])
+    if dist.height is not None and dist.height[1] > 1 and rows > 0:
+        f = dist.feature[1] if dist.feature is not None else 1
+        return elems * b * busiest_rows(rows, dist.height[1]) / f
     return elems * b / dist.split
 
 
@@ -468,13 +475,23 @@ def kept_input_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, bat
                      e: int) -> float:
     """Bytes of its input a layer keeps for backward on one device, as it computes on
     ``dist`` (a domain-split convolution keeps its halo rows too)."""
-    size = local_elems(layer.in_elems, dist, batch) * e
-    if layout is not None and layout.mode == "domain" and layer.conv is not None and \
-            dist is not None and dist.height:
-        rows = layer.input_shape[1] / dist.height[1]
-        halo = max(top + bottom for top, bottom in layer.split_halos(dist.height[1])[0])
-        size *= (rows + halo) / rows
+    size = local_elems(layer.in_elems, dist, batch, layer.in_rows) * e
+    if dist is not None and dist.height is not None and dist.height[1] > 1 and \
+            _exchanges_halo(layer, layout, dist.height[1]):
+        # the device that keeps the most rows, its own and its halo
+        n = dist.height[1]
+        size *= max(r for r, _ in layer.split_reads(n)) / -(-layer.in_rows // n)
     return size
+
+
+def _exchanges_halo(layer: Layer, layout: Layout | None, n: int) -> bool:
+    """Whether the layer keeps halo rows of its input split ``n`` ways by height: a
+    domain-split convolution, or a max or average pool that exchanges them (an audit
+    found the pools' halo sent and not kept)."""
+    if layer.conv is not None:
+        return layout is not None and layout.mode == "domain"
+    return layer.pool is not None and layer.pool.kind in ("max", "avg") and \
+        layer.is_spatial and min(layer.in_rows, layer.out_rows) >= n
 
 
 def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch: int,
@@ -503,8 +520,8 @@ def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch
     elif m is not None and layout is not None and layout.mode in EXPERT_MODES:
         # the busiest device keeps its experts' rows (more than its own under imbalance)
         internal = m.saved(busiest=m.busiest(m.experts // layout.pr))
-    return (local_elems(internal, dist, batch) * e
-            + local_elems(1, dist, batch) * extra)
+    return (local_elems(internal, dist, batch, layer.in_rows) * e
+            + local_elems(1, dist, batch, layer.in_rows) * extra)
 
 
 def _recomputed(ctx: Context, results: list[LayerResult],
@@ -536,7 +553,8 @@ def _recomputed(ctx: Context, results: list[LayerResult],
         if src < 0:
             continue  # the network input: kept as it is (below)
         key = (src, dist_out[blk.input])
-        checkpoints[key] = local_elems(net.layers[blk.input].out_elems, key[1], batch) * e
+        checkpoints[key] = local_elems(net.layers[blk.input].out_elems, key[1], batch,
+                                       net.layers[blk.input].out_rows) * e
     work: dict[str, float] = {}
     staying: dict[tuple[int, Dist | None], float] = {}
     for key, size in kept.items():
@@ -605,7 +623,8 @@ def eager_loss_workspace(net: Network, last: LayerResult, batch: int) -> float:
     kept probabilities instead, and the busiest layer's gradients in flight are all it
     adds. (The logits themselves, if the training script still holds them, are on top:
     ``tests/benchmarks/train_step.py``'s step does.)"""
-    return 2.0 * local_elems(last.layer.out_elems, last.dist_out, batch) * \
+    return 2.0 * local_elems(last.layer.out_elems, last.dist_out, batch,
+                             last.layer.out_rows) * \
         net.output_bytes(last.layer)
 
 
@@ -654,12 +673,14 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
                     # halo rows are the layer's own on top (an audit: they were dropped
                     # where a ReLU before it kept the tensor), rebuilt with its block
                     # where it is recomputed, as the search's program counts them
-                    halo = size - local_elems(layer.in_elems, r.dist_in, batch) * e
+                    halo = size - local_elems(layer.in_elems, r.dist_in, batch,
+                                              layer.in_rows) * e
                 if not recomputed(layer, ctx):
                     consumer[key] = None  # a keeper outside recomputed blocks: it stays
         if layer.saves_output:
             key = (net.storage_of(layer.index), r.dist_out)
-            size = local_elems(layer.out_elems, r.dist_out, batch) * net.output_bytes(layer)
+            size = local_elems(layer.out_elems, r.dist_out, batch, layer.out_rows) * \
+                net.output_bytes(layer)
             if key not in kept:
                 kept[key] = size
                 kept_output[key] = layer
@@ -691,9 +712,10 @@ def memory_report(ctx: Context, options: Options, results: list[LayerResult]) ->
         r.activation_bytes = per_layer.get(r.layer.index, 0.0)
     # the busiest layer's gradients in flight: its output gradient and input gradient
     # (one tensor for a flatten or identity that keeps the distribution: a view)
-    workspace = max((local_elems(r.layer.out_elems, r.dist_out, batch)
+    workspace = max((local_elems(r.layer.out_elems, r.dist_out, batch, r.layer.out_rows)
                      + (0 if r.layer.type in VIEW_TYPES and r.dist_in == r.dist_out
-                        else local_elems(r.layer.in_elems, r.dist_in, batch))) * e
+                        else local_elems(r.layer.in_elems, r.dist_in, batch,
+                                         r.layer.in_rows))) * e
                     for r in results)
     if net.loss and options.cross_entropy != "fused" and results and \
             results[-1].layer.index == len(net.layers) - 1:

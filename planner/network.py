@@ -464,6 +464,16 @@ class Layer:
         return math.prod(self.output_shape)
 
     @property
+    def in_rows(self) -> int:
+        """:func:`rows_of` the layer's input."""
+        return rows_of(self.input_shape)
+
+    @property
+    def out_rows(self) -> int:
+        """:func:`rows_of` the layer's output."""
+        return rows_of(self.output_shape)
+
+    @property
     def is_spatial(self) -> bool:
         """Whether input and output are images ``[C, H, W]`` (domain splits apply)."""
         return len(self.input_shape) == 3 and len(self.output_shape) == 3
@@ -522,6 +532,11 @@ class Layer:
         k, s, p, d = self._window_h()
         return split_halos(k, s, p, d, self.input_shape[1], self.output_shape[1], n)
 
+    def split_reads(self, n: int) -> tuple[tuple[int, int], ...]:
+        """:func:`split_reads` of the layer's window on its height split ``n`` ways."""
+        k, s, p, d = self._window_h()
+        return split_reads(k, s, p, d, self.input_shape[1], self.output_shape[1], n)
+
     def _window_h(self) -> tuple[int, int, int, int]:
         """Taps, stride, padding and dilation of the layer's window along the height."""
         if self.conv is not None:
@@ -554,6 +569,63 @@ def halo_rows(taps: int, stride: int, pad: int, dilation: int) -> tuple[int, int
     return len(above), len(below)
 
 
+def _device_halos(taps: int, stride: int, pad: int, dilation: int, h_in: int, h_out: int,
+                  n: int, k: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """Device ``k``'s forward and backward (above, below) halo rows of
+    :func:`split_halos` (None where its block of outputs, or of inputs, is empty)."""
+    offsets = [dilation * j - pad for j in range(taps)]
+    span, s = dilation * (taps - 1), max(stride, 1)
+    i0, i1 = k * h_in // n, (k + 1) * h_in // n
+    o0, o1 = k * h_out // n, (k + 1) * h_out // n
+    fwd = bwd = None
+    if o1 > o0:
+        # output o reads rows [o·s − p, o·s − p + span]: above i0 only where o·s − p < i0,
+        # below i1 only where o·s − p + span ≥ i1
+        near = range(o0, min(o1, max(o0, (i0 + pad - 1) // s + 1)))
+        far = range(max(o0, -(-(i1 + pad - span) // s)), o1)
+        above = {r for o in near for t in offsets if 0 <= (r := o * s + t) < i0}
+        below = {r for o in far for t in offsets if i1 <= (r := o * s + t) < h_in}
+        fwd = (len(above), len(below))
+    if i1 > i0:
+        # the outputs outside [o0, o1) whose windows read a row of [i0, i1)
+        lo = max(0, -(-(i0 + pad - span) // s))
+        hi = min(h_out, (i1 - 1 + pad) // s + 1)
+
+        def hit(o: int) -> bool:
+            return any(i0 <= o * s + t < i1 for t in offsets)
+
+        bwd = (sum(hit(o) for o in range(lo, min(hi, o0))),
+               sum(hit(o) for o in range(max(lo, o1), hi)))
+    return fwd, bwd
+
+
+@functools.lru_cache(maxsize=4096)
+def split_reads(taps: int, stride: int, pad: int, dilation: int, h_in: int, h_out: int,
+                n: int) -> tuple[tuple[int, int], ...]:
+    """For each device of a height split ``n`` ways (balanced blocks, as
+    :func:`split_halos`), the distinct (input rows it reads: its own and its forward
+    halo, output rows it computes)."""
+    out: set[tuple[int, int]] = set()
+    for k in range(n):
+        fwd, _ = _device_halos(taps, stride, pad, dilation, h_in, h_out, n, k)
+        top, bottom = fwd or (0, 0)
+        out.add(((k + 1) * h_in // n - k * h_in // n + top + bottom,
+                 (k + 1) * h_out // n - k * h_out // n))
+    return tuple(sorted(out))
+
+
+def rows_of(shape: Shape) -> int:
+    """The rows a height split divides: an image's ``[C, H, W]`` height, a sequence's
+    ``[seq, dim]`` tokens; 0 for a vector."""
+    return shape[1] if len(shape) == 3 else shape[0] if len(shape) == 2 else 0
+
+
+def busiest_rows(rows: int, n: int) -> float:
+    """The busiest device's share of ``rows`` split ``n`` ways in balanced blocks,
+    ``⌈rows/n⌉/rows`` (``1/n`` where there are no rows to count)."""
+    return -(-rows // n) / rows if rows > 0 and n > 1 else 1.0 / max(n, 1)
+
+
 @functools.lru_cache(maxsize=4096)
 def split_halos(taps: int, stride: int, pad: int, dilation: int, h_in: int, h_out: int,
                 n: int) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
@@ -572,31 +644,14 @@ def split_halos(taps: int, stride: int, pad: int, dilation: int, h_in: int, h_ou
     (56 rows on 8 devices under a 2 × 2 pool of stride 2: a device holds 7 input rows
     and 3 or 4 output rows, and reads a row of its neighbour's; an audit found it priced
     as none)."""
-    offsets = [dilation * j - pad for j in range(taps)]
-    span, s = dilation * (taps - 1), max(stride, 1)
     fwd: set[tuple[int, int]] = set()
     bwd: set[tuple[int, int]] = set()
     for k in range(n):
-        i0, i1 = k * h_in // n, (k + 1) * h_in // n
-        o0, o1 = k * h_out // n, (k + 1) * h_out // n
-        if o1 > o0:
-            # output o reads rows [o·s − p, o·s − p + span]: above i0 only where
-            # o·s − p < i0, below i1 only where o·s − p + span ≥ i1
-            near = range(o0, min(o1, max(o0, (i0 + pad - 1) // s + 1)))
-            far = range(max(o0, -(-(i1 + pad - span) // s)), o1)
-            above = {r for o in near for t in offsets if 0 <= (r := o * s + t) < i0}
-            below = {r for o in far for t in offsets if i1 <= (r := o * s + t) < h_in}
-            fwd.add((len(above), len(below)))
-        if i1 > i0:
-            # the outputs outside [o0, o1) whose windows read a row of [i0, i1)
-            lo = max(0, -(-(i0 + pad - span) // s))
-            hi = min(h_out, (i1 - 1 + pad) // s + 1)
-
-            def hit(o: int, i0: int = i0, i1: int = i1) -> bool:
-                return any(i0 <= o * s + t < i1 for t in offsets)
-
-            bwd.add((sum(hit(o) for o in range(lo, min(hi, o0))),
-                     sum(hit(o) for o in range(max(lo, o1), hi))))
+        f, b = _device_halos(taps, stride, pad, dilation, h_in, h_out, n, k)
+        if f is not None:
+            fwd.add(f)
+        if b is not None:
+            bwd.add(b)
     return tuple(sorted(fwd)), tuple(sorted(bwd))
 
 
@@ -723,10 +778,22 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
         return out
     # elementwise, normalisation, pooling: memory-bound passes
     # an image's rows or a sequence's tokens
+    # the busiest device's rows of a height split (balanced blocks: ⌈H/n⌉), a pool's
+    # halo rows read besides (an audit: timed as the mean H/n rows, without the halo)
     rows = layer.is_spatial or len(layer.input_shape) == 2
-    split = (height_split if rows else 1) * max(1, feature_split)
-    elems_in = layer.in_elems * batch / split
-    elems_out = layer.out_elems * batch / split
+    n_h = height_split if rows else 1
+    share_in = busiest_rows(layer.in_rows, n_h) / max(1, feature_split)
+    share_out = busiest_rows(layer.out_rows, n_h) / max(1, feature_split)
+    if n_h > 1 and layer.pool is not None and layer.pool.kind in ("max", "avg") and \
+            min(layer.in_rows, layer.out_rows) >= n_h:
+        # the device that reads and writes the most rows, its halo included
+        row_in = layer.in_elems / layer.in_rows
+        row_out = layer.out_elems / layer.out_rows
+        rin, rout = max(layer.split_reads(n_h), key=lambda r: r[0] * row_in + r[1] * row_out)
+        share_in = rin / layer.in_rows / max(1, feature_split)
+        share_out = rout / layer.out_rows / max(1, feature_split)
+    elems_in = layer.in_elems * batch * share_in
+    elems_out = layer.out_elems * batch * share_out
     if layer.type in ("flatten", "identity"):
         return out
     per = _ELEMENTWISE_FLOPS.get(layer.type, 1)

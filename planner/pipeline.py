@@ -827,7 +827,8 @@ def _pipeline(q: Any, stages: int, run: Callable[[Any, int], Any],
                 last = result.best.evaluation.layers[-1]
                 from .evaluate import local_elems
 
-                nbytes = local_elems(last.layer.out_elems, last.dist_out, sopts.batch) * \
+                nbytes = local_elems(last.layer.out_elems, last.dist_out, sopts.batch,
+                                     last.layer.out_rows) * \
                     net.elem_bytes
                 send = 2 * p2p_seconds(sq.cluster, s * size, size, nbytes,
                                        ((c + 1) % stages) * size)

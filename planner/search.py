@@ -387,7 +387,8 @@ class Space:
         kept = own_kept_bytes(layer, lay, input_dist(lay), batch, e) * \
             self._rebuilt_share(layer)
         if layer.saves_output:
-            kept += local_elems(layer.out_elems, lay.output_dist(), batch) * \
+            kept += local_elems(layer.out_elems, lay.output_dist(), batch,
+                                layer.out_rows) * \
                 self.ctx.network.output_bytes(layer) * self._output_share(layer)
         return kept * self.options.inflight
 
@@ -412,7 +413,8 @@ class Space:
                         # kept there anyway (by its producer, or as the recomputed
                         # block's checkpoint): only the halo rows of a domain split on
                         # top, the evaluation keeping the tensor at its largest
-                        hit[ins[j], j] -= local_elems(layer.in_elems, dist, batch) * e * \
+                        hit[ins[j], j] -= local_elems(layer.in_elems, dist, batch,
+                                                      layer.in_rows) * e * \
                             share
                 hit *= self.options.inflight
             self._entry_mem[layer.index] = hit
@@ -432,7 +434,8 @@ class Space:
             else:
                 producer = self.layers[blk.input]
                 batch, e = self.options.batch, self.ctx.elem_bytes
-                hit = np.array([local_elems(producer.out_elems, d, batch) * e
+                hit = np.array([local_elems(producer.out_elems, d, batch,
+                                            producer.out_rows) * e
                                 for d in self.dists]) * self.options.inflight
             self._ckpt[blk.name] = hit
         return hit
@@ -548,11 +551,14 @@ class Space:
             parts[_U] = float(secs[n_work:].sum())
         batch, e = self.options.batch, ctx.elem_bytes
         kept = own_kept_bytes(layer, None, work, batch, e) * own_share
-        if layer.saves_input and not (shared and work == dist):
-            kept += kept_input_bytes(layer, None, work, batch, e) * in_share
+        if layer.saves_input:
+            inp = kept_input_bytes(layer, None, work, batch, e)
+            if shared and work == dist:  # its producer keeps it: a pool's halo rows alone
+                inp -= local_elems(layer.in_elems, work, batch, layer.in_rows) * e
+            kept += inp * in_share
         if layer.saves_output:
-            kept += local_elems(layer.out_elems, out, batch) * ctx.network.output_bytes(
-                layer) * out_share
+            kept += local_elems(layer.out_elems, out, batch, layer.out_rows) * \
+                ctx.network.output_bytes(layer) * out_share
         parts[_M] = layer.params * held(self.pb, self.options.zero, terms).total + \
             kept * self.options.inflight
         result = (parts, self._dist(out))

@@ -571,3 +571,31 @@ def test_split_height_halos_take_the_real_blocks():
                                                        make_layout("domain", 2, 4), ctx)
             if t.note == "halo"]
     assert halo == [("forward", 4 * 1 * 12 * 16 * 4), ("backward_data", 4 * 1 * 12 * 16 * 4)]
+
+
+def test_a_split_height_is_timed_and_kept_as_the_busiest_device_holds_it():
+    """An audit (2026-12-08) of the height split's three uses: a convolution was timed on
+    the busiest device's rows (⌈H/n⌉ of balanced blocks), while memory and the layers
+    without weights took the mean H/n, and pooling's halo rows were sent but not kept.
+    By hand, AlexNet on a 4-way split, 128 samples a device, fp32: relu5's 13 rows are
+    blocks of 3, 3, 3 and 4, so it reads and writes 4 rows of 13 × 256 (13,631,488
+    bytes, not 13/4 rows); pool5 (3×3, stride 2, 13 → 6 rows) on device 3 holds input
+    rows [9, 13) and reads row 8 too, 5 rows, and writes outputs 4 and 5: 128 · 256 · 4
+    · (5 · 13 + 2 · 6) = 10,092,544 bytes; ResNet-50's max pool (112 → 56 rows) on an
+    8-way split keeps 14 rows and a halo row on the device that keeps most, 15 rows of
+    112 × 64; an activation of 13 rows kept on 4 ways is 4 rows' worth."""
+    from planner.evaluate import kept_input_bytes, local_elems
+    from planner.network import layer_kernels
+
+    alexnet = load_network(NETWORKS / "alexnet.yaml")
+    relu5, pool5 = alexnet.by_name("relu5"), alexnet.by_name("pool5")
+    assert layer_kernels(relu5, 128, 4, height_split=4)["forward"][0].bytes == \
+        128 * 256 * 4 * 13 * 4 * 2 == 13_631_488
+    assert layer_kernels(pool5, 128, 4, height_split=4)["forward"][0].bytes == \
+        128 * 256 * 4 * (5 * 13 + 2 * 6) == 10_092_544
+    dist = make_layout("domain", 4, 1).output_dist()
+    assert local_elems(relu5.out_elems, dist, 1, relu5.out_rows) == 256 * 4 * 13
+    resnet = load_network(NETWORKS / "resnet50.yaml")
+    pool = next(x for x in resnet.layers if x.type == "maxpool")
+    assert kept_input_bytes(pool, None, make_layout("domain", 8, 1).output_dist(), 1, 4) \
+        == 64 * 15 * 112 * 4

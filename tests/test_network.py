@@ -486,8 +486,9 @@ def test_split_halos_are_the_rows_each_device_lacks():
     ``[⌊k·H/n⌋, ⌊(k+1)·H/n⌋)`` of the input and of the output), a device's forward halo
     is the input rows its outputs' windows read (``o·s − p + d·j``, inside the image)
     outside its block, and its backward halo the output rows outside its block whose
-    windows read one of its input rows; the distinct (above, below) pairs."""
-    from planner.network import split_halos
+    windows read one of its input rows; the distinct (above, below) pairs; and the rows
+    each reads (its own and its halo) with the output rows it computes."""
+    from planner.network import split_halos, split_reads
 
     checked = 0
     for k, s, p, d in itertools.product(range(1, 6), range(1, 4), range(0, 4), range(1, 3)):
@@ -496,18 +497,20 @@ def test_split_halos_are_the_rows_each_device_lacks():
             for n in (1, 2, 3, 4, 8):
                 if h_out < 1 or n > min(h_in, h_out):
                     continue
-                fwd, bwd = set(), set()
+                fwd, bwd, reads = set(), set(), set()
                 for dev in range(n):
                     i0, i1 = dev * h_in // n, (dev + 1) * h_in // n
                     o0, o1 = dev * h_out // n, (dev + 1) * h_out // n
                     rows = {o * s - p + d * j for o in range(o0, o1) for j in range(k)}
                     rows = {r for r in rows if 0 <= r < h_in}
                     fwd.add((sum(r < i0 for r in rows), sum(r >= i1 for r in rows)))
+                    reads.add((len(rows | set(range(i0, i1))), o1 - o0))
                     hits = [o for o in range(h_out)
                             if any(i0 <= o * s - p + d * j < i1 for j in range(k))]
                     bwd.add((sum(o < o0 for o in hits), sum(o >= o1 for o in hits)))
                 assert split_halos(k, s, p, d, h_in, h_out, n) == \
                     (tuple(sorted(fwd)), tuple(sorted(bwd))), (k, s, p, d, h_in, n)
+                assert split_reads(k, s, p, d, h_in, h_out, n) == tuple(sorted(reads))
                 checked += 1
     assert checked > 1500
 
