@@ -289,6 +289,7 @@ def load_question(network: str, cluster: str, gpus: int, batch: int, cost_model:
     check_question(net, cl, options)
     _defaults_notes(net, options)
     est = make_estimator(estimator, models_dir, cl.device)
+    _chip_note(cl.device, net.dtype, est.name)
     ctx = make_context(net, cl, options, est)
     return Question(net, cl, network, cluster, options, ctx, est.name, rec_auto,
                     models_digest(est), stages, shards)
@@ -327,6 +328,37 @@ def _defaults_notes(net: Any, options: Any) -> None:
         if note not in noted:
             noted.add(note)
             click.echo(f"planner: note: {note}", err=True)
+
+
+def _chip_note(device: Any, dtype: str, estimator: str) -> None:
+    """On standard error, once: a device of a catalog die (``chip``) with a faster peak
+    than every catalog board of that die. The kernel models time a GPU they have not
+    measured at the sustained FLOP/s of a measured board of its die, so it is timed
+    hardly faster than that board: what a cluster file gets that writes ``base: H100-SXM``
+    with a doubled ``peak_flops`` for a new GPU and keeps the base's chip (an audit: a
+    synthetic H100 with twice the peak, bandwidth, SMs and L2 ran 7% faster)."""
+    from .cluster import catalog
+    from .network import DTYPE_PEAK_KEY
+
+    if device.kind != "gpu" or not device.chip or estimator == "roofline":
+        return
+    key = DTYPE_PEAK_KEY.get(dtype, "fp32")
+    boards = [d for d in catalog().values() if d.chip == device.chip]
+    if not boards or device.name in {d.name for d in boards}:
+        return
+    top = max(boards, key=lambda d: d.peak(key))
+    if device.peak(key) <= 1.1 * top.peak(key):
+        return
+    note = (f"device {device.name!r} is a {device.chip} (its chip) with {key} peak "
+            f"{device.peak(key) / top.peak(key):.2f}× the {top.name}'s: the kernel models "
+            f"hold a board of a measured die to that die's sustained FLOP/s, so its "
+            f"compute-bound kernels are timed about as fast as the {top.name}'s; give it a "
+            "chip of its own (chip: NAME) if it is a new die")
+    ctx = click.get_current_context(silent=True)
+    noted = ctx.meta.setdefault("planner.noted", set()) if ctx is not None else set()
+    if note not in noted:
+        noted.add(note)
+        click.echo(f"planner: note: {note}", err=True)
 
 
 def by_layers(net: Any, network: str, key: str) -> Any:
