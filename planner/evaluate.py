@@ -490,8 +490,7 @@ def _exchanges_halo(layer: Layer, layout: Layout | None, n: int) -> bool:
     found the pools' halo sent and not kept)."""
     if layer.conv is not None:
         return layout is not None and layout.mode == "domain"
-    return layer.pool is not None and layer.pool.kind in ("max", "avg") and \
-        layer.is_spatial and min(layer.in_rows, layer.out_rows) >= n
+    return layer.pool_halo(n)
 
 
 def own_kept_bytes(layer: Layer, layout: Layout | None, dist: Dist | None, batch: int,

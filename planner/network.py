@@ -532,6 +532,13 @@ class Layer:
         k, s, p, d = self._window_h()
         return split_halos(k, s, p, d, self.input_shape[1], self.output_shape[1], n)
 
+    def pool_halo(self, n: int) -> bool:
+        """Whether a max or average pool on its height split ``n`` ways exchanges halo
+        rows (both its input and its output have a row for every device; otherwise the
+        height is gathered first)."""
+        return self.pool is not None and self.pool.kind in ("max", "avg") and \
+            self.is_spatial and min(self.in_rows, self.out_rows) >= n
+
     def split_reads(self, n: int) -> tuple[tuple[int, int], ...]:
         """:func:`split_reads` of the layer's window on its height split ``n`` ways."""
         k, s, p, d = self._window_h()
@@ -605,13 +612,19 @@ def split_reads(taps: int, stride: int, pad: int, dilation: int, h_in: int, h_ou
     """For each device of a height split ``n`` ways (balanced blocks, as
     :func:`split_halos`), the distinct (input rows it reads: its own and its forward
     halo, output rows it computes)."""
-    out: set[tuple[int, int]] = set()
-    for k in range(n):
-        fwd, _ = _device_halos(taps, stride, pad, dilation, h_in, h_out, n, k)
-        top, bottom = fwd or (0, 0)
-        out.add(((k + 1) * h_in // n - k * h_in // n + top + bottom,
-                 (k + 1) * h_out // n - k * h_out // n))
-    return tuple(sorted(out))
+    return tuple(sorted({(rows_in + sum(fwd or (0, 0)), rows_out) for fwd, _, rows_in, rows_out
+                         in _split_devices(taps, stride, pad, dilation, h_in, h_out, n)}))
+
+
+@functools.lru_cache(maxsize=4096)
+def _split_devices(taps: int, stride: int, pad: int, dilation: int, h_in: int, h_out: int,
+                   n: int) -> tuple[tuple[tuple[int, int] | None, tuple[int, int] | None,
+                                          int, int], ...]:
+    """Each device's (forward halo, backward halo, input rows, output rows) of a height
+    split ``n`` ways: what :func:`split_halos` and :func:`split_reads` read."""
+    return tuple((*_device_halos(taps, stride, pad, dilation, h_in, h_out, n, k),
+                  (k + 1) * h_in // n - k * h_in // n, (k + 1) * h_out // n - k * h_out // n)
+                 for k in range(n))
 
 
 def rows_of(shape: Shape) -> int:
@@ -644,14 +657,9 @@ def split_halos(taps: int, stride: int, pad: int, dilation: int, h_in: int, h_ou
     (56 rows on 8 devices under a 2 × 2 pool of stride 2: a device holds 7 input rows
     and 3 or 4 output rows, and reads a row of its neighbour's; an audit found it priced
     as none)."""
-    fwd: set[tuple[int, int]] = set()
-    bwd: set[tuple[int, int]] = set()
-    for k in range(n):
-        f, b = _device_halos(taps, stride, pad, dilation, h_in, h_out, n, k)
-        if f is not None:
-            fwd.add(f)
-        if b is not None:
-            bwd.add(b)
+    devices = _split_devices(taps, stride, pad, dilation, h_in, h_out, n)
+    fwd = {d[0] for d in devices if d[0] is not None}
+    bwd = {d[1] for d in devices if d[1] is not None}
     return tuple(sorted(fwd)), tuple(sorted(bwd))
 
 
@@ -784,8 +792,7 @@ def layer_kernels(layer: Layer, batch: int, elem_bytes: int, *, model_split: int
     n_h = height_split if rows else 1
     share_in = busiest_rows(layer.in_rows, n_h) / max(1, feature_split)
     share_out = busiest_rows(layer.out_rows, n_h) / max(1, feature_split)
-    if n_h > 1 and layer.pool is not None and layer.pool.kind in ("max", "avg") and \
-            min(layer.in_rows, layer.out_rows) >= n_h:
+    if n_h > 1 and layer.pool_halo(n_h):
         # the device that reads and writes the most rows, its halo included
         row_in = layer.in_elems / layer.in_rows
         row_out = layer.out_elems / layer.out_rows

@@ -762,7 +762,7 @@ class _Unkept(list):  # type: ignore[type-arg]
     """Back-pointers nobody follows (a bound's run of the program): not kept."""
 
     def append(self, step: object) -> None:
-        pass
+        """Drop ``step``: nothing follows a bound's back-pointers."""
 
 
 def _events(space: Space) -> dict[int, list[tuple[str, Any]]]:

@@ -950,7 +950,7 @@ def _follower_terms(layer: Layer, dist: Dist, ctx: Context
             out = Dist(dist.p, dist.batch, None)
             terms += _params_terms(layer, dist, ctx)
             return terms, work, out
-        if spatial_in and layer.out_height >= n_h and layer.type in ("maxpool", "avgpool"):
+        if layer.pool_halo(n_h):
             layout_row = row
             c, _, w_in = layer.input_shape
             _, _, w_out = layer.output_shape
