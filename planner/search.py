@@ -1139,8 +1139,7 @@ class Unfitted:
 
     def _order(self, i: int) -> tuple[float, bool, str]:
         """:func:`_baseline_order` of grid ``i`` from its score alone."""
-        description = self.grids[i][0]
-        return self._score(i), "(cols)" in description, description
+        return _grid_order(self._score(i), self.grids[i][0])
 
     def fastest(self) -> Candidate:
         """The grid the baseline shows: the fastest (on a tie rows before cols, then by
@@ -1170,7 +1169,13 @@ class Unfitted:
 
 
 def _baseline_order(c: Candidate, objective: str) -> tuple[float, bool, str]:
-    return c.score(objective), "(cols)" in c.description, c.description
+    return _grid_order(c.score(objective), c.description)
+
+
+def _grid_order(score: float, description: str) -> tuple[float, bool, str]:
+    """A baseline's grids in order: the faster, then rows before cols, then by
+    description."""
+    return score, "(cols)" in description, description
 
 
 @dataclass
